@@ -1,0 +1,96 @@
+"""The contract every algorithm module fills in.
+
+An algorithm is a plain dataclass of pure functions over flat parameter vectors
+(``jax.flatten_util.ravel_pytree`` of the model's params), in the style of fedjax's
+``FederatedAlgorithm``: the engine (``fedjax_async.engine``) owns the round loop, the
+ring buffer of past global models and the vmap over clients; an algorithm only says
+
+* what the client adds to its minibatch loss (``local_penalty``),
+* what the client uploads and keeps after local training (``client_final``),
+* how the server folds the arrivals of one round into the global model (``server_update``).
+
+Hyperparameters travel as a dict of scalars (``hp``) so that sweeps can ``vmap`` over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+HParams = Dict[str, Any]
+
+
+class Arrivals(NamedTuple):
+  """What the server knows about the (padded) batch of updates arriving in one step.
+
+  All fields have a leading axis of size K (the padded number of arrivals).
+  """
+
+  valid: Array  # bool [K]: a real arrival (False for padding slots)
+  online: Array  # bool [K]: valid and trained from the current global model (staleness 0)
+  delayed: Array  # bool [K]: valid and stale (staleness >= 1)
+  staleness: Array  # int32 [K]: server versions between dispatch and arrival
+  num_examples: Array  # float32 [K]: the client's example count n_i
+  num_steps: Array  # float32 [K]: local optimiser steps the client took (tau_i)
+  start_params: Array  # float32 [K, d]: the global model the client trained from
+
+
+class ClientOutput(NamedTuple):
+  upload: Array  # [d] what is sent to the server
+  state: Dict[str, Array]  # new persistent per-client state (same keys as the input)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """A federated algorithm as the engine sees it (all functions pure, jit/vmap-safe).
+
+  Attributes:
+    name: registry name (``--algorithm``).
+    client_state_keys: names of persistent per-client vectors (each stored ``[N, d]``),
+      e.g. ``("dual", "last_local")`` for ADMM-type methods.
+    init_client_state: ``(w0) -> {key: [d]}`` initial per-client state for one client.
+    local_penalty: ``(w, w_start, client_state, hp) -> scalar`` added to the minibatch loss.
+    client_final: ``(w_start, w_end, client_state, num_steps, hp) -> ClientOutput``.
+    init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
+    server_update: ``(w, server_state, uploads [K, d], arrivals, round, hp)
+      -> (new_w, new_server_state, metrics dict)``.
+  """
+
+  name: str
+  local_penalty: Callable[..., Array]
+  client_final: Callable[..., ClientOutput]
+  server_update: Callable[..., Any]
+  client_state_keys: tuple = ()
+  init_client_state: Callable[[Array], Dict[str, Array]] = lambda w0: {}
+  init_server_state: Callable[[Array], Any] = lambda w0: ()
+
+
+def no_penalty(w, w_start, client_state, hp):
+  del w, w_start, client_state, hp
+  return jnp.float32(0.0)
+
+
+def delta_upload(w_start, w_end, client_state, num_steps, hp):
+  """FedAvg-style upload: the model delta w_end - w_start."""
+  del num_steps, hp
+  return ClientOutput(upload=w_end - w_start, state=client_state)
+
+
+def weighted_mean(vectors: Array, weights: Array) -> Array:
+  """sum_k weights_k vectors_k / sum_k weights_k, zero when all weights are zero."""
+  total = jnp.sum(weights)
+  summed = jnp.einsum("k,kd->d", weights, vectors)
+  return jnp.where(total > 0, summed / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def server_lr(hp: HParams, round_index) -> Array:
+  """Global learning rate eta, switched to eta_2 from round ``server_lr_switch_round`` on
+  (FedADMM authors' schedule; the switch is off when the round is negative)."""
+  switch = hp.get("server_lr_switch_round", -1)
+  lr2 = hp.get("server_lr2", hp["server_lr"])
+  use2 = jnp.logical_and(jnp.asarray(switch) >= 0, round_index >= switch)
+  return jnp.where(use2, lr2, hp["server_lr"])

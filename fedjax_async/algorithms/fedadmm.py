@@ -1,0 +1,59 @@
+"""FedADMM (Gong, Li, Freris, ICDE 2022).
+
+Client i keeps a dual variable y_i and its last local model w_i (both persist across rounds
+and change only when the client trains). With w_g the global model it received:
+
+  local loss   f_i(w) + y_i^T (w - w_g) + rho/2 ||w - w_g||^2          (PAFed Eq. 8)
+  dual update  y_i <- y_i + rho (w_i^+ - w_g)                           (PAFed Eq. 10)
+  upload       (w_i^+ - w_i) + (y_i^+ - y_i) / rho                       (PAFed Eq. 16)
+  server       w <- w + eta * mean_k(upload_k)                           (PAFed Eq. 11)
+
+Stale uploads (delayed clients) are averaged with the online ones, as FedADMM's server does
+with whatever arrives. eta switches to eta_2 from a given round (authors' code).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from fedjax_async.algorithms import base
+
+STATE_KEYS = ("dual", "last_local")
+
+
+def init_client_state(w0):
+  # y_i^0 = 0 and w_i^0 = w^0 (PAFed Alg. 3 line 2).
+  return {"dual": jnp.zeros_like(w0), "last_local": w0}
+
+
+def admm_penalty(w, w_start, client_state, hp):
+  """y_i^T (w - w_g) + rho/2 ||w - w_g||^2 (Eq. 8, without f_i)."""
+  diff = w - w_start
+  return jnp.vdot(client_state["dual"], diff) + 0.5 * hp["rho"] * jnp.vdot(diff, diff)
+
+
+def admm_client_final(w_start, w_end, client_state, num_steps, hp):
+  """Dual update (Eq. 10) and the augmented upload (Eq. 16)."""
+  del num_steps
+  rho = hp["rho"]
+  dual = client_state["dual"]
+  new_dual = dual + rho * (w_end - w_start)
+  upload = (w_end - client_state["last_local"]) + (new_dual - dual) / rho
+  return base.ClientOutput(upload=upload, state={"dual": new_dual, "last_local": w_end})
+
+
+def server_update(w, server_state, uploads, arrivals, round_index, hp):
+  weights = arrivals.valid.astype(jnp.float32)
+  mean_upload = base.weighted_mean(uploads, weights)  # Eq. 11: plain mean over arrivals
+  eta = base.server_lr(hp, round_index)
+  return w + eta * mean_upload, server_state, {"server_lr": eta}
+
+
+ALGORITHM = base.Algorithm(
+    name="fedadmm",
+    local_penalty=admm_penalty,
+    client_final=admm_client_final,
+    server_update=server_update,
+    client_state_keys=STATE_KEYS,
+    init_client_state=init_client_state,
+)

@@ -1,0 +1,93 @@
+"""PAFed (Miao et al., IEEE TIFS 2024), plaintext server.
+
+Client: the FedADMM client (Eqs. 8-10, 16), its upload normalised to unit length
+(Alg. 3 line 8). Server: the mean m of this round's online uploads, DUCC on the delayed
+uploads that arrived this round (Alg. 4, Eqs. 12-14), then Eq. 17:
+
+  w <- w + alpha_0 m + alpha_1 m1 + alpha_2 m2.
+
+``ducc`` is public so that the CKKS implementation (``fedjax_async.crypto``) can be checked
+against it with the same Min function (exact ``jnp.minimum`` or Cheon et al.'s polynomial).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedadmm
+
+MinFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def normalise(v, eps=1e-12):
+  """v / ||v|| (Alg. 3 line 8); a zero vector stays zero."""
+  norm = jnp.linalg.norm(v)
+  return v / jnp.maximum(norm, eps)
+
+
+def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
+         online_mask=None, delayed_mask=None):
+  """Delayed Update Classification and Correction (Alg. 4).
+
+  Args:
+    online_updates: [n, d] unit vectors uploaded by this round's online clients.
+    delayed_updates: [k, d] unit vectors of the stale uploads that arrived this round.
+    min_fn: Min(a, b) for a, b in [0, 1]; ``jnp.minimum`` or the Cheon polynomial.
+    online_mask, delayed_mask: optional bool [n] / [k] marking real rows (padding is False).
+
+  Returns:
+    (m, m1, m2): the online mean, the mean of non-conflicting delayed updates and the
+    projected mean of conflicting ones. A class whose total weight is zero gives zero.
+  """
+  online_updates = jnp.asarray(online_updates, jnp.float32)
+  delayed_updates = jnp.asarray(delayed_updates, jnp.float32)
+  n, k = online_updates.shape[0], delayed_updates.shape[0]
+  om = jnp.ones((n,), bool) if online_mask is None else jnp.asarray(online_mask, bool)
+  dm = jnp.ones((k,), bool) if delayed_mask is None else jnp.asarray(delayed_mask, bool)
+  m = base.weighted_mean(online_updates, om.astype(jnp.float32))  # Alg. 4 line 3
+  if k == 0:
+    zero = jnp.zeros_like(m)
+    return m, zero, zero
+  s = (delayed_updates @ m + 1.0) / 2.0  # (m . u_j + 1) / 2, in [0, 1] for unit vectors
+  x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
+  w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
+  w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
+  m1 = base.weighted_mean(delayed_updates, w1)  # Alg. 4 lines 5-6, 11
+  m2 = base.weighted_mean(delayed_updates, w2)  # Alg. 4 lines 7-8, 11
+  m_sq = jnp.vdot(m, m)
+  # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
+  m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
+  return m, m1, m2
+
+
+def client_final(w_start, w_end, client_state, num_steps, hp):
+  out = fedadmm.admm_client_final(w_start, w_end, client_state, num_steps, hp)
+  return base.ClientOutput(upload=normalise(out.upload), state=out.state)
+
+
+def make_server_update(min_fn: Optional[MinFn] = None):
+  min_fn = jnp.minimum if min_fn is None else min_fn
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    del round_index
+    m, m1, m2 = ducc(uploads, uploads, min_fn, online_mask=arrivals.online,
+                     delayed_mask=arrivals.delayed)
+    new_w = w + hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2  # Eq. 17
+    n_conflict = jnp.sum(arrivals.delayed & ((uploads @ m) < 0))
+    return new_w, server_state, {"conflicting": n_conflict}
+
+  return server_update
+
+
+ALGORITHM = base.Algorithm(
+    name="pafed",
+    local_penalty=fedadmm.admm_penalty,
+    client_final=client_final,
+    server_update=make_server_update(),
+    client_state_keys=fedadmm.STATE_KEYS,
+    init_client_state=fedadmm.init_client_state,
+)
