@@ -1,0 +1,134 @@
+"""Local training of one client, written for ``jax.vmap`` over a client axis.
+
+fedjax-style split into ``client_init`` / ``client_step`` / ``client_final``:
+
+* ``client_init`` draws the client's local epoch count and one shuffle of its own examples
+  per epoch (padding rows sort last, so they are never drawn);
+* ``client_step`` takes one optax SGD-with-momentum step on a minibatch of B of the
+  client's examples (a partial last batch is masked, padding never enters loss or
+  gradient); steps past the client's own budget E_i * ceil(n_i / B) leave it unchanged,
+  so clients of different sizes share one static loop under ``vmap``;
+* ``client_final`` (the algorithm's) turns (start, end) into an upload.
+
+Parameters are flat vectors ``[d]``; ``apply_flat(w, x, train, rng)`` is the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_async.algorithms import base
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalConfig:
+  """Static shape of local training (changing it recompiles)."""
+
+  batch_size: int = 50
+  max_epochs: int = 1  # E (or the upper end of U{1..E} with random_epochs)
+  max_examples: int = 1  # M, the padded per-client size
+  random_epochs: bool = False  # FedADMM's E_i ~ U{1..E} per client and round
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return -(-self.max_examples // self.batch_size)
+
+  @property
+  def max_steps(self) -> int:
+    return self.max_epochs * self.steps_per_epoch
+
+
+class ClientResult(NamedTuple):
+  w_end: jax.Array  # [d]
+  num_steps: jax.Array  # int32: optimiser steps actually taken (tau_i)
+  mean_loss: jax.Array  # mean minibatch loss over those steps
+
+
+def masked_cross_entropy(logits, labels, mask):
+  """Mean softmax cross-entropy over the rows where ``mask`` is set (0 if none)."""
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  mask = mask.astype(losses.dtype)
+  return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+class ClientInit(NamedTuple):
+  perms: jax.Array  # int32 [E, M]: per-epoch shuffles; the first n entries are real rows
+  num_epochs: jax.Array  # int32: E_i
+  spe: jax.Array  # int32: ceil(n_i / B), steps per epoch for this client
+
+
+def client_init(key, num_examples, cfg: LocalConfig, epochs=None) -> ClientInit:
+  """Per-epoch shuffles of the client's own rows and its epoch budget.
+
+  ``epochs`` (a traced scalar <= cfg.max_epochs, e.g. FedEDS's annealed E_t) overrides the
+  static epoch count; with ``cfg.random_epochs`` it is the upper end of U{1..E}.
+  """
+  k_epochs, k_perm = jax.random.split(key)
+  max_e = (cfg.max_epochs if epochs is None else
+           jnp.minimum(jnp.asarray(epochs).astype(jnp.int32), cfg.max_epochs))
+  if cfg.random_epochs:
+    num_epochs = jax.random.randint(k_epochs, (), 1, jnp.asarray(max_e) + 1)
+  else:
+    num_epochs = jnp.asarray(max_e, jnp.int32)
+  valid = jnp.arange(cfg.max_examples) < num_examples
+
+  def one_perm(k):
+    u = jax.random.uniform(k, (cfg.max_examples,))
+    return jnp.argsort(jnp.where(valid, u, 2.0))  # padding rows sort last
+
+  perms = jax.vmap(one_perm)(jax.random.split(k_perm, cfg.max_epochs))
+  spe = jnp.maximum((num_examples + cfg.batch_size - 1) // cfg.batch_size, 1)
+  return ClientInit(perms.astype(jnp.int32), num_epochs.astype(jnp.int32), spe)
+
+
+def train(
+    apply_flat: Callable,
+    algorithm: base.Algorithm,
+    w_start,
+    client_state,
+    x,
+    y,
+    num_examples,
+    key,
+    hp,
+    cfg: LocalConfig,
+) -> ClientResult:
+  """Runs one client's local training (vmap this over clients).
+
+  Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
+  ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches.
+  """
+  k_init, k_drop = jax.random.split(key)
+  init = client_init(k_init, num_examples, cfg, hp.get("local_epochs"))  # None: static E
+  budget = init.num_epochs * init.spe
+  opt = optax.sgd(hp["lr"], momentum=hp["momentum"])
+  offsets = jnp.arange(cfg.batch_size)
+
+  def loss_fn(w, xb, yb, mask, rng):
+    logits = apply_flat(w, xb, train=True, rng=rng)
+    return masked_cross_entropy(logits, yb, mask) + algorithm.local_penalty(
+        w, w_start, client_state, hp)
+
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def client_step(carry, s):
+    w, opt_state, loss_sum = carry
+    epoch = jnp.minimum(s // init.spe, cfg.max_epochs - 1)
+    pos = (s % init.spe) * cfg.batch_size + offsets
+    mask = pos < num_examples
+    rows = init.perms[epoch, jnp.minimum(pos, cfg.max_examples - 1)]
+    loss, g = grad_fn(w, x[rows], y[rows], mask, jax.random.fold_in(k_drop, s))
+    updates, new_opt_state = opt.update(g, opt_state, w)
+    active = s < budget
+    w = jnp.where(active, optax.apply_updates(w, updates), w)
+    opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
+    return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+
+  carry = (w_start, opt.init(w_start), jnp.float32(0.0))
+  (w_end, _, loss_sum), _ = jax.lax.scan(client_step, carry, jnp.arange(cfg.max_steps))
+  return ClientResult(w_end, budget, loss_sum / jnp.maximum(budget, 1))

@@ -1,0 +1,139 @@
+"""The round timeline: who is sampled, who is delayed, and when each update arrives.
+
+Asynchrony is kept separate from aggregation (as FLSim and FedScale do): which clients are
+sampled in round t, which of them are delayed by how many rounds, and when their updates
+reach the server do not depend on the model, so the whole timeline is drawn up front on the
+host from its own seed. The jitted round step then only *consumes* it: arrival slots
+``[T, K]`` (padded to the largest round), each naming a client and the round it was
+dispatched in (its starting model is gathered from the ring buffer by that round).
+
+Round model (PAFed, Table III): each round samples sigma * N clients among those not still
+busy with an earlier dispatch; a fraction delta of them are delayed: each trains from the
+global model of its dispatch round and its update arrives D rounds later, D drawn per
+update from ``fixed`` (D = k), ``uniform`` on {1..Dmax} or ``geometric`` with mean m.
+Online clients report in the round they were sampled. A delayed client is not sampled
+again until its update has arrived. An update whose staleness exceeds what the ring buffer
+of R past models holds (staleness > R - 1) is dropped and counted in its arrival round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+DELAY_DISTRIBUTIONS = ("fixed", "uniform", "geometric")
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayConfig:
+  fraction: float = 0.0  # delta: fraction of sampled clients that are delayed
+  distribution: str = "uniform"  # fixed | uniform | geometric
+  max_delay: int = 5  # fixed: the delay k; uniform: Dmax
+  mean: float = 2.0  # geometric: mean delay m (support 1, 2, ...)
+  buffer_size: int = 0  # R, past global models kept; 0 = Dmax + 1 (fixed/uniform)
+
+  def __post_init__(self):
+    if not 0.0 <= self.fraction <= 1.0:
+      raise ValueError(f"--delay_fraction must be in [0, 1], got {self.fraction}")
+    if self.distribution not in DELAY_DISTRIBUTIONS:
+      raise ValueError(f"--delay_distribution must be one of {DELAY_DISTRIBUTIONS}, "
+                       f"got {self.distribution!r}")
+    if self.max_delay < 1:
+      raise ValueError(f"--max_delay must be >= 1, got {self.max_delay}")
+    if self.distribution == "geometric" and self.mean < 1.0:
+      raise ValueError(f"--delay_mean must be >= 1 for geometric delays, got {self.mean}")
+    if self.buffer_size < 0:
+      raise ValueError(f"--buffer_size must be >= 0, got {self.buffer_size}")
+
+  @property
+  def ring_size(self) -> int:
+    """R: the default keeps every model a fixed/uniform delay can need (Dmax + 1)."""
+    if self.buffer_size:
+      return self.buffer_size
+    if self.distribution == "geometric":
+      return int(np.ceil(4 * self.mean)) + 1  # holds > 98% of geometric delays
+    return self.max_delay + 1
+
+  def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+    if self.distribution == "fixed":
+      return np.full(size, self.max_delay, np.int64)
+    if self.distribution == "uniform":
+      return rng.integers(1, self.max_delay + 1, size)
+    return rng.geometric(1.0 / self.mean, size)
+
+
+class Timeline(NamedTuple):
+  """Arrival slots of every round, padded to K = the most arrivals in any round."""
+
+  client: np.ndarray  # int32 [T, K]; num_clients in padding slots
+  dispatch: np.ndarray  # int32 [T, K]; the round whose global model the client trained from
+  online: np.ndarray  # bool [T, K]; dispatched this round (staleness 0)
+  valid: np.ndarray  # bool [T, K]
+  dropped: np.ndarray  # int32 [T]; updates arriving this round but older than the buffer
+  sampled: np.ndarray  # int32 [T]; clients sampled (dispatched) this round
+  in_flight_at_end: int  # delayed updates still travelling after the last round
+
+  @property
+  def num_rounds(self) -> int:
+    return self.client.shape[0]
+
+  def staleness(self) -> np.ndarray:
+    return np.arange(self.num_rounds)[:, None] - self.dispatch
+
+  def slice(self, start: int, stop: int) -> dict:
+    """The per-round arrays for rounds [start, stop), as the round step consumes them."""
+    return {"client": self.client[start:stop], "dispatch": self.dispatch[start:stop],
+            "online": self.online[start:stop], "valid": self.valid[start:stop],
+            "dropped": self.dropped[start:stop]}
+
+
+def build(num_clients: int, num_rounds: int, participation: float, delay: DelayConfig,
+          seed: int, min_slots: int = 1) -> Timeline:
+  """Draws the round timeline (host side, deterministic from ``seed``)."""
+  if num_clients < 1:
+    raise ValueError(f"--num_clients must be >= 1, got {num_clients}")
+  if not 0.0 < participation <= 1.0:
+    raise ValueError(f"--participation must be in (0, 1], got {participation}")
+  if num_rounds < 1:
+    raise ValueError(f"--rounds must be >= 1, got {num_rounds}")
+  rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7173]))
+  per_round = max(1, int(round(participation * num_clients)))
+  ring = delay.ring_size
+  free_from = np.zeros(num_clients, np.int64)  # first round a client may be sampled again
+  arrivals = [[] for _ in range(num_rounds)]  # (client, dispatch round, online)
+  dropped = np.zeros(num_rounds, np.int32)
+  sampled_count = np.zeros(num_rounds, np.int32)
+  in_flight_at_end = 0
+  for t in range(num_rounds):
+    available = np.flatnonzero(free_from <= t)
+    chosen = rng.choice(available, size=min(per_round, available.size), replace=False)
+    sampled_count[t] = chosen.size
+    num_delayed = int(round(delay.fraction * chosen.size))
+    is_delayed = np.zeros(chosen.size, bool)
+    is_delayed[rng.choice(chosen.size, size=num_delayed, replace=False)] = True
+    delays = delay.draw(rng, num_delayed)
+    for c in chosen[~is_delayed]:
+      arrivals[t].append((c, t, True))
+      free_from[c] = t + 1
+    for c, d in zip(chosen[is_delayed], delays):
+      arrive = t + int(d)
+      free_from[c] = arrive + 1
+      if arrive >= num_rounds:
+        in_flight_at_end += 1
+      elif d > ring - 1:  # its dispatch model has left the ring buffer
+        dropped[arrive] += 1
+      else:
+        arrivals[arrive].append((c, t, False))
+  k = max(min_slots, max(len(a) for a in arrivals))
+  client = np.full((num_rounds, k), num_clients, np.int32)
+  dispatch = np.zeros((num_rounds, k), np.int32)
+  online = np.zeros((num_rounds, k), bool)
+  valid = np.zeros((num_rounds, k), bool)
+  for t, slots in enumerate(arrivals):
+    slots.sort(key=lambda s: (not s[2], s[1], s[0]))  # online first, then by dispatch
+    for j, (c, d, on) in enumerate(slots):
+      client[t, j], dispatch[t, j], online[t, j], valid[t, j] = c, d, on, True
+    dispatch[t, len(slots):] = t
+  return Timeline(client, dispatch, online, valid, dropped, sampled_count, in_flight_at_end)
