@@ -103,6 +103,7 @@ def train(
   Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
   ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches.
   """
+  x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)
   init = client_init(k_init, num_examples, cfg, hp.get("local_epochs"))  # None: static E
   budget = init.num_epochs * init.spe

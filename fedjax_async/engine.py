@@ -201,7 +201,9 @@ def metrics_to_rows(metrics: Dict[str, Any]) -> List[Dict[str, Any]]:
     row = {}
     for k, v in host.items():
       x = np.asarray(v)[i]
-      if x.dtype == bool:
+      if x.ndim:  # per-arrival diagnostics stay arrays
+        row[k] = x
+      elif x.dtype == bool:
         row[k] = bool(x)
       elif np.issubdtype(x.dtype, np.integer):
         row[k] = int(x)

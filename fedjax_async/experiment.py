@@ -1,0 +1,327 @@
+"""From absl flags to a finished run: configuration, validation, output files, comparison.
+
+The path of a parameter: flag (``define_flags``) -> ``RunConfig`` field (``config_from_flags``,
+which validates it and names the flag when it is wrong) -> ``hparams`` dict / static
+``EngineConfig`` / ``timeline.DelayConfig`` -> ``engine.run_chunk``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import jax
+import numpy as np
+
+from fedjax_async import algorithms
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import timeline as timeline_lib
+
+MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  algorithm: str = "pafed"
+  dataset: str = "synthetic"
+  model: str = "auto"
+  num_clients: int = 30
+  partition: str = "shards"
+  dirichlet_alpha: float = 0.5
+  shards_per_client: int = 2
+  data_dir: Optional[str] = None
+  data_source: str = "auto"
+  participation: float = 0.33
+  delay: timeline_lib.DelayConfig = timeline_lib.DelayConfig(0.3, "uniform", 3)
+  rounds: int = 60
+  local_epochs: int = 2
+  random_local_epochs: bool = False
+  batch_size: int = 50
+  lr: float = 0.1
+  momentum: float = 0.5
+  rho: float = 0.01
+  mu: float = 0.01
+  alpha0: float = 0.8
+  alpha1: float = 0.8
+  alpha2: float = 0.8
+  server_lr: float = 1.0
+  server_lr2: float = -1.0
+  server_lr_switch_round: int = -1
+  seed: int = 0
+  eval_every: int = 1
+  rounds_per_call: int = 10
+  output_dir: str = "runs/latest"
+  secure_aggregation: str = "none"
+
+  def hparams(self) -> Dict[str, float]:
+    """The traced scalar hyperparameters (sweepable with vmap)."""
+    hp = {"lr": self.lr, "momentum": self.momentum, "rho": self.rho, "mu": self.mu,
+          "alpha0": self.alpha0, "alpha1": self.alpha1, "alpha2": self.alpha2,
+          "server_lr": self.server_lr,
+          "server_lr2": self.server_lr if self.server_lr2 < 0 else self.server_lr2,
+          "server_lr_switch_round": self.server_lr_switch_round}
+    return hp
+
+
+def check(condition: bool, flag: str, message: str):
+  if not condition:
+    raise ValueError(f"--{flag}: {message}")
+
+
+def validate(cfg: RunConfig):
+  """Raises ValueError naming the offending flag."""
+  for name in cfg.algorithm.split(","):
+    check(name in algorithms.names(), "algorithm",
+          f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names())}")
+  check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
+  check(0.0 < cfg.participation <= 1.0, "participation",
+        f"must be in (0, 1], got {cfg.participation}")
+  check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
+  check(cfg.local_epochs >= 1, "local_epochs", f"must be >= 1, got {cfg.local_epochs}")
+  check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+  check(cfg.lr > 0, "lr", f"must be > 0, got {cfg.lr}")
+  check(0.0 <= cfg.momentum < 1.0, "momentum", f"must be in [0, 1), got {cfg.momentum}")
+  check(cfg.rho > 0, "rho", f"must be > 0, got {cfg.rho}")
+  check(cfg.mu >= 0, "mu", f"must be >= 0, got {cfg.mu}")
+  check(cfg.server_lr > 0, "server_lr", f"must be > 0, got {cfg.server_lr}")
+  check(cfg.dirichlet_alpha > 0, "dirichlet_alpha", f"must be > 0, got {cfg.dirichlet_alpha}")
+  check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
+  check(cfg.rounds_per_call >= 1, "rounds_per_call",
+        f"must be >= 1, got {cfg.rounds_per_call}")
+  check(cfg.secure_aggregation in ("none", "ckks"), "secure_aggregation",
+        f"must be 'none' or 'ckks', got {cfg.secure_aggregation!r}")
+  if cfg.secure_aggregation == "ckks":
+    check(cfg.algorithm == "pafed", "secure_aggregation",
+          "ckks secure aggregation is PAFed's (use --algorithm=pafed)")
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def define_flags():
+  """Defines the run flags (call once, from the experiment script)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  d = RunConfig()
+  f = flags
+  f.DEFINE_string("algorithm", MAIN_JOB_ALGORITHMS,
+                  f"Algorithm or comma-separated list; choices: {', '.join(algorithms.names())}.")
+  f.DEFINE_string("dataset", d.dataset, "synthetic | synthetic_iid | fashion_mnist | mnist | "
+                  "cifar10 | cifar100 | any tensorflow-datasets name.")
+  f.DEFINE_string("model", d.model, "logreg | mlp | cnn | cifar10_cnn | cifar100_cnn | "
+                  "simple_cnn | auto (by data set).")
+  f.DEFINE_integer("num_clients", d.num_clients, "N, number of clients.")
+  f.DEFINE_string("partition", d.partition, "iid | shards | dirichlet (image data sets).")
+  f.DEFINE_float("dirichlet_alpha", d.dirichlet_alpha, "Dirichlet concentration.")
+  f.DEFINE_integer("shards_per_client", d.shards_per_client, "Label shards per client.")
+  f.DEFINE_string("data_dir", None, "IDX directory or tensorflow-datasets data_dir.")
+  f.DEFINE_string("data_source", d.data_source, "auto | idx | tfds.")
+  f.DEFINE_float("participation", d.participation, "sigma, fraction sampled per round.")
+  f.DEFINE_float("delay_fraction", d.delay.fraction, "delta, fraction of sampled clients "
+                 "that are delayed (the library default is 0; the main job uses 0.3).")
+  f.DEFINE_string("delay_distribution", d.delay.distribution, "fixed | uniform | geometric.")
+  f.DEFINE_integer("max_delay", d.delay.max_delay, "Dmax (uniform) or k (fixed), rounds.")
+  f.DEFINE_float("delay_mean", d.delay.mean, "Mean delay for geometric delays, rounds.")
+  f.DEFINE_integer("buffer_size", 0, "R, past global models kept (0: Dmax + 1).")
+  f.DEFINE_integer("rounds", d.rounds, "T, communication rounds.")
+  f.DEFINE_integer("local_epochs", d.local_epochs, "E, local epochs.")
+  f.DEFINE_boolean("random_local_epochs", False, "E_i ~ U{1..E} per client and round.")
+  f.DEFINE_integer("batch_size", d.batch_size, "B, local minibatch size.")
+  f.DEFINE_float("lr", d.lr, "Local learning rate.")
+  f.DEFINE_float("momentum", d.momentum, "Local SGD momentum.")
+  f.DEFINE_float("rho", d.rho, "ADMM penalty rho (FedADMM, PAFed).")
+  f.DEFINE_float("mu", d.mu, "FedProx proximal coefficient mu.")
+  f.DEFINE_float("alpha0", d.alpha0, "PAFed Eq. 17 weight of the online mean.")
+  f.DEFINE_float("alpha1", d.alpha1, "PAFed Eq. 17 weight of non-conflicting delayed mean.")
+  f.DEFINE_float("alpha2", d.alpha2, "PAFed Eq. 17 weight of projected conflicting mean.")
+  f.DEFINE_float("server_lr", d.server_lr, "Server learning rate eta.")
+  f.DEFINE_float("server_lr2", -1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
+  f.DEFINE_integer("server_lr_switch_round", -1, "Round where eta_2 starts (-1: never).")
+  f.DEFINE_integer("seed", d.seed, "Seed of data, timeline, initialisation and clients.")
+  f.DEFINE_integer("eval_every", d.eval_every, "Evaluate every k rounds (and the last 10).")
+  f.DEFINE_integer("rounds_per_call", d.rounds_per_call,
+                   "Rounds fused into one jitted scan between host visits.")
+  f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
+  f.DEFINE_string("secure_aggregation", d.secure_aggregation,
+                  "none | ckks (PAFed's server under OpenFHE CKKS).")
+
+
+def config_from_flags(FLAGS) -> RunConfig:
+  delay = None
+  try:
+    delay = timeline_lib.DelayConfig(FLAGS.delay_fraction, FLAGS.delay_distribution,
+                                     FLAGS.max_delay, FLAGS.delay_mean, FLAGS.buffer_size)
+  except ValueError as e:
+    raise ValueError(str(e)) from None
+  cfg = RunConfig(
+      algorithm=FLAGS.algorithm, dataset=FLAGS.dataset, model=FLAGS.model,
+      num_clients=FLAGS.num_clients, partition=FLAGS.partition,
+      dirichlet_alpha=FLAGS.dirichlet_alpha, shards_per_client=FLAGS.shards_per_client,
+      data_dir=FLAGS.data_dir, data_source=FLAGS.data_source,
+      participation=FLAGS.participation, delay=delay, rounds=FLAGS.rounds,
+      local_epochs=FLAGS.local_epochs, random_local_epochs=FLAGS.random_local_epochs,
+      batch_size=FLAGS.batch_size, lr=FLAGS.lr, momentum=FLAGS.momentum, rho=FLAGS.rho,
+      mu=FLAGS.mu, alpha0=FLAGS.alpha0, alpha1=FLAGS.alpha1, alpha2=FLAGS.alpha2,
+      server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
+      server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
+      eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
+      output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation)
+  validate(cfg)
+  return cfg
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def load_data(cfg: RunConfig):
+  from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
+  return data_lib.load(cfg.dataset, partition=cfg.partition, num_clients=cfg.num_clients,
+                       alpha=cfg.dirichlet_alpha, shards_per_client=cfg.shards_per_client,
+                       seed=cfg.seed, data_dir=cfg.data_dir, data_source=cfg.data_source)
+
+
+def build_model(cfg: RunConfig, fed_data):
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  name = models.default_model_for(cfg.dataset) if cfg.model == "auto" else cfg.model
+  input_shape = tuple(fed_data.x.shape[2:])
+  model = models.get_model(name, fed_data.num_classes, input_shape)
+  w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.seed))
+  return name, w0, apply_flat
+
+
+class Progress:
+  """One line per round: accuracy, arrivals, staleness, rounds/s and ETA."""
+
+  def __init__(self, name: str, total: int, start: int = 0, stream=sys.stdout):
+    self.name, self.total, self.stream = name, total, stream
+    self.t0, self.start = time.perf_counter(), start
+
+  def __call__(self, rows: List[dict]):
+    done = rows[-1]["round"] + 1
+    rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+    eta = (self.total - done) / max(rate, 1e-9)
+    for r in rows:
+      acc = "  -   " if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
+      print(f"[{self.name}] round {r['round'] + 1:4d}/{self.total} acc {acc} "
+            f"train_loss {r['train_loss']:.4f} online {r['online']} delayed {r['delayed']} "
+            f"dropped {r['dropped']} staleness {r['mean_staleness']:.2f} | "
+            f"{rate:.2f} rounds/s ETA {eta:.0f}s", file=self.stream)
+    self.stream.flush()
+
+
+def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
+            quiet: bool = False) -> dict:
+  """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl and summary.json."""
+  fed_data = load_data(cfg) if fed_data is None else fed_data
+  model_name, w0, apply_flat = build_model(cfg, fed_data) if model is None else model
+  out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
+  os.makedirs(out_dir, exist_ok=True)
+  algorithm = algorithms.get(name)
+  tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
+                          cfg.seed)
+  ecfg = engine.EngineConfig(
+      client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed_data.max_examples,
+                             cfg.random_local_epochs), cfg.delay.ring_size)
+  data = engine.DeviceData.from_federated(fed_data)
+  state = engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed)
+  metrics_path = os.path.join(out_dir, "metrics.jsonl")
+  progress = Progress(name, cfg.rounds)
+  t0 = time.perf_counter()
+  with open(metrics_path, "w") as mf:
+
+    def on_chunk(state, rows):
+      for r in rows:
+        mf.write(json.dumps(r) + "\n")
+      mf.flush()
+      if not quiet:
+        progress(rows)
+
+    if cfg.secure_aggregation == "ckks":
+      from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
+      state, rows = secure_engine.simulate(apply_flat, algorithm, ecfg, state, tl,
+                                           cfg.hparams(), data, on_chunk=on_chunk,
+                                           eval_every=cfg.eval_every)
+    else:
+      runner = engine.make_runner(apply_flat, algorithm, ecfg)
+      state, rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
+                                    eval_every=cfg.eval_every,
+                                    rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
+  wall = time.perf_counter() - t0
+  accs = [r["test_accuracy"] for r in rows]
+  final = next((a for a in reversed(accs) if a is not None), float("nan"))
+  summary = {
+      "algorithm": name, "dataset": fed_data.name, "model": model_name,
+      "num_params": int(np.size(w0)), "rounds": cfg.rounds,
+      "average_best_accuracy": engine.average_best_accuracy(accs),
+      "final_accuracy": final, "wall_time_s": wall,
+      "updates_dropped": int(tl.dropped.sum()), "updates_in_flight_at_end": tl.in_flight_at_end,
+      "delayed_updates": int(sum(r["delayed"] for r in rows)),
+      "mean_staleness_of_delayed": float(np.mean(tl.staleness()[tl.valid & ~tl.online]))
+      if np.any(tl.valid & ~tl.online) else 0.0,
+      "config": config_dict(cfg),
+  }
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+def config_dict(cfg: RunConfig) -> dict:
+  d = dataclasses.asdict(cfg)
+  return d
+
+
+def comparison_table(summaries: List[dict]) -> str:
+  lines = ["| algorithm | average best accuracy | final accuracy | wall time (s) |",
+           "|---|---|---|---|"]
+  for s in summaries:
+    lines.append(f"| {s['algorithm']} | {s['average_best_accuracy']:.4f} | "
+                 f"{s['final_accuracy']:.4f} | {s['wall_time_s']:.1f} |")
+  return "\n".join(lines)
+
+
+def write_comparison(summaries: List[dict], out_dir: str) -> str:
+  table = comparison_table(summaries)
+  with open(os.path.join(out_dir, "comparison.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(out_dir, "comparison.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["algorithm", "average_best_accuracy", "final_accuracy", "wall_time_s"])
+    for s in summaries:
+      w.writerow([s["algorithm"], s["average_best_accuracy"], s["final_accuracy"],
+                  s["wall_time_s"]])
+  return table
+
+
+def main_from_flags(FLAGS):
+  try:
+    cfg = config_from_flags(FLAGS)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  names = cfg.algorithm.split(",")
+  print(f"loading {cfg.dataset} ...", flush=True)
+  try:
+    fed_data = load_data(cfg)
+  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    sys.exit(f"error: {e}")
+  model = build_model(cfg, fed_data)
+  print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
+        f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
+        f"parameters; jax devices: {jax.devices()}", flush=True)
+  summaries = []
+  for name in names:
+    out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir
+    try:
+      summaries.append(run_one(cfg, name, fed_data, model, out_dir))
+    except engine.Diverged as e:
+      sys.exit(f"error: algorithm {name} diverged at {e}")
+    s = summaries[-1]
+    print(f"[{name}] average best accuracy {s['average_best_accuracy']:.4f}, final "
+          f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
+  if len(names) > 1:
+    print(write_comparison(summaries, cfg.output_dir))

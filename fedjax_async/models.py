@@ -1,0 +1,421 @@
+"""Flax (linen) models for the simulator, with a vmap-friendly convolution.
+
+The engine trains every client of a round inside one ``jax.vmap`` over a client axis,
+each client with its own flat parameter vector. On CPU, XLA lowers a convolution whose
+kernel is batched over clients poorly (``nn.Conv`` under vmap ran at ~3% of matmul
+peak, slower than a per-client loop), while the same convolution written as
+``lax.conv_general_dilated_patches`` + one GEMM runs at matmul-like speed both vmapped
+and looped. Every convolutional model therefore uses :class:`PatchConv` by default
+(``impl="patches"``); ``impl="lax"`` selects ``flax.linen.Conv``. Both have the same
+parameter names, shapes and initialisers, so parameters are interchangeable.
+
+Public API:
+
+* layers: :class:`PatchConv`, :class:`BatchStatNorm`;
+* models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`,
+  :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`;
+* :func:`get_model`, :func:`default_model_for`, :data:`MODEL_NAMES`;
+* :func:`flat_model` (what the engine uses): ``(w0_flat, apply_flat)``;
+* :func:`count_params`, :func:`count_flops`, :func:`train_step_flops`.
+
+Every model's ``__call__(x, train=False)`` maps ``x [N, *input_shape]`` to logits
+``[N, num_classes]``; dropout draws from the ``'dropout'`` rng when ``train=True``.
+No model has state besides ``'params'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+Array = jax.Array
+Padding = str | Sequence[tuple[int, int]]
+
+CONV_IMPLS = ("patches", "lax")
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def patch_kernel(kernel: Array) -> Array:
+  """Reshapes an HWIO kernel [kh, kw, cin, cout] to [cin*kh*kw, cout].
+
+  ``lax.conv_general_dilated_patches`` orders its output feature dimension as
+  (cin, kh, kw) with cin slowest, so the kernel is transposed to IHW-O first.
+  """
+  kh, kw, cin, cout = kernel.shape
+  return jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * kh * kw, cout)
+
+
+def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME") -> Array:
+  """2-D convolution of NHWC ``x`` with an HWIO ``kernel`` as patches + one GEMM."""
+  kh, kw = kernel.shape[:2]
+  patches = lax.conv_general_dilated_patches(
+      x, (kh, kw), tuple(strides), padding,
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))  # [N, H', W', cin*kh*kw]
+  return jnp.einsum("nhwp,pc->nhwc", patches, patch_kernel(kernel))
+
+
+class PatchConv(nn.Module):
+  """Drop-in for ``nn.Conv`` (2-D, NHWC, groups=1, no dilation) via patches + GEMM.
+
+  Parameters are ``kernel [kh, kw, cin, cout]`` and ``bias [cout]`` with ``nn.Conv``'s
+  default initialisers (LeCun normal, zeros), so ``nn.Conv`` parameters can be swapped
+  in unchanged.
+  """
+
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  strides: tuple[int, int] = (1, 1)
+  padding: Padding = "SAME"
+  use_bias: bool = True
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kh, kw = self.kernel_size
+    cin = x.shape[-1]
+    kernel = self.param("kernel", self.kernel_init, (kh, kw, cin, self.features))
+    y = patch_conv(x, kernel.astype(x.dtype), self.strides, self.padding)
+    if self.use_bias:
+      bias = self.param("bias", self.bias_init, (self.features,))
+      y = y + bias.astype(y.dtype)
+    return y
+
+
+def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SAME",
+              use_bias=True, name=None, **kw) -> nn.Module:
+  """A ``PatchConv`` (impl="patches") or ``nn.Conv`` (impl="lax") with equal params."""
+  kernel_size, strides = tuple(kernel_size), tuple(strides)
+  if impl == "patches":
+    return PatchConv(features, kernel_size, strides, padding, use_bias, name=name, **kw)
+  if impl == "lax":
+    return nn.Conv(features, kernel_size, strides, padding, use_bias=use_bias, name=name,
+                   **kw)
+  raise ValueError(f"unknown conv impl {impl!r}; choose from {CONV_IMPLS}")
+
+
+class BatchStatNorm(nn.Module):
+  """BatchNorm that always normalises with the statistics of the batch it sees.
+
+  Mean and (biased) variance over every axis but the last, then a learnable per-channel
+  ``scale`` (ones) and ``bias`` (zeros), named as in ``nn.BatchNorm``. There are no
+  running averages, hence no ``'batch_stats'`` collection: the layer is a pure function
+  of its parameters and the current batch, in training and in evaluation alike.
+  """
+
+  epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = x.shape[-1]
+    axes = tuple(range(x.ndim - 1))
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.mean(jnp.square(x - mean), axis=axes)
+    scale = self.param("scale", nn.initializers.ones_init(), (c,))
+    bias = self.param("bias", nn.initializers.zeros_init(), (c,))
+    return (x - mean) * lax.rsqrt(var + self.epsilon) * scale + bias
+
+
+def max_pool2(x: Array) -> Array:
+  """2x2 max pooling with stride 2 (VALID)."""
+  return nn.max_pool(x, (2, 2), strides=(2, 2))
+
+
+def flatten(x: Array) -> Array:
+  """[N, ...] -> [N, prod(...)]."""
+  return x.reshape(x.shape[0], -1)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class LogisticRegression(nn.Module):
+  """Multinomial logistic regression: flatten + Dense."""
+
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    return nn.Dense(self.num_classes)(flatten(x))
+
+
+class MLP(nn.Module):
+  """Fully connected ReLU network, hidden widths ``hidden`` (FedAvg's 2NN by default)."""
+
+  num_classes: int
+  hidden: tuple[int, ...] = (200, 200)
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    x = flatten(x)
+    for width in self.hidden:
+      x = nn.relu(nn.Dense(width)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class CNN(nn.Module):
+  """PAFed's MNIST / Fashion-MNIST CNN (the FedAvg "CNN" of McMahan et al., 2017).
+
+  conv 5x5x32 SAME, ReLU, maxpool 2 -> conv 5x5x64 SAME, ReLU, maxpool 2 -> flatten
+  (7*7*64 = 3136 for 28x28 inputs) -> Dense 512, ReLU -> Dense num_classes.
+  1,663,370 parameters for 28x28x1 inputs and 10 classes.
+  """
+
+  num_classes: int = 10
+  impl: str = "patches"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    x = max_pool2(nn.relu(make_conv(self.impl, 32, (5, 5), name="conv1")(x)))
+    x = max_pool2(nn.relu(make_conv(self.impl, 64, (5, 5), name="conv2")(x)))
+    x = nn.relu(nn.Dense(512, name="fc1")(flatten(x)))
+    return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+class CIFAR10CNN(CNN):
+  """CIFAR-10 CNN: the same FedAvg-style architecture as :class:`CNN` on 32x32x3 inputs.
+
+  The exact CIFAR-10 network of the PAFed paper was not available; this is the
+  McMahan et al. CNN (conv 5x5x32, pool, conv 5x5x64, pool, Dense 512, Dense 10, SAME
+  padding), whose flatten is 8*8*64 = 4096 on CIFAR: 2,156,490 parameters.
+  """
+
+
+class CIFAR100CNN(nn.Module):
+  """VGG-style CIFAR-100 CNN with batch-statistics normalisation and dropout.
+
+  conv 3x3x64, BN, ReLU -> conv 3x3x64, BN, ReLU -> maxpool 2 -> conv 3x3x128, BN, ReLU
+  -> conv 3x3x128, BN, ReLU -> maxpool 2 -> dropout 0.25 -> flatten -> Dense 256, ReLU
+  -> dropout 0.5 -> Dense num_classes (all convs SAME).
+
+  Design decision: the BatchNorm layers (:class:`BatchStatNorm`) keep NO running
+  statistics. They always normalise with the mean/variance of the batch they see (the
+  local training minibatch, or the evaluation batch), and their scale/bias are ordinary
+  parameters federated by the algorithm like any weight. The model thus has only a
+  ``'params'`` collection and every client is a pure function of one flat parameter
+  vector. Consequences: evaluation outputs depend on the composition of the evaluation
+  batch (use reasonably large batches), and every row fed in (including rows masked
+  out of the loss) contributes to the statistics.
+  """
+
+  num_classes: int = 100
+  impl: str = "patches"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    for i, width in enumerate((64, 64, 128, 128)):
+      x = make_conv(self.impl, width, (3, 3), name=f"conv{i + 1}")(x)
+      x = nn.relu(BatchStatNorm(name=f"bn{i + 1}")(x))
+      if i % 2 == 1:
+        x = max_pool2(x)
+    x = nn.Dropout(0.25, deterministic=not train)(x)
+    x = nn.relu(nn.Dense(256, name="fc1")(flatten(x)))
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+class SimpleCNN(nn.Module):
+  """pfl-research's benchmark ``simple_cnn`` (benchmarks/model/*/cnn.py), e.g. CIFAR-10.
+
+  conv 3x3x32 VALID, ReLU -> conv 3x3x64 VALID, ReLU -> maxpool 2 -> dropout 0.25 ->
+  flatten ((H-4)//2)^2*64 -> Dense 128, ReLU -> dropout 0.5 -> Dense num_classes.
+  pfl-research initialises kernels Glorot-uniform (biases zero); so does this module.
+  """
+
+  num_classes: int = 10
+  impl: str = "patches"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    glorot = nn.initializers.xavier_uniform()
+    x = nn.relu(make_conv(self.impl, 32, (3, 3), padding="VALID", kernel_init=glorot,
+                          name="conv1")(x))
+    x = nn.relu(make_conv(self.impl, 64, (3, 3), padding="VALID", kernel_init=glorot,
+                          name="conv2")(x))
+    x = nn.Dropout(0.25, deterministic=not train)(max_pool2(x))
+    x = nn.relu(nn.Dense(128, kernel_init=glorot, name="fc1")(flatten(x)))
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(self.num_classes, kernel_init=glorot, name="fc2")(x)
+
+
+def make_norm(norm: str, groups: int, name: str) -> Callable[[Array], Array]:
+  """GroupNorm(groups) for norm="group", identity for norm="none"."""
+  if norm == "group":
+    return nn.GroupNorm(num_groups=groups, name=name)
+  if norm == "none":
+    return lambda x: x
+  raise ValueError(f"unknown norm {norm!r}; choose from ('group', 'none')")
+
+
+class BasicBlock(nn.Module):
+  """ResNet basic block: two 3x3 convs, norm, projection shortcut when shapes change."""
+
+  features: int
+  strides: int = 1
+  impl: str = "patches"
+  norm: str = "group"
+  groups: int = 2
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    s = (self.strides, self.strides)
+    y = make_conv(self.impl, self.features, (3, 3), s, use_bias=False, name="conv1")(x)
+    y = nn.relu(make_norm(self.norm, self.groups, "norm1")(y))
+    y = make_conv(self.impl, self.features, (3, 3), use_bias=False, name="conv2")(y)
+    y = make_norm(self.norm, self.groups, "norm2")(y)
+    if self.strides != 1 or x.shape[-1] != self.features:
+      x = make_conv(self.impl, self.features, (1, 1), s, use_bias=False,
+                    name="shortcut")(x)
+      x = make_norm(self.norm, self.groups, "shortcut_norm")(x)
+    return nn.relu(x + y)
+
+
+class ResNet18(nn.Module):
+  """CIFAR-style ResNet-18 without BatchNorm (GroupNorm, or no normalisation).
+
+  3x3x64 stem (stride 1, no max-pool), stages of two basic blocks with 64/128/256/512
+  channels (stride 2 from the second stage), global average pool, Dense num_classes.
+  Convs have no bias; ``norm="group"`` uses GroupNorm with ``groups`` groups (2 by
+  default, as in Hsieh et al. 2020), ``norm="none"`` drops normalisation. With
+  GroupNorm it has the parameter count of the usual BN version: 11,173,962 for 10
+  classes.
+  """
+
+  num_classes: int = 10
+  impl: str = "patches"
+  norm: str = "group"
+  groups: int = 2
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    x = make_conv(self.impl, 64, (3, 3), use_bias=False, name="stem")(x)
+    x = nn.relu(make_norm(self.norm, self.groups, "stem_norm")(x))
+    for stage, width in enumerate((64, 128, 256, 512)):
+      for block in range(2):
+        strides = 2 if stage > 0 and block == 0 else 1
+        x = BasicBlock(width, strides, self.impl, self.norm, self.groups,
+                       name=f"layer{stage + 1}_{block}")(x)
+    return nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
+
+
+# --------------------------------------------------------------------------- registry
+
+MODEL_NAMES = ("logreg", "mlp", "cnn", "cifar10_cnn", "cifar100_cnn", "simple_cnn",
+               "resnet18")
+_CONV_MODELS = {
+    "cnn": CNN,
+    "cifar10_cnn": CIFAR10CNN,
+    "cifar100_cnn": CIFAR100CNN,
+    "simple_cnn": SimpleCNN,
+    "resnet18": ResNet18,
+}
+
+
+def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
+              impl: str = "patches") -> nn.Module:
+  """The model called ``name`` for per-example inputs of ``input_shape``.
+
+  ``impl`` ("patches" or "lax") selects the convolution of convolutional models.
+  Raises ValueError for an unknown name or impl, or a non-HWC shape for a conv model.
+  """
+  if impl not in CONV_IMPLS:
+    raise ValueError(f"unknown conv impl {impl!r}; choose from {CONV_IMPLS}")
+  if name == "logreg":
+    return LogisticRegression(num_classes)
+  if name == "mlp":
+    return MLP(num_classes)
+  if name in _CONV_MODELS:
+    if input_shape and len(input_shape) != 3:
+      raise ValueError(f"{name} needs [H, W, C] inputs, got input_shape={input_shape}")
+    return _CONV_MODELS[name](num_classes=num_classes, impl=impl)
+  raise ValueError(f"unknown model {name!r}; choose from {MODEL_NAMES}")
+
+
+def default_model_for(dataset_name: str) -> str:
+  """Default model name for a dataset (synthetic* -> logreg, MNISTs -> cnn, CIFARs)."""
+  name = dataset_name.lower().replace("-", "_")
+  if name.startswith("synthetic"):
+    return "logreg"
+  table = {"mnist": "cnn", "fashion_mnist": "cnn", "fmnist": "cnn",
+           "cifar10": "cifar10_cnn", "cifar_10": "cifar10_cnn",
+           "cifar100": "cifar100_cnn", "cifar_100": "cifar100_cnn"}
+  if name in table:
+    return table[name]
+  raise ValueError(f"no default model for dataset {dataset_name!r}; known: "
+                   f"synthetic*, {sorted(table)}")
+
+
+# ----------------------------------------------------------------------- flat models
+
+
+def init_params(model: nn.Module, input_shape: Sequence[int], key) -> Any:
+  """``model``'s parameter pytree for per-example ``input_shape`` (batch of 1)."""
+  x = jnp.zeros((1, *input_shape), jnp.float32)
+  variables = model.init({"params": key}, x, train=False)
+  extra = set(variables) - {"params"}
+  if extra:
+    raise ValueError(f"model has non-parameter state {sorted(extra)}; only 'params' "
+                     "can be federated as a flat vector")
+  return variables["params"]
+
+
+def flat_model(model: nn.Module, input_shape: Sequence[int], key):
+  """Initial flat parameters ``w0 [d]`` and ``apply_flat(w, x, train=False, rng=None)``.
+
+  ``apply_flat`` unravels ``w`` into the parameter pytree (``ravel_pytree``) and returns
+  logits; ``rng`` seeds dropout when ``train=True``. Both are vmap/jit friendly.
+  """
+  w0, unravel = ravel_pytree(init_params(model, input_shape, key))
+
+  def apply_flat(w_flat, x, train: bool = False, rng=None):
+    rngs = {"dropout": rng} if rng is not None else None
+    return model.apply({"params": unravel(w_flat)}, x, train=train, rngs=rngs)
+
+  return w0, apply_flat
+
+
+def count_params(model: nn.Module, input_shape: Sequence[int]) -> int:
+  """Number of parameters, from abstract shapes (no compute)."""
+  x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), x)
+  return sum(int(leaf.size) for leaf in jax.tree.leaves(shapes))
+
+
+def _flops(fn: Callable, *args) -> float:
+  """FLOPs of ``jit(fn)(*args)`` from XLA's cost analysis (dict or list of dicts)."""
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    return float(sum(c.get("flops", 0.0) for c in cost if c))
+  return float((cost or {}).get("flops", 0.0))
+
+
+def count_flops(model: nn.Module, input_shape: Sequence[int], batch: int) -> float:
+  """Forward (evaluation) FLOPs for a batch of ``batch`` examples, per XLA."""
+  w, apply_flat = flat_model(model, input_shape, jax.random.key(0))
+  x = jnp.zeros((batch, *input_shape), jnp.float32)
+  return _flops(lambda w, x: apply_flat(w, x), w, x)
+
+
+def train_step_flops(model: nn.Module, input_shape: Sequence[int], batch: int) -> float:
+  """Forward+backward FLOPs (value_and_grad of mean cross-entropy) for one minibatch."""
+  w, apply_flat = flat_model(model, input_shape, jax.random.key(0))
+  x = jnp.zeros((batch, *input_shape), jnp.float32)
+  y = jnp.zeros((batch,), jnp.int32)
+
+  def loss(w, x, y, rng):
+    logits = apply_flat(w, x, train=True, rng=rng)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  return _flops(jax.value_and_grad(loss), w, x, y, jax.random.key(1))

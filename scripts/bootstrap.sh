@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Idempotent set-up: Python 3.10 virtual environment with the pinned packages, and the
+# Debian Fashion-MNIST data package. Safe to run again: each step is skipped when done.
+# Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
+# (default "test"), FEDJAX_SKIP_APT=1 to skip the Debian package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[bootstrap] %s\n' "$*"; }
+
+venv="${FEDJAX_VENV:-.venv}"
+extras="${FEDJAX_EXTRAS:-test}"
+
+find_python() {
+  if [ -n "${FEDJAX_PYTHON:-}" ]; then echo "$FEDJAX_PYTHON"; return; fi
+  for p in python3.10 /root/.pyenv/versions/3.10*/bin/python python3.12 python3; do
+    if command -v "$p" >/dev/null 2>&1; then
+      v=$("$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+      case "$v" in 3.10|3.12) echo "$p"; return;; esac
+    fi
+  done
+  return 1
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+  py=$(find_python) || { say "no Python 3.10 or 3.12 found; set FEDJAX_PYTHON (see BUILD.md)"; exit 1; }
+  say "creating virtual environment $venv with $py ($("$py" --version 2>&1))"
+  "$py" -m venv "$venv"
+fi
+
+stamp="$venv/.fedjax_async-installed"
+if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] || [ "$(cat "$stamp")" != "$extras" ]; then
+  say "installing fedjax_async[$extras] and its pinned dependencies into $venv (a few minutes the first time)"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+  echo "$extras" > "$stamp"
+else
+  say "packages already installed in $venv (delete $stamp to reinstall)"
+fi
+
+fm=/usr/share/datasets/fashion-mnist
+if [ -f "$fm/train-images-idx3-ubyte.gz" ] || [ -f "$fm/train-images-idx3-ubyte" ]; then
+  say "Fashion-MNIST present in $fm"
+elif [ "${FEDJAX_SKIP_APT:-0}" = 1 ]; then
+  say "FEDJAX_SKIP_APT=1: not installing dataset-fashion-mnist (tests that need it skip)"
+else
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  say "installing Debian package dataset-fashion-mnist (real Fashion-MNIST IDX files)"
+  if ! $sudo apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; then
+    $sudo apt-get update -q >/dev/null 2>&1 || true
+    $sudo apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+      || say "could not install dataset-fashion-mnist; Fashion-MNIST tests will skip (see BUILD.md)"
+  fi
+fi

@@ -1,0 +1,376 @@
+"""The vmapped round engine against plain per-client reference loops and hand computations."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import timeline as timeline_lib
+from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedadmm
+from fedjax_async.algorithms import get
+from fedjax_async.algorithms import pafed
+
+N, M, D, C = 12, 24, 6, 3
+HP = dict(lr=0.1, momentum=0.5, rho=0.5, mu=0.3, alpha0=0.8, alpha1=0.6, alpha2=0.4,
+          server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
+
+
+def apply_flat(w, xb, train=False, rng=None):
+  del train, rng
+  return xb @ w[:D * C].reshape(D, C) + w[D * C:]
+
+
+@functools.lru_cache(maxsize=None)
+def toy_data(seed=0):
+  rng = np.random.default_rng(seed)
+  w_true = rng.normal(size=(D, C))
+  x = rng.normal(size=(N, M, D)).astype(np.float32)
+  y = np.argmax(x @ w_true + 0.3 * rng.normal(size=(N, M, C)), -1).astype(np.int32)
+  counts = rng.integers(5, M + 1, N).astype(np.int32)
+  for i in range(N):  # padding rows are garbage: they must never be read
+    x[i, counts[i]:] = 1e6
+  tx = rng.normal(size=(64, D)).astype(np.float32)
+  ty = np.argmax(tx @ w_true, -1).astype(np.int32)
+  return x, y, counts, tx, ty
+
+
+def device_data():
+  return engine.DeviceData(*map(jnp.asarray, toy_data()))
+
+
+def make_cfg(epochs=2, batch=4, ring=4):
+  return engine.EngineConfig(client_lib.LocalConfig(batch, epochs, M), ring)
+
+
+W0 = np.random.default_rng(1).normal(scale=0.1, size=D * C + C).astype(np.float32)
+
+
+# ------------------------------------------------------------ local training
+
+
+def test_local_training_matches_hand_written_sgd():
+  x, y, counts, _, _ = toy_data()
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M)
+  i = 3
+  key = jax.random.PRNGKey(7)
+  res = client_lib.train(apply_flat, get("fedavg"), jnp.asarray(W0), {}, x[i], y[i],
+                         jnp.int32(counts[i]), key, {k: jnp.float32(v) for k, v in HP.items()},
+                         cfg)
+  # Reference: the same shuffles, minibatches of 4 of the client's own rows, heavy-ball SGD.
+  init = client_lib.client_init(jax.random.split(key)[0], counts[i], cfg)
+  perms = np.asarray(init.perms)
+  n = counts[i]
+
+  def loss(w, xb, yb):
+    logits = xb @ w[:D * C].reshape(D, C) + w[D * C:]
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(yb)), yb])
+
+  w, trace, steps = jnp.asarray(W0), jnp.zeros_like(W0), 0
+  for e in range(2):
+    order = perms[e][:n]
+    assert sorted(order) == list(range(n))  # a permutation of the real rows only
+    for b in range(0, n, 4):
+      rows = order[b:b + 4]
+      g = jax.grad(loss)(w, x[i][rows], y[i][rows])
+      trace = g + HP["momentum"] * trace
+      w = w - HP["lr"] * trace
+      steps += 1
+  assert int(res.num_steps) == steps == 2 * (-(-n // 4))
+  np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
+
+
+def test_random_local_epochs_within_range():
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=5, max_examples=M,
+                               random_epochs=True)
+  epochs = [int(client_lib.client_init(jax.random.PRNGKey(s), 10, cfg).num_epochs)
+            for s in range(60)]
+  assert min(epochs) == 1 and max(epochs) == 5
+
+
+# ------------------------------------------------------------ reference loop
+
+
+def np_weighted_mean(vs, ws):
+  ws = np.asarray(ws, np.float64)
+  return (ws[:, None] * vs).sum(0) / ws.sum() if ws.sum() > 0 else np.zeros(vs.shape[1])
+
+
+def np_ducc(online, delayed):
+  """Alg. 4 with the exact min, written independently in numpy."""
+  m = online.mean(0) if len(online) else np.zeros(online.shape[1])
+  m1 = np.zeros_like(m)
+  m2 = np.zeros_like(m)
+  n1 = n2 = 0.0
+  for u in delayed:
+    s = (m @ u + 1) / 2
+    x = min(s, 0.5)
+    m1 += (s - x) * u
+    n1 += s - x
+    m2 += (x - 0.5) * u
+    n2 += x - 0.5
+  m1 = m1 / n1 if n1 != 0 else m1 * 0
+  m2 = m2 / n2 if n2 != 0 else m2 * 0
+  if m @ m > 0:
+    m2 = m2 - (m2 @ m) / (m @ m) * m
+  return m, m1, m2
+
+
+def reference_run(name, tl, cfg):
+  """Plain loop: rounds, then clients one at a time; numpy server rules."""
+  x, y, counts, _, _ = toy_data()
+  alg = get(name)
+  hp = {k: jnp.float32(v) for k, v in HP.items()}
+  train_one = jax.jit(functools.partial(client_lib.train, apply_flat, alg, hp=hp,
+                                        cfg=cfg.local))
+  base_key = jax.random.key_data(jax.random.PRNGKey(0))
+  history = [W0.astype(np.float64)]
+  dual = {i: np.zeros_like(W0, np.float64) for i in range(N)}
+  last = {i: W0.astype(np.float64) for i in range(N)}
+  for t in range(tl.num_rounds):
+    w = history[-1]
+    ups, online, ns, taus = [], [], [], []
+    for j in np.flatnonzero(tl.valid[t]):
+      c, disp = int(tl.client[t, j]), int(tl.dispatch[t, j])
+      start = history[disp]
+      cstate = ({"dual": jnp.asarray(dual[c], jnp.float32),
+                 "last_local": jnp.asarray(last[c], jnp.float32)}
+                if alg.client_state_keys else {})
+      res = train_one(jnp.asarray(start, jnp.float32), cstate, x[c], y[c],
+                      jnp.int32(counts[c]), engine.client_key(base_key, disp, c))
+      w_end = np.asarray(res.w_end, np.float64)
+      tau = float(res.num_steps)
+      if name in ("fedavg", "fedprox"):
+        up = w_end - start
+      elif name == "fednova":
+        rho = HP["momentum"]
+        a = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+        up = (start - w_end) / a
+      else:  # ADMM client, Eqs. 10 and 16
+        new_dual = dual[c] + HP["rho"] * (w_end - start)
+        up = (w_end - last[c]) + (new_dual - dual[c]) / HP["rho"]
+        dual[c], last[c] = new_dual, w_end
+        if name == "pafed":
+          up = up / np.linalg.norm(up)
+      ups.append(up)
+      online.append(bool(tl.online[t, j]))
+      ns.append(float(counts[c]))
+      taus.append(tau)
+    ups, online = np.array(ups), np.array(online)
+    if name in ("fedavg", "fedprox"):
+      w = w + np_weighted_mean(ups, ns)
+    elif name == "fednova":
+      p = np.array(ns) / np.sum(ns)
+      rho = HP["momentum"]
+      a = np.array([(tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho) for tau in taus])
+      w = w - (p @ a) * (p[:, None] * ups).sum(0)
+    elif name == "fedadmm":
+      w = w + HP["server_lr"] * ups.mean(0)
+    else:
+      m, m1, m2 = np_ducc(ups[online], ups[~online])
+      w = w + HP["alpha0"] * m + HP["alpha1"] * m1 + HP["alpha2"] * m2
+    history.append(w)
+  return history
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.5])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fednova", "fedadmm", "pafed"])
+def test_engine_equals_sequential_reference(name, delay):
+  rounds = 6
+  tl = timeline_lib.build(N, rounds, 0.4, timeline_lib.DelayConfig(delay, "uniform", 3),
+                          seed=3)
+  if delay:
+    assert (tl.valid & ~tl.online).sum() > 0, "the timeline must contain stale arrivals"
+  cfg = make_cfg(ring=4)
+  alg = get(name)
+  state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                                device_data(), rounds_per_call=4)
+  history = reference_run(name, tl, cfg)
+  np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
+  assert [r["delayed"] for r in rows] == list((tl.valid & ~tl.online).sum(1))
+  assert [r["online"] for r in rows] == list((tl.valid & tl.online).sum(1))
+
+
+# ------------------------------------------------------------ staleness and ring buffer
+
+
+def recorder_algorithm():
+  """FedAvg whose server also reports the start models it was handed."""
+
+  def server_update(w, ss, uploads, arrivals, t, hp):
+    new_w, ss, _ = get("fedavg").server_update(w, ss, uploads, arrivals, t, hp)
+    return new_w, ss, {"start_params": arrivals.start_params}
+
+  return base.Algorithm("recorder", base.no_penalty, base.delta_upload, server_update)
+
+
+def test_delayed_clients_start_from_their_dispatch_round_model():
+  rounds = 10
+  tl = timeline_lib.build(N, rounds, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 3), seed=5)
+  cfg = make_cfg(epochs=1, ring=4)
+  alg = recorder_algorithm()
+  state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+  globals_seen = [np.asarray(W0)]
+
+  def on_chunk(s, rows):
+    globals_seen.append(np.asarray(s.w))
+
+  starts = []
+  runner = engine.make_runner(apply_flat, alg, cfg)
+  for t in range(rounds):  # one round per call so every global model is recorded
+    state, rows = engine.simulate(runner, state, tl, HP, device_data(), rounds_per_call=1,
+                                  stop_round=t + 1, on_chunk=on_chunk)
+    starts.append(rows[0]["start_params"])
+  checked = 0
+  for t in range(rounds):
+    for j in np.flatnonzero(tl.valid[t]):
+      disp = tl.dispatch[t, j]
+      np.testing.assert_array_equal(np.asarray(starts[t])[j], globals_seen[disp])
+      checked += int(disp < t)
+  assert checked > 0  # some of them were stale
+
+
+def test_updates_older_than_the_buffer_are_dropped_and_counted():
+  rounds = 30
+  delay = timeline_lib.DelayConfig(0.6, "geometric", mean=3.0, buffer_size=2)
+  tl = timeline_lib.build(N, rounds, 0.5, delay, seed=2)
+  # every dispatched update is either trained on arrival, dropped, or still in flight
+  dispatched = tl.sampled.sum()
+  assert tl.valid.sum() + tl.dropped.sum() + tl.in_flight_at_end == dispatched
+  assert tl.dropped.sum() > 0
+  assert tl.staleness()[tl.valid].max() <= 1  # R = 2 keeps staleness 0 and 1 only
+  alg = get("fedavg")
+  cfg = make_cfg(epochs=1, ring=2)
+  state = engine.init_state(alg, W0, N, 2, 0)
+  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                            device_data(), rounds_per_call=10)
+  assert sum(r["dropped"] for r in rows) == tl.dropped.sum()
+
+
+def test_timeline_never_resamples_a_client_in_flight():
+  tl = timeline_lib.build(20, 40, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 4), seed=9)
+  for t in range(tl.num_rounds):
+    ids = tl.client[t][tl.valid[t]]
+    assert len(ids) == len(set(ids))
+  # reconstruct in-flight intervals: a client's dispatches must not overlap
+  intervals = {}
+  for t in range(tl.num_rounds):
+    for j in np.flatnonzero(tl.valid[t]):
+      intervals.setdefault(int(tl.client[t, j]), []).append((tl.dispatch[t, j], t))
+  for iv in intervals.values():
+    iv.sort()
+    for (d0, a0), (d1, _) in zip(iv, iv[1:]):
+      assert d1 > a0
+
+
+def test_delay_distributions():
+  rng = np.random.default_rng(0)
+  assert set(timeline_lib.DelayConfig(0.5, "fixed", 3).draw(rng, 50)) == {3}
+  u = timeline_lib.DelayConfig(0.5, "uniform", 4).draw(rng, 4000)
+  assert set(u) == {1, 2, 3, 4}
+  g = timeline_lib.DelayConfig(0.5, "geometric", mean=2.5).draw(rng, 20000)
+  assert g.min() == 1 and abs(g.mean() - 2.5) < 0.1
+  with pytest.raises(ValueError, match="--delay_fraction"):
+    timeline_lib.DelayConfig(1.5)
+
+
+# ------------------------------------------------------------ DUCC and ADMM by hand
+
+
+def test_ducc_without_delayed_updates():
+  online = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+  m, m1, m2 = pafed.ducc(online, jnp.zeros((0, 2)))
+  np.testing.assert_allclose(m, [0.5, 0.5])
+  np.testing.assert_allclose(m1, [0, 0])
+  np.testing.assert_allclose(m2, [0, 0])
+
+
+def test_ducc_none_conflicting():
+  online = jnp.array([[1.0, 0.0]])
+  delayed = jnp.array([[0.6, 0.8], [1.0, 0.0]])
+  # s = (0.6 + 1)/2 = 0.8 and 1.0; weights w1 = s - 1/2 = 0.3, 0.5; no conflicting class.
+  m, m1, m2 = pafed.ducc(online, delayed)
+  np.testing.assert_allclose(m1, (0.3 * np.array([0.6, 0.8]) + 0.5 * np.array([1, 0])) / 0.8,
+                             rtol=1e-6)
+  np.testing.assert_allclose(m2, [0, 0])
+
+
+def test_ducc_all_conflicting_is_projected_orthogonal():
+  online = jnp.array([[1.0, 0.0, 0.0]])
+  delayed = jnp.array([[-0.6, 0.8, 0.0], [-0.8, 0.0, 0.6]])
+  # s = 0.2, 0.1 -> x = s, w2 = x - 1/2 = -0.3, -0.4; m2 = (-0.3 u1 - 0.4 u2) / -0.7.
+  m, m1, m2 = pafed.ducc(online, delayed)
+  raw = (0.3 * np.array([-0.6, 0.8, 0]) + 0.4 * np.array([-0.8, 0, 0.6])) / 0.7
+  expected = raw - raw[0] * np.array([1.0, 0, 0])  # Eq. 12 with ||m|| = 1
+  np.testing.assert_allclose(m1, [0, 0, 0])
+  np.testing.assert_allclose(m2, expected, rtol=1e-6, atol=1e-7)
+  assert abs(float(jnp.dot(m2, m))) < 1e-7
+
+
+def test_ducc_mixed_matches_independent_numpy():
+  rng = np.random.default_rng(4)
+  v = rng.normal(size=(9, 16))
+  v /= np.linalg.norm(v, axis=1, keepdims=True)
+  m, m1, m2 = pafed.ducc(jnp.asarray(v[:4]), jnp.asarray(v[4:]))
+  rm, rm1, rm2 = np_ducc(v[:4], v[4:])
+  assert 0 < np.sum(v[4:] @ rm < 0) < 5  # mixed classes
+  for a, b in ((m, rm), (m1, rm1), (m2, rm2)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert abs(float(jnp.dot(m2, m))) < 1e-6
+
+
+def test_admm_client_on_a_quadratic_solved_by_hand():
+  # f(w) = 1/2 ||w - c||^2; the local problem f(w) + y^T(w - g) + rho/2 ||w - g||^2 has
+  # the minimiser w* = (c - y + rho g) / (1 + rho) (set the gradient to zero).
+  c = jnp.array([1.0, -2.0, 0.5])
+  g = jnp.array([0.2, 0.1, -0.3])
+  y = jnp.array([0.3, -0.1, 0.2])
+  last = jnp.array([0.0, 0.5, 0.5])
+  rho = 0.5
+  hp = {"rho": rho}
+  state = {"dual": y, "last_local": last}
+  obj = lambda w: 0.5 * jnp.sum((w - c) ** 2) + fedadmm.admm_penalty(w, g, state, hp)
+  w = g
+  for _ in range(500):
+    w = w - 0.2 * jax.grad(obj)(w)
+  w_star = (c - y + rho * g) / (1 + rho)
+  np.testing.assert_allclose(w, w_star, atol=1e-5)
+  out = fedadmm.admm_client_final(g, w_star, state, 0, hp)
+  new_y = y + rho * (w_star - g)  # Eq. 10
+  np.testing.assert_allclose(out.state["dual"], new_y, atol=1e-6)
+  np.testing.assert_allclose(out.upload, (w_star - last) + (new_y - y) / rho, atol=1e-6)
+  np.testing.assert_allclose(out.state["last_local"], w_star)
+  # PAFed uploads the same vector normalised to unit length (Alg. 3 line 8).
+  p = pafed.client_final(g, w_star, state, 0, hp)
+  np.testing.assert_allclose(p.upload, out.upload / jnp.linalg.norm(out.upload), atol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(p.upload), 1.0, atol=1e-6)
+
+
+def test_duals_change_only_for_clients_that_trained():
+  tl = timeline_lib.build(N, 3, 0.25, timeline_lib.DelayConfig(0.0), seed=1)
+  alg = get("fedadmm")
+  cfg = make_cfg(epochs=1)
+  state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+  state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                             device_data())
+  trained = set(tl.client[tl.valid].tolist())
+  duals = np.asarray(state.client_state["dual"])
+  for i in range(N):
+    assert (np.abs(duals[i]).sum() > 0) == (i in trained)
+
+
+def test_server_lr_schedule():
+  hp = {"server_lr": 1.0, "server_lr2": 0.1, "server_lr_switch_round": 5}
+  assert float(base.server_lr(hp, 4)) == 1.0
+  assert float(base.server_lr(hp, 5)) == pytest.approx(0.1)
+
+
+def test_average_best_accuracy():
+  accs = [0.1, 0.5, None, 0.4, 0.6, 0.55]
+  # best so far: .1 .5 .5 .5 .6 .6 -> mean of the last 3 = (.5 + .6 + .6) / 3
+  assert engine.average_best_accuracy(accs, last=3) == pytest.approx((0.5 + 0.6 + 0.6) / 3)

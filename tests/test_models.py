@@ -1,0 +1,188 @@
+"""Tests for fedjax_async.models: PatchConv vs lax/flax conv, shapes, flat models."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax import lax  # noqa: E402
+
+from fedjax_async import models  # noqa: E402
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _ref_conv(x, kernel, strides, padding):
+  """Reference: XLA's direct convolution, NHWC x HWIO."""
+  return lax.conv_general_dilated(
+      x, kernel, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+      precision=lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("ksize,cin,cout,strides", [
+    ((1, 1), 3, 4, (1, 1)),
+    ((3, 3), 1, 8, (1, 1)),
+    ((5, 5), 3, 16, (1, 1)),
+    ((3, 5), 7, 5, (1, 1)),
+    ((3, 3), 4, 6, (2, 2)),
+])
+def test_patch_conv_matches_flax_conv(padding, ksize, cin, cout, strides):
+  kx, kp = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (2, 11, 10, cin))
+  ref = nn.Conv(cout, ksize, strides, padding)
+  ours = models.PatchConv(cout, ksize, strides, padding)
+  params = ref.init(kp, x)
+  # Same names, shapes and (same rng => same) initial values as nn.Conv.
+  ours_params = ours.init(kp, x)
+  jax.tree.map(np.testing.assert_array_equal, params, ours_params)
+  # Non-zero bias so that it is exercised.
+  params = jax.tree.map(lambda a: a + 0.1, params)
+  y_ref = ref.apply(params, x)
+  np.testing.assert_allclose(ours.apply(params, x), y_ref, **TOL)
+  y_lax = _ref_conv(x, params["params"]["kernel"], strides, padding)
+  np.testing.assert_allclose(ours.apply(params, x),
+                             y_lax + params["params"]["bias"], **TOL)
+
+
+def test_patch_kernel_ordering_is_cin_kh_kw():
+  # conv_general_dilated_patches of a one-hot kernel position picks one input pixel.
+  x = jnp.arange(1 * 4 * 4 * 2, dtype=jnp.float32).reshape(1, 4, 4, 2)
+  p = lax.conv_general_dilated_patches(x, (2, 3), (1, 1), "VALID",
+                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  c, i, j = 1, 1, 2  # feature index c*kh*kw + i*kw + j reads x[h+i, w+j, c]
+  np.testing.assert_array_equal(p[0, 0, 0, c * 6 + i * 3 + j], x[0, i, j, c])
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_patch_conv_vmapped_over_client_kernels(padding):
+  clients, ksize, cin, cout = 4, (3, 3), 3, 8
+  kx, kk, kb = jax.random.split(jax.random.key(1), 3)
+  x = jax.random.normal(kx, (clients, 5, 9, 9, cin))
+  kernels = jax.random.normal(kk, (clients, *ksize, cin, cout))
+  biases = jax.random.normal(kb, (clients, cout))
+  layer = models.PatchConv(cout, ksize, padding=padding)
+
+  def one(kernel, bias, xc):
+    return layer.apply({"params": {"kernel": kernel, "bias": bias}}, xc)
+
+  got = jax.vmap(one)(kernels, biases, x)
+  for c in range(clients):
+    want = _ref_conv(x[c], kernels[c], (1, 1), padding) + biases[c]
+    np.testing.assert_allclose(got[c], want, **TOL)
+
+
+def test_cnn_param_count_and_shape():
+  model = models.get_model("cnn", 10, (28, 28, 1))
+  assert models.count_params(model, (28, 28, 1)) == 1_663_370
+  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
+  assert params["fc1"]["kernel"].shape == (7 * 7 * 64, 512)
+  assert model.apply({"params": params}, jnp.ones((3, 28, 28, 1))).shape == (3, 10)
+
+
+def test_resnet18_param_count():
+  # The usual CIFAR ResNet-18 (bias-free convs, BN) has 11,173,962 parameters; GroupNorm
+  # has the same per-channel scale/bias.
+  assert models.count_params(models.get_model("resnet18", 10, (32, 32, 3)),
+                             (32, 32, 3)) == 11_173_962
+
+
+@pytest.mark.parametrize("name,shape,classes", [
+    ("logreg", (60,), 10),
+    ("mlp", (28, 28, 1), 10),
+    ("cnn", (28, 28, 1), 10),
+    ("cifar10_cnn", (32, 32, 3), 10),
+    ("cifar100_cnn", (32, 32, 3), 100),
+    ("simple_cnn", (32, 32, 3), 10),
+    ("resnet18", (32, 32, 3), 10),
+])
+def test_output_shapes(name, shape, classes):
+  model = models.get_model(name, classes, shape)
+  x = jax.ShapeDtypeStruct((4, *shape), jnp.float32)
+  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), x)
+  assert set(variables) == {"params"}
+  out = jax.eval_shape(
+      lambda v, x: model.apply(v, x, train=True, rngs={"dropout": jax.random.key(1)}),
+      variables, x)
+  assert out.shape == (4, classes)
+
+
+@pytest.mark.parametrize("name,shape", [("cnn", (28, 28, 1)), ("simple_cnn", (32, 32, 3)),
+                                        ("cifar100_cnn", (16, 16, 3))])
+def test_impls_agree_on_models(name, shape):
+  key = jax.random.key(2)
+  x = jax.random.normal(key, (3, *shape))
+  lax_model = models.get_model(name, 10, shape, impl="lax")
+  params = lax_model.init(key, x)
+  patches_model = models.get_model(name, 10, shape, impl="patches")
+  np.testing.assert_allclose(patches_model.apply(params, x), lax_model.apply(params, x),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_cifar100_batch_norm_is_stateless_and_dropout_only_in_training():
+  model = models.CIFAR100CNN()
+  x = jax.random.normal(jax.random.key(0), (8, 16, 16, 3))
+  variables = model.init(jax.random.key(1), x)
+  assert set(variables) == {"params"}
+  assert set(variables["params"]["bn1"]) == {"scale", "bias"}
+  eval_a = model.apply(variables, x)
+  eval_b = model.apply(variables, x, train=False, rngs={"dropout": jax.random.key(2)})
+  np.testing.assert_array_equal(eval_a, eval_b)
+  train_a = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(2)})
+  train_b = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(3)})
+  assert not np.allclose(train_a, eval_a)
+  assert not np.allclose(train_a, train_b)
+
+
+def test_batch_stat_norm_normalises_with_batch_statistics():
+  x = 3.0 + 2.0 * jax.random.normal(jax.random.key(0), (6, 5, 5, 4))
+  norm = models.BatchStatNorm()
+  params = {"params": {"scale": jnp.full((4,), 2.0), "bias": jnp.full((4,), -1.0)}}
+  y = norm.apply(params, x)
+  np.testing.assert_allclose(np.mean(y, axis=(0, 1, 2)), -1.0, atol=1e-5)
+  np.testing.assert_allclose(np.std(y, axis=(0, 1, 2)), 2.0, rtol=1e-3)
+
+
+def test_flat_model_round_trip():
+  model = models.get_model("simple_cnn", 10, (12, 12, 3))
+  key = jax.random.key(0)
+  w0, apply_flat = models.flat_model(model, (12, 12, 3), key)
+  params = model.init({"params": key}, jnp.zeros((1, 12, 12, 3)))["params"]
+  assert w0.shape == (models.count_params(model, (12, 12, 3)),)
+  x = jax.random.normal(jax.random.key(1), (5, 12, 12, 3))
+  np.testing.assert_allclose(apply_flat(w0, x), model.apply({"params": params}, x),
+                             **TOL)
+  rng = jax.random.key(4)
+  np.testing.assert_allclose(
+      apply_flat(w0, x, train=True, rng=rng),
+      model.apply({"params": params}, x, train=True, rngs={"dropout": rng}), **TOL)
+  # vmap over a client axis of flat parameters.
+  ws = jnp.stack([w0, 2.0 * w0])
+  out = jax.vmap(lambda w: apply_flat(w, x))(ws)
+  np.testing.assert_allclose(out[0], apply_flat(w0, x), **TOL)
+
+
+def test_registry_and_defaults():
+  with pytest.raises(ValueError, match="cifar100_cnn"):
+    models.get_model("vgg", 10, (32, 32, 3))
+  with pytest.raises(ValueError):
+    models.get_model("cnn", 10, (28, 28, 1), impl="fft")
+  assert isinstance(models.get_model("cnn", 10, (28, 28, 1), impl="lax"), models.CNN)
+  assert models.default_model_for("synthetic_1_1") == "logreg"
+  assert models.default_model_for("mnist") == "cnn"
+  assert models.default_model_for("fashion_mnist") == "cnn"
+  assert models.default_model_for("cifar10") == "cifar10_cnn"
+  assert models.default_model_for("cifar100") == "cifar100_cnn"
+
+
+def test_flop_counts():
+  # Analytic multiply-adds of the CNN's convs and dense layers per example (x2 FLOPs).
+  per_example = 2 * (28 * 28 * 25 * 32 + 14 * 14 * 800 * 64 + 3136 * 512 + 512 * 10)
+  fwd = models.count_flops(models.CNN(), (28, 28, 1), 2)
+  assert 2 * per_example <= fwd <= 1.2 * 2 * per_example
+  step = models.train_step_flops(models.CNN(), (28, 28, 1), 2)
+  assert 2 * fwd <= step <= 4 * fwd
