@@ -81,10 +81,13 @@ def delta_upload(w_start, w_end, client_state, num_steps, hp):
 
 
 def weighted_mean(vectors: Array, weights: Array) -> Array:
-  """sum_k weights_k vectors_k / sum_k weights_k, zero when all weights are zero."""
+  """sum_k weights_k vectors_k / sum_k weights_k, zero when the weights sum to zero.
+
+  The weights may all be negative (DUCC's conflicting class, whose total n2 < 0)."""
   total = jnp.sum(weights)
   summed = jnp.einsum("k,kd->d", weights, vectors)
-  return jnp.where(total > 0, summed / jnp.where(total > 0, total, 1.0), 0.0)
+  nonzero = total != 0
+  return jnp.where(nonzero, summed / jnp.where(nonzero, total, 1.0), 0.0)
 
 
 def server_lr(hp: HParams, round_index) -> Array:
