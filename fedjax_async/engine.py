@@ -111,9 +111,18 @@ def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
   return jnp.sum(correct) / n, jnp.sum(loss) / n
 
 
-def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
-               algorithm: base.Algorithm, cfg: EngineConfig):
-  """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline."""
+class ClientPhase(NamedTuple):
+  """Steps 1-4 of a round: what the server receives, and the updated client state."""
+
+  uploads: jax.Array  # [K, d]
+  arrivals: base.Arrivals
+  client_state: Dict[str, jax.Array]  # [N, d] each, already scattered
+  mean_loss: jax.Array  # [K]
+
+
+def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
+                 algorithm: base.Algorithm, cfg: EngineConfig) -> ClientPhase:
+  """Gather (ring buffer, client state, data), vmapped local training, scatter."""
   t = state.round
   num_clients = data.counts.shape[0]
   ring_size = state.ring.shape[0]
@@ -121,7 +130,6 @@ def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Call
   ids = jnp.where(valid, slots["client"], num_clients)  # out of bounds for padding
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
-  staleness = t - dispatch
   w_start = state.ring[dispatch % ring_size]  # the model each client was dispatched with
   cstate = {k: v[gather_ids] for k, v in state.client_state.items()}
   n = data.counts[gather_ids]
@@ -133,33 +141,47 @@ def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Call
       w_start, res.w_end, cstate, res.num_steps, hp)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
-
-  online = valid & slots["online"]
-  delayed = valid & ~slots["online"]
-  arrivals = base.Arrivals(valid=valid, online=online, delayed=delayed,
-                           staleness=jnp.where(valid, staleness, 0),
+  arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],
+                           delayed=valid & ~slots["online"],
+                           staleness=jnp.where(valid, t - dispatch, 0),
                            num_examples=n.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32), start_params=w_start)
-  new_w, server_state, alg_metrics = algorithm.server_update(
-      state.w, state.server_state, out.upload, arrivals, t, hp)
-  ring = state.ring.at[(t + 1) % ring_size].set(new_w)
-  new_state = SimState(t + 1, new_w, ring, new_cstate, server_state, state.key)
+  return ClientPhase(out.upload, arrivals, new_cstate, res.mean_loss)
 
-  num_valid = jnp.sum(valid)
-  delayed_f = delayed.astype(jnp.float32)
+
+def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
+                 alg_metrics) -> tuple:
+  """Step 6 (ring buffer write, round counter) and the round's metrics."""
+  t = state.round
+  ring = state.ring.at[(t + 1) % state.ring.shape[0]].set(new_w)
+  new_state = SimState(t + 1, new_w, ring, phase.client_state, server_state, state.key)
+  a = phase.arrivals
+  delayed_f = a.delayed.astype(jnp.float32)
+  num_valid = jnp.sum(a.valid)
   metrics = {
       "round": t,
-      "online": jnp.sum(online),
-      "delayed": jnp.sum(delayed),
+      "online": jnp.sum(a.online),
+      "delayed": jnp.sum(a.delayed),
       "dropped": slots["dropped"],
-      "mean_staleness": jnp.sum(staleness * delayed_f) / jnp.maximum(jnp.sum(delayed_f), 1),
-      "max_staleness": jnp.max(jnp.where(delayed, staleness, 0)),
-      "train_loss": jnp.sum(jnp.where(valid, res.mean_loss, 0.0)) / jnp.maximum(num_valid, 1),
-      "client_steps": jnp.sum(jnp.where(valid, res.num_steps, 0)),
+      "mean_staleness": jnp.sum(a.staleness * delayed_f) / jnp.maximum(jnp.sum(delayed_f), 1),
+      "max_staleness": jnp.max(jnp.where(a.delayed, a.staleness, 0)),
+      "train_loss": jnp.sum(jnp.where(a.valid, phase.mean_loss, 0.0)) / jnp.maximum(
+          num_valid, 1),
+      "client_steps": jnp.sum(jnp.where(a.valid, a.num_steps, 0)).astype(jnp.int32),
       "nonfinite": ~jnp.all(jnp.isfinite(new_w)),
   }
   metrics.update(alg_metrics)
   return new_state, metrics
+
+
+def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
+               algorithm: base.Algorithm, cfg: EngineConfig):
+  """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline."""
+  phase = client_phase(state, slots, hp, data, apply_flat=apply_flat, algorithm=algorithm,
+                       cfg=cfg)
+  new_w, server_state, alg_metrics = algorithm.server_update(
+      state.w, state.server_state, phase.uploads, phase.arrivals, state.round, hp)
+  return finish_round(state, phase, new_w, server_state, slots, alg_metrics)
 
 
 def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, *, apply_flat,
