@@ -66,9 +66,19 @@ class SimState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
+  """Static configuration of the round engine.
+
+  ``client_sharding`` (optional, e.g. ``fedjax_async.sharding.client_sharding(mesh)``): a
+  ``jax.sharding.Sharding`` for arrays with a leading client-slot axis K. When set, the
+  gathered per-client arrays of a round are constrained to it, so local training runs
+  split over the mesh's devices (K must be a multiple of the device count; see
+  ``fedjax_async.sharding.pad_timeline``). ``None`` (default) leaves the round unchanged.
+  """
+
   local: client_lib.LocalConfig
   ring_size: int
   eval_batch: int = 1000
+  client_sharding: Optional[Any] = None
 
 
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
@@ -134,9 +144,13 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   cstate = {k: v[gather_ids] for k, v in state.client_state.items()}
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
+  x, y = data.x[gather_ids], data.y[gather_ids]
+  if cfg.client_sharding is not None:  # split the client-slot axis K over the devices
+    w_start, cstate, x, y, n, keys = jax.lax.with_sharding_constraint(
+        (w_start, cstate, x, y, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
-  res = jax.vmap(train)(w_start, cstate, data.x[gather_ids], data.y[gather_ids], n, keys)
+  res = jax.vmap(train)(w_start, cstate, x, y, n, keys)
   out = jax.vmap(algorithm.client_final, in_axes=(0, 0, 0, 0, None))(
       w_start, res.w_end, cstate, res.num_steps, hp)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")

@@ -17,9 +17,11 @@ import time
 from typing import Dict, List, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import timeline as timeline_lib
@@ -59,6 +61,10 @@ class RunConfig:
   rounds_per_call: int = 10
   output_dir: str = "runs/latest"
   secure_aggregation: str = "none"
+  checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
+  keep_checkpoints: int = 2
+  resume: bool = False
+  tensorboard: bool = True
 
   def hparams(self) -> Dict[str, float]:
     """The traced scalar hyperparameters (sweepable with vmap)."""
@@ -95,6 +101,10 @@ def validate(cfg: RunConfig):
   check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
   check(cfg.rounds_per_call >= 1, "rounds_per_call",
         f"must be >= 1, got {cfg.rounds_per_call}")
+  check(cfg.checkpoint_every >= 0, "checkpoint_every",
+        f"must be >= 0 (0 = off), got {cfg.checkpoint_every}")
+  check(cfg.keep_checkpoints >= 1, "keep_checkpoints",
+        f"must be >= 1, got {cfg.keep_checkpoints}")
   check(cfg.secure_aggregation in ("none", "ckks"), "secure_aggregation",
         f"must be 'none' or 'ckks', got {cfg.secure_aggregation!r}")
   if cfg.secure_aggregation == "ckks":
@@ -150,6 +160,15 @@ def define_flags():
   f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
+  f.DEFINE_integer("checkpoint_every", d.checkpoint_every,
+                   "Checkpoint the simulation every k rounds (at the first chunk boundary "
+                   "at or past each multiple of k, and at the end) under "
+                   "<output_dir>/checkpoints; 0 = off.")
+  f.DEFINE_integer("keep_checkpoints", d.keep_checkpoints, "Checkpoints kept (max_to_keep).")
+  f.DEFINE_boolean("resume", d.resume, "Continue from the latest checkpoint in the output "
+                   "directory (fresh start when there is none).")
+  f.DEFINE_boolean("tensorboard", d.tensorboard, "Write TensorBoard scalars under "
+                   "<output_dir>/tb.")
 
 
 def config_from_flags(FLAGS) -> RunConfig:
@@ -171,7 +190,9 @@ def config_from_flags(FLAGS) -> RunConfig:
       server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
       server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
       eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
-      output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation)
+      output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
+      checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
+      resume=FLAGS.resume, tensorboard=FLAGS.tensorboard)
   validate(cfg)
   return cfg
 
@@ -215,9 +236,61 @@ class Progress:
     self.stream.flush()
 
 
+# Config fields that may differ between a run and its resumption.
+RESUME_FREE_FIELDS = ("output_dir", "resume", "checkpoint_every", "keep_checkpoints",
+                      "tensorboard")
+
+
+def run_config_for(cfg: RunConfig, name: str) -> dict:
+  """The configuration of one algorithm's run, as stored in summaries and checkpoints."""
+  d = config_dict(cfg)
+  d["algorithm"] = name
+  return d
+
+
+def config_mismatch(saved: dict, current: dict) -> List[str]:
+  """Fields (flag names) whose values differ, ignoring the resume-free ones."""
+  keys = (set(saved) | set(current)) - set(RESUME_FREE_FIELDS)
+  return sorted(k for k in keys if saved.get(k) != current.get(k))
+
+
+def json_row(row: dict) -> str:
+  return json.dumps(checkpoint_lib.to_json_ready(row))
+
+
+class TensorBoard:
+  """Per-round scalars under ``<out_dir>/tb`` (tensorboardX); a no-op when disabled."""
+
+  def __init__(self, out_dir: str, enabled: bool, purge_step: Optional[int] = None):
+    self.writer = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self.writer = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=purge_step)
+
+  def write(self, rows: List[dict]):
+    if self.writer is None:
+      return
+    for r in rows:
+      for k, v in r.items():
+        if k != "round" and isinstance(v, (int, float)) and v is not None:
+          self.writer.add_scalar(k, float(v), r["round"])
+    self.writer.flush()
+
+  def close(self):
+    if self.writer is not None:
+      self.writer.close()
+
+
 def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             quiet: bool = False) -> dict:
-  """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl and summary.json."""
+  """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl, summary.json, TensorBoard
+  scalars and (``cfg.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``.
+
+  With ``cfg.resume`` it continues from the latest checkpoint: the restored state and
+  metrics rows make the rest of the run, ``metrics.jsonl`` (rewritten from the restored
+  rows, then appended) and the final state identical to an uninterrupted run's. Raises
+  ``engine.Diverged`` naming the round, the algorithm and the last good checkpoint.
+  """
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model_name, w0, apply_flat = build_model(cfg, fed_data) if model is None else model
   out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
@@ -230,45 +303,103 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                              cfg.random_local_epochs), cfg.delay.ring_size)
   data = engine.DeviceData.from_federated(fed_data)
   state = engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed)
+  run_cfg = run_config_for(cfg, name)
+  ckpt = None
+  if cfg.checkpoint_every > 0 or cfg.resume:
+    ckpt = checkpoint_lib.Checkpointer(os.path.join(out_dir, "checkpoints"),
+                                       cfg.keep_checkpoints)
+  rows_so_far: List[dict] = []
+  wall_before = 0.0
+  if cfg.resume and ckpt.latest_round() is not None:
+    restored = ckpt.restore(state)
+    bad = config_mismatch(restored.config, run_cfg)
+    if bad:
+      raise ValueError("--resume: the checkpoint under " + ckpt.directory + " was made "
+                       "with different flags: " + ", ".join(
+                           f"--{k}={restored.config.get(k)!r} (now {run_cfg.get(k)!r})"
+                           for k in bad))
+    state = jax.tree.map(jnp.asarray, restored.state)
+    rows_so_far = restored.rows
+    wall_before = float(restored.extra.get("wall_time_s", 0.0))
+    if not quiet:
+      print(f"[{name}] resuming from the checkpoint of round {restored.round} "
+            f"({ckpt.directory})", flush=True)
+  elif cfg.resume and not quiet:
+    print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
+          flush=True)
+  start_round = int(state.round)
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
-  progress = Progress(name, cfg.rounds)
+  progress = Progress(name, cfg.rounds, start_round)
+  tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=start_round if cfg.resume else None)
+  last_saved = [start_round]
   t0 = time.perf_counter()
   with open(metrics_path, "w") as mf:
+    for r in rows_so_far:  # rewritten from the checkpoint: drops rows after it
+      mf.write(json_row(r) + "\n")
+    mf.flush()
 
     def on_chunk(state, rows):
+      rows_so_far.extend(rows)
       for r in rows:
-        mf.write(json.dumps(r) + "\n")
+        mf.write(json_row(r) + "\n")
       mf.flush()
+      tb.write(rows)
+      new_round = int(state.round)
+      if ckpt is not None and checkpoint_lib.should_save(
+          last_saved[0], new_round, cfg.checkpoint_every, cfg.rounds):
+        ckpt.save(new_round, state, rows_so_far, run_cfg,
+                  {"wall_time_s": wall_before + time.perf_counter() - t0})
+        last_saved[0] = new_round
       if not quiet:
         progress(rows)
 
-    if cfg.secure_aggregation == "ckks":
-      from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-      state, rows = secure_engine.simulate(apply_flat, algorithm, ecfg, state, tl,
-                                           cfg.hparams(), data, on_chunk=on_chunk,
-                                           eval_every=cfg.eval_every)
-    else:
-      runner = engine.make_runner(apply_flat, algorithm, ecfg)
-      state, rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
-                                    eval_every=cfg.eval_every,
-                                    rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
-  wall = time.perf_counter() - t0
+    try:
+      if cfg.secure_aggregation == "ckks":
+        from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
+        state, _ = secure_engine.simulate(apply_flat, algorithm, ecfg, state, tl,
+                                          cfg.hparams(), data, on_chunk=on_chunk,
+                                          eval_every=cfg.eval_every)
+      else:
+        runner = engine.make_runner(apply_flat, algorithm, ecfg)
+        state, _ = engine.simulate(runner, state, tl, cfg.hparams(), data,
+                                   eval_every=cfg.eval_every,
+                                   rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
+    except engine.Diverged as e:
+      last = ckpt.latest_round() if ckpt is not None else None
+      where = (f"; last good checkpoint: round {last} under {ckpt.directory}"
+               if last is not None else "; no checkpoint was written")
+      raise engine.Diverged(f"algorithm {name}: {e}{where}") from None
+    finally:
+      tb.close()
+      if ckpt is not None:
+        ckpt.close()
+  wall = wall_before + time.perf_counter() - t0
+  rows = rows_so_far
+  summary = summarize(rows, tl, name=name, dataset=fed_data.name, model=model_name,
+                      num_params=int(np.size(w0)), rounds=cfg.rounds, wall=wall,
+                      config=config_dict(cfg))
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,
+              model: str, num_params: int, rounds: int, wall: float, config: dict) -> dict:
+  """summary.json of one run from its metrics rows and timeline."""
   accs = [r["test_accuracy"] for r in rows]
   final = next((a for a in reversed(accs) if a is not None), float("nan"))
-  summary = {
-      "algorithm": name, "dataset": fed_data.name, "model": model_name,
-      "num_params": int(np.size(w0)), "rounds": cfg.rounds,
+  delayed_mask = tl.valid & ~tl.online
+  return {
+      "algorithm": name, "dataset": dataset, "model": model,
+      "num_params": num_params, "rounds": rounds,
       "average_best_accuracy": engine.average_best_accuracy(accs),
       "final_accuracy": final, "wall_time_s": wall,
       "updates_dropped": int(tl.dropped.sum()), "updates_in_flight_at_end": tl.in_flight_at_end,
       "delayed_updates": int(sum(r["delayed"] for r in rows)),
-      "mean_staleness_of_delayed": float(np.mean(tl.staleness()[tl.valid & ~tl.online]))
-      if np.any(tl.valid & ~tl.online) else 0.0,
-      "config": config_dict(cfg),
+      "mean_staleness_of_delayed": float(np.mean(tl.staleness()[delayed_mask]))
+      if np.any(delayed_mask) else 0.0,
+      "config": config,
   }
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  return summary
 
 
 def config_dict(cfg: RunConfig) -> dict:
@@ -319,7 +450,9 @@ def main_from_flags(FLAGS):
     try:
       summaries.append(run_one(cfg, name, fed_data, model, out_dir))
     except engine.Diverged as e:
-      sys.exit(f"error: algorithm {name} diverged at {e}")
+      sys.exit(f"error: diverged: {e}")
+    except ValueError as e:
+      sys.exit(f"error: {e}")
     s = summaries[-1]
     print(f"[{name}] average best accuracy {s['average_best_accuracy']:.4f}, final "
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)

@@ -1,13 +1,19 @@
 """Flax (linen) models for the simulator, with a vmap-friendly convolution.
 
 The engine trains every client of a round inside one ``jax.vmap`` over a client axis,
-each client with its own flat parameter vector. On CPU, XLA lowers a convolution whose
-kernel is batched over clients poorly (``nn.Conv`` under vmap ran at ~3% of matmul
-peak, slower than a per-client loop), while the same convolution written as
-``lax.conv_general_dilated_patches`` + one GEMM runs at matmul-like speed both vmapped
-and looped. Every convolutional model therefore uses :class:`PatchConv` by default
-(``impl="patches"``); ``impl="lax"`` selects ``flax.linen.Conv``. Both have the same
-parameter names, shapes and initialisers, so parameters are interchangeable.
+each client with its own flat parameter vector. A convolution whose kernel is batched
+over clients can lower badly on CPU, so the convolutional models take ``impl``:
+
+* ``"patches"`` (default): :class:`PatchConv`, ``lax.conv_general_dilated_patches``
+  then one GEMM against the reshaped kernel;
+* ``"slices"``: :class:`PatchConv` with im2col built from kh*kw shifted slices (no
+  grouped convolution in the forward or backward pass) then the same GEMM;
+* ``"lax"``: ``flax.linen.Conv``.
+
+All three have the same parameter names, shapes and initialisers, so parameters are
+interchangeable. Which is fastest depends on the machine and jax version; measure with
+``benchmarks/conv_formulation.py`` (on the 2-core CPU with jax 0.6.2 where this was
+written, "lax" and "slices" were both faster than "patches").
 
 Public API:
 
@@ -37,7 +43,9 @@ from jax.flatten_util import ravel_pytree
 Array = jax.Array
 Padding = str | Sequence[tuple[int, int]]
 
-CONV_IMPLS = ("patches", "lax")
+# "patches": PatchConv via lax.conv_general_dilated_patches; "slices": PatchConv with
+# im2col by shifted slices; "lax": flax.linen.Conv.
+CONV_IMPLS = ("patches", "slices", "lax")
 
 
 # ----------------------------------------------------------------------------- layers
@@ -53,13 +61,48 @@ def patch_kernel(kernel: Array) -> Array:
   return jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * kh * kw, cout)
 
 
-def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME") -> Array:
-  """2-D convolution of NHWC ``x`` with an HWIO ``kernel`` as patches + one GEMM."""
-  kh, kw = kernel.shape[:2]
-  patches = lax.conv_general_dilated_patches(
-      x, (kh, kw), tuple(strides), padding,
-      dimension_numbers=("NHWC", "HWIO", "NHWC"))  # [N, H', W', cin*kh*kw]
-  return jnp.einsum("nhwp,pc->nhwc", patches, patch_kernel(kernel))
+def _patches_xla(x: Array, ksize, strides, padding) -> Array:
+  """``lax.conv_general_dilated_patches``: features ordered (cin, kh, kw)."""
+  return lax.conv_general_dilated_patches(
+      x, tuple(ksize), tuple(strides), padding,
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _patches_slices(x: Array, ksize, strides, padding) -> Array:
+  """im2col by kh*kw strided slices of the padded input: features ordered (kh, kw, cin)."""
+  (kh, kw), (sh, sw) = ksize, strides
+  n, h, w, cin = x.shape
+  pads = (lax.padtype_to_pads((h, w), (kh, kw), (sh, sw), padding)
+          if isinstance(padding, str) else [tuple(p) for p in padding])
+  xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+  ho = (h + sum(pads[0]) - kh) // sh + 1
+  wo = (w + sum(pads[1]) - kw) // sw + 1
+  cols = [lax.slice(xp, (0, i, j, 0), (n, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1, cin),
+                    (1, sh, sw, 1))
+          for i in range(kh) for j in range(kw)]
+  return jnp.concatenate(cols, axis=-1)
+
+
+PATCH_EXTRACTORS = ("xla", "slices")
+
+
+def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME",
+               extract: str = "xla") -> Array:
+  """2-D convolution of NHWC ``x`` with an HWIO ``kernel`` as patches + one GEMM.
+
+  ``extract="xla"`` uses ``lax.conv_general_dilated_patches`` (features (cin, kh, kw),
+  kernel transposed by :func:`patch_kernel`); ``extract="slices"`` builds the patches
+  from kh*kw shifted slices (features (kh, kw, cin), the kernel's own HWIO order).
+  """
+  kh, kw, cin, cout = kernel.shape
+  if extract == "xla":
+    patches, kmat = _patches_xla(x, (kh, kw), strides, padding), patch_kernel(kernel)
+  elif extract == "slices":
+    patches = _patches_slices(x, (kh, kw), tuple(strides), padding)
+    kmat = kernel.reshape(kh * kw * cin, cout)
+  else:
+    raise ValueError(f"unknown patch extractor {extract!r}; choose from {PATCH_EXTRACTORS}")
+  return jnp.einsum("nhwp,pc->nhwc", patches, kmat)
 
 
 class PatchConv(nn.Module):
@@ -77,13 +120,14 @@ class PatchConv(nn.Module):
   use_bias: bool = True
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
+  extract: str = "xla"  # patch extraction: "xla" or "slices" (see patch_conv)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     kh, kw = self.kernel_size
     cin = x.shape[-1]
     kernel = self.param("kernel", self.kernel_init, (kh, kw, cin, self.features))
-    y = patch_conv(x, kernel.astype(x.dtype), self.strides, self.padding)
+    y = patch_conv(x, kernel.astype(x.dtype), self.strides, self.padding, self.extract)
     if self.use_bias:
       bias = self.param("bias", self.bias_init, (self.features,))
       y = y + bias.astype(y.dtype)
@@ -92,10 +136,12 @@ class PatchConv(nn.Module):
 
 def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SAME",
               use_bias=True, name=None, **kw) -> nn.Module:
-  """A ``PatchConv`` (impl="patches") or ``nn.Conv`` (impl="lax") with equal params."""
+  """``PatchConv`` (impl="patches"/"slices") or ``nn.Conv`` (impl="lax"), equal params."""
   kernel_size, strides = tuple(kernel_size), tuple(strides)
-  if impl == "patches":
-    return PatchConv(features, kernel_size, strides, padding, use_bias, name=name, **kw)
+  if impl in ("patches", "slices"):
+    extract = "xla" if impl == "patches" else "slices"
+    return PatchConv(features, kernel_size, strides, padding, use_bias, name=name,
+                     extract=extract, **kw)
   if impl == "lax":
     return nn.Conv(features, kernel_size, strides, padding, use_bias=use_bias, name=name,
                    **kw)
@@ -327,7 +373,7 @@ def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
               impl: str = "patches") -> nn.Module:
   """The model called ``name`` for per-example inputs of ``input_shape``.
 
-  ``impl`` ("patches" or "lax") selects the convolution of convolutional models.
+  ``impl`` ("patches", "slices" or "lax") selects the convolution of conv models.
   Raises ValueError for an unknown name or impl, or a non-HWC shape for a conv model.
   """
   if impl not in CONV_IMPLS:
@@ -363,7 +409,7 @@ def default_model_for(dataset_name: str) -> str:
 def init_params(model: nn.Module, input_shape: Sequence[int], key) -> Any:
   """``model``'s parameter pytree for per-example ``input_shape`` (batch of 1)."""
   x = jnp.zeros((1, *input_shape), jnp.float32)
-  variables = model.init({"params": key}, x, train=False)
+  variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(key, x)
   extra = set(variables) - {"params"}
   if extra:
     raise ValueError(f"model has non-parameter state {sorted(extra)}; only 'params' "

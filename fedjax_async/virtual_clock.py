@@ -117,6 +117,7 @@ class ClockConfig:
   comm: Distribution = Distribution("constant", 0.0)  # seconds per task
   device_classes: tuple = ()  # DeviceClass mix; () = one class
   ring_size: int = 0  # R past models kept; 0 = no drops (R = max staleness + 1)
+  pruned_scales: tuple = ()  # S table: a client of scale index p works S[p]^2 as long
 
   def __post_init__(self):
     if self.concurrency < 1:
@@ -166,6 +167,9 @@ def draw_clients(cfg: ClockConfig, counts: np.ndarray, rng: np.random.Generator)
     slow = np.array([c.slowdown for c in cfg.device_classes])[cls]
     scale = np.array([c.scale_index for c in cfg.device_classes])[cls]
     spe, comm = spe * slow, comm * slow
+    if cfg.pruned_scales:  # a sub-model has S[p]^2 of the parameters (Eq. 11)
+      work = np.asarray(cfg.pruned_scales, np.float64)[scale] ** 2
+      spe, comm = spe * work, comm * work
   else:
     cls, scale = np.zeros(n, np.int64), np.zeros(n, np.int64)
   return Clients(spe, comm, cls, scale, completion_time(cfg.epochs, counts, spe, comm))

@@ -35,18 +35,18 @@ def test_patch_conv_matches_flax_conv(padding, ksize, cin, cout, strides):
   kx, kp = jax.random.split(jax.random.key(0))
   x = jax.random.normal(kx, (2, 11, 10, cin))
   ref = nn.Conv(cout, ksize, strides, padding)
-  ours = models.PatchConv(cout, ksize, strides, padding)
   params = ref.init(kp, x)
-  # Same names, shapes and (same rng => same) initial values as nn.Conv.
-  ours_params = ours.init(kp, x)
-  jax.tree.map(np.testing.assert_array_equal, params, ours_params)
   # Non-zero bias so that it is exercised.
-  params = jax.tree.map(lambda a: a + 0.1, params)
-  y_ref = ref.apply(params, x)
-  np.testing.assert_allclose(ours.apply(params, x), y_ref, **TOL)
-  y_lax = _ref_conv(x, params["params"]["kernel"], strides, padding)
-  np.testing.assert_allclose(ours.apply(params, x),
-                             y_lax + params["params"]["bias"], **TOL)
+  shifted = jax.tree.map(lambda a: a + 0.1, params)
+  y_ref = ref.apply(shifted, x)
+  y_lax = _ref_conv(x, shifted["params"]["kernel"], strides, padding)
+  for extract in models.PATCH_EXTRACTORS:
+    ours = models.PatchConv(cout, ksize, strides, padding, extract=extract)
+    # Same names, shapes and (same rng => same) initial values as nn.Conv.
+    jax.tree.map(np.testing.assert_array_equal, params, ours.init(kp, x))
+    np.testing.assert_allclose(ours.apply(shifted, x), y_ref, **TOL)
+    np.testing.assert_allclose(ours.apply(shifted, x),
+                               y_lax + shifted["params"]["bias"], **TOL)
 
 
 def test_patch_kernel_ordering_is_cin_kh_kw():
@@ -58,14 +58,15 @@ def test_patch_kernel_ordering_is_cin_kh_kw():
   np.testing.assert_array_equal(p[0, 0, 0, c * 6 + i * 3 + j], x[0, i, j, c])
 
 
-@pytest.mark.parametrize("padding", ["SAME", "VALID"])
-def test_patch_conv_vmapped_over_client_kernels(padding):
+@pytest.mark.parametrize("padding,extract", [("SAME", "xla"), ("VALID", "xla"),
+                                             ("SAME", "slices")])
+def test_patch_conv_vmapped_over_client_kernels(padding, extract):
   clients, ksize, cin, cout = 4, (3, 3), 3, 8
   kx, kk, kb = jax.random.split(jax.random.key(1), 3)
   x = jax.random.normal(kx, (clients, 5, 9, 9, cin))
   kernels = jax.random.normal(kk, (clients, *ksize, cin, cout))
   biases = jax.random.normal(kb, (clients, cout))
-  layer = models.PatchConv(cout, ksize, padding=padding)
+  layer = models.PatchConv(cout, ksize, padding=padding, extract=extract)
 
   def one(kernel, bias, xc):
     return layer.apply({"params": {"kernel": kernel, "bias": bias}}, xc)
@@ -113,29 +114,32 @@ def test_output_shapes(name, shape, classes):
   assert out.shape == (4, classes)
 
 
-@pytest.mark.parametrize("name,shape", [("cnn", (28, 28, 1)), ("simple_cnn", (32, 32, 3)),
+@pytest.mark.parametrize("name,shape", [("cnn", (12, 12, 1)), ("simple_cnn", (10, 10, 3)),
                                         ("cifar100_cnn", (8, 8, 3))])
 def test_impls_agree_on_models(name, shape):
   key = jax.random.key(2)
   x = jax.random.normal(key, (3, *shape))
   lax_model = models.get_model(name, 10, shape, impl="lax")
-  params = lax_model.init(key, x)
-  patches_model = models.get_model(name, 10, shape, impl="patches")
-  np.testing.assert_allclose(patches_model.apply(params, x), lax_model.apply(params, x),
-                             rtol=1e-4, atol=1e-4)
+  params = jax.jit(lax_model.init)(key, x)
+  want = jax.jit(lax_model.apply)(params, x)
+  for impl in ("patches", "slices"):
+    got = jax.jit(models.get_model(name, 10, shape, impl=impl).apply)(params, x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_cifar100_batch_norm_is_stateless_and_dropout_only_in_training():
   model = models.CIFAR100CNN()
   x = jax.random.normal(jax.random.key(0), (8, 16, 16, 3))
-  variables = model.init(jax.random.key(1), x)
+  variables = jax.jit(model.init)(jax.random.key(1), x)
   assert set(variables) == {"params"}
   assert set(variables["params"]["bn1"]) == {"scale", "bias"}
-  eval_a = model.apply(variables, x)
-  eval_b = model.apply(variables, x, train=False, rngs={"dropout": jax.random.key(2)})
-  np.testing.assert_array_equal(eval_a, eval_b)
-  train_a = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(2)})
-  train_b = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(3)})
+  run = jax.jit(lambda k, train: model.apply(variables, x, train=train,
+                                             rngs={"dropout": jax.random.key(k)}),
+                static_argnums=1)
+  eval_a = jax.jit(model.apply)(variables, x)
+  eval_b = run(2, False)
+  np.testing.assert_allclose(eval_a, eval_b, **TOL)  # rng unused when not training
+  train_a, train_b = run(2, True), run(3, True)
   assert not np.allclose(train_a, eval_a)
   assert not np.allclose(train_a, train_b)
 
@@ -153,19 +157,20 @@ def test_flat_model_round_trip():
   model = models.get_model("simple_cnn", 10, (8, 8, 3))
   key = jax.random.key(0)
   w0, apply_flat = models.flat_model(model, (8, 8, 3), key)
-  params = model.init({"params": key}, jnp.zeros((1, 12, 12, 3)))["params"]
+  params = jax.jit(model.init)({"params": key}, jnp.zeros((1, 8, 8, 3)))["params"]
   assert w0.shape == (models.count_params(model, (8, 8, 3)),)
   x = jax.random.normal(jax.random.key(1), (5, 8, 8, 3))
-  np.testing.assert_allclose(apply_flat(w0, x), model.apply({"params": params}, x),
-                             **TOL)
+  flat = jax.jit(apply_flat, static_argnames="train")
+  ref = jax.jit(lambda p, x, rng, train: model.apply(
+      {"params": p}, x, train=train, rngs={"dropout": rng}), static_argnums=3)
   rng = jax.random.key(4)
-  np.testing.assert_allclose(
-      apply_flat(w0, x, train=True, rng=rng),
-      model.apply({"params": params}, x, train=True, rngs={"dropout": rng}), **TOL)
+  np.testing.assert_allclose(flat(w0, x), ref(params, x, rng, False), **TOL)
+  np.testing.assert_allclose(flat(w0, x, train=True, rng=rng), ref(params, x, rng, True),
+                             **TOL)
   # vmap over a client axis of flat parameters.
   ws = jnp.stack([w0, 2.0 * w0])
-  out = jax.vmap(lambda w: apply_flat(w, x))(ws)
-  np.testing.assert_allclose(out[0], apply_flat(w0, x), **TOL)
+  out = jax.jit(jax.vmap(lambda w: apply_flat(w, x)))(ws)
+  np.testing.assert_allclose(out[0], flat(w0, x), **TOL)
 
 
 def test_registry_and_defaults():

@@ -1,0 +1,289 @@
+"""Shared pieces of the performance benchmarks (not a test, not a package module).
+
+* ``best_time``: best wall time of a blocking call over a few repetitions (the machine is
+  shared, so the best of 3 is the figure that means something);
+* ``matmul_peak``: GFLOP/s of a large float32 matmul, measured in the same process, taken
+  as this machine's attainable peak;
+* ``Workload``: random federated data, a model, an algorithm and a timeline in which every
+  round has exactly K online arrivals (no delays), built without any data download;
+* ``engine_runner`` / ``loop_runner``: the same rounds run by the vmapped engine
+  (``engine.make_runner``: several rounds fused into one ``lax.scan``) and by fedjax's
+  pattern (one ``jit`` per-client train function called in a Python loop, then a jitted
+  server step);
+* ``write_rows``: JSON lines and a CSV under ``benchmarks/results/``.
+
+Every benchmark prints its figures; none of them asserts a timing.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import platform
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import models
+from fedjax_async import timeline as timeline_lib
+from fedjax_async.algorithms import get as get_algorithm
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+HP = dict(lr=0.05, momentum=0.0, rho=0.1, mu=0.01, alpha0=1.0, alpha1=0.5, alpha2=0.5,
+          server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
+
+# (model name, per-example input shape, classes)
+MODELS = {
+    "cnn": ("cnn", (28, 28, 1), 10),  # PAFed's Fashion-MNIST CNN, 1.66M parameters
+    "logreg": ("logreg", (60,), 10),  # Synthetic(alpha, beta)-style logistic regression
+    "simple_cnn": ("simple_cnn", (32, 32, 3), 10),  # pfl-research's CIFAR-10 CNN
+}
+
+
+def machine() -> Dict[str, Any]:
+  """What the figures were measured on."""
+  return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "jax": jax.__version__, "backend": jax.default_backend(),
+          "devices": len(jax.devices())}
+
+
+def best_time(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
+  """Best wall time of ``fn()`` (which must block until its result is ready)."""
+  for _ in range(warmup):
+    fn()
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def matmul_peak(n: int = 2048, reps: int = 3) -> float:
+  """GFLOP/s of an n^3 float32 matmul (best of ``reps``)."""
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (n, n), jnp.float32)
+  b = jax.random.normal(kb, (n, n), jnp.float32)
+  mm = jax.jit(jnp.matmul)
+  t = best_time(lambda: mm(a, b).block_until_ready(), reps)
+  return 2 * n**3 / t / 1e9
+
+
+def compiled_flops(compiled) -> float:
+  """FLOPs from XLA's cost analysis of a compiled computation (dict or list of dicts)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    return float(sum(c.get("flops", 0.0) for c in cost if c))
+  return float((cost or {}).get("flops", 0.0))
+
+
+def peak_rss_bytes() -> int:
+  """This process's peak resident set size (Linux reports KiB)."""
+  import resource  # pylint: disable=g-import-not-at-top
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclasses.dataclass
+class Workload:
+  """K clients per round, each with exactly ``examples`` random examples."""
+
+  model: str
+  clients_per_round: int
+  num_clients: int
+  examples: int
+  batch: int
+  epochs: int = 1
+  rounds: int = 3
+  algorithm: str = "fedavg"
+  impl: str = "patches"
+  seed: int = 0
+  jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
+
+  def __post_init__(self):
+    name, self.input_shape, self.num_classes = MODELS[self.model]
+    net = models.get_model(name, self.num_classes, self.input_shape, impl=self.impl)
+    self.w0, self.apply_flat = models.flat_model(net, self.input_shape,
+                                                 jax.random.key(self.seed))
+    self.dim = int(self.w0.shape[0])
+    self.alg = get_algorithm(self.algorithm)
+    self.local = client_lib.LocalConfig(self.batch, self.epochs, self.examples)
+    self.steps = self.local.max_steps
+    rng = np.random.default_rng(self.seed)
+    n, m = self.num_clients, self.examples
+    tx = rng.standard_normal((16,) + tuple(self.input_shape), dtype=np.float32)
+    ty = rng.integers(0, self.num_classes, 16).astype(np.int32)
+    if self.jax_data:
+      shape = (n, m) + tuple(self.input_shape)
+      kx, ky = jax.random.split(jax.random.key(self.seed))
+      chunk = max(c for c in range(1, min(n, 256) + 1) if n % c == 0)
+
+      def gen(k):  # chunk by chunk, so that no [N, ...]-sized temporary exists
+        parts = jax.lax.map(lambda kk: jax.random.normal(kk, (chunk,) + shape[1:]),
+                            jax.random.split(k, n // chunk))
+        return parts.reshape(shape)
+
+      x = jax.jit(gen)(kx)
+      y = jax.jit(lambda k: jax.random.randint(k, (n, m), 0, self.num_classes))(ky)
+    else:
+      x = rng.standard_normal((n, m) + tuple(self.input_shape), dtype=np.float32)
+      y = rng.integers(0, self.num_classes, (n, m)).astype(np.int32)
+    counts = np.full(n, m, np.int32)
+    self.data = engine.DeviceData(*map(jnp.asarray, (x, y, counts, tx, ty)))
+    self.timeline = timeline_lib.build(
+        n, self.rounds, self.clients_per_round / n, timeline_lib.DelayConfig(0.0), self.seed,
+        min_slots=self.clients_per_round)
+    self.hp = {k: jnp.float32(v) for k, v in HP.items()}
+
+  @property
+  def client_steps_per_round(self) -> int:
+    return self.clients_per_round * self.steps
+
+  @property
+  def examples_per_round(self) -> int:
+    return self.clients_per_round * self.steps * self.batch
+
+  def engine_config(self, **kw) -> engine.EngineConfig:
+    return engine.EngineConfig(self.local, ring_size=2, eval_batch=16, **kw)
+
+  def init_state(self):
+    return engine.init_state(self.alg, self.w0, self.num_clients, 2, self.seed)
+
+
+def engine_runner(wl: Workload, cfg: Optional[engine.EngineConfig] = None,
+                  state_fn: Optional[Callable] = None):
+  """(run, compiled): ``run()`` runs all ``wl.rounds`` rounds in ONE jitted scan and blocks.
+
+  The donated state is re-created (outside the timed region would be nicer, but creating
+  it is a broadcast of w0 and costs microseconds to milliseconds next to a round).
+  """
+  cfg = cfg or wl.engine_config()
+  runner = engine.make_runner(wl.apply_flat, wl.alg, cfg)
+  slots = jax.tree.map(jnp.asarray, wl.timeline.slice(0, wl.rounds))
+  evals = jnp.zeros((wl.rounds,), bool)
+  state_fn = state_fn or wl.init_state
+  compiled = runner.lower(state_fn(), slots, evals, wl.hp, wl.data).compile()
+  holder = {}
+
+  def prepare():
+    holder["s"] = jax.block_until_ready(state_fn())
+
+  def run():
+    s, m = compiled(holder.pop("s"), slots, evals, wl.hp, wl.data)
+    jax.block_until_ready((s.w, m["train_loss"]))
+    return s, m
+
+  return prepare, run, compiled
+
+
+def loop_runner(wl: Workload):
+  """(prepare, run): the same rounds, one ``jit`` client call per arrival (fedjax style).
+
+  Per round: for each arrival, a jitted ``train`` + ``client_final`` on that client's data
+  (sliced on the host side of the call, as fedjax feeds each client's batches), then one
+  jitted server step on the stacked uploads. The server step and scatter of client state
+  are the engine's own functions, so the arithmetic is identical.
+  """
+  alg, cfg, hp = wl.alg, wl.local, wl.hp
+
+  @jax.jit
+  def client_fn(w_start, cstate, x, y, n, t, c):
+    key = engine.client_key(base_key, t, c)
+    res = client_lib.train(wl.apply_flat, alg, w_start, cstate, x, y, n, key, hp, cfg)
+    out = alg.client_final(w_start, res.w_end, cstate, res.num_steps, hp)
+    return out.upload, out.state, res.num_steps
+
+  @jax.jit
+  def server_fn(w, server_state, uploads, n, steps, t):
+    k = uploads.shape[0]
+    valid = jnp.ones((k,), bool)
+    arr = engine.base.Arrivals(valid=valid, online=valid, delayed=~valid,
+                               staleness=jnp.zeros((k,), jnp.int32),
+                               num_examples=n.astype(jnp.float32),
+                               num_steps=steps.astype(jnp.float32),
+                               start_params=jnp.broadcast_to(w, uploads.shape))
+    new_w, ss, _ = alg.server_update(w, server_state, uploads, arr, t, hp)
+    return new_w, ss
+
+  holder = {}
+  tl = wl.timeline
+  data = wl.data
+  xs = [data.x[i] for i in range(wl.num_clients)]  # per-client device arrays, pre-sliced
+  ys = [data.y[i] for i in range(wl.num_clients)]
+  base_key = jax.random.key_data(jax.random.PRNGKey(wl.seed))
+  ns_all = [data.counts[i] for i in range(wl.num_clients)]
+
+  def prepare():
+    s = wl.init_state()
+    cstate = {k: [v[i] for i in range(wl.num_clients)] for k, v in s.client_state.items()}
+    holder["s"] = jax.block_until_ready((s.w, s.server_state, cstate))
+
+  def run():
+    w, ss, cstate = holder.pop("s")
+    for t in range(wl.rounds):
+      ups, ns, steps = [], [], []
+      for j in range(tl.client.shape[1]):
+        if not tl.valid[t, j]:
+          continue
+        c = int(tl.client[t, j])
+        st = {k: v[c] for k, v in cstate.items()}
+        up, new_st, nstep = client_fn(w, st, xs[c], ys[c], ns_all[c], np.int32(t),
+                                      np.int32(c))
+        for k in cstate:
+          cstate[k][c] = new_st[k]
+        ups.append(up)
+        ns.append(ns_all[c])
+        steps.append(nstep)
+      w, ss = server_fn(w, ss, jnp.stack(ups), jnp.stack(ns), jnp.stack(steps), t)
+    jax.block_until_ready(w)
+    return w
+
+  return prepare, run
+
+
+def timed(prepare: Callable, run: Callable, reps: int = 3) -> float:
+  """Best of ``reps`` of ``run()`` after one warm-up, ``prepare()`` outside the clock."""
+  prepare()
+  run()
+  best = float("inf")
+  for _ in range(reps):
+    prepare()
+    t0 = time.perf_counter()
+    run()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def write_rows(name: str, rows: List[Dict[str, Any]]) -> None:
+  """Appends ``rows`` to results/NAME.jsonl and rewrites results/NAME.csv from all of it."""
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  jpath = os.path.join(RESULTS_DIR, f"{name}.jsonl")
+  with open(jpath, "a") as f:
+    for r in rows:
+      f.write(json.dumps(r, default=float) + "\n")
+  with open(jpath) as f:
+    everything = [json.loads(l) for l in f if l.strip()]
+  keys = []
+  for r in everything:
+    keys += [k for k in r if k not in keys and not isinstance(r[k], (dict, list))]
+  cpath = os.path.join(RESULTS_DIR, f"{name}.csv")
+  with open(cpath, "w", newline="") as f:
+    w = csv.DictWriter(f, keys, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(everything)
+  print(f"[{name}] wrote {jpath} and {cpath}")
+
+
+def fmt_row(r: Dict[str, Any], keys) -> str:
+  out = []
+  for k in keys:
+    v = r.get(k)
+    out.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+  return " ".join(out)

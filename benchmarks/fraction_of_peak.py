@@ -1,0 +1,72 @@
+"""Achieved FLOP/s of the vmapped CNN round as a fraction of this machine's matmul peak.
+
+Model FLOPs per round = K clients x local steps x (forward + backward FLOPs of one
+minibatch step, from XLA's cost analysis of ``value_and_grad`` of the impl="lax" model,
+``models.train_step_flops``), so the patches formulation is not credited for its patch
+extraction. Peak = a 2048^3 float32 matmul measured in the same process (best of 3).
+Also times the sequential per-client jit loop on the same workload (``--loop``) so that
+"never slower than the loop" is checked in the same run.
+
+  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/fraction_of_peak.py
+  ... --clients=1000 --examples=20   # 2 local steps at 1000 clients (says so in the row)
+"""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from fedjax_async import models  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "cnn", "Model.")
+flags.DEFINE_list("clients", ["10", "50", "200"], "Clients per round K.")
+flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local steps).")
+flags.DEFINE_integer("batch", 10, "Local minibatch size.")
+flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
+flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
+flags.DEFINE_string("impl", "patches", "Conv implementation (patches | lax).")
+flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
+flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
+
+
+def main(_):
+  mach = common.machine()
+  peak = common.matmul_peak()
+  name, shape, classes = common.MODELS[FLAGS.model]
+  step_flops = models.train_step_flops(models.get_model(name, classes, shape, impl="lax"),
+                                       shape, FLAGS.batch)
+  print(f"[fraction_of_peak] {mach} matmul peak {peak:.1f} GFLOP/s; "
+        f"{FLAGS.model} fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch}")
+  rows = []
+  for k in map(int, FLAGS.clients):
+    wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
+                         batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl)
+    prep, run, _ = common.engine_runner(wl)
+    t = common.timed(prep, run, FLAGS.reps)
+    flops = step_flops * wl.client_steps_per_round * FLAGS.rounds
+    t_loop = float("nan")
+    if FLAGS.loop:
+      lprep, lrun = common.loop_runner(wl)
+      t_loop = common.timed(lprep, lrun, FLAGS.reps)
+    row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl,
+               clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
+               rounds=FLAGS.rounds, engine_s=t, loop_s=t_loop,
+               gflops=flops / t / 1e9, loop_gflops=flops / t_loop / 1e9,
+               peak_gflops=peak, fraction_of_peak=flops / t / 1e9 / peak,
+               speedup_vs_loop=t_loop / t,
+               xla_flags=os.environ.get("XLA_FLAGS", ""), tag=FLAGS.tag, **mach)
+    rows.append(row)
+    common.write_rows("fraction_of_peak", [row])  # each row as soon as it is measured
+    print("[fraction_of_peak] " + common.fmt_row(row, (
+        "clients_per_round", "local_steps", "engine_s", "loop_s", "gflops", "loop_gflops",
+        "peak_gflops", "fraction_of_peak", "speedup_vs_loop")), flush=True)
+  del rows
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,299 @@
+"""pfl-research's CIFAR-10 benchmark workload, scaled down, run by four systems in ONE call.
+
+Workload (pfl-research benchmarks/image_classification, CIFAR-10 IID): 32x32x3 inputs,
+its two-conv ``simple_cnn`` (conv3x3x32 VALID, ReLU, conv3x3x64 VALID, ReLU, maxpool 2,
+dropout .25, Dense 128, ReLU, dropout .5, Dense 10), 50 clients per round, 1 local epoch,
+batch 10, plain SGD, FedAvg. Scaled to this machine: ``--examples`` random examples per
+client (CIFAR-10 has ~1000 per client in pfl's split), ``--rounds`` rounds.
+
+(a) ``engine``: this project's vmapped engine (all rounds in one jitted scan);
+(b) ``loop``: a sequential per-client ``jit`` loop (fedjax's pattern) on the same data;
+(c) ``pfl``: ``pfl`` (PyPI) with its PyTorch CPU model and ``SimulatedBackend``;
+(d) ``flower``: Flower's Ray simulation engine (``flwr.simulation.start_simulation``),
+    PyTorch CPU clients.
+
+(c) and (d) run as subprocesses of the peers' own venv (``--peers_python``, default
+``.venv-peers/bin/python``; see ``benchmarks/requirements-peers.txt``); the project never
+depends on them. Each peer reports seconds per round over the timed rounds after a
+1-round warm-up run (set-up excluded). If a peer cannot be installed or run, the row says
+why. Rows go to ``benchmarks/results/peers.jsonl`` / ``.csv``.
+
+  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/peers.py
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- peers (own venv)
+
+
+def torch_simple_cnn():
+  """pfl-research's ``simple_cnn`` for CIFAR-10 in PyTorch, NCHW."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch import nn  # pylint: disable=g-import-not-at-top
+
+  class SimpleCNN(nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.net = nn.Sequential(
+          nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+          nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(), nn.Linear(14 * 14 * 64, 128),
+          nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 10))
+
+    def forward(self, x):
+      return self.net(x)
+
+    def loss(self, x, y, eval=False):  # pylint: disable=redefined-builtin
+      self.eval() if eval else self.train()
+      return nn.functional.cross_entropy(self(x), y)
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=True):  # pylint: disable=redefined-builtin
+      from pfl.metrics import Weighted  # pylint: disable=g-import-not-at-top
+      self.eval() if eval else self.train()
+      loss = nn.functional.cross_entropy(self(x), y, reduction="sum").item()
+      return {"loss": Weighted(loss, len(y))}
+
+  return SimpleCNN()
+
+
+def peer_data(args):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((args.clients, args.examples, 3, 32, 32), dtype=np.float32)
+  y = rng.integers(0, 10, (args.clients, args.examples)).astype(np.int64)
+  return x, y
+
+
+def run_pfl(args, rounds):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from pfl.aggregate.simulate import SimulatedBackend  # pylint: disable=g-import-not-at-top
+  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # pylint: disable=g-import-not-at-top
+  from pfl.data.dataset import Dataset  # pylint: disable=g-import-not-at-top
+  from pfl.data.federated_dataset import FederatedDataset  # pylint: disable=g-import-not-at-top
+  from pfl.data.sampling import get_user_sampler  # pylint: disable=g-import-not-at-top
+  from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # pylint: disable=g-import-not-at-top
+  from pfl.model.pytorch import PyTorchModel  # pylint: disable=g-import-not-at-top
+
+  x, y = peer_data(args)
+  xs = [torch.from_numpy(x[i]) for i in range(args.clients)]
+  ys = [torch.from_numpy(y[i]) for i in range(args.clients)]
+  ids = list(range(args.clients))
+
+  def make(uid):
+    return Dataset(raw_data=[xs[uid], ys[uid]], user_id=uid)
+
+  fed = FederatedDataset(make, get_user_sampler("random", ids))
+  val = FederatedDataset(make, get_user_sampler("random", ids))
+  net = torch_simple_cnn()
+  model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,
+                       central_optimizer=torch.optim.SGD(net.parameters(), 1.0))
+  backend = SimulatedBackend(training_data=fed, val_data=val)
+  params = NNAlgorithmParams(central_num_iterations=rounds, evaluation_frequency=10**6,
+                             train_cohort_size=args.clients, val_cohort_size=0)
+  train = NNTrainHyperParams(local_num_epochs=1, local_learning_rate=0.05,
+                             local_batch_size=args.batch)
+  evalp = NNEvalHyperParams(local_batch_size=args.batch)
+  t0 = time.perf_counter()
+  FederatedAveraging().run(algorithm_params=params, backend=backend, model=model,
+                           model_train_params=train, model_eval_params=evalp, callbacks=[],
+                           send_metrics_to_platform=False)
+  del np
+  return time.perf_counter() - t0
+
+
+def run_flower(args, rounds):
+  import flwr  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from flwr.common import ndarrays_to_parameters  # pylint: disable=g-import-not-at-top
+
+  x, y = peer_data(args)
+  net0 = torch_simple_cnn()
+  init = [p.detach().numpy() for p in net0.parameters()]
+
+  class Client(flwr.client.NumPyClient):
+
+    def __init__(self, cid):
+      self.cid = cid
+      self.net = torch_simple_cnn()
+
+    def get_parameters(self, config):
+      return [p.detach().numpy() for p in self.net.parameters()]
+
+    def fit(self, parameters, config):
+      with torch.no_grad():
+        for p, v in zip(self.net.parameters(), parameters):
+          p.copy_(torch.from_numpy(np.asarray(v)))
+      opt = torch.optim.SGD(self.net.parameters(), lr=0.05)
+      xt, yt = torch.tensor(x[self.cid]), torch.tensor(y[self.cid])
+      self.net.train()
+      for b in range(0, len(yt), args.batch):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.net(xt[b:b + args.batch]),
+                                                 yt[b:b + args.batch])
+        loss.backward()
+        opt.step()
+      return self.get_parameters({}), len(yt), {}
+
+    def evaluate(self, parameters, config):
+      return 0.0, 1, {}
+
+  def client_fn(context):
+    return Client(int(context.node_config["partition-id"])).to_client()
+
+  marks = []  # (round, start, end) of each round's fit, on the server
+
+  class TimedFedAvg(flwr.server.strategy.FedAvg):
+
+    def configure_fit(self, server_round, parameters, client_manager):
+      marks.append([server_round, time.perf_counter(), None])
+      return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):
+      out = super().aggregate_fit(server_round, results, failures)
+      marks[-1][2] = time.perf_counter()
+      if failures:
+        raise RuntimeError(f"{len(failures)} Flower clients failed: {failures[:1]}")
+      return out
+
+  strategy = TimedFedAvg(
+      fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=args.clients,
+      min_evaluate_clients=0, min_available_clients=args.clients,
+      initial_parameters=ndarrays_to_parameters(init))
+  t0 = time.perf_counter()
+  flwr.simulation.start_simulation(
+      client_fn=client_fn, num_clients=args.clients,
+      config=flwr.server.ServerConfig(num_rounds=rounds), strategy=strategy,
+      client_resources={"num_cpus": 1, "num_gpus": 0.0},
+      ray_init_args={"num_cpus": os.cpu_count(), "include_dashboard": False,
+                     "logging_level": 40})
+  total = time.perf_counter() - t0
+  return total, [end - start for _, start, end in marks if end is not None]
+
+
+def peer_main(argv):
+  p = argparse.ArgumentParser()
+  p.add_argument("--child", required=True)
+  p.add_argument("--clients", type=int, default=50)
+  p.add_argument("--examples", type=int, default=20)
+  p.add_argument("--batch", type=int, default=10)
+  p.add_argument("--rounds", type=int, default=2)
+  args, _ = p.parse_known_args(argv)
+  fn = {"pfl": run_pfl, "flower": run_flower}[args.child]
+  import torch  # pylint: disable=g-import-not-at-top
+  if args.child == "flower":
+    # Ray's start-up (~30 s here) is excluded: the server times each round's fit (sending
+    # the model, training the cohort in Ray actors, aggregating); round 1 (actor warm-up)
+    # is dropped.
+    t_all, per = fn(args, 1 + args.rounds)
+    t_warm = per[0] if per else float("nan")
+    per_round = sum(per[1:]) / max(len(per) - 1, 1)
+  else:
+    t_warm = fn(args, 1)  # set-up and one round
+    t_all = fn(args, 1 + args.rounds)
+    per_round = max(t_all - t_warm, 1e-9) / args.rounds
+  print("RESULT " + json.dumps(dict(
+      s_per_round=per_round, t_warmup=t_warm, t_run=t_all,
+      torch=torch.__version__, torch_threads=torch.get_num_threads(),
+      version=__import__("pfl" if args.child == "pfl" else "flwr").__version__ if hasattr(
+          __import__("pfl" if args.child == "pfl" else "flwr"), "__version__") else "?")),
+        flush=True)
+
+
+# ---------------------------------------------------------------- driver (project venv)
+
+
+def run_peer(name, args):
+  """Runs a peer in its venv; (row fields, error or None)."""
+  py = args.peers_python
+  if not os.path.exists(py):
+    return None, (f"{py} not found: create it with `python3.11 -m venv .venv-peers && "
+                  ".venv-peers/bin/pip install -r benchmarks/requirements-peers.txt`")
+  cmd = [py, os.path.abspath(__file__), f"--child={name}", f"--clients={args.clients}",
+         f"--examples={args.examples}", f"--batch={args.batch}", f"--rounds={args.rounds}"]
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.peer_timeout,
+                          env=env)
+  except subprocess.TimeoutExpired:
+    return None, f"did not finish within --peer_timeout={args.peer_timeout}s"
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    tail = [l for l in proc.stderr.strip().splitlines() if l.strip()][-3:]
+    return None, f"exit {proc.returncode}: " + " | ".join(tail)
+  return json.loads(lines[-1][len("RESULT "):]), None
+
+
+def main_driver(argv):
+  p = argparse.ArgumentParser()
+  p.add_argument("--clients", type=int, default=50)
+  p.add_argument("--examples", type=int, default=20)
+  p.add_argument("--batch", type=int, default=10)
+  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--engine_rounds", type=int, default=4)
+  p.add_argument("--reps", type=int, default=3)
+  p.add_argument("--systems", default="engine,loop,pfl,flower")
+  p.add_argument("--peers_python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
+  p.add_argument("--peer_timeout", type=int, default=900)
+  p.add_argument("--tag", default="")
+  args = p.parse_args(argv)
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  sys.path.insert(0, ROOT)
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  mach = common.machine()
+  systems = args.systems.split(",")
+  steps = args.clients * -(-args.examples // args.batch)
+  res = {}
+  notes = {}
+  if "engine" in systems or "loop" in systems:
+    wl = common.Workload("simple_cnn", args.clients, num_clients=args.clients,
+                         examples=args.examples, batch=args.batch,
+                         rounds=args.engine_rounds)
+    if "engine" in systems:
+      prep, run, _ = common.engine_runner(wl)
+      res["engine"] = common.timed(prep, run, args.reps) / args.engine_rounds
+    if "loop" in systems:
+      lprep, lrun = common.loop_runner(wl)
+      res["loop"] = common.timed(lprep, lrun, min(args.reps, 2)) / args.engine_rounds
+  for name in ("pfl", "flower"):
+    if name in systems:
+      out, err = run_peer(name, args)
+      if err:
+        notes[name] = err
+        print(f"[peers] {name}: NOT RUN: {err}", flush=True)
+      else:
+        res[name] = out["s_per_round"]
+        notes[name] = {k: v for k, v in out.items() if k != "s_per_round"}
+  rows = []
+  peers = [res[n] for n in ("pfl", "flower") if n in res]
+  fastest_peer = min(peers) if peers else float("nan")
+  for name in systems:
+    t = res.get(name, float("nan"))
+    row = dict(bench="peers", system=name, model="simple_cnn", clients_per_round=args.clients,
+               examples_per_client=args.examples, batch=args.batch, local_epochs=1,
+               s_per_round=t, client_steps_per_s=steps / t,
+               engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
+               note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
+    rows.append(row)
+    print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
+          f"engine is {row['engine_speedup']:.3g}x faster   {notes.get(name, '')}", flush=True)
+  if "engine" in res and peers:
+    print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x", flush=True)
+  common.write_rows("peers", rows)
+
+
+if __name__ == "__main__":
+  if any(a.startswith("--child") for a in sys.argv[1:]):
+    peer_main(sys.argv[1:])
+  else:
+    main_driver(sys.argv[1:])

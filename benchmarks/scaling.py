@@ -1,0 +1,148 @@
+"""Time and peak memory per round as clients per round K, and total clients N, grow.
+
+Each configuration runs in its own subprocess (so its peak RSS, ``getrusage`` maxrss, is
+its own); the data is drawn on the device (``jax.random``, no host copy). In the N sweep
+the algorithm is PAFed, whose per-client state is two ``[N, d]`` float32 arrays (the ADMM
+dual y_i and the last local model w_i) kept in ``SimState.client_state`` on the device
+(host RAM on CPU), next to the padded client data ``[N, M, ...]``.
+
+* ``--sweep=k``: N = K, K in ``--k_logreg`` / ``--k_cnn``, FedAvg (no per-client state,
+  so the growth is the per-slot cost of a round: K copies of the start model, local model,
+  optimiser trace and gradient, and the gathered data): seconds per round, peak RSS;
+* ``--sweep=n``: K fixed, N in ``--n_logreg`` / ``--n_cnn``: a least-squares slope of
+  peak RSS over N gives the measured bytes per simulated client, compared with what its
+  state strictly needs: 2 d x 4 B (dual, last local) + M x (features + 1) x 4 B (data,
+  labels), and the largest N that fits in ``--budget_gib`` is (budget - intercept) /
+  slope. ``--verify_n`` runs one configuration near that limit.
+
+  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scaling.py --sweep=k,n
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("sweep", ["k", "n"], "k: grow clients per round; n: grow total clients.")
+flags.DEFINE_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N = K).")
+flags.DEFINE_list("k_cnn", ["10", "50", "200"], "K for the CNN (N = K).")
+flags.DEFINE_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
+flags.DEFINE_list("n_cnn", ["20", "100", "300"], "N for the CNN.")
+flags.DEFINE_integer("k_fixed_logreg", 100, "K in the N sweep (logreg).")
+flags.DEFINE_integer("k_fixed_cnn", 10, "K in the N sweep (CNN).")
+flags.DEFINE_list("models", ["logreg", "cnn"], "Models.")
+flags.DEFINE_integer("examples", 60, "Examples per client M.")
+flags.DEFINE_integer("batch", 10, "Local minibatch size.")
+flags.DEFINE_integer("cnn_examples_big_k", 20, "M for the CNN when K >= 1000 (fewer steps).")
+flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
+flags.DEFINE_float("budget_gib", 24.0, "Memory to fit in.")
+flags.DEFINE_string("verify", "", "model:N:K to run once near the limit, e.g. logreg:500000:100.")
+flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this process.")
+flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).")
+flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
+
+
+def child(spec):
+  """Runs one configuration; prints a RESULT json line."""
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  model, k, n, m, alg = spec.split(":")
+  k, n, m = int(k), int(n), int(m)
+  jax.numpy.zeros(1).block_until_ready()
+  rss0 = common.peak_rss_bytes()
+  t0 = time.perf_counter()
+  wl = common.Workload(model, k, num_clients=n, examples=m, batch=FLAGS.batch,
+                       rounds=FLAGS.rounds, algorithm=alg, jax_data=True)
+  build_s = time.perf_counter() - t0
+  rss_built = common.peak_rss_bytes()
+  prep, run, _ = common.engine_runner(wl)
+  t = common.timed(prep, run, reps=FLAGS.reps)
+  rss = common.peak_rss_bytes()
+  feat = 1
+  for s in wl.input_shape:
+    feat *= s
+  strict_state = len(wl.alg.client_state_keys) * wl.dim * 4
+  strict_data = m * (feat + 1) * 4
+  print("RESULT " + json.dumps(dict(
+      model=model, clients_per_round=k, num_clients=n, examples=m, params=wl.dim,
+      local_steps=wl.steps, s_per_round=t / FLAGS.rounds, build_s=build_s,
+      rss_base=rss0, rss_after_build=rss_built, peak_rss=rss,
+      strict_bytes_per_client=strict_state + strict_data,
+      strict_state_bytes_per_client=strict_state)), flush=True)
+
+
+def run_child(model, k, n, m, alg):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, os.path.abspath(__file__), f"--child={model}:{k}:{n}:{m}:{alg}",
+         f"--rounds={FLAGS.rounds}", f"--batch={FLAGS.batch}", f"--reps={FLAGS.reps}"]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    msg = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    print(f"[scaling] {model} K={k} N={n}: FAILED rc={proc.returncode}: {msg}", flush=True)
+    return dict(model=model, clients_per_round=k, num_clients=n, failed=msg)
+  r = json.loads(lines[-1][len("RESULT "):])
+  print(f"[scaling] {model} {alg} K={k} N={n} M={m}: {r['s_per_round']:.4g} s/round, peak RSS "
+        f"{r['peak_rss'] / 2**20:.0f} MiB (base {r['rss_base'] / 2**20:.0f} MiB)", flush=True)
+  return r
+
+
+def m_for(model, k):
+  return FLAGS.cnn_examples_big_k if model == "cnn" and k >= 1000 else FLAGS.examples
+
+
+def main(_):
+  if FLAGS.child:
+    child(FLAGS.child)
+    return
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  mach = common.machine()
+  rows = []
+  budget = FLAGS.budget_gib * 2**30
+  if "k" in FLAGS.sweep:
+    for model in FLAGS.models:
+      for k in map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn):
+        r = run_child(model, k, k, m_for(model, k), "fedavg")
+        rows.append(dict(bench="scaling", sweep="k", tag=FLAGS.tag, **mach, **r))
+  if "n" in FLAGS.sweep:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    for model in FLAGS.models:
+      k = FLAGS.k_fixed_logreg if model == "logreg" else FLAGS.k_fixed_cnn
+      pts = []
+      for n in map(int, FLAGS.n_logreg if model == "logreg" else FLAGS.n_cnn):
+        r = run_child(model, k, n, FLAGS.examples, "pafed")
+        rows.append(dict(bench="scaling", sweep="n", tag=FLAGS.tag, **mach, **r))
+        if "failed" not in r:
+          pts.append((n, r["peak_rss"], r["strict_bytes_per_client"]))
+      if len(pts) >= 2:
+        ns = np.array([p[0] for p in pts], float)
+        rss = np.array([p[1] for p in pts], float)
+        slope, icpt = np.polyfit(ns, rss, 1)
+        strict = pts[0][2]
+        n_max = int((budget - icpt) / slope)
+        fit = dict(bench="scaling", sweep="n_fit", model=model, clients_per_round=k,
+                   bytes_per_client=slope, intercept_bytes=icpt,
+                   strict_bytes_per_client=strict, ratio_to_strict=slope / strict,
+                   max_clients_in_budget=n_max, budget_gib=FLAGS.budget_gib, tag=FLAGS.tag,
+                   **mach)
+        rows.append(fit)
+        print(f"[scaling] {model}: {slope:.0f} B/client measured vs {strict} B strict "
+              f"(x{slope / strict:.2f}); intercept {icpt / 2**20:.0f} MiB; largest N in "
+              f"{FLAGS.budget_gib:g} GiB ~ {n_max}", flush=True)
+  if FLAGS.verify:
+    model, n, k = FLAGS.verify.split(":")
+    r = run_child(model, int(k), int(n), FLAGS.examples, "pafed")
+    rows.append(dict(bench="scaling", sweep="verify", tag=FLAGS.tag, **mach, **r))
+  common.write_rows("scaling", rows)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,327 @@
+r"""Runs the fully asynchronous family on the virtual clock and compares the runs.
+
+  python experiments/async_family.py --algorithm=fedasync,fedbuff --dataset=synthetic \
+      --num_clients=30 --concurrency=10 --num_updates=300
+  python experiments/async_family.py --flagfile=experiments/flags/privaasyncfed_fmnist_eps5.flags
+
+Algorithms: fedasync | fedbuff | double_compensation | privaasyncfed | dp_fedasync
+(comma list). ``--mix_alpha`` takes a comma list too; FedAsync-type algorithms then run once
+per value (``fedasync_a0.4`` ...), as in Guo et al.'s FedAsync-hinge baselines.
+Each run writes ``<output_dir>/<run>/metrics.jsonl`` (one row per kept arrival; test
+accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histogram,
+updates per virtual second, wall time, and for DP runs the epsilon spent); several runs end
+with ``comparison.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from fedjax_async import async_engine  # noqa: E402
+from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async import engine  # noqa: E402
+from fedjax_async import privacy  # noqa: E402
+from fedjax_async import virtual_clock as vc  # noqa: E402
+
+ALGORITHMS = {
+    "fedasync": "fedjax_async.algorithms.fedasync",
+    "fedbuff": "fedjax_async.algorithms.fedbuff",
+    "double_compensation": "fedjax_async.algorithms.double_compensation",
+    "privaasyncfed": "fedjax_async.algorithms.privaasyncfed",
+    "dp_fedasync": "fedjax_async.algorithms.dp_fedasync",
+}
+STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}
+
+F = flags
+F.DEFINE_string("algorithm", "fedasync", f"Comma list of {', '.join(ALGORITHMS)}.")
+F.DEFINE_string("dataset", "synthetic", "Data set name for fedjax_async.data.load.")
+F.DEFINE_string("model", "auto", "logreg | mlp | cnn | ... | auto (by data set).")
+F.DEFINE_integer("num_clients", 10, "N, number of clients.")
+F.DEFINE_string("partition", "iid", "iid | shards | dirichlet (shards with "
+                "--shards_per_client=1 is a label-sorted split).")
+F.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration.")
+F.DEFINE_integer("shards_per_client", 2, "Label shards per client.")
+F.DEFINE_string("data_dir", None, "Data directory.")
+F.DEFINE_string("data_source", "auto", "auto | idx | tfds.")
+F.DEFINE_integer("seed", 0, "Seed of data, clock, initialisation and clients.")
+# virtual clock
+F.DEFINE_integer("concurrency", 5, "C, clients in flight.")
+F.DEFINE_integer("num_updates", 200, "Server updates (model versions).")
+F.DEFINE_integer("buffer_k", 5, "FedBuff's K (arrivals per server step).")
+F.DEFINE_string("compute_time", "lognormal:0.001,0.5", "Seconds per example: constant:a | "
+                "uniform:a,b | exponential:mean | lognormal:median,sigma.")
+F.DEFINE_string("comm_time", "constant:0.5", "Seconds of communication per task (same forms).")
+F.DEFINE_string("device_classes", "", "'' | privaasyncfed | p:slowdown[:scale_index],...")
+F.DEFINE_string("scales", "1,0.75,0.5,0.25", "PrivaAsyncFed's scale table S (Eq. 10).")
+F.DEFINE_boolean("prune_speedup", True, "PrivaAsyncFed: a sub-model of scale S[p] takes "
+                 "S[p]^2 of the compute and communication time (Eq. 11).")
+F.DEFINE_integer("ring_size", 0, "R past models kept (0: enough that nothing is dropped).")
+F.DEFINE_integer("group_size", 0, "G, arrivals trained in one vmap (0: --concurrency on "
+                     "GPU/TPU, 1 on CPU).")
+# local training
+F.DEFINE_integer("local_epochs", 1, "E, local epochs (the step budget).")
+F.DEFINE_integer("batch_size", 50, "B, local minibatch size.")
+F.DEFINE_float("lr", 0.05, "Local learning rate.")
+F.DEFINE_float("momentum", 0.0, "Local SGD momentum (must be 0 for DP runs).")
+F.DEFINE_float("mu", 0.0, "FedAsync / FedBuff proximal coefficient mu.")
+# servers
+F.DEFINE_string("mix_alpha", "0.6", "FedAsync's a (comma list to sweep).")
+F.DEFINE_string("staleness_fn", "hinge", "constant | polynomial | hinge (FedAsync).")
+F.DEFINE_float("poly_a", 0.5, "Polynomial staleness exponent.")
+F.DEFINE_float("hinge_a", 10.0, "Hinge staleness slope a.")
+F.DEFINE_float("hinge_b", 4.0, "Hinge staleness threshold b.")
+F.DEFINE_float("server_lr", 1.0, "FedBuff eta_s / double compensation eta.")
+F.DEFINE_float("server_momentum", 0.0, "FedBuff server momentum.")
+F.DEFINE_boolean("fedbuff_staleness", True, "FedBuff 1/sqrt(1+staleness) weights.")
+F.DEFINE_float("rho", 1.0, "Double compensation FedProx weight rho.")
+F.DEFINE_float("dc_lambda", 1.0, "Double compensation lambda.")
+F.DEFINE_float("dc_lambda_t", 1.0, "Double compensation lambda_t in [0, 1].")
+F.DEFINE_float("loss_threshold", 0.0, "Double compensation loss threshold v.")
+F.DEFINE_float("beta", 0.6, "PrivaAsyncFed beta (Eq. 15).")
+# privacy
+F.DEFINE_float("dp_epsilon", math.inf, "Epsilon (inf: no noise).")
+F.DEFINE_float("dp_delta", 1e-5, "Delta of the reported (epsilon, delta).")
+F.DEFINE_float("dp_clip", 2.0, "Clipping bound C.")
+F.DEFINE_string("dp_clip_mode", "example", "example (Eq. 17) | batch (Alg. 1 line 20).")
+F.DEFINE_string("dp_noise", "alg1", "alg1 (the seed's sigma = lr 2C/(|D_k| eps) per step) | "
+                "calibrated (total epsilon over every client's steps <= --dp_epsilon).")
+# output
+F.DEFINE_integer("eval_every", 20, "Evaluate every k server updates (and at the end).")
+F.DEFINE_integer("groups_per_call", 50, "Groups fused into one jitted scan.")
+F.DEFINE_string("output_dir", "runs/async", "Where metrics and summaries go.")
+FLAGS = F.FLAGS
+
+
+def check(cond, flag, message):
+  if not cond:
+    raise ValueError(f"--{flag}: {message}")
+
+
+def parse_floats(text, flag):
+  try:
+    return [float(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise ValueError(f"--{flag}: expected comma-separated numbers, got {text!r}") from None
+
+
+def validate(fl):
+  """Raises ValueError naming the offending flag."""
+  names = fl.algorithm.split(",")
+  for n in names:
+    check(n in ALGORITHMS, "algorithm", f"unknown {n!r}; choices: {', '.join(ALGORITHMS)}")
+  check(fl.num_clients >= 1, "num_clients", f"must be >= 1, got {fl.num_clients}")
+  check(1 <= fl.concurrency <= fl.num_clients, "concurrency",
+        f"must be in [1, --num_clients={fl.num_clients}], got {fl.concurrency}")
+  check(fl.num_updates >= 1, "num_updates", f"must be >= 1, got {fl.num_updates}")
+  check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
+  check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
+  check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
+  check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
+  check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")
+  check(fl.lr > 0, "lr", f"must be > 0, got {fl.lr}")
+  check(0 <= fl.momentum < 1, "momentum", f"must be in [0, 1), got {fl.momentum}")
+  check(fl.mu >= 0, "mu", f"must be >= 0, got {fl.mu}")
+  for a in parse_floats(fl.mix_alpha, "mix_alpha"):
+    check(0 < a <= 1, "mix_alpha", f"must be in (0, 1], got {a}")
+  check(fl.staleness_fn in STALENESS, "staleness_fn",
+        f"must be one of {', '.join(STALENESS)}, got {fl.staleness_fn!r}")
+  check(fl.hinge_a > 0, "hinge_a", f"must be > 0, got {fl.hinge_a}")
+  check(fl.hinge_b >= 0, "hinge_b", f"must be >= 0, got {fl.hinge_b}")
+  check(fl.server_lr > 0, "server_lr", f"must be > 0, got {fl.server_lr}")
+  check(0 <= fl.server_momentum < 1, "server_momentum",
+        f"must be in [0, 1), got {fl.server_momentum}")
+  check(fl.rho >= 0, "rho", f"must be >= 0, got {fl.rho}")
+  check(0 <= fl.dc_lambda_t <= 1, "dc_lambda_t", f"must be in [0, 1], got {fl.dc_lambda_t}")
+  check(0 < fl.beta <= 1, "beta", f"must be in (0, 1], got {fl.beta}")
+  scales = parse_floats(fl.scales, "scales")
+  check(scales and all(0 < s <= 1 for s in scales), "scales",
+        f"need values in (0, 1], got {fl.scales!r}")
+  privacy.validate(fl.dp_epsilon, fl.dp_delta, fl.dp_clip)
+  check(fl.dp_clip_mode in ("example", "batch"), "dp_clip_mode",
+        f"must be example or batch, got {fl.dp_clip_mode!r}")
+  check(fl.dp_noise in ("alg1", "calibrated"), "dp_noise",
+        f"must be alg1 or calibrated, got {fl.dp_noise!r}")
+  if any(n in ("privaasyncfed", "dp_fedasync") for n in names) and math.isfinite(
+      fl.dp_epsilon):
+    check(fl.momentum == 0, "momentum", "must be 0 for DP runs (the accountant composes "
+          "Gaussian steps of plain SGD)")
+  check(fl.eval_every >= 1, "eval_every", f"must be >= 1, got {fl.eval_every}")
+  check(fl.groups_per_call >= 1, "groups_per_call", f"must be >= 1, got {fl.groups_per_call}")
+  classes = (vc.PRIVAASYNCFED_CLASSES if fl.device_classes == "privaasyncfed"
+             else vc.parse_device_classes(fl.device_classes))
+  if "privaasyncfed" in names:
+    check(all(c.scale_index < len(scales) for c in classes), "device_classes",
+          f"scale index beyond --scales ({len(scales)} entries)")
+  clock = vc.ClockConfig(
+      concurrency=fl.concurrency, num_updates=fl.num_updates, buffer_k=1,
+      epochs=fl.local_epochs, compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
+      comm=vc.Distribution.parse(fl.comm_time, "comm_time"), device_classes=classes,
+      ring_size=fl.ring_size)
+  return names, scales, clock
+
+
+def hparams(fl, mix_alpha):
+  return {"lr": fl.lr, "momentum": fl.momentum, "mu": fl.mu, "mix_alpha": mix_alpha,
+          "staleness_fn": float(STALENESS[fl.staleness_fn]), "poly_a": fl.poly_a,
+          "hinge_a": fl.hinge_a, "hinge_b": fl.hinge_b, "server_lr": fl.server_lr,
+          "server_momentum": fl.server_momentum,
+          "fedbuff_staleness": float(fl.fedbuff_staleness), "rho": fl.rho,
+          "dc_lambda": fl.dc_lambda, "dc_lambda_t": fl.dc_lambda_t,
+          "loss_threshold": fl.loss_threshold, "beta": fl.beta, "dp_epsilon": fl.dp_epsilon,
+          "dp_clip": fl.dp_clip, "dp_delta": fl.dp_delta, "dp_noise_multiplier": 0.0}
+
+
+def load(fl):
+  from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  fed = data_lib.load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
+                      alpha=fl.dirichlet_alpha, shards_per_client=fl.shards_per_client,
+                      seed=fl.seed, data_dir=fl.data_dir, data_source=fl.data_source)
+  name = models.default_model_for(fl.dataset) if fl.model == "auto" else fl.model
+  input_shape = tuple(fed.x.shape[2:])
+  model = models.get_model(name, fed.num_classes, input_shape)
+  key = jax.random.PRNGKey(fl.seed)
+  w0, apply_flat = models.flat_model(model, input_shape, key)
+  params = models.init_params(model, input_shape, key)
+  return fed, name, w0, apply_flat, params
+
+
+def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
+  import importlib  # pylint: disable=g-import-not-at-top
+  algorithm = importlib.import_module(ALGORITHMS[algo_name]).ALGORITHM
+  model_name, w0, apply_flat, params = model
+  counts = np.asarray(fed.counts)
+  clock = dataclasses.replace(clock, buffer_k=fl.buffer_k) if algorithm.buffered else clock
+  if algorithm.pruned and fl.prune_speedup:
+    clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
+  schedule = vc.simulate(clock, counts, fl.seed)
+  local = client_lib.LocalConfig(fl.batch_size, fl.local_epochs, int(fed.x.shape[1]))
+  # 0: the whole concurrency on accelerators; 1 on CPU, where vmapping per-client weights
+  # measured slower than one client per scan step (docs/async.md).
+  group_size = fl.group_size or (1 if jax.default_backend() == "cpu" else fl.concurrency)
+  cfg = async_engine.AsyncConfig(local, schedule.ring_size, group_size, fl.dp_clip_mode)
+  if algorithm.pruned:
+    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
+    masks = privaasyncfed.scale_masks(params, scales)
+    scale_index = schedule.clients.scale_index
+  else:
+    masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
+  steps = async_engine.client_steps(schedule, counts, local)
+  dp_on = algorithm.dp and math.isfinite(fl.dp_epsilon)
+  if dp_on and fl.dp_noise == "calibrated":
+    hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(
+        fl.dp_epsilon, fl.dp_delta, int(steps.max())))
+  groups = async_engine.group_arrays(schedule, group_size)
+  data = engine.DeviceData.from_federated(fed)
+  state = async_engine.init_state(algorithm, w0, cfg.ring_size, fl.seed)
+  runner = async_engine.make_runner(apply_flat, algorithm, cfg)
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.perf_counter()
+  done = [0]
+  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as mf:
+
+    def on_chunk(_, rows):
+      for r in rows:
+        mf.write(json.dumps(r) + "\n")
+      mf.flush()
+      done[0] += len(rows)
+      acc = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+      rate = done[0] / max(time.perf_counter() - t0, 1e-9)
+      print(f"[{run_name}] version {rows[-1]['arrival_version'] + 1}/{schedule.num_updates}"
+            f" arrivals {done[0]} acc {acc[-1] if acc else float('nan'):.4f} "
+            f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
+            f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
+            f"arrivals/s", flush=True)
+
+    state, rows = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
+                                        scale_index, eval_every=fl.eval_every,
+                                        groups_per_call=fl.groups_per_call, on_chunk=on_chunk)
+  wall = time.perf_counter() - t0
+  accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+  summary = {
+      "run": run_name, "algorithm": algo_name, "dataset": getattr(fed, "name", fl.dataset),
+      "model": model_name, "num_params": int(np.size(w0)),
+      "final_accuracy": accs[-1] if accs else float("nan"),
+      "best_accuracy": max(accs) if accs else float("nan"),
+      "accuracy_curve": [(r["arrival_version"] + 1, r["test_accuracy"]) for r in rows
+                         if r["test_accuracy"] is not None],
+      "wall_time_s": wall, "kept_arrivals_per_wall_second": len(rows) / max(wall, 1e-9),
+      "groups": int(groups["valid"].shape[0]), "group_size": group_size,
+      "hparams": {k: float(v) for k, v in hp.items()},
+  }
+  summary.update(schedule.summary())
+  if algorithm.dp:
+    summary["privacy"] = (privacy.report(
+        steps, counts, lr=fl.lr, clip=fl.dp_clip, epsilon=fl.dp_epsilon, delta=fl.dp_delta,
+        batch_size=fl.batch_size, clip_mode=fl.dp_clip_mode,
+        noise_multiplier=hp["dp_noise_multiplier"]) if dp_on else {"epsilon_spent_max": math.inf,
+                                                                  "seed_per_step_epsilon": math.inf})
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, default=str)
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    names, scales, clock = validate(FLAGS)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  print(f"loading {FLAGS.dataset} ...", flush=True)
+  fed, model_name, w0, apply_flat, params = load(FLAGS)
+  model = (model_name, w0, apply_flat, params)
+  print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
+        f"{model_name} with {np.size(w0)} parameters; devices {jax.devices()}", flush=True)
+  runs = []
+  for n in names:
+    if n in ("fedasync", "dp_fedasync"):
+      alphas = parse_floats(FLAGS.mix_alpha, "mix_alpha")
+      for a in alphas:
+        runs.append((n if len(alphas) == 1 else f"{n}_a{a:g}", n, a))
+    else:
+      runs.append((n, n, parse_floats(FLAGS.mix_alpha, "mix_alpha")[0]))
+  summaries = []
+  for run_name, algo, alpha in runs:
+    out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)
+    try:
+      s = run_one(FLAGS, run_name, algo, hparams(FLAGS, alpha), clock, scales, fed, model,
+                  out)
+    except engine.Diverged as e:
+      print(f"[{run_name}] diverged: {e}", flush=True)
+      continue
+    summaries.append(s)
+    eps = s.get("privacy", {}).get("epsilon_spent_max")
+    print(f"[{run_name}] final accuracy {s['final_accuracy']:.4f}, "
+          f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
+          f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
+          + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
+  if len(summaries) > 1:
+    lines = ["| run | final acc | best acc | mean staleness | upd/virtual s | eps spent | "
+             "wall s |", "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+      eps = s.get("privacy", {}).get("epsilon_spent_max", "")
+      lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "
+                   f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
+                   f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
+    table = "\n".join(lines)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.output_dir, "comparison.md"), "w") as f:
+      f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,303 @@
+r"""Reproduces the PAFed paper's Table V and Figs. 5-8 (Fashion-MNIST) with vmapped sweeps.
+
+  # the paper's setting (GPU): N=100, sigma=0.1, E=10, B=50, lr 0.1, momentum 0.5,
+  # rho 0.01, alphas 0.8, T=100, CNN, 5 seeds, delta in {0, 0.1, ..., 0.7}
+  python experiments/pafed_table.py --flagfile=experiments/flags/pafed_table_full.flags
+  # the reduced configuration that fits 2 CPU cores in < 30 minutes
+  python experiments/pafed_table.py --flagfile=experiments/flags/pafed_table_reduced.flags
+  # only rebuild the table and figures from run directories that already exist
+  python experiments/pafed_table.py --config=reduced --output_dir=... --read_only
+
+For each partition (iid, shards) and algorithm, all deltas x seeds run as ONE vmapped
+computation (``fedjax_async.sweep``). A (partition, algorithm) whose run directories are
+complete is read back instead of re-run, so an interrupted driver continues where it was.
+Outputs under ``--output_dir``: ``<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/``
+(metrics.jsonl, summary.json), ``table.md`` / ``table.csv`` (ours beside the paper's numbers
+and the difference) and ``figures/accuracy_<partition>_delta<d>.png`` (test accuracy versus
+round, mean over seeds, one curve per algorithm: the paper's Figs. 5-8).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fedjax_async import experiment  # noqa: E402
+from fedjax_async import sweep  # noqa: E402
+
+experiment.define_flags()
+flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "
+                    "< 30 min): presets for every flag not given explicitly.")
+flags.DEFINE_integer("num_seeds", 5, "Seeds per setting (mean reported).")
+flags.DEFINE_string("partitions", "iid,shards", "Partitions (table rows: IID / non-IID).")
+flags.DEFINE_string("deltas", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
+                    "Delay fractions for the non-IID (shards) partition.")
+flags.DEFINE_string("iid_deltas", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
+                    "Delay fractions for the IID partition.")
+flags.DEFINE_integer("test_subset", 0, "Evaluate on the first n test examples (0 = all).")
+flags.DEFINE_integer("max_runs_per_computation", 0,
+                     "At most this many runs per vmapped computation (0 = all deltas x "
+                     "seeds of an algorithm in one).")
+flags.DEFINE_boolean("read_only", False, "Do not run: build the table and figures from "
+                     "existing run directories.")
+
+FLAGS = flags.FLAGS
+
+PAPER_SETTING = dict(dataset="fashion_mnist", model="cnn", num_clients=100,
+                     participation=0.1, local_epochs=10, batch_size=50, lr=0.1,
+                     momentum=0.5, rho=0.01, alpha0=0.8, alpha1=0.8, alpha2=0.8,
+                     shards_per_client=2, delay_distribution="uniform", max_delay=3,
+                     algorithm="fedadmm,fedavg,fedprox,pafed", eval_every=1,
+                     checkpoint_every=0)
+PRESETS = {
+    "full": dict(PAPER_SETTING, rounds=100, num_seeds=5, rounds_per_call=10,
+                 output_dir="runs/pafed_table_full"),
+    "reduced": dict(PAPER_SETTING, model="logreg", rounds=40, local_epochs=2, num_seeds=2,
+                    deltas="0,0.3,0.5,0.7", iid_deltas="0", test_subset=0,
+                    eval_every=5, rounds_per_call=10, output_dir="runs/pafed_table_reduced"),
+}
+
+# Table V of the paper (Fashion-MNIST, average best accuracy over the last 10 rounds).
+PAPER = {
+    ("iid", 0.0): dict(fedadmm=0.906, fedavg=0.899, fedprox=0.898, pafed=0.905),
+    ("shards", 0.0): dict(fedadmm=0.842, fedavg=0.835, fedprox=0.836, pafed=0.867),
+    ("shards", 0.3): dict(fedadmm=0.833, fedavg=0.812, fedprox=0.812, pafed=0.872),
+    ("shards", 0.5): dict(fedadmm=0.812, fedavg=0.787, fedprox=0.802, pafed=0.867),
+    ("shards", 0.7): dict(fedadmm=0.781, fedavg=0.732, fedprox=0.741, pafed=0.840),
+}
+LABELS = {"fedadmm": "FedADMM", "fedavg": "FedAvg", "fedprox": "FedProx", "pafed": "PAFed",
+          "fednova": "FedNova"}
+PARTITION_LABEL = {"iid": "IID", "shards": "non-IID", "dirichlet": "Dirichlet"}
+
+
+def apply_preset(name: str):
+  """Sets the preset's value of every flag the user did not give (command line/flagfile)."""
+  if name not in PRESETS:
+    raise ValueError(f"--config: must be one of {sorted(PRESETS)}, got {name!r}")
+  for key, value in PRESETS[name].items():
+    if not FLAGS[key].present:
+      FLAGS[key].value = value
+
+
+def subset_test(fed_data, n: int):
+  """``fed_data`` evaluated on its first ``n`` test examples (n = 0: unchanged)."""
+  if n <= 0 or n >= len(fed_data.test_y):
+    return fed_data
+  fields = dict(test_x=fed_data.test_x[:n], test_y=fed_data.test_y[:n])
+  if hasattr(fed_data, "_replace"):
+    return fed_data._replace(**fields)
+  if dataclasses.is_dataclass(fed_data):
+    return dataclasses.replace(fed_data, **fields)
+  import copy  # pylint: disable=g-import-not-at-top
+  out = copy.copy(fed_data)
+  for k, v in fields.items():
+    setattr(out, k, v)
+  return out
+
+
+def run_dirs(out_dir: str, partition: str, alg: str, cfgs):
+  return [os.path.join(out_dir, partition, "runs", alg, sweep.run_name(c, ["delay_fraction"]))
+          for c in cfgs]
+
+
+def read_runs(dirs):
+  """(summary, rows) of each run directory; None when any is missing (not run yet)."""
+  out = []
+  for d in dirs:
+    s_path, m_path = os.path.join(d, "summary.json"), os.path.join(d, "metrics.jsonl")
+    if not (os.path.exists(s_path) and os.path.exists(m_path)):
+      return None
+    with open(s_path) as f:
+      summary = json.load(f)
+    with open(m_path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    out.append((summary, rows))
+  return out
+
+
+def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds: int,
+             out_dir: str, read_only: bool) -> dict:
+  """{(partition, alg): [(summary, rows), ...]}: runs what is missing (unless read_only)."""
+  results = {}
+  for part in partitions:
+    cfg = dataclasses.replace(base, partition=part)
+    fed_data = None
+    for alg in algs:
+      cfgs = sweep.grid(cfg, {"delay_fraction": deltas_of[part]}, num_seeds)
+      dirs = run_dirs(out_dir, part, alg, cfgs)
+      done = read_runs(dirs)
+      if done is None and not read_only:
+        if fed_data is None:
+          print(f"loading {cfg.dataset} ({part}) ...", flush=True)
+          fed_data = subset_test(experiment.load_data(cfg), FLAGS.test_subset)
+        t0 = time.perf_counter()
+        sweep.run_sweep(cfgs, alg, fed_data, ["delay_fraction"], os.path.join(out_dir, part),
+                        FLAGS.max_runs_per_computation, sweep.run_mesh())
+        print(f"[{part}/{alg}] {len(cfgs)} runs in {time.perf_counter() - t0:.1f}s",
+              flush=True)
+        done = read_runs(dirs)
+      if done is not None:
+        results[(part, alg)] = done
+  return results
+
+
+def by_delta(runs):
+  """{delta: [(summary, rows), ...]} over seeds."""
+  out = {}
+  for s, rows in runs:
+    out.setdefault(float(s["setting"]["delay_fraction"]), []).append((s, rows))
+  return out
+
+
+def table_rows(results: dict, partitions, algs):
+  """One row per (partition, delta): per algorithm mean/std over seeds and the paper."""
+  rows = []
+  for part in partitions:
+    deltas = sorted({d for (p, a), runs in results.items() if p == part
+                     for d in by_delta(runs)})
+    for d in deltas:
+      row = {"partition": part, "delta": d, "cells": {}}
+      for alg in algs:
+        runs = by_delta(results.get((part, alg), [])).get(d, [])
+        vals = np.array([s["average_best_accuracy"] for s, _ in runs], float)
+        paper = PAPER.get((part, round(d, 2)), {}).get(alg)
+        mean = float(np.mean(vals)) if len(vals) else float("nan")
+        row["cells"][alg] = {"mean": mean, "std": float(np.std(vals)) if len(vals) else
+                             float("nan"), "seeds": len(vals), "paper": paper,
+                             "diff": None if paper is None else mean - paper}
+      rows.append(row)
+  return rows
+
+
+def fmt(x, spec=".3f"):
+  return "–" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
+
+
+def markdown_table(rows, algs, header: str) -> str:
+  cols = " | ".join(f"{LABELS.get(a, a)} ours | paper | Δ" for a in algs)
+  lines = [header, "", f"| setting | {cols} |", "|---" * (1 + 3 * len(algs)) + "|"]
+  for r in rows:
+    cells = []
+    for a in algs:
+      c = r["cells"][a]
+      cells.append(f"{fmt(c['mean'])} ± {fmt(c['std'])} | {fmt(c['paper'])} | "
+                   f"{fmt(c['diff'], '+.3f')}")
+    lines.append(f"| {PARTITION_LABEL.get(r['partition'], r['partition'])} "
+                 f"δ={r['delta']:g} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write_csv(rows, algs, path: str):
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["partition", "delta"] + [f"{a}_{k}" for a in algs
+                                         for k in ("ours", "std", "seeds", "paper", "diff")])
+    for r in rows:
+      vals = []
+      for a in algs:
+        c = r["cells"][a]
+        vals += [c["mean"], c["std"], c["seeds"], c["paper"], c["diff"]]
+      w.writerow([r["partition"], r["delta"]] + vals)
+
+
+def mean_curve(runs):
+  """(rounds, mean test accuracy over seeds) at the evaluated rounds."""
+  acc = np.array([[np.nan if r["test_accuracy"] is None else r["test_accuracy"]
+                   for r in rows] for _, rows in runs], float)
+  evaluated = ~np.all(np.isnan(acc), axis=0)
+  rounds = np.arange(acc.shape[1])[evaluated] + 1
+  return rounds, np.nanmean(acc[:, evaluated], axis=0)
+
+
+def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str):
+  """One PNG per (partition, delta): accuracy versus round, one curve per algorithm."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  os.makedirs(fig_dir, exist_ok=True)
+  paths = []
+  for part in partitions:
+    per_alg = {a: by_delta(results.get((part, a), [])) for a in algs}
+    deltas = sorted({d for v in per_alg.values() for d in v})
+    for d in deltas:
+      fig, ax = plt.subplots(figsize=(5, 3.6))
+      for a in algs:
+        if d in per_alg[a]:
+          x, y = mean_curve(per_alg[a][d])
+          ax.plot(x, y, marker="." if len(x) < 40 else None, label=LABELS.get(a, a))
+      ax.set_xlabel("communication round")
+      ax.set_ylabel("test accuracy")
+      ax.set_title(f"{PARTITION_LABEL.get(part, part)}, δ = {d:g} ({title})", fontsize=9)
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=8)
+      path = os.path.join(fig_dir, f"accuracy_{part}_delta{d:g}.png")
+      fig.tight_layout()
+      fig.savefig(path, dpi=110)
+      plt.close(fig)
+      paths.append(path)
+  return paths
+
+
+def header_for(base: experiment.RunConfig, config: str, num_seeds: int) -> str:
+  test = f"first {FLAGS.test_subset} test examples" if FLAGS.test_subset else "full test set"
+  return (f"**{config} configuration** — {base.dataset}, model {base.model}, "
+          f"N={base.num_clients}, σ={base.participation}, E={base.local_epochs}, "
+          f"B={base.batch_size}, lr={base.lr}, momentum={base.momentum}, ρ={base.rho}, "
+          f"α={base.alpha0}/{base.alpha1}/{base.alpha2}, T={base.rounds}, delays "
+          f"{base.delay.distribution} 1..{base.delay.max_delay} rounds, evaluation every "
+          f"{base.eval_every} round(s) and in the last 10 on the {test}; metric: average "
+          f"best accuracy over the last 10 rounds, mean ± std over {num_seeds} seeds. "
+          f"Paper: Table V (CNN, T=100, E=10, 5 seeds). Δ = ours − paper.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    apply_preset(FLAGS.config)
+    base = experiment.config_from_flags(FLAGS)
+    deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}
+    for part in ("shards", "dirichlet"):
+      deltas_of[part] = sweep.parse_values("deltas", FLAGS.deltas)
+    partitions = [p for p in FLAGS.partitions.split(",") if p]
+    for p in partitions:
+      experiment.check(p in deltas_of, "partitions", f"unknown partition {p!r}")
+    experiment.check(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
+    experiment.check(FLAGS.test_subset >= 0, "test_subset",
+                     f"must be >= 0, got {FLAGS.test_subset}")
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  algs = base.algorithm.split(",")
+  out_dir = base.output_dir
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.perf_counter()
+  results = run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
+                     FLAGS.read_only)
+  wall = time.perf_counter() - t0
+  rows = table_rows(results, partitions, algs)
+  md = markdown_table(rows, algs, header_for(base, FLAGS.config, FLAGS.num_seeds))
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(md + "\n")
+  write_csv(rows, algs, os.path.join(out_dir, "table.csv"))
+  figs = plot_curves(results, partitions, algs, os.path.join(out_dir, "figures"),
+                     f"{FLAGS.config} config")
+  with open(os.path.join(out_dir, "table.json"), "w") as f:
+    json.dump({"config": FLAGS.config, "num_seeds": FLAGS.num_seeds,
+               "driver_wall_time_s": wall, "run_config": experiment.config_dict(base),
+               "rows": rows, "figures": figs}, f, indent=2)
+  print(md)
+  print(f"driver wall time {wall:.1f}s; {len(figs)} figures under {out_dir}/figures")
+
+
+if __name__ == "__main__":
+  app.run(main)

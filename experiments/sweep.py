@@ -1,0 +1,39 @@
+r"""Seeds and scalar hyperparameters of one configuration as ONE vmapped computation.
+
+  python experiments/sweep.py --algorithm=pafed,fedavg --num_seeds=3 \
+      --sweep_lr=0.05,0.1 --sweep_delay_fraction=0,0.3 --rounds=30 --output_dir=runs/sweep
+
+Every flag of experiments/run.py sets the shared (static) configuration; ``--sweep_<name>``
+(lr, momentum, rho, mu, alpha0, alpha1, alpha2, server_lr, delay_fraction) lists values
+whose cartesian product with the seeds ``--seed .. --seed+num_seeds-1`` is run, per
+algorithm, as one ``jit(vmap(run_chunk))`` (the run axis sharded over all devices when
+there are several). Writes ``<output_dir>/runs/<algorithm>/<setting>_seed=<s>/``
+(metrics.jsonl, summary.json), ``aggregate.csv`` / ``aggregate.md`` (mean and std over
+seeds of average best and final accuracy per setting) and ``sweep.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from fedjax_async import experiment  # noqa: E402
+from fedjax_async import sweep  # noqa: E402
+
+experiment.define_flags()
+sweep.define_sweep_flags()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  sweep.main_from_flags(flags.FLAGS)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,132 @@
+"""PrivaAsyncFed (Cheng, Xue, Zhu): pruned sub-models, hinge staleness, client-side DP.
+
+Pruning (Sec. III-A, Eq. 10): with the scale table S = {1, 0.75, 0.5, 0.25}, a client of
+pruning level p trains the first floor(S[p] d) input and floor(S[p] k) output channels
+(units) of every hidden layer; the input layer keeps all its inputs and the output layer
+all its outputs. Here a sub-model is a 0/1 MASK over the flat parameter vector
+(``scale_masks``), so pruned and full clients train inside one vmap: the client trains
+w * mask with masked gradients and noise (``async_engine.train_local``); a zeroed hidden
+unit has no input weights and no bias, so ReLU gives 0 and the masked full network
+computes exactly the pruned network.
+
+Client DP (Alg. 1 lines 15-24): per step, clip the gradient to norm C, SGD step, add
+N(0, (Delta f / epsilon)^2) to the held parameters, Delta f = lr 2C / |D_k|.
+
+Server (Eqs. 12-16, Alg. 1 lines 4-9): on an update from client k dispatched at tau,
+
+    W_{G,p} <- (1 - alpha) W_{G,p} + alpha W_{k,p}   for p held by the client (Eq. 12),
+    W_{G,q} unchanged                                 otherwise (Eq. 13),
+    alpha = beta S(t - tau)                                           (Eq. 15)
+
+with the hinge S (Eq. 16). Eq. 16 prints 1 / (a (t - tau - b)) beyond b, which exceeds 1
+for a (t - tau - b) < 1 and is discontinuous at b; we use FedAsync's hinge
+1 / (a (t - tau - b) + 1), which the paper cites (see docs/async.md).
+Hyperparameters: ``beta``, ``hinge_a``, ``hinge_b``, ``dp_epsilon``, ``dp_clip``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from fedjax_async import async_engine
+from fedjax_async.algorithms import fedasync
+
+SCALES = (1.0, 0.75, 0.5, 0.25)
+
+
+def kept(size: int, scale: float) -> int:
+  """floor(S[p] * size) (Eq. 10), at least 1 so that no layer vanishes."""
+  return max(1, int(math.floor(scale * size + 1e-9)))
+
+
+def _layers(params) -> list:
+  """Leaf dicts of the param tree in call order (flax keeps creation order)."""
+  out = []
+  for name, sub in params.items():
+    if any(isinstance(v, dict) or hasattr(v, "items") for v in sub.values()):
+      out.extend(_layers(sub))
+    else:
+      out.append((name, sub))
+  return out
+
+
+def layer_masks(params, scale: float) -> Any:
+  """The 0/1 mask pytree of the sub-model at ``scale`` (same structure as ``params``).
+
+  A layer with a ``kernel`` [..., in, out] keeps inputs < floor(s in) unless it is the
+  first layer (data inputs) and outputs < floor(s out) unless it is the last (classes);
+  its bias follows the outputs. A dense layer fed by a flattened conv output (in a multiple
+  of the previous layer's channels) keeps the rows whose channel (row % C) is kept. Other
+  1-D leaves (norm scale/bias) follow the previous layer's outputs.
+  """
+  layers = _layers(params)
+  kernel_layers = [i for i, (_, leaves) in enumerate(layers) if "kernel" in leaves]
+  first, last = kernel_layers[0], kernel_layers[-1]
+  masks = {}
+  prev_out, prev_kept = None, None
+  for i, (name, leaves) in enumerate(layers):
+    m = {}
+    if "kernel" in leaves:
+      k = np.asarray(leaves["kernel"])
+      cin, cout = k.shape[-2], k.shape[-1]
+      rows = np.ones(cin, bool)
+      if i != first:
+        if prev_out is not None and cin != prev_out and cin % prev_out == 0:
+          rows = (np.arange(cin) % prev_out) < prev_kept  # NHWC flatten: channel fastest
+        else:
+          rows = np.arange(cin) < kept(cin, scale)
+      out_keep = cout if i == last else kept(cout, scale)
+      cols = np.arange(cout) < out_keep
+      m["kernel"] = np.broadcast_to(rows[:, None] & cols[None, :], k.shape).astype(np.float32)
+      for leaf in leaves:
+        if leaf != "kernel":
+          m[leaf] = np.broadcast_to(cols, np.shape(leaves[leaf])).astype(np.float32)
+      prev_out, prev_kept = cout, out_keep
+    else:
+      for leaf, v in leaves.items():
+        size = np.shape(v)[-1]
+        keep = prev_kept if prev_out == size else kept(size, scale)
+        m[leaf] = np.broadcast_to(np.arange(size) < keep, np.shape(v)).astype(np.float32)
+    masks[name] = m
+  return _rebuild(params, masks)
+
+
+def _rebuild(params, flat_masks):
+  out = {}
+  for name, sub in params.items():
+    if any(isinstance(v, dict) or hasattr(v, "items") for v in sub.values()):
+      out[name] = _rebuild(sub, flat_masks)
+    else:
+      out[name] = flat_masks[name]
+  return out
+
+
+def scale_masks(params, scales: Sequence[float] = SCALES) -> np.ndarray:
+  """Flat masks ``[len(scales), d]`` aligned with ``ravel_pytree(params)``."""
+  rows = []
+  for s in scales:
+    flat, _ = ravel_pytree(layer_masks(params, s))
+    rows.append(np.asarray(flat, np.float32))
+  return np.stack(rows)
+
+
+def server_step(w, server_state, upload, arrival, hp):
+  """Eqs. 12-15: mix only the held parameters with alpha = beta S_hinge(t - tau)."""
+  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness, hp.get("hinge_a", 10.0),
+                                                hp.get("hinge_b", 4.0))
+  return w + alpha * arrival.mask * (upload - w), server_state
+
+
+ALGORITHM = async_engine.AsyncAlgorithm(
+    name="privaasyncfed",
+    local_penalty=async_engine.no_penalty,
+    client_upload=async_engine.model_upload,
+    server_step=server_step,
+    dp=True,
+    pruned=True,
+)

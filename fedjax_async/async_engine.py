@@ -1,0 +1,399 @@
+"""Fully asynchronous engine: batched training with exact event-by-event semantics.
+
+The event order of an asynchronous run (``fedjax_async.virtual_clock``) does not depend on
+the model. The engine therefore takes the precomputed schedule and groups consecutive
+kept arrivals (``virtual_clock.group``) so that every member of a group was dispatched at
+a version <= v0, the server version when the group starts: every member's start model
+already exists. One group step (``group_step``), inside one jitted ``lax.scan`` over
+groups:
+
+1. gather each member's start model from the ring buffer by its dispatch version
+   (``ring[v % R]``), its parameter mask (pruning scale, ones for a full model) and data;
+2. train all G members in ONE ``jax.vmap`` of ``train_local`` (the key of each task is
+   ``engine.client_key(base_key, dispatch_index, client)``);
+3. apply their uploads to the server model SEQUENTIALLY in arrival order (a ``lax.scan``
+   over the G slots calling ``algorithm.server_step``), writing each new version v + 1 into
+   ``ring[(v + 1) % R]``.
+
+Each update is thus applied to the model current at its arrival and each client trains
+from the model current at its dispatch: the same numbers as a plain event loop (tested in
+``tests/test_async.py``). Groups are padded to a fixed size G (masked slots neither train
+usefully nor touch the model), so a whole run is one compiled step scanned over groups.
+
+``train_local`` is ``client.train`` (same keys, shuffles and optax SGD-momentum step) plus
+three hooks the asynchronous family needs, all switched by the algorithm's static flags
+and traced hyperparameters, never per-client Python branches:
+
+* a parameter mask (HeteroFL-style pruning, PrivaAsyncFed Eq. 10): the client trains
+  ``w * mask``; gradients and noise are masked, so pruned coordinates stay 0;
+* client-side DP (PrivaAsyncFed Alg. 1 lines 15-24): clip the gradient to L2 norm C, take
+  the SGD step, then add N(0, sigma^2) noise to the held parameters; the gradient is clipped
+  per example (Eq. 17, ``dp_clip_mode='example'``) or per minibatch (Alg. 1 line 20,
+  ``'batch'``);
+* a loss threshold (double compensation, Guo et al. Alg. 1 lines 15-18): a step whose
+  minibatch loss (with the proximal term) is <= v stops the client; later steps are masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import privacy
+from fedjax_async import virtual_clock
+
+Array = jax.Array
+
+
+class Arrival(NamedTuple):
+  """What the server knows about one arriving update (scalars and [d] vectors)."""
+
+  valid: Array  # bool: a real arrival (False in padding slots)
+  staleness: Array  # int32: t - tau, server versions between dispatch and arrival
+  flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
+  w_start: Array  # [d] the (masked) model the client trained from, w_tau
+  mask: Array  # [d] 1 where the client holds the parameter (pruned sub-model)
+  num_examples: Array  # float32 n_i
+  num_steps: Array  # float32 local steps taken
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncAlgorithm:
+  """An asynchronous algorithm as ``async_engine`` sees it (pure, jit/vmap-safe).
+
+  Attributes:
+    name: registry name (``--algorithm``).
+    local_penalty: ``(w, w_start, hp) -> scalar`` added to the minibatch loss.
+    client_upload: ``(w_start, w_end, hp) -> [d]`` what the client sends.
+    server_step: ``(w, server_state, upload, arrival, hp) -> (w, server_state)``: one
+      arrival, applied to the current model.
+    init_server_state: ``(w0) -> pytree``.
+    dp: clip + noise in local training (PrivaAsyncFed Alg. 1).
+    early_stop: stop local training once the loss is <= ``hp['loss_threshold']``.
+    pruned: clients train the sub-model of their device class's scale.
+    buffered: FedBuff-style (server versions every ``buffer_k`` arrivals).
+  """
+
+  name: str
+  local_penalty: Callable[..., Array]
+  client_upload: Callable[..., Array]
+  server_step: Callable[..., Any]
+  init_server_state: Callable[[Array], Any] = lambda w0: ()
+  dp: bool = False
+  early_stop: bool = False
+  pruned: bool = False
+  buffered: bool = False
+
+
+def no_penalty(w, w_start, hp):
+  del w, w_start, hp
+  return jnp.float32(0.0)
+
+
+def proximal_penalty(w, w_start, hp):
+  """mu/2 ||w - w_tau||^2 (FedProx Eq. 2; FedAsync's regularised local objective)."""
+  diff = w - w_start
+  return 0.5 * hp["mu"] * jnp.vdot(diff, diff)
+
+
+def model_upload(w_start, w_end, hp):
+  del w_start, hp
+  return w_end
+
+
+def delta_upload(w_start, w_end, hp):
+  del hp
+  return w_end - w_start
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+  """Static shape of an asynchronous run (changing it recompiles)."""
+
+  local: client_lib.LocalConfig
+  ring_size: int
+  group_size: int
+  dp_clip_mode: str = "example"  # 'example' (Eq. 17) | 'batch' (Alg. 1 line 20)
+  eval_batch: int = 1000
+
+  def __post_init__(self):
+    if self.dp_clip_mode not in ("example", "batch"):
+      raise ValueError(f"--dp_clip_mode must be 'example' or 'batch', got "
+                       f"{self.dp_clip_mode!r}")
+
+
+# --------------------------------------------------------------------- local training
+
+
+def clip_by_norm(g, clip):
+  """g / max(1, ||g||_2 / C) (PrivaAsyncFed Eq. 17 / Alg. 1 line 20)."""
+  norm = jnp.sqrt(jnp.vdot(g, g))
+  return g / jnp.maximum(1.0, norm / clip)
+
+
+def noise_std(hp, num_examples, cfg: AsyncConfig):
+  """Per-coordinate std of the noise added after each step.
+
+  ``hp['dp_noise_multiplier'] > 0`` (calibrated mode): z * the step's true L2
+  sensitivity (``privacy.step_sensitivity``); otherwise the seed's PrivaAsyncFed Alg. 1
+  line 24: sigma = Delta f / epsilon with Delta f = lr * 2C / |D_k| (line 15).
+  """
+  z = hp.get("dp_noise_multiplier", jnp.float32(0.0))
+  alg1 = privacy.alg1_sigma(hp["lr"], hp["dp_clip"], num_examples, hp["dp_epsilon"])
+  true_sens = privacy.step_sensitivity(hp["lr"], hp["dp_clip"],
+                                       privacy.smallest_batch(num_examples,
+                                                              cfg.local.batch_size),
+                                       cfg.dp_clip_mode)
+  return jnp.where(z > 0, z * true_sens, alg1)
+
+
+def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, x, y,
+                num_examples, key, hp, cfg: AsyncConfig) -> client_lib.ClientResult:
+  """One client's local training (vmap over clients); see the module docstring.
+
+  With ``mask`` all ones, no DP and no threshold this is ``client.train`` step for step
+  (same key split, shuffles, minibatches and optimiser).
+  """
+  lcfg = cfg.local
+  k_init, k_drop = jax.random.split(key)
+  k_noise = jax.random.fold_in(key, 0x0D15)
+  init = client_lib.client_init(k_init, num_examples, lcfg, hp.get("local_epochs"))
+  budget = init.num_epochs * init.spe
+  opt = optax.sgd(hp["lr"], momentum=hp["momentum"])
+  offsets = jnp.arange(lcfg.batch_size)
+  w0 = w_start * mask
+  sigma = noise_std(hp, num_examples, cfg) if algorithm.dp else jnp.float32(0.0)
+  threshold = hp["loss_threshold"] if algorithm.early_stop else -jnp.inf
+
+  def loss_fn(w, xb, yb, m, rng):
+    logits = apply_flat(w, xb, train=True, rng=rng)
+    return (client_lib.masked_cross_entropy(logits, yb, m)
+            + algorithm.local_penalty(w, w0, hp))
+
+  def per_example_grad(w, xb, yb, m, rng):
+    """mean_i clip(grad CE_i) over the batch's real rows + grad of the penalty."""
+
+    def one(xi, yi, i):
+      r = jax.random.fold_in(rng, i)
+      f = lambda w: client_lib.masked_cross_entropy(
+          apply_flat(w, xi[None], train=True, rng=r), yi[None], jnp.ones((1,), bool))
+      return clip_by_norm(jax.grad(f)(w) * mask, hp["dp_clip"])
+
+    gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
+    mf = m.astype(gs.dtype)
+    g = jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
+    return g + jax.grad(algorithm.local_penalty)(w, w0, hp)
+
+  def step(carry, s):
+    w, opt_state, loss_sum, done, steps = carry
+    epoch = jnp.minimum(s // init.spe, lcfg.max_epochs - 1)
+    pos = (s % init.spe) * lcfg.batch_size + offsets
+    m = pos < num_examples
+    rows = init.perms[epoch, jnp.minimum(pos, lcfg.max_examples - 1)]
+    xb, yb, rng = x[rows], y[rows], jax.random.fold_in(k_drop, s)
+    if algorithm.dp and cfg.dp_clip_mode == "example":
+      loss = loss_fn(w, xb, yb, m, rng)
+      g = per_example_grad(w, xb, yb, m, rng)
+    else:
+      loss, g = jax.value_and_grad(loss_fn)(w, xb, yb, m, rng)
+      g = g * mask
+      if algorithm.dp:
+        g = clip_by_norm(g, hp["dp_clip"])
+    done = done | (loss <= threshold)
+    updates, new_opt_state = opt.update(g, opt_state, w)
+    new_w = optax.apply_updates(w, updates)
+    if algorithm.dp:
+      noise = jax.random.normal(jax.random.fold_in(k_noise, s), w.shape, w.dtype)
+      new_w = new_w + sigma * noise * mask
+    active = (s < budget) & ~done
+    w = jnp.where(active, new_w, w)
+    opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
+    return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0), done,
+            steps + active.astype(jnp.int32)), None
+
+  carry = (w0, opt.init(w0), jnp.float32(0.0), jnp.bool_(False), jnp.int32(0))
+  (w_end, _, loss_sum, _, steps), _ = jax.lax.scan(step, carry, jnp.arange(lcfg.max_steps))
+  return client_lib.ClientResult(w_end, steps, loss_sum / jnp.maximum(steps, 1))
+
+
+# ------------------------------------------------------------------------- the engine
+
+
+class AsyncState(NamedTuple):
+  w: Array  # [d] current global model
+  ring: Array  # [R, d]; ring[v % R] is global version v (for the last R versions)
+  server_state: Any
+  key: Array  # base key data; task keys derive from (dispatch index, client)
+
+
+def init_state(algorithm: AsyncAlgorithm, w0, ring_size: int, seed: int) -> AsyncState:
+  w0 = jnp.array(w0, jnp.float32, copy=True)
+  ring = jnp.broadcast_to(w0, (ring_size,) + w0.shape)
+  return AsyncState(w0, ring, algorithm.init_server_state(w0),
+                    jax.random.key_data(jax.random.PRNGKey(seed)))
+
+
+GROUP_FIELDS = ("client", "dispatch_version", "dispatch_index", "arrival_version",
+                "applies", "valid")
+
+
+def group_arrays(schedule: virtual_clock.Schedule, group_size: int) -> Dict[str, np.ndarray]:
+  """The schedule's kept arrivals as padded groups ``[num_groups, G]`` (+ 'event')."""
+  idx = virtual_clock.group(schedule, group_size)
+  valid = idx >= 0
+  safe = np.where(valid, idx, 0)
+  out = {"event": idx, "valid": valid}
+  for f in ("client", "dispatch_version", "dispatch_index", "arrival_version", "applies"):
+    arr = getattr(schedule, f)[safe]
+    out[f] = np.where(valid, arr, 0 if f != "applies" else False)
+  return out
+
+
+def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale_index, *,
+               apply_flat, algorithm: AsyncAlgorithm, cfg: AsyncConfig):
+  """Steps 1-3 of the module docstring for one padded group."""
+  ring_size = state.ring.shape[0]
+  valid = grp["valid"]
+  ids = jnp.where(valid, grp["client"], 0)
+  dv = grp["dispatch_version"]
+  w_start = state.ring[dv % ring_size]
+  mask = masks[scale_index[ids]]
+  n = data.counts[ids]
+  keys = jax.vmap(engine.client_key, in_axes=(None, 0, 0))(state.key, grp["dispatch_index"],
+                                                            ids)
+  train = functools.partial(train_local, apply_flat, algorithm, hp=hp, cfg=cfg)
+  res = jax.vmap(train)(w_start, mask, data.x[ids], data.y[ids], n, keys)
+  w_tau = w_start * mask
+  uploads = jax.vmap(algorithm.client_upload, in_axes=(0, 0, None))(w_tau, res.w_end, hp)
+  staleness = jnp.where(valid, grp["arrival_version"] - dv, 0)
+  arrivals = Arrival(valid, staleness, grp["applies"], w_tau, mask,
+                     n.astype(jnp.float32), res.num_steps.astype(jnp.float32))
+
+  def apply_one(carry, inp):
+    w, sstate, ring = carry
+    upload, arr, av = inp
+    new_w, new_s = algorithm.server_step(w, sstate, upload, arr, hp)
+    w = jnp.where(arr.valid, new_w, w)
+    sstate = jax.tree.map(lambda a, b: jnp.where(arr.valid, a, b), new_s, sstate)
+    slot = (av + 1) % ring_size
+    write = arr.valid & arr.flush
+    ring = ring.at[slot].set(jnp.where(write, w, ring[slot]))
+    return (w, sstate, ring), None
+
+  (w, sstate, ring), _ = jax.lax.scan(
+      apply_one, (state.w, state.server_state, state.ring),
+      (uploads, arrivals, grp["arrival_version"]))
+  metrics = {"staleness": staleness, "train_loss": res.mean_loss,
+             "client_steps": jnp.where(valid, res.num_steps, 0),
+             "nonfinite": ~jnp.all(jnp.isfinite(w))}
+  return AsyncState(w, ring, sstate, state.key), metrics
+
+
+def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData, masks,
+               scale_index, *, apply_flat, algorithm, cfg: AsyncConfig):
+  """Several groups in one ``lax.scan``; evaluates after groups where ``eval_mask``."""
+
+  def body(s, inputs):
+    grp, do_eval = inputs
+    s, metrics = group_step(s, grp, hp, data, masks, scale_index, apply_flat=apply_flat,
+                            algorithm=algorithm, cfg=cfg)
+    acc, loss = jax.lax.cond(
+        do_eval,
+        lambda w: engine.evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
+        lambda w: (jnp.float32(jnp.nan), jnp.float32(jnp.nan)), s.w)
+    metrics["test_accuracy"], metrics["test_loss"] = acc, loss
+    return s, metrics
+
+  return jax.lax.scan(body, state, (groups, eval_mask))
+
+
+def make_runner(apply_flat: Callable, algorithm: AsyncAlgorithm, cfg: AsyncConfig):
+  fn = functools.partial(run_groups, apply_flat=apply_flat, algorithm=algorithm, cfg=cfg)
+  return jax.jit(fn, donate_argnums=(0,))
+
+
+def eval_groups(groups: Dict[str, np.ndarray], schedule: virtual_clock.Schedule,
+                eval_every: int) -> np.ndarray:
+  """Evaluate after the group holding every ``eval_every``-th server update and the last."""
+  applies = groups["applies"] & groups["valid"]
+  version_after = np.where(applies, groups["arrival_version"] + 1, 0).max(axis=1)
+  crossed = np.maximum.accumulate(version_after) // max(eval_every, 1)
+  prev = np.concatenate([[0], crossed[:-1]])
+  out = crossed > prev
+  out[-1] = True
+  return out
+
+
+def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups, hp,
+             data: engine.DeviceData, masks, scale_index, *, eval_every: int = 10,
+             groups_per_call: int = 50,
+             on_chunk: Optional[Callable[[AsyncState, List[dict]], None]] = None):
+  """Runs all groups; returns (state, rows), one row per kept arrival (in order)."""
+  hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
+  num_groups = groups["valid"].shape[0]
+  schedule_eval = eval_groups(groups, schedule, eval_every)
+  masks = jnp.asarray(masks, jnp.float32)
+  scale_index = jnp.asarray(scale_index, jnp.int32)
+  fields = {f: groups[f] for f in GROUP_FIELDS}
+  all_rows = []
+  for start in range(0, num_groups, groups_per_call):
+    end = min(start + groups_per_call, num_groups)
+    pad = groups_per_call - (end - start)  # pad with empty groups: one compiled shape
+    chunk = {f: np.concatenate([v[start:end], np.zeros((pad,) + v.shape[1:], v.dtype)])
+             for f, v in fields.items()}
+    ev = np.concatenate([schedule_eval[start:end], np.zeros(pad, bool)])
+    t0 = time.perf_counter()
+    new_state, metrics = runner(state, jax.tree.map(jnp.asarray, chunk), jnp.asarray(ev), hp,
+                                data, masks, scale_index)
+    metrics = jax.device_get(metrics)
+    elapsed = time.perf_counter() - t0
+    rows = []
+    for gi in range(end - start):
+      g = start + gi
+      if metrics["nonfinite"][gi]:
+        raise engine.Diverged(f"group {g}: the global model is not finite (NaN/Inf)")
+      members = np.flatnonzero(groups["valid"][g])
+      for j in members:
+        e = int(groups["event"][g, j])
+        row = {"event": e, "group": g, "client": int(schedule.client[e]),
+               "dispatch_version": int(schedule.dispatch_version[e]),
+               "arrival_version": int(schedule.arrival_version[e]),
+               "staleness": int(metrics["staleness"][gi, j]),
+               "virtual_time": float(schedule.time[e]),
+               "train_loss": float(metrics["train_loss"][gi, j]),
+               "client_steps": int(metrics["client_steps"][gi, j]),
+               "test_accuracy": None, "test_loss": None,
+               "wall_time": elapsed / max(end - start, 1) / max(len(members), 1)}
+        rows.append(row)
+      if ev[gi]:
+        rows[-1]["test_accuracy"] = float(metrics["test_accuracy"][gi])
+        rows[-1]["test_loss"] = float(metrics["test_loss"][gi])
+    state = new_state
+    all_rows.extend(rows)
+    if on_chunk is not None:
+      on_chunk(state, rows)
+  return state, all_rows
+
+
+def full_masks(w0) -> np.ndarray:
+  """One all-ones mask (unpruned algorithms)."""
+  return np.ones((1, np.size(w0)), np.float32)
+
+
+def client_steps(schedule: virtual_clock.Schedule, counts, cfg: client_lib.LocalConfig
+                 ) -> np.ndarray:
+  """Local optimiser steps each client takes over the run (for privacy accounting):
+  E * ceil(n_i / B) per kept task (without random epochs or early stopping)."""
+  counts = np.asarray(counts)
+  spe = np.maximum(-(-counts // cfg.batch_size), 1)
+  tasks = np.bincount(schedule.client[schedule.kept()], minlength=len(counts))
+  return tasks * cfg.max_epochs * spe

@@ -1,0 +1,132 @@
+"""Checkpoints of a whole simulation (``engine.SimState`` + metrics rows + config) with orbax.
+
+A checkpoint at round t holds everything ``engine.simulate`` needs to continue from round
+t exactly as an uninterrupted run would: the global model, the ring buffer of past global
+models, every client's persistent state, the server state, the base PRNG key data and the
+round counter (the timeline is rebuilt from the seed on the host). Next to the state it
+keeps the metrics rows of rounds 0..t-1 and the run configuration, so that a resumed run
+rewrites ``metrics.jsonl`` from them and refuses to continue under a different config.
+
+Layout: ``<output_dir>/checkpoints/<round>/{state,meta}`` written by an
+``orbax.checkpoint.CheckpointManager`` (a step directory is written under a temporary name
+and renamed when complete, so a run killed mid-save leaves the previous checkpoint intact).
+The state is stored as its flat list of leaves (``leaf_00000``...), restored into the
+structure of a template state (``engine.init_state`` of the same configuration).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, List, NamedTuple, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+def _json_default(x):
+  """JSON for numpy scalars/arrays that may sit in metrics rows."""
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  if isinstance(x, np.generic):
+    return x.item()
+  raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def to_json_ready(obj):
+  """A deep copy of ``obj`` with numpy values turned into plain Python values."""
+  return json.loads(json.dumps(obj, default=_json_default))
+
+
+def state_to_leaves(state) -> dict:
+  """A pytree -> ``{"leaf_00000": np.ndarray, ...}`` (host copies, order of tree_leaves)."""
+  leaves = jax.tree_util.tree_leaves(state)
+  return {f"leaf_{i:05d}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
+
+
+def leaves_to_state(leaves: dict, template):
+  """Inverse of ``state_to_leaves`` given a template of the same structure."""
+  treedef = jax.tree_util.tree_structure(template)
+  ordered = [leaves[k] for k in sorted(leaves)]
+  if len(ordered) != treedef.num_leaves:
+    raise ValueError(f"checkpoint has {len(ordered)} state arrays, the configuration "
+                     f"expects {treedef.num_leaves}")
+  tmpl_leaves = jax.tree_util.tree_leaves(template)
+  for i, (a, b) in enumerate(zip(ordered, tmpl_leaves)):
+    if tuple(np.shape(a)) != tuple(np.shape(b)):
+      raise ValueError(f"checkpoint state array {i} has shape {np.shape(a)}, the "
+                       f"configuration expects {np.shape(b)}")
+  return jax.tree_util.tree_unflatten(
+      treedef, [np.asarray(a, dtype=np.asarray(b).dtype) for a, b in zip(ordered, tmpl_leaves)])
+
+
+class Restored(NamedTuple):
+  round: int
+  state: Any  # in the template's structure (numpy leaves)
+  rows: List[dict]  # metrics rows of rounds 0..round-1
+  config: dict
+  extra: dict
+
+
+class Checkpointer:
+  """Saves/restores simulation checkpoints under ``directory`` (one step per round)."""
+
+  def __init__(self, directory: str, max_to_keep: int = 2):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "meta"))
+
+  def save(self, round_index: int, state, rows: List[dict], config: dict,
+           extra: Optional[dict] = None):
+    """Checkpoints ``state`` (the state *before* round ``round_index``) and the rows."""
+    meta = {"round": int(round_index), "rows": to_json_ready(rows),
+            "config": to_json_ready(config), "extra": to_json_ready(extra or {})}
+    self.manager.save(int(round_index), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state_to_leaves(state)), meta=ocp.args.JsonSave(meta)),
+                      force=True)
+    self.manager.wait_until_finished()
+
+  def latest_round(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def all_rounds(self) -> List[int]:
+    return list(self.manager.all_steps())
+
+  def restore(self, template, round_index: Optional[int] = None) -> Restored:
+    """The checkpoint of ``round_index`` (default: the latest) in ``template``'s structure."""
+    step = self.latest_round() if round_index is None else round_index
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint under {self.directory}")
+    abstract = state_to_leaves(template)
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    meta = out["meta"]
+    state = leaves_to_state(dict(out["state"]), template)
+    return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
+                    dict(meta.get("extra", {})))
+
+  def restore_raw(self, round_index: Optional[int] = None) -> Restored:
+    """Like ``restore`` without a template: ``state`` is the ``{leaf_i: array}`` dict."""
+    step = self.latest_round() if round_index is None else round_index
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint under {self.directory}")
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    meta = out["meta"]
+    state = {k: np.asarray(v) for k, v in dict(out["state"]).items()}
+    return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
+                    dict(meta.get("extra", {})))
+
+  def close(self):
+    self.manager.close()
+
+
+def should_save(prev_round: int, new_round: int, every: int, total: int) -> bool:
+  """Save at a chunk boundary when a multiple of ``every`` was reached or passed in
+  (prev_round, new_round], and always at the end of the run."""
+  if every <= 0:
+    return False
+  return new_round // every > prev_round // every or new_round >= total

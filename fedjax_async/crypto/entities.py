@@ -1,0 +1,139 @@
+"""The entities of PAFed (Alg. 3 line 1, Fig. 4): KDC, clients, S0 and S1.
+
+Key separation (Sec. V-B "System initialization"):
+* ``KDC`` builds one CKKS context, a key pair (pk_s, sk_s) for S1 and (pk_i, sk_i) per
+  client, and the evaluation keys (relinearisation + EvalSum rotations) for sk_s. It hands
+  each entity only its share and keeps nothing for S0.
+* ``Client`` i holds (pk_i, sk_i) and pk_s: it encrypts its unit-length update under pk_s
+  (Alg. 3 line 9) and decrypts the global model with sk_i after the key transformation.
+* ``HelperServer`` (S1) holds sk_s. It only ever decrypts values masked by S0: w + r in
+  the key transformation (Alg. 5 line 7) and r * n in the masked-inverse exchange used for
+  the divisions of Alg. 4 line 11 / Eq. 12. Every decrypted value is appended to
+  ``decryption_log`` so tests can check the masking.
+* ``AggregationServer`` (S0) lives in ``secure_ducc``; it receives only ``PublicMaterial``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence
+
+import numpy as np
+import openfhe
+
+from fedjax_async.crypto import ckks
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicMaterial:
+  """What S0 may see: the context (with sk_s's evaluation keys loaded) and public keys."""
+
+  cc: object
+  pk_s: object
+  client_pks: tuple
+  min_iterations: int
+
+
+# |r * n| at or below this counts as an empty class (CKKS noise is ~1e-9 here).
+INVERSE_EPS = 1e-6
+
+
+class Client:
+  """Client C_i (Alg. 3 lines 5-10): encrypts under pk_s, decrypts with its own sk_i."""
+
+  def __init__(self, index: int, cc, pk_s, keypair):
+    self.index = index
+    self._cc = cc
+    self._pk_s = pk_s
+    self.public_key = keypair.publicKey
+    self._secret_key = keypair.secretKey
+    self._ev = ckks.Evaluator(cc)
+
+  def encrypt_update(self, update: np.ndarray) -> List[object]:
+    """Enc_pk_s(u) in ceil(d / (N/2)) ciphertexts (Alg. 3 line 9); u is unit length."""
+    return [self._ev.encrypt(self._pk_s, blk) for blk in ckks.chunk(update, self._ev.slots)]
+
+  def decrypt_model(self, cts: Sequence[object], dim: int) -> np.ndarray:
+    """Dec_sk_i of the key-transformed global model (after Alg. 5)."""
+    return ckks.unchunk([decrypt_vector(self._cc, self._secret_key, c) for c in cts], dim)
+
+
+class HelperServer:
+  """S1: holds sk_s; decrypts only S0-masked values (Alg. 5 lines 6-12, masked inverse)."""
+
+  def __init__(self, cc, keypair, client_pks: Sequence[object]):
+    self._cc = cc
+    self.pk_s = keypair.publicKey
+    self._secret_key = keypair.secretKey
+    self._client_pks = tuple(client_pks)
+    self._ev = ckks.Evaluator(cc)
+    self.decryption_log: List[np.ndarray] = []
+
+  def _decrypt(self, ct) -> np.ndarray:
+    v = decrypt_vector(self._cc, self._secret_key, ct)
+    self.decryption_log.append(v.copy())
+    return v
+
+  def masked_inverse(self, cts: Sequence[object]) -> List[object]:
+    """For each Enc(r * n) return Enc_pk_s(1 / (r * n)), or Enc(0) when |r * n| <= eps.
+
+    S1 sees r * n only (r > 0 random, chosen by S0). A class whose total weight is zero
+    gives zero (Alg. 4 line 11 as specified in ``pafed.ducc``'s docstring); the class-2
+    total n2 is *negative* (w2 = Min(s, 1/2) - 1/2 <= 0), and dividing by it is what makes
+    m2 a mean, so the sign is kept. The value is replicated in every slot; slot 0 is used.
+    """
+    out = []
+    for ct in cts:
+      v = float(self._decrypt(ct)[0])
+      inv = 1.0 / v if abs(v) > INVERSE_EPS else 0.0
+      out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
+    return out
+
+  def key_transform(self, masked_cts: Sequence[object], recipients: Sequence[int]):
+    """Alg. 5 lines 6-12: Dec_sk_s(w + r), then Enc_pk_i(w + r) for each recipient i
+    and Enc_pk_s(w + r) for the next round. Returns ({i: [cts]}, [cts under pk_s])."""
+    plain = [self._decrypt(ct) for ct in masked_cts]
+    per_client = {i: [self._ev.encrypt(self._client_pks[i], p) for p in plain]
+                  for i in recipients}
+    under_s = [self._ev.encrypt(self.pk_s, p) for p in plain]
+    return per_client, under_s
+
+
+class KDC:
+  """Key distribution centre (Alg. 3 line 1): context, all key pairs, sk_s eval keys."""
+
+  def __init__(self, num_clients: int, depth: int, min_iterations: int, preset="secure",
+               ring_dim=None):
+    self.cc = ckks.make_context(depth, preset, ring_dim)
+    server_keys = self.cc.KeyGen()
+    # Evaluation keys for S0's computations over ciphertexts under pk_s.
+    self.cc.EvalMultKeyGen(server_keys.secretKey)
+    self.cc.EvalSumKeyGen(server_keys.secretKey)
+    client_keys = [self.cc.KeyGen() for _ in range(num_clients)]
+    pks = tuple(k.publicKey for k in client_keys)
+    self.public = PublicMaterial(self.cc, server_keys.publicKey, pks, int(min_iterations))
+    self.helper = HelperServer(self.cc, server_keys, pks)
+    self.clients = [Client(i, self.cc, server_keys.publicKey, k)
+                    for i, k in enumerate(client_keys)]
+
+
+def decrypt_vector(cc, secret_key, ct) -> np.ndarray:
+  """Decrypt one ciphertext to its N/2 real slot values.
+
+  A wrong key makes OpenFHE's CKKS decoder raise (approximation error too high) or
+  return noise; callers get a ``DecryptionError`` in the first case.
+  """
+  try:
+    pt = cc.Decrypt(secret_key, ct)
+  except RuntimeError as e:
+    raise DecryptionError(str(e)) from e
+  pt.SetLength(cc.GetRingDimension() // 2)
+  return np.asarray(pt.GetRealPackedValue(), np.float64)
+
+
+class DecryptionError(RuntimeError):
+  """OpenFHE could not decode the plaintext (typically: wrong secret key)."""
+
+
+def secret_key_type():
+  return openfhe.PrivateKey

@@ -1,0 +1,301 @@
+"""Encrypted DUCC (PAFed Alg. 4), Eq. 17 and the key transformation (Alg. 5) over CKKS.
+
+``AggregationServer`` (S0) holds only ``PublicMaterial`` (context + evaluation keys for
+sk_s + public keys). It never holds a secret key nor a reference to S1: the two divisions
+of Alg. 4 line 11 / Eq. 12 and the key transformation are message exchanges that the
+orchestrator (``secure_pafed_step``) ferries between S0 and S1, so S0's work is split in
+phases (``ducc_begin`` -> S1 ``masked_inverse`` -> ``ducc_finish`` -> ``kt_mask`` -> S1
+``key_transform`` -> ``kt_unmask``).
+
+Data layout: a [d] vector is ceil(d / (N/2)) ciphertexts of N/2 slots. Scalars derived
+from vectors (inner products, class totals) are *replicated* in every slot by EvalSum.
+All k delayed inner products are packed into ONE ciphertext (slot j = client j) so that
+Cheon's Min (Alg. 1) runs once for every delayed client at the same time.
+
+Constants are folded into plaintext masks wherever a mask multiplication happens anyway
+(1/n of the mean, 1/4 and 1/sqrt 2 of Alg. 1's y, the blinding factors r and the alphas
+of Eq. 17), so the total depth is 2d + 7 (``ckks.ducc_depth``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from fedjax_async.crypto import ckks
+from fedjax_async.crypto import cheon
+from fedjax_async.crypto import entities
+
+SQRT2 = math.sqrt(2.0)
+# Multiplicative blinding factors r of the masked inverse: log-uniform in [2^-R, 2^R].
+BLIND_LOG2_RANGE = 4.0
+# Additive key-transformation mask r: uniform in [-B, B] per coordinate (Alg. 5 line 2).
+KT_MASK_BOUND = 1024.0
+# Clock of the timings. OpenFHE runs single-threaded here (OMP_NUM_THREADS=1), so
+# benchmarks on a shared machine may set ``time.process_time`` (CPU seconds of this
+# process, i.e. the uncontended wall time) instead of wall-clock time.
+CLOCK = time.perf_counter
+
+
+def _now():
+  return CLOCK()
+
+
+class AggregationServer:
+  """S0: the encrypted DUCC (Alg. 4), Eq. 17 and its half of Alg. 5. No secret keys."""
+
+  def __init__(self, public: entities.PublicMaterial, seed: Optional[int] = None):
+    self.public = public
+    self.ev = ckks.Evaluator(public.cc)
+    self.min_iterations = public.min_iterations
+    self.rng = np.random.default_rng(seed)
+    self.timings: Dict[str, float] = {}
+    self.global_ct: Optional[List[object]] = None  # Enc_pk_s(w) carried to the next round
+    self._state: Dict[str, object] = {}
+
+  # ------------------------------------------------------------------ helpers
+
+  def _tick(self, key, t0):
+    self.timings[key] = self.timings.get(key, 0.0) + _now() - t0
+    return _now()
+
+  def _blind(self) -> float:
+    return float(2.0 ** self.rng.uniform(-BLIND_LOG2_RANGE, BLIND_LOG2_RANGE))
+
+  def check_depth(self):
+    """Raise ``DepthError`` unless the context can hold 2d + 7 levels (Alg. 4 + Eq. 17)."""
+    need = ckks.ducc_depth(self.min_iterations)
+    if self.ev.depth < need:
+      parts = ", ".join(f"{k}={v}" for k, v in
+                        ckks.ducc_depth_breakdown(self.min_iterations).items())
+      raise ckks.DepthError(
+          f"encrypted DUCC with Min d={self.min_iterations} needs multiplicative depth "
+          f"{need} ({parts}) but the CKKS context has depth {self.ev.depth}")
+
+  def encrypt_global(self, w: np.ndarray) -> List[object]:
+    """Enc_pk_s(w) (S0 initialises w^0 in Alg. 3 line 2; public-key encryption)."""
+    return [self.ev.encrypt(self.public.pk_s, b) for b in ckks.chunk(w, self.ev.slots)]
+
+  def _dot_replicated(self, xs, ys, what):
+    """Enc(x . y) in every slot: chunk-wise products, added, then EvalSum."""
+    prods = [self.ev.mult(x, y, what=what) for x, y in zip(xs, ys)]
+    return self.ev.eval_sum(self.ev.add_many(prods))
+
+  # ------------------------------------------------------------------ Alg. 4
+
+  def ducc_begin(self, online: Sequence[List[object]], delayed: Sequence[List[object]],
+                 alphas: Tuple[float, float, float]) -> List[object]:
+    """Alg. 4 lines 3-10 (+ the numerators of line 11 and Eq. 12).
+
+    Returns the blinded denominators [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1
+    (empty when no division is needed).
+    """
+    self.timings = {}
+    self.check_depth()
+    a0, a1, a2 = (float(a) for a in alphas)
+    n, k = len(online), len(delayed)
+    st = self._state = {"n": n, "k": k}
+    t = _now()
+    if n == 0:  # m = 0: s_j = 1/2, both classes have zero weight (plaintext reference).
+      return []
+    msum = [self.ev.add_many([u[c] for u in online]) for c in range(len(online[0]))]
+    st["m_term"] = [self.ev.mult_const(c, a0 / n, what="Eq. 17: alpha0 * m") for c in msum]
+    if k == 0:
+      return []
+    slots = self.ev.slots
+    if k > slots:
+      raise ValueError(f"{k} delayed uploads exceed the {slots} slots of one ciphertext")
+    # Alg. 4 line 5: m . u_j (m = msum / n; the 1/n is folded into the packing mask).
+    ips = [self._dot_replicated(msum, u, "inner product m . u_j") for u in delayed]
+    t = self._tick("inner_products", t)
+    # Pack all z_j = (m . u_j)/(4 sqrt 2) = y_j / sqrt 2 into one ciphertext.
+    z = self.ev.add_many([
+        self.ev.mult_plain(ip, ckks.one_hot(slots, j, 1.0 / (4.0 * n * SQRT2)),
+                           what="packing inner products") for j, ip in enumerate(ips)])
+    y = self.ev.mult_const(z, SQRT2, what="Alg. 1: y")
+    # Eq. 13 with Alg. 1: Min(s, 1/2) = x - m_d, s = 2y + 1/2, x = y + 1/2, so
+    # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d.
+    half_m = cheon.he_half_abs_from_z(self.ev, z, self.min_iterations)
+    m_d = self.ev.add(half_m, half_m)
+    w1, w2 = self.ev.add(y, m_d), self.ev.sub(y, m_d)
+    t = self._tick("min", t)
+    r1, r2, r3 = self._blind(), self._blind(), self._blind()
+    valid = np.zeros(slots)
+    valid[:k] = 1.0
+    acc = {}
+    for name, w, r, a in (("1", w1, r1, a1), ("2", w2, r2, a2)):
+      # Broadcast slot j of w to all slots (times r * alpha), then Alg. 4 lines 5 / 7.
+      wj = [self.ev.eval_sum(self.ev.mult_plain(w, ckks.one_hot(slots, j, r * a),
+                                                what="broadcast class weight"))
+            for j in range(k)]
+      acc[name] = [self.ev.add_many([self.ev.mult(wj[j], delayed[j][c],
+                                                  what="class weight * u_j")
+                                     for j in range(k)]) for c in range(len(msum))]
+      # Alg. 4 lines 6 / 8: the class totals n1, n2, blinded by r.
+      st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, r * valid,
+                                                           what="class total"))
+    st["A1"], st["A2"] = acc["1"], acc["2"]
+    t = self._tick("weighting", t)
+    # Eq. 12 numerator and the blinded ||m||^2: with c = (r3 / n^2) msum,
+    # r3 ||m||^2 = msum . c, and (m2 . m / ||m||^2) m = (A2 . msum) / (n2 ||msum||^2) msum.
+    st["c"] = [self.ev.mult_const(x, r3 / (n * n), what="Eq. 12: r3 m / n") for x in msum]
+    st["v3"] = self._dot_replicated(msum, st["c"], "Eq. 12: ||m||^2")
+    st["P"] = self._dot_replicated(st["A2"], msum, "Eq. 12: m2 . m")
+    self._tick("projection", t)
+    return [st["v1"], st["v2"], st["v3"]]
+
+  def ducc_finish(self, inverses: Sequence[object], w_ct: List[object]) -> List[object]:
+    """Alg. 4 lines 11-12 and Eq. 17 on Enc_pk_s(w): returns Enc_pk_s(w^{tau+1})."""
+    st = self._state
+    t = _now()
+    if st["n"] == 0:
+      return list(w_ct)
+    terms = [st["m_term"]]
+    if st["k"] > 0:
+      inv1, inv2, inv3 = inverses
+      # Alg. 4 line 11: m1 = A1 / n1, m2 = A2 / n2 (r and alpha cancel / stay).
+      terms.append([self.ev.mult(a, inv1, what="Alg. 4 line 11: m1 / n1") for a in st["A1"]])
+      terms.append([self.ev.mult(a, inv2, what="Alg. 4 line 11: m2 / n2") for a in st["A2"]])
+      t = self._tick("division", t)
+      inv23 = self.ev.mult(inv2, inv3, what="Eq. 12: 1 / (n2 ||m||^2)")
+      coef = self.ev.mult(st["P"], inv23, what="Eq. 12: coefficient")
+      proj = [self.ev.mult(coef, c, what="Eq. 12: coefficient * m") for c in st["c"]]
+      terms.append([self.ev.cc.EvalNegate(p) for p in proj])
+      t = self._tick("projection", t)
+    # Eq. 17: w + alpha0 m + alpha1 m1 + alpha2 m2 (alphas already folded in).
+    new_w = [self.ev.add_many([w_ct[c]] + [term[c] for term in terms])
+             for c in range(len(w_ct))]
+    self._tick("eq17", t)
+    self._state = {}
+    return new_w
+
+  # ------------------------------------------------------------------ Alg. 5
+
+  def kt_mask(self, w_ct: List[object]) -> List[object]:
+    """Alg. 5 lines 2-5: Enc(w) + Enc_pk_s(r) with a fresh uniform mask r."""
+    r = self.rng.uniform(-KT_MASK_BOUND, KT_MASK_BOUND, size=len(w_ct) * self.ev.slots)
+    self._state = {"kt_r": list(r.reshape(len(w_ct), self.ev.slots))}
+    return [self.ev.add(c, self.ev.encrypt(self.public.pk_s, rb))
+            for c, rb in zip(w_ct, self._state["kt_r"])]
+
+  def kt_unmask(self, per_client: Dict[int, List[object]], under_s: List[object]):
+    """Alg. 5 lines 13-17: Enc_pk_i(w + r) - Enc_pk_i(r) per client (and under pk_s)."""
+    rs = self._state.pop("kt_r")
+    pks = self.public.client_pks
+
+    def unmask(cts, pk):
+      return [self.ev.sub(c, self.ev.encrypt(pk, rb)) for c, rb in zip(cts, rs)]
+
+    out = {i: unmask(cts, pks[i]) for i, cts in per_client.items()}
+    self.global_ct = unmask(under_s, self.public.pk_s)
+    return out
+
+
+# ---------------------------------------------------------------------- protocol
+
+
+@dataclasses.dataclass
+class SecureProtocol:
+  """All entities of one PAFed deployment (one process, separate key material)."""
+
+  s0: AggregationServer
+  s1: entities.HelperServer
+  clients: List[entities.Client]
+  dim: int
+  min_iterations: int
+  preset: str
+  recipients: Optional[Tuple[int, ...]] = None  # None: every client (Alg. 5 line 8)
+  last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
+  # {client i: Enc_pk_i(w^{tau+1}) chunks} from the last key transformation.
+  last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def cc(self):
+    return self.s0.public.cc
+
+
+def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
+                  ring_dim: Optional[int] = None, depth: Optional[int] = None,
+                  recipients: Optional[Sequence[int]] = None,
+                  seed: Optional[int] = None) -> SecureProtocol:
+  """KDC setup (Alg. 3 line 1) sized for DUCC with ``min_depth`` Cheon iterations.
+
+  Args:
+    num_clients: K; each gets its own key pair.
+    dim: model size d (chunked into ceil(d / (N/2)) ciphertexts).
+    preset: "secure" (128-bit, HEStd_128_classic) or "insecure_test" (tests only).
+    min_depth: d, the number of iterations of Alg. 1.
+    ring_dim: override the preset's ring dimension.
+    depth: override the context depth (default ``ckks.ducc_depth(min_depth)`` = 2d + 7).
+    recipients: clients the key transformation re-encrypts for (default: all).
+    seed: S0's randomness (masks, blinding factors); None draws from the OS.
+  """
+  depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
+  kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim)
+  s0 = AggregationServer(kdc.public, seed)
+  rec = None if recipients is None else tuple(int(i) for i in recipients)
+  return SecureProtocol(s0, kdc.helper, kdc.clients, int(dim), int(min_depth),
+                        ckks.get_preset(preset).name, rec)
+
+
+def _encrypt_uploads(protocol: SecureProtocol, uploads: np.ndarray, offset: int):
+  cl = protocol.clients
+  return [cl[(offset + i) % len(cl)].encrypt_update(u) for i, u in enumerate(uploads)]
+
+
+def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
+                      online_uploads: np.ndarray, delayed_uploads: np.ndarray,
+                      alphas=(1.0, 1.0, 1.0)):
+  """One PAFed server round under CKKS (Alg. 3 lines 9-14): returns (new_w, timings).
+
+  new_w is w^{tau+1} as client 0 decrypts it with its own sk_0 after the key
+  transformation; timings has 'client_encrypt', 'ducc', 'key_transform', 'decrypt'
+  (seconds). The per-stage DUCC breakdown lands in ``protocol.last_breakdown``.
+  ``w_global=None`` continues from the Enc_pk_s(w) carried over from the previous round.
+  """
+  s0, s1 = protocol.s0, protocol.s1
+  dim = protocol.dim
+  online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
+  delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
+  timings = {}
+  t = _now()
+  on_cts = _encrypt_uploads(protocol, online, 0)
+  de_cts = _encrypt_uploads(protocol, delayed, len(online))
+  timings["client_encrypt"] = _now() - t
+  t = _now()
+  if w_global is None:
+    if s0.global_ct is None:
+      raise ValueError("no encrypted global model carried over; pass w_global")
+    w_ct = s0.global_ct
+  else:
+    w_ct = s0.encrypt_global(np.asarray(w_global, np.float64))
+  requests = s0.ducc_begin(on_cts, de_cts, alphas)
+  t1 = _now()
+  inverses = s1.masked_inverse(requests) if requests else []
+  t_s1 = _now() - t1
+  new_ct = s0.ducc_finish(inverses, w_ct)
+  timings["ducc"] = _now() - t
+  breakdown = dict(s0.timings)
+  breakdown["division"] = breakdown.get("division", 0.0) + t_s1
+  t = _now()
+  recipients = protocol.recipients
+  if recipients is None:
+    recipients = tuple(range(len(protocol.clients)))
+  if 0 not in recipients:
+    recipients = (0,) + tuple(recipients)
+  masked = s0.kt_mask(new_ct)
+  per_client, under_s = s1.key_transform(masked, recipients)
+  out = s0.kt_unmask(per_client, under_s)
+  timings["key_transform"] = _now() - t
+  t = _now()
+  new_w = protocol.clients[0].decrypt_model(out[0], dim)
+  timings["decrypt"] = _now() - t
+  breakdown.update(client_encrypt=timings["client_encrypt"],
+                   key_transform=timings["key_transform"], decrypt=timings["decrypt"])
+  protocol.last_breakdown = breakdown
+  protocol.last_client_models = out
+  return new_w, timings

@@ -1,0 +1,604 @@
+"""Federated data sets on the host: generation, loading, partitioning and padding.
+
+Everything here is numpy on the host; the engine moves the arrays to the device
+(``engine.DeviceData.from_federated``). A :class:`FederatedData` holds every client's
+training examples padded to the largest client size M, the real count per client and a
+central test set.
+
+Sources:
+
+* :func:`synthetic` -- Synthetic(alpha, beta) of the FedProx paper (Li et al., MLSys 2020,
+  ``generate_synthetic``), with its natural partition (one generator per client), and the
+  IID variant (``synthetic_iid``);
+* :func:`read_idx` / :func:`load_fashion_mnist` / :func:`load_mnist_idx` -- IDX files (the
+  Debian package ``dataset-fashion-mnist`` installs them in /usr/share/datasets/fashion-mnist);
+* :func:`load_tfds` -- any tensorflow-datasets image classification set (needs TensorFlow).
+
+Partitions of a labelled pool into clients (each returns one int64 index array per client
+and assigns every example exactly once): :func:`partition_iid` (equal class proportions,
+PAFed), :func:`partition_shards` (McMahan et al.: 2 label-sorted shards per client) and
+:func:`partition_dirichlet` (per-class Dir(alpha) proportions). :func:`federate` pads them.
+
+:func:`load` is the single entry point of ``experiments/run.py``. Label histograms:
+:func:`label_histogram`, :func:`format_histogram`, :func:`save_histogram_png`, and the CLI
+
+  python -m fedjax_async.data --dataset=fashion_mnist --partition=dirichlet --alpha=0.1 \
+      --num_clients=20 --png=/tmp/h.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import re
+import zlib
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("synthetic", "synthetic_iid", "fashion_mnist", "mnist", "cifar10", "cifar100")
+PARTITIONS = ("iid", "shards", "dirichlet")
+DATA_SOURCES = ("auto", "idx", "tfds")
+_KNOWN_NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100,
+                      "kmnist": 10, "emnist": 62, "svhn_cropped": 10}
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+  """Padded per-client training data plus a central test set (numpy, host)."""
+
+  x: np.ndarray  # float32 [N, M, ...] padded per-client features (M = max client size)
+  y: np.ndarray  # int32 [N, M] padded labels (pad value 0)
+  counts: np.ndarray  # int32 [N] real examples per client; rows >= counts[i] are padding
+  test_x: np.ndarray  # float32 [T, ...] central test set
+  test_y: np.ndarray  # int32 [T]
+  num_classes: int
+  name: str
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.x.shape[0])
+
+  @property
+  def max_examples(self) -> int:
+    return int(self.x.shape[1])
+
+  @property
+  def feature_shape(self) -> Tuple[int, ...]:
+    return tuple(int(d) for d in self.x.shape[2:])
+
+
+# ------------------------------------------------------------------------- synthetic
+
+SYNTHETIC_DIM = 60
+SYNTHETIC_CLASSES = 10
+
+
+def synthetic_client_sizes(num_clients: int, seed: int = 0) -> np.ndarray:
+  """Client sizes of :func:`synthetic` (same seed): int(lognormal(4, 2)) + 50 each.
+
+  ``synthetic`` draws these first from ``np.random.default_rng(seed)``, so the two agree.
+  """
+  rng = np.random.default_rng(seed)
+  return _draw_sizes(rng, num_clients)
+
+
+def _draw_sizes(rng: np.random.Generator, num_clients: int) -> np.ndarray:
+  return rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + 50
+
+
+def synthetic_covariance_diagonal(dim: int = SYNTHETIC_DIM) -> np.ndarray:
+  """Sigma_jj = j^(-1.2), j = 1..dim (FedProx's diagonal covariance of x)."""
+  return np.arange(1, dim + 1, dtype=np.float64) ** -1.2
+
+
+def _split_counts(n: int, test_fraction: float) -> Tuple[int, int]:
+  """(train, test) sizes of a client with n examples: test = round(test_fraction * n)."""
+  n_test = int(round(test_fraction * n))
+  return n - n_test, n_test
+
+
+def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
+              iid: bool = False, seed: int = 0, test_fraction: float = 0.2) -> FederatedData:
+  """Synthetic(alpha, beta) of FedProx with its natural partition (one client each).
+
+  Non-IID (``generate_synthetic``): u_k ~ N(0, alpha), W_k ~ N(u_k, 1) [60x10],
+  b_k ~ N(u_k, 1) [10]; B_k ~ N(0, beta), v_k ~ N(B_k, 1) [60]; x ~ N(v_k, Sigma) with
+  Sigma_jj = j^-1.2; y = argmax(softmax(x W_k + b_k)). IID (``synthetic_iid``): one shared
+  W, b ~ N(0, 1) and x ~ N(0, Sigma) for every client. Client sizes int(lognormal(4, 2)) + 50.
+  Each client's examples are shuffled and split into train (1 - test_fraction) and test;
+  the central test set is the union of the test parts.
+  """
+  if num_clients < 1:
+    raise ValueError(f"synthetic: num_clients must be >= 1, got {num_clients}")
+  if not 0.0 <= test_fraction < 1.0:
+    raise ValueError(f"synthetic: test_fraction must be in [0, 1), got {test_fraction}")
+  rng = np.random.default_rng(seed)
+  sizes = _draw_sizes(rng, num_clients)
+  d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
+  std_x = np.sqrt(synthetic_covariance_diagonal(d))
+  u = rng.normal(0.0, alpha, num_clients)
+  big_b = rng.normal(0.0, beta, num_clients)
+  if iid:
+    v = np.zeros((num_clients, d))
+    w_shared = rng.normal(0.0, 1.0, (d, c))
+    b_shared = rng.normal(0.0, 1.0, c)
+  else:
+    v = rng.normal(big_b[:, None], 1.0, (num_clients, d))
+  train_x, train_y, test_x, test_y = [], [], [], []
+  for k in range(num_clients):
+    if iid:
+      w, b = w_shared, b_shared
+    else:
+      w = rng.normal(u[k], 1.0, (d, c))
+      b = rng.normal(u[k], 1.0, c)
+    n = int(sizes[k])
+    x = v[k] + rng.standard_normal((n, d)) * std_x
+    y = np.argmax(x @ w + b, axis=1)  # softmax is monotone: argmax of the logits
+    order = rng.permutation(n)
+    n_train, _ = _split_counts(n, test_fraction)
+    train_x.append(x[order[:n_train]])
+    train_y.append(y[order[:n_train]])
+    test_x.append(x[order[n_train:]])
+    test_y.append(y[order[n_train:]])
+  offsets = np.cumsum([0] + [len(t) for t in train_y])
+  parts = [np.arange(offsets[k], offsets[k + 1], dtype=np.int64) for k in range(num_clients)]
+  name = "synthetic_iid" if iid else f"synthetic_{alpha:g}_{beta:g}"
+  return federate(np.concatenate(train_x), np.concatenate(train_y), parts,
+                  np.concatenate(test_x), np.concatenate(test_y), c, name)
+
+
+# ------------------------------------------------------------------------------- IDX
+
+_IDX_DTYPES = {0x08: (np.dtype(np.uint8), "ubyte"), 0x09: (np.dtype(np.int8), "sbyte"),
+               0x0B: (np.dtype(">i2"), "int16"), 0x0C: (np.dtype(">i4"), "int32"),
+               0x0D: (np.dtype(">f4"), "float32"), 0x0E: (np.dtype(">f8"), "float64")}
+_IDX_NAME_NDIM = re.compile(r"idx(\d)")
+
+
+def _idx_missing_hint(path: str) -> str:
+  return (f"{path}: no such file. Fashion-MNIST IDX files: `apt-get install "
+          f"dataset-fashion-mnist` (installs {DEFAULT_FASHION_MNIST_DIR}), or pass "
+          "--data_dir=DIR with train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+          "t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz]")
+
+
+def _read_maybe_gzip(path: str) -> bytes:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(_idx_missing_hint(path))
+  with open(path, "rb") as f:
+    raw = f.read()
+  if path.endswith(".gz") or raw[:2] == b"\x1f\x8b":
+    try:
+      return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+      raise ValueError(f"{path}: not a readable gzip file ({e})") from e
+  return raw
+
+
+def _expected_magic(ndim: Optional[int], code: int = 0x08) -> str:
+  nd = 1 if ndim is None else ndim
+  kind = _IDX_DTYPES.get(code, _IDX_DTYPES[0x08])[1]
+  text = f"0x{code:06X}{nd:02X}" if ndim is not None else f"0x{code:06X}NN"
+  dims = "N dims" if ndim is None else f"{nd} dim{'s' if nd != 1 else ''}"
+  return f"{text} (IDX {kind}, {dims})"
+
+
+def parse_idx(buf: bytes, path: str = "<bytes>", ndim: Optional[int] = None) -> np.ndarray:
+  """Decodes an IDX buffer; ``ndim`` (if given) is the required number of dimensions."""
+  if len(buf) < 4:
+    raise ValueError(f"{path}: too short for an IDX header ({len(buf)} bytes, need >= 4)")
+  magic = int.from_bytes(buf[:4], "big")
+  zero, code, nd = buf[0] | buf[1], buf[2], buf[3]
+  if zero != 0 or code not in _IDX_DTYPES or (ndim is not None and nd != ndim):
+    expected = _expected_magic(ndim, code if code in _IDX_DTYPES else 0x08)
+    raise ValueError(f"{path}: bad magic number 0x{magic:08X}, expected {expected}"
+                     + (f"; the file declares {nd} dims" if zero == 0 else ""))
+  header = 4 + 4 * nd
+  if len(buf) < header:
+    raise ValueError(f"{path}: truncated dimension header: {nd} dims need {header} bytes, "
+                     f"the file has {len(buf)}")
+  dims = tuple(int.from_bytes(buf[4 + 4 * i:8 + 4 * i], "big") for i in range(nd))
+  dtype = _IDX_DTYPES[code][0]
+  items = int(np.prod(dims, dtype=np.int64)) if dims else 1
+  want, have = items * dtype.itemsize, len(buf) - header
+  if have != want:
+    what = "truncated" if have < want else "trailing bytes"
+    raise ValueError(f"{path}: {what}: header says {items} items ({want} bytes, dims "
+                     f"{list(dims)}) but the payload has {have} bytes")
+  arr = np.frombuffer(buf, dtype=dtype, count=items, offset=header).reshape(dims)
+  return arr.astype(dtype.newbyteorder("="))  # a writable native-endian copy
+
+
+def read_idx(path: str, ndim: Optional[int] = None) -> np.ndarray:
+  """Reads an IDX file (gzip when named .gz or starting with the gzip magic, else raw).
+
+  The number of dimensions is checked against ``ndim`` or, when None, against the
+  ``idxN`` in the file name (``train-labels-idx1-ubyte`` -> 1) if there is one. Problems
+  raise ``ValueError`` naming the file; a missing file ``FileNotFoundError``.
+  """
+  path = os.fspath(path)
+  if ndim is None:
+    m = _IDX_NAME_NDIM.search(os.path.basename(path))
+    ndim = int(m.group(1)) if m else None
+  return parse_idx(_read_maybe_gzip(path), path, ndim)
+
+
+def _find_idx(data_dir: str, stem: str) -> str:
+  for name in (stem, stem + ".gz"):
+    path = os.path.join(data_dir, name)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(_idx_missing_hint(os.path.join(data_dir, stem + "[.gz]")))
+
+
+def idx_files_present(data_dir: Optional[str]) -> bool:
+  """Whether ``data_dir`` holds all four (Fashion-)MNIST IDX files (raw or .gz)."""
+  if not data_dir or not os.path.isdir(data_dir):
+    return False
+  try:
+    for stem in _IDX_STEMS:
+      _find_idx(data_dir, stem)
+  except FileNotFoundError:
+    return False
+  return True
+
+
+_IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def _idx_split(images_path: str, labels_path: str) -> Tuple[np.ndarray, np.ndarray]:
+  images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
+  if images.shape[1:] != (28, 28):
+    raise ValueError(f"{images_path}: images are {images.shape[1]}x{images.shape[2]}, "
+                     "expected 28x28")
+  if images.shape[0] != labels.shape[0]:
+    raise ValueError(f"{images_path} has {images.shape[0]} images but {labels_path} has "
+                     f"{labels.shape[0]} labels")
+  if labels.size and int(labels.max()) > 9:
+    raise ValueError(f"{labels_path}: label {int(labels.max())} outside 0..9")
+  x = (images.astype(np.float32) / np.float32(255.0))[..., None]
+  return x, labels.astype(np.int32)
+
+
+def load_idx_dataset(data_dir: str):
+  """(train_x, train_y, test_x, test_y) from the four (Fashion-)MNIST IDX files in data_dir."""
+  paths = [_find_idx(data_dir, stem) for stem in _IDX_STEMS]
+  train_x, train_y = _idx_split(paths[0], paths[1])
+  test_x, test_y = _idx_split(paths[2], paths[3])
+  return train_x, train_y, test_x, test_y
+
+
+def load_fashion_mnist(data_dir: str = DEFAULT_FASHION_MNIST_DIR):
+  """Fashion-MNIST from IDX files: float32 [n, 28, 28, 1] in [0, 1] and int32 labels."""
+  return load_idx_dataset(data_dir)
+
+
+def load_mnist_idx(data_dir: str):
+  """MNIST from IDX files (same names and format as Fashion-MNIST)."""
+  return load_idx_dataset(data_dir)
+
+
+# ------------------------------------------------------------------------------ tfds
+
+
+def _tfds_hint(name: str, data_dir: Optional[str]) -> str:
+  lines = [f"tensorflow-datasets has no prepared copy of {name!r} in "
+           f"{data_dir or 'its default data_dir (~/tensorflow_datasets)'} and may not "
+           "download it. To get the data:"]
+  if name == "fashion_mnist":
+    lines.append("  * `apt-get install dataset-fashion-mnist`, then "
+                 "--dataset=fashion_mnist --data_source=idx (IDX files, no TensorFlow needed);")
+  if name == "mnist":
+    lines.append("  * put the MNIST IDX files in a directory and pass "
+                 "--data_source=idx --data_dir=DIR;")
+  lines.append("  * pass --data_dir pointing at a prepared tensorflow-datasets directory;")
+  lines.append("  * or go online with --tfds_download (downloads and prepares it).")
+  return "\n".join(lines)
+
+
+def _to_images(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x)
+  if x.ndim == 3:  # grayscale without a channel axis
+    x = x[..., None]
+  if np.issubdtype(x.dtype, np.integer):
+    return x.astype(np.float32) / np.float32(255.0)
+  return x.astype(np.float32)
+
+
+def load_tfds(name: str, data_dir: Optional[str] = None, download: bool = False):
+  """(train_x, train_y, test_x, test_y, num_classes) of a tensorflow-datasets set.
+
+  Images are float32 NHWC in [0, 1], labels int32. A set that is neither prepared nor
+  downloadable raises ``RuntimeError`` saying how to get it.
+  """
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise RuntimeError("the tfds data source needs tensorflow-datasets "
+                       "(pip install tensorflow-datasets)\n" + _tfds_hint(name, data_dir)) from e
+  try:
+    train, test = tfds.load(name, split=["train", "test"], batch_size=-1, as_supervised=True,
+                            data_dir=data_dir, download=download)
+    (train_x, train_y), (test_x, test_y) = tfds.as_numpy(train), tfds.as_numpy(test)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise ValueError(f"unknown dataset {name!r}: neither one of {list(DATASETS)} nor a "
+                     "tensorflow-datasets name") from e
+  except ModuleNotFoundError as e:
+    if "tensorflow" not in str(e):
+      raise
+    raise RuntimeError(f"reading {name!r} with tensorflow-datasets needs TensorFlow "
+                       "(pip install tensorflow-cpu), which is not installed.\n"
+                       + _tfds_hint(name, data_dir)) from e
+  except Exception as e:  # not prepared (AssertionError), download failures, ...
+    raise RuntimeError(f"{type(e).__name__}: {e}\n" + _tfds_hint(name, data_dir)) from e
+  train_y, test_y = np.asarray(train_y).astype(np.int32), np.asarray(test_y).astype(np.int32)
+  num_classes = _KNOWN_NUM_CLASSES.get(
+      name, int(max(train_y.max(initial=0), test_y.max(initial=0))) + 1)
+  return _to_images(train_x), train_y, _to_images(test_x), test_y, num_classes
+
+
+# ------------------------------------------------------------------------ partitions
+
+
+def _check_clients(num_clients: int, fn: str) -> None:
+  if num_clients < 1:
+    raise ValueError(f"{fn}: num_clients must be >= 1, got {num_clients}")
+
+
+def partition_iid(labels: np.ndarray, num_clients: int, seed: int = 0) -> List[np.ndarray]:
+  """Equal class proportions per client (PAFed's IID split).
+
+  Each class's indices are shuffled; the classes are laid end to end and dealt
+  round-robin, so every client gets floor or ceil of n_c / N examples of each class c and
+  client sizes differ by at most one.
+  """
+  _check_clients(num_clients, "partition_iid")
+  labels = np.asarray(labels)
+  rng = np.random.default_rng(seed)
+  dealt = np.concatenate([rng.permutation(np.flatnonzero(labels == c))
+                          for c in np.unique(labels)] + [np.zeros(0, np.int64)])
+  return [dealt[k::num_clients].astype(np.int64) for k in range(num_clients)]
+
+
+def partition_shards(labels: np.ndarray, num_clients: int, shards_per_client: int = 2,
+                     seed: int = 0) -> List[np.ndarray]:
+  """McMahan et al.'s pathological non-IID split.
+
+  Examples sorted by label (ties in a seeded random order) are cut into
+  num_clients * shards_per_client equal shards (sizes differ by at most one); each client
+  gets shards_per_client random shards.
+  """
+  _check_clients(num_clients, "partition_shards")
+  labels = np.asarray(labels)
+  n, num_shards = len(labels), num_clients * shards_per_client
+  if shards_per_client < 1:
+    raise ValueError(f"partition_shards: shards_per_client must be >= 1, got "
+                     f"{shards_per_client}")
+  if num_shards > n:
+    raise ValueError(f"partition_shards: num_clients={num_clients} x shards_per_client="
+                     f"{shards_per_client} = {num_shards} shards but only {n} examples")
+  rng = np.random.default_rng(seed)
+  perm = rng.permutation(n)
+  order = perm[np.argsort(labels[perm], kind="stable")]
+  shards = np.array_split(order, num_shards)
+  owner = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+  return [np.concatenate([shards[s] for s in row]).astype(np.int64) for row in owner]
+
+
+def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
+                        min_size: int = 10, seed: int = 0,
+                        max_tries: int = 1000) -> List[np.ndarray]:
+  """Per class c, proportions p_c ~ Dir(alpha * 1_N) over the clients split c's examples.
+
+  The whole draw is repeated until every client has >= min_size examples (at most
+  ``max_tries`` draws, then ValueError).
+  """
+  _check_clients(num_clients, "partition_dirichlet")
+  if not alpha > 0:
+    raise ValueError(f"partition_dirichlet: alpha must be > 0, got {alpha}")
+  labels = np.asarray(labels)
+  if num_clients * min_size > len(labels):
+    raise ValueError(f"partition_dirichlet: num_clients={num_clients} x min_size={min_size} "
+                     f"exceeds the {len(labels)} examples")
+  rng = np.random.default_rng(seed)
+  classes = np.unique(labels)
+  for _ in range(max_tries):
+    parts = [[] for _ in range(num_clients)]
+    for c in classes:
+      idx = rng.permutation(np.flatnonzero(labels == c))
+      p = rng.dirichlet(np.full(num_clients, float(alpha)))
+      cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+      for k, piece in enumerate(np.split(idx, cuts)):
+        parts[k].append(piece)
+    parts = [np.concatenate(p).astype(np.int64) for p in parts]
+    if min(len(p) for p in parts) >= min_size:
+      return parts
+  raise ValueError(f"partition_dirichlet: no draw in {max_tries} tries gave every one of "
+                   f"num_clients={num_clients} clients min_size={min_size} examples with "
+                   f"alpha={alpha}; raise alpha, lower min_size or use fewer clients")
+
+
+# ---------------------------------------------------------------------- federate
+
+
+def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarray],
+             test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
+             name: str) -> FederatedData:
+  """Pads each client's examples (``train_x[parts[i]]``) with zeros to M = max part size."""
+  train_x, train_y = np.asarray(train_x), np.asarray(train_y)
+  counts = np.array([len(p) for p in parts], dtype=np.int32)
+  m = max(int(counts.max(initial=0)), 1)
+  x = np.zeros((len(parts), m) + train_x.shape[1:], np.float32)
+  y = np.zeros((len(parts), m), np.int32)
+  for i, p in enumerate(parts):
+    x[i, :len(p)] = train_x[p]
+    y[i, :len(p)] = train_y[p]
+  return FederatedData(x, y, counts, np.asarray(test_x, np.float32),
+                       np.asarray(test_y, np.int32), int(num_classes), name)
+
+
+def make_partition(labels: np.ndarray, kind: str, num_clients: int, *, alpha: float = 0.5,
+              shards_per_client: int = 2, min_size: int = 10,
+              seed: int = 0) -> List[np.ndarray]:
+  """Dispatches to partition_iid / partition_shards / partition_dirichlet by name."""
+  if kind == "iid":
+    return partition_iid(labels, num_clients, seed)
+  if kind == "shards":
+    return partition_shards(labels, num_clients, shards_per_client, seed)
+  if kind == "dirichlet":
+    return partition_dirichlet(labels, num_clients, alpha, min_size, seed)
+  raise ValueError(f"unknown partition {kind!r}; choose from {list(PARTITIONS)}")
+
+
+def _load_pool(dataset: str, data_dir: Optional[str], data_source: str, tfds_download: bool):
+  """(train_x, train_y, test_x, test_y, num_classes) of an image data set."""
+  if data_source not in DATA_SOURCES:
+    raise ValueError(f"unknown data_source {data_source!r}; choose from {list(DATA_SOURCES)}")
+  idx_dir = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion_mnist" else None)
+  if data_source == "idx":
+    if dataset not in ("fashion_mnist", "mnist"):
+      raise ValueError(f"data_source='idx' reads only fashion_mnist or mnist, not {dataset!r}")
+    if idx_dir is None:
+      raise ValueError("data_source='idx' for mnist needs --data_dir with the IDX files")
+    return load_idx_dataset(idx_dir) + (10,)
+  if data_source == "auto" and dataset in ("fashion_mnist", "mnist") and idx_files_present(
+      idx_dir):
+    return load_idx_dataset(idx_dir) + (10,)
+  return load_tfds(dataset, data_dir=data_dir, download=tfds_download)
+
+
+def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
+         alpha: float = 0.5, shards_per_client: int = 2, min_size: int = 10, seed: int = 0,
+         data_dir: Optional[str] = None, data_source: str = "auto",
+         synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
+         tfds_download: bool = False) -> FederatedData:
+  """The federated data set named ``dataset`` (see module docstring); seeded.
+
+  synthetic / synthetic_iid use their natural partition (``partition`` is ignored);
+  image sets are partitioned by ``partition`` in {iid, shards, dirichlet}.
+  data_source 'auto' reads IDX files for fashion_mnist (mnist) when all four are in
+  data_dir (default /usr/share/datasets/fashion-mnist for fashion_mnist), else tfds.
+  """
+  name = dataset.lower().replace("-", "_")
+  if name == "synthetic":
+    return synthetic(synthetic_alpha, synthetic_beta, num_clients, iid=False, seed=seed)
+  if name == "synthetic_iid":
+    return synthetic(num_clients=num_clients, iid=True, seed=seed)
+  if partition not in PARTITIONS:
+    raise ValueError(f"unknown partition {partition!r}; choose from {list(PARTITIONS)}")
+  if name not in DATASETS and not _is_tfds_name(name):
+    raise ValueError(f"unknown dataset {dataset!r}; choose from {list(DATASETS)} or any "
+                     "tensorflow-datasets name")
+  train_x, train_y, test_x, test_y, num_classes = _load_pool(name, data_dir, data_source,
+                                                             tfds_download)
+  parts = make_partition(train_y, partition, num_clients, alpha=alpha,
+                         shards_per_client=shards_per_client, min_size=min_size, seed=seed)
+  return federate(train_x, train_y, parts, test_x, test_y, num_classes, name)
+
+
+def _is_tfds_name(name: str) -> bool:
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return name.split("/")[0].split(":")[0] in tfds.list_builders(with_community_datasets=False)
+
+
+# ----------------------------------------------------------------------- histograms
+
+
+def label_histogram(data: FederatedData) -> np.ndarray:
+  """[N, num_classes] int64: each client's real (non-padding) examples per class."""
+  return np.stack([np.bincount(data.y[i, :data.counts[i]], minlength=data.num_classes)
+                   for i in range(data.num_clients)])
+
+
+def format_histogram(hist: np.ndarray) -> str:
+  """A fixed-width text table: one row per client (total, then per-class counts)."""
+  hist = np.asarray(hist)
+  width = max(5, len(str(int(hist.sum())))) + 1
+  head = "client".rjust(6) + "total".rjust(width) + "".join(
+      f"c{j}".rjust(width) for j in range(hist.shape[1]))
+  rows = [head, "-" * len(head)]
+  for i, row in enumerate(hist):
+    rows.append(f"{i:6d}" + f"{int(row.sum()):{width}d}"
+                + "".join(f"{int(v):{width}d}" for v in row))
+  rows.append("-" * len(head))
+  rows.append("   all" + f"{int(hist.sum()):{width}d}"
+              + "".join(f"{int(v):{width}d}" for v in hist.sum(axis=0)))
+  return "\n".join(rows)
+
+
+def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
+  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is untouched)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  hist = np.asarray(hist)
+  n, c = hist.shape
+  fig = Figure(figsize=(max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot(1, 1, 1)
+  im = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="viridis")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel("class")
+  ax.set_ylabel("client")
+  ax.set_title(title)
+  fig.colorbar(im, ax=ax, label="examples")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _define_flags():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string("dataset", "fashion_mnist", f"One of {DATASETS} or a tfds name.")
+  flags.DEFINE_string("partition", "shards", f"One of {PARTITIONS}.")
+  flags.DEFINE_integer("num_clients", 100, "Number of clients.")
+  flags.DEFINE_float("alpha", 0.5, "Dirichlet concentration.")
+  flags.DEFINE_integer("shards_per_client", 2, "Shards per client.")
+  flags.DEFINE_integer("min_size", 10, "Dirichlet: minimum examples per client.")
+  flags.DEFINE_integer("seed", 0, "Seed.")
+  flags.DEFINE_string("data_dir", None, "IDX directory or tensorflow-datasets data_dir.")
+  flags.DEFINE_string("data_source", "auto", f"One of {DATA_SOURCES}.")
+  flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): alpha.")
+  flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): beta.")
+  flags.DEFINE_bool("tfds_download", False, "Let tensorflow-datasets download the data.")
+  flags.DEFINE_string("png", None, "Write the histogram heat map to this PNG file.")
+  return flags.FLAGS
+
+
+def main():
+  from absl import app  # pylint: disable=g-import-not-at-top
+  fl = _define_flags()
+
+  def _run(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    data = load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
+                alpha=fl.alpha, shards_per_client=fl.shards_per_client,
+                min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
+                data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
+                synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
+    hist = label_histogram(data)
+    print(f"{data.name}: {data.num_clients} clients, {int(data.counts.sum())} train "
+          f"examples (max {data.max_examples} per client), {len(data.test_y)} test, "
+          f"features {data.feature_shape}, {data.num_classes} classes")
+    print(format_histogram(hist))
+    if fl.png:
+      title = f"{data.name} {fl.partition} ({data.num_clients} clients)"
+      save_histogram_png(hist, fl.png, title)
+      print(f"wrote {fl.png}")
+
+  app.run(_run)
+
+
+if __name__ == "__main__":
+  main()

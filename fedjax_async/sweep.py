@@ -1,0 +1,471 @@
+"""Several runs of one configuration as ONE vmapped computation.
+
+Runs that share everything static (algorithm, model, data, local epochs, batch size, ring
+size, rounds) but differ in their seed and/or scalar hyperparameters (lr, rho, alphas, mu,
+momentum, server lr) or delay fraction are stacked along a leading *run* axis:
+
+* states: ``engine.init_state`` per run (its own initial model from its seed), stacked;
+* timelines: ``timeline.build`` per run (its own seed and delay fraction), each padded to
+  the largest K of all runs with ``valid=False`` slots (``pad_slots``), stacked;
+* hyperparameters: a dict of ``[S]`` arrays.
+
+``make_sweep_runner`` is ``jit(vmap(engine.run_chunk, in_axes=(0, 0, None, 0, None)))``
+over (state, slots, eval mask, hp, data): the data set and the evaluation schedule are
+shared. With several devices the run axis is sharded over a 1-D mesh ``('runs',)``
+(``NamedSharding(mesh, P('runs'))``); the number of runs is padded to a multiple of the
+device count with copies of the first run, whose results are dropped.
+
+The data partition comes from the base ``--seed`` (the data set is shared by all runs of
+one computation); a sweep's seeds vary the model initialisation, the round timeline (who is
+sampled and delayed) and the clients' shuffles.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedjax_async import algorithms
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import experiment
+from fedjax_async import timeline as timeline_lib
+
+# --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
+SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "server_lr",
+             "delay_fraction")
+
+
+# ---------------------------------------------------------------------------- grid
+
+
+def parse_values(flag: str, text: str) -> List[float]:
+  """``"0.05,0.1"`` -> [0.05, 0.1]; ValueError naming ``--<flag>``."""
+  if not text:
+    return []
+  try:
+    values = [float(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise ValueError(f"--{flag}: expected comma-separated numbers, got {text!r}") from None
+  if not values:
+    raise ValueError(f"--{flag}: expected comma-separated numbers, got {text!r}")
+  return values
+
+
+def with_value(cfg: experiment.RunConfig, name: str, value: float) -> experiment.RunConfig:
+  """``cfg`` with one sweepable field set (the delay fraction lives in ``cfg.delay``)."""
+  if name == "delay_fraction":
+    return dataclasses.replace(cfg, delay=dataclasses.replace(cfg.delay, fraction=value))
+  return dataclasses.replace(cfg, **{name: value})
+
+
+def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
+         num_seeds: int = 1) -> List[experiment.RunConfig]:
+  """The cartesian product of the swept values and seeds ``base.seed + 0..num_seeds-1``
+  (seeds vary fastest). Each config is validated (errors name the flag)."""
+  for name in sweeps:
+    if name not in SWEEPABLE:
+      raise ValueError(f"--sweep_{name}: not sweepable; choices: {', '.join(SWEEPABLE)}")
+  if num_seeds < 1:
+    raise ValueError(f"--num_seeds: must be >= 1, got {num_seeds}")
+  names = list(sweeps)
+  out = []
+  for values in itertools.product(*(sweeps[n] for n in names)):
+    for s in range(num_seeds):
+      cfg = dataclasses.replace(base, seed=base.seed + s)
+      for n, v in zip(names, values):
+        cfg = with_value(cfg, n, v)
+      try:
+        experiment.validate(cfg)
+        timeline_lib.DelayConfig(**dataclasses.asdict(cfg.delay))
+      except ValueError as e:
+        raise ValueError(f"{e} (swept value)") from None
+      out.append(cfg)
+  return out
+
+
+def setting_of(cfg: experiment.RunConfig, names: Sequence[str]) -> Dict[str, float]:
+  """The swept values of ``cfg`` (its hyperparameter setting, without the seed)."""
+  return {n: (cfg.delay.fraction if n == "delay_fraction" else getattr(cfg, n))
+          for n in names}
+
+
+def run_name(cfg: experiment.RunConfig, names: Sequence[str]) -> str:
+  parts = [f"{n}={v:g}" for n, v in setting_of(cfg, names).items()]
+  return "_".join(parts + [f"seed={cfg.seed}"])
+
+
+# ---------------------------------------------------------------------------- stacking
+
+
+def pad_slots(slots: dict, k: int, num_clients: int, start: int = 0) -> dict:
+  """Timeline slots ``[T, K0]`` padded to ``[T, k]`` with ``valid=False`` slots (client id
+  ``num_clients``, dispatched in their own round, as ``timeline.build`` pads)."""
+  t, k0 = slots["client"].shape
+  if k0 > k:
+    raise ValueError(f"cannot pad {k0} slots down to {k}")
+  extra = k - k0
+  rounds = np.arange(start, start + t, dtype=np.int32)[:, None]
+  return {
+      "client": np.concatenate([slots["client"],
+                                np.full((t, extra), num_clients, np.int32)], 1),
+      "dispatch": np.concatenate([slots["dispatch"],
+                                  np.broadcast_to(rounds, (t, extra)).astype(np.int32)], 1),
+      "online": np.concatenate([slots["online"], np.zeros((t, extra), bool)], 1),
+      "valid": np.concatenate([slots["valid"], np.zeros((t, extra), bool)], 1),
+      "dropped": np.asarray(slots["dropped"]),
+  }
+
+
+def stack_timelines(timelines: Sequence[timeline_lib.Timeline], num_clients: int) -> dict:
+  """Every run's full slots padded to the largest K and stacked: ``[S, T, K]``."""
+  k = max(tl.client.shape[1] for tl in timelines)
+  padded = [pad_slots(tl.slice(0, tl.num_rounds), k, num_clients) for tl in timelines]
+  return {key: np.stack([p[key] for p in padded]) for key in padded[0]}
+
+
+def stack_trees(trees: Sequence):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def stack_hparams(cfgs: Sequence[experiment.RunConfig]) -> Dict[str, jax.Array]:
+  hps = [c.hparams() for c in cfgs]
+  return {k: jnp.asarray([h[k] for h in hps], jnp.float32) for k in hps[0]}
+
+
+def unstack(tree, i: int):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def run_mesh(devices=None) -> Optional[Mesh]:
+  """A 1-D mesh ``('runs',)`` over all devices, or None with a single device."""
+  devices = jax.devices() if devices is None else devices
+  if len(devices) < 2:
+    return None
+  return Mesh(np.asarray(devices), ("runs",))
+
+
+def padded_count(num_runs: int, mesh: Optional[Mesh]) -> int:
+  """Runs rounded up to a multiple of the mesh size (padding runs copy run 0)."""
+  if mesh is None:
+    return num_runs
+  n = mesh.devices.size
+  return -(-num_runs // n) * n
+
+
+def pad_runs(tree, total: int):
+  """Pads the leading run axis to ``total`` with copies of run 0."""
+
+  def pad(x):
+    x = jnp.asarray(x)
+    extra = total - x.shape[0]
+    if extra <= 0:
+      return x
+    return jnp.concatenate([x, jnp.broadcast_to(x[:1], (extra,) + x.shape[1:])])
+
+  return jax.tree.map(pad, tree)
+
+
+def shard_runs(tree, mesh: Optional[Mesh]):
+  """device_put with the run axis split over the mesh (a no-op without a mesh)."""
+  if mesh is None:
+    return tree
+  sharding = NamedSharding(mesh, P("runs"))
+  return jax.device_put(tree, sharding)
+
+
+def replicate(tree, mesh: Optional[Mesh]):
+  if mesh is None:
+    return tree
+  return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def make_sweep_runner(apply_flat: Callable, algorithm, cfg: engine.EngineConfig):
+  """``jit(vmap(run_chunk))`` over (state, slots, eval mask, hp, data) with in_axes
+  (0, 0, None, 0, None); the stacked state is donated."""
+  fn = functools.partial(engine.run_chunk, apply_flat=apply_flat, algorithm=algorithm,
+                         cfg=cfg)
+  return jax.jit(jax.vmap(fn, in_axes=(0, 0, None, 0, None)), donate_argnums=(0,))
+
+
+@dataclasses.dataclass
+class SweepResult:
+  states: engine.SimState  # stacked [S, ...] (host arrays), padding runs dropped
+  rows: List[List[dict]]  # per run: one dict per round
+  diverged_round: List[Optional[int]]  # per run: first non-finite round, or None
+  wall_time_s: float
+
+
+def _first_bad_round(rows: List[dict]) -> Optional[int]:
+  for r in rows:
+    loss = r["test_loss"]
+    if r["nonfinite"] or (loss is not None and not np.isfinite(loss)):
+      return r["round"]
+  return None
+
+
+def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
+                   data: engine.DeviceData, *, num_rounds: int, eval_every: int = 1,
+                   rounds_per_call: int = 10, mesh: Optional[Mesh] = None,
+                   on_chunk: Optional[Callable[[int, float], None]] = None) -> SweepResult:
+  """Runs S stacked runs for ``num_rounds`` rounds in chunks of ``rounds_per_call``.
+
+  ``slots``: numpy ``[S, T, K]`` (``stack_timelines``). A run that turns non-finite is not
+  stopped (the others continue; vmap keeps them independent): its ``diverged_round`` is
+  set and its later accuracies are reported as None. ``on_chunk(rounds_done, seconds)``.
+  """
+  num_runs = jax.tree.leaves(states)[0].shape[0]
+  total = padded_count(num_runs, mesh)
+  states = shard_runs(pad_runs(states, total), mesh)
+  hp = shard_runs(pad_runs({k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}, total),
+                  mesh)
+  data = replicate(data, mesh)
+  schedule = engine.eval_schedule(num_rounds, eval_every)
+  per_run: List[List[dict]] = [[] for _ in range(num_runs)]
+  t0 = time.perf_counter()
+  for start in range(0, num_rounds, rounds_per_call):
+    end = min(start + rounds_per_call, num_rounds)
+    chunk = {k: v[:, start:end] for k, v in slots.items()}
+    chunk = shard_runs(pad_runs(chunk, total), mesh)
+    c0 = time.perf_counter()
+    states, metrics = runner(states, chunk, jnp.asarray(schedule[start:end]), hp, data)
+    host = jax.device_get(metrics)
+    elapsed = time.perf_counter() - c0
+    for i in range(num_runs):
+      rows = engine.metrics_to_rows(unstack(host, i))
+      for r in rows:
+        r["wall_time"] = elapsed / (len(rows) * num_runs)
+      per_run[i].extend(rows)
+    if on_chunk is not None:
+      on_chunk(end, time.perf_counter() - t0)
+  wall = time.perf_counter() - t0
+  diverged = [_first_bad_round(rows) for rows in per_run]
+  for rows, bad in zip(per_run, diverged):
+    if bad is not None:
+      for r in rows:
+        if r["round"] >= bad:
+          r["test_accuracy"] = None
+  host_states = jax.device_get(jax.tree.map(lambda x: x[:num_runs], states))
+  return SweepResult(host_states, per_run, diverged, wall)
+
+
+@dataclasses.dataclass
+class Prepared:
+  """Everything a sweep computation needs (built on the host)."""
+
+  runner: Callable
+  states: engine.SimState
+  slots: dict
+  hp: Dict[str, jax.Array]
+  data: engine.DeviceData
+  timelines: List[timeline_lib.Timeline]
+  model_name: str
+  num_params: int
+
+
+def check_same_static(cfgs: Sequence[experiment.RunConfig], names: Sequence[str]):
+  """All runs of one computation must agree outside the swept fields and the seed."""
+  def static(c):
+    d = experiment.config_dict(c)
+    for n in list(names) + ["seed", "output_dir"]:
+      d.pop(n, None)
+    d["delay"] = {k: v for k, v in d["delay"].items() if k != "fraction"}
+    return d
+  first = static(cfgs[0])
+  for c in cfgs[1:]:
+    if static(c) != first:
+      raise ValueError("runs of one sweep differ in a non-swept (static) setting")
+
+
+def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
+            fed_data) -> Prepared:
+  """Per-run initial states (model init from each run's seed) and timelines, stacked."""
+  base = cfgs[0]
+  algorithm = algorithms.get(algorithm_name)
+  ecfg = engine.EngineConfig(
+      client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
+                             base.random_local_epochs), base.delay.ring_size)
+  states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
+  for c in cfgs:
+    model_name, w0, fn = experiment.build_model(c, fed_data)
+    apply_flat = apply_flat or fn
+    num_params = int(np.size(w0))
+    states.append(engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
+                                    c.seed))
+    timelines.append(timeline_lib.build(fed_data.num_clients, c.rounds, c.participation,
+                                        c.delay, c.seed))
+  return Prepared(make_sweep_runner(apply_flat, algorithm, ecfg), stack_trees(states),
+                  stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs),
+                  engine.DeviceData.from_federated(fed_data), timelines, model_name,
+                  num_params)
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def write_run(out_dir: str, rows: List[dict], summary: dict):
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+    for r in rows:
+      f.write(experiment.json_row(r) + "\n")
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+
+
+def aggregate(summaries: List[dict], names: Sequence[str]) -> List[dict]:
+  """Mean and std over seeds of average best / final accuracy per (algorithm, setting)."""
+  groups: Dict[tuple, List[dict]] = {}
+  for s in summaries:
+    key = (s["algorithm"],) + tuple(s["setting"][n] for n in names)
+    groups.setdefault(key, []).append(s)
+  out = []
+  for key, group in groups.items():
+    abest = np.array([g["average_best_accuracy"] for g in group], float)
+    final = np.array([g["final_accuracy"] for g in group], float)
+    row = {"algorithm": key[0]}
+    row.update(dict(zip(names, key[1:])))
+    row.update({
+        "num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
+        "average_best_accuracy_mean": float(np.mean(abest)),
+        "average_best_accuracy_std": float(np.std(abest)),
+        "final_accuracy_mean": float(np.mean(final)),
+        "final_accuracy_std": float(np.std(final)),
+        "diverged": sum(g["diverged_round"] is not None for g in group),
+    })
+    out.append(row)
+  return out
+
+
+def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str:
+  """aggregate.csv and aggregate.md (Markdown returned)."""
+  cols = (["algorithm"] + list(names) +
+          ["num_seeds", "average_best_accuracy_mean", "average_best_accuracy_std",
+           "final_accuracy_mean", "final_accuracy_std", "diverged"])
+  with open(os.path.join(out_dir, "aggregate.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(cols)
+    for r in rows:
+      w.writerow([r[c] for c in cols])
+  lines = ["| algorithm | " + " | ".join(names) + (" | seeds | average best accuracy | "
+                                                     "final accuracy | diverged |"),
+           "|---" * (len(names) + 5) + "|"]
+  for r in rows:
+    vals = " | ".join(f"{r[n]:g}" for n in names)
+    lines.append(f"| {r['algorithm']} | {vals}{' | ' if names else ''}{r['num_seeds']} | "
+                 f"{r['average_best_accuracy_mean']:.4f} ± {r['average_best_accuracy_std']:.4f}"
+                 f" | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
+                 f"{r['diverged']} |")
+  md = "\n".join(lines)
+  with open(os.path.join(out_dir, "aggregate.md"), "w") as f:
+    f.write(md + "\n")
+  return md
+
+
+def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
+              names: Sequence[str], out_dir: Optional[str] = None,
+              max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
+              quiet: bool = False) -> List[dict]:
+  """Runs ``cfgs`` of one algorithm as vmapped computations (at most
+  ``max_runs_per_computation`` runs each; 0 = all in one) and writes per-run outputs under
+  ``<out_dir>/runs/<algorithm>/<setting>_seed=<s>/``. Returns the run summaries."""
+  check_same_static(cfgs, names)
+  size = max_runs_per_computation or len(cfgs)
+  summaries = []
+  for g in range(0, len(cfgs), size):
+    group = list(cfgs[g:g + size])
+    prep = prepare(group, algorithm_name, fed_data)
+
+    def report(done, seconds, n=len(group)):
+      if not quiet:
+        rate = done / max(seconds, 1e-9)
+        print(f"[{algorithm_name} x{n}] round {done}/{group[0].rounds} "
+              f"{rate:.2f} rounds/s ({rate * n:.2f} run-rounds/s) ETA "
+              f"{(group[0].rounds - done) / max(rate, 1e-9):.0f}s", flush=True)
+
+    res = simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                         num_rounds=group[0].rounds, eval_every=group[0].eval_every,
+                         rounds_per_call=group[0].rounds_per_call, mesh=mesh,
+                         on_chunk=report)
+    for i, c in enumerate(group):
+      s = experiment.summarize(res.rows[i], prep.timelines[i], name=algorithm_name,
+                               dataset=fed_data.name, model=prep.model_name,
+                               num_params=prep.num_params, rounds=c.rounds,
+                               wall=res.wall_time_s / len(group),
+                               config=experiment.run_config_for(c, algorithm_name))
+      s["setting"] = setting_of(c, names)
+      s["diverged_round"] = res.diverged_round[i]
+      s["runs_in_computation"] = len(group)
+      s["computation_wall_time_s"] = res.wall_time_s
+      if out_dir is not None:
+        write_run(os.path.join(out_dir, "runs", algorithm_name, run_name(c, names)),
+                  res.rows[i], s)
+      summaries.append(s)
+  return summaries
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def define_sweep_flags():
+  """--num_seeds, --max_runs_per_computation and --sweep_<name> for each sweepable name."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_integer("num_seeds", 1, "Seeds --seed .. --seed+num_seeds-1 per setting.")
+  flags.DEFINE_integer("max_runs_per_computation", 0,
+                       "Split the runs of an algorithm into vmapped computations of at most "
+                       "this many runs (memory); 0 = all runs in one.")
+  for name in SWEEPABLE:
+    flags.DEFINE_string(f"sweep_{name}", "", f"Comma-separated values of --{name} "
+                        "(cartesian product with the other sweeps and the seeds).")
+
+
+def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
+  out = {}
+  for name in SWEEPABLE:
+    values = parse_values(f"sweep_{name}", getattr(FLAGS, f"sweep_{name}"))
+    if values:
+      out[name] = values
+  if FLAGS.max_runs_per_computation < 0:
+    raise ValueError("--max_runs_per_computation: must be >= 0, got "
+                     f"{FLAGS.max_runs_per_computation}")
+  return out
+
+
+def main_from_flags(FLAGS):
+  """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
+  try:
+    base = experiment.config_from_flags(FLAGS)
+    sweeps = sweeps_from_flags(FLAGS)
+    names = list(sweeps)
+    cfgs = grid(base, sweeps, FLAGS.num_seeds)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+  fed_data = experiment.load_data(base)
+  mesh = run_mesh()
+  print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
+        f"{FLAGS.num_seeds} seeds) on {len(jax.devices())} device(s)", flush=True)
+  os.makedirs(base.output_dir, exist_ok=True)
+  summaries = []
+  for alg in base.algorithm.split(","):
+    summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
+                           FLAGS.max_runs_per_computation, mesh)
+  agg = aggregate(summaries, names)
+  with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
+    json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
+  print(write_aggregate(agg, names, base.output_dir))

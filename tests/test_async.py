@@ -1,0 +1,405 @@
+"""Tests of the asynchronous family: virtual clock, batched engine vs an event loop,
+staleness functions, pruning masks, client DP noise, double compensation."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_async import async_engine
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import virtual_clock as vc
+from fedjax_async.algorithms import double_compensation
+from fedjax_async.algorithms import dp_fedasync
+from fedjax_async.algorithms import fedasync
+from fedjax_async.algorithms import fedbuff
+from fedjax_async.algorithms import fedprox
+from fedjax_async.algorithms import privaasyncfed
+
+D_IN, NUM_CLASSES, N_CLIENTS, M = 5, 3, 6, 12
+
+
+def logreg_apply(w, x, train=False, rng=None):
+  del train, rng
+  k = w[:D_IN * NUM_CLASSES].reshape(D_IN, NUM_CLASSES)
+  return x @ k + w[D_IN * NUM_CLASSES:]
+
+
+def tiny_data(seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(N_CLIENTS, M, D_IN)).astype(np.float32)
+  y = rng.integers(0, NUM_CLASSES, size=(N_CLIENTS, M)).astype(np.int32)
+  counts = np.array([12, 7, 10, 12, 5, 9], np.int32)
+  tx = rng.normal(size=(20, D_IN)).astype(np.float32)
+  ty = rng.integers(0, NUM_CLASSES, size=20).astype(np.int32)
+  return engine.DeviceData(*map(jnp.asarray, (x, y, counts, tx, ty)))
+
+
+W0 = jnp.asarray(np.random.default_rng(1).normal(size=D_IN * NUM_CLASSES + NUM_CLASSES) * .1,
+                 jnp.float32)
+LOCAL = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M)
+
+
+# ------------------------------------------------------------------ staleness functions
+
+
+def test_staleness_functions_match_formulas():
+  s = jnp.array([0, 1, 3, 4, 5, 9])
+  np.testing.assert_allclose(fedasync.constant_staleness(s), np.ones(6))
+  np.testing.assert_allclose(fedasync.polynomial_staleness(s, 0.5),
+                             [1.0, 2 ** -.5, 4 ** -.5, 5 ** -.5, 6 ** -.5, 10 ** -.5], rtol=1e-6)
+  # hinge with a = 10, b = 4: 1 up to 4, then 1 / (10 (s - 4) + 1)
+  np.testing.assert_allclose(fedasync.hinge_staleness(s, 10.0, 4.0),
+                             [1, 1, 1, 1, 1 / 11, 1 / 51], rtol=1e-6)
+  hp = {"staleness_fn": 1.0, "poly_a": 2.0}
+  np.testing.assert_allclose(fedasync.staleness_weight(jnp.array(3), hp), 1 / 16, rtol=1e-6)
+  np.testing.assert_allclose(fedbuff.sqrt_staleness(jnp.array([0, 3, 8])), [1, .5, 1 / 3],
+                             rtol=1e-6)
+
+
+# ------------------------------------------------------------------------ virtual clock
+
+
+def test_completion_time_formula():
+  counts = np.array([10, 20, 30])
+  cfg = vc.ClockConfig(concurrency=1, num_updates=5, epochs=3,
+                       compute=vc.Distribution("constant", 0.5),
+                       comm=vc.Distribution("constant", 2.0))
+  clients = vc.draw_clients(cfg, counts, np.random.default_rng(0))
+  np.testing.assert_allclose(clients.duration, 3 * counts * 0.5 + 2.0)
+  # device classes scale compute and communication by the class slow-down
+  cfg2 = vc.ClockConfig(concurrency=1, num_updates=5, epochs=1,
+                        compute=vc.Distribution("constant", 1.0),
+                        comm=vc.Distribution("constant", 1.0),
+                        device_classes=vc.PRIVAASYNCFED_CLASSES)
+  c2 = vc.draw_clients(cfg2, np.full(10, 4), np.random.default_rng(0))
+  np.testing.assert_array_equal(np.bincount(c2.device_class), [3, 3, 2, 2])
+  slow = np.array([1.0, 2.0, 4.0, 8.0])[c2.device_class]
+  np.testing.assert_allclose(c2.duration, 4 * slow + slow)
+  np.testing.assert_array_equal(c2.scale_index, c2.device_class)
+
+
+def test_sequential_clock_has_no_staleness_and_adds_durations():
+  counts = np.array([3, 5])
+  cfg = vc.ClockConfig(concurrency=1, num_updates=6, compute=vc.Distribution("constant", 1.))
+  s = vc.simulate(cfg, counts, seed=3)
+  assert np.all(s.staleness == 0)
+  np.testing.assert_allclose(s.time, np.cumsum(counts[s.client]))
+  np.testing.assert_array_equal(s.arrival_version, np.arange(6))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_clock_invariants_and_histogram(k):
+  counts = np.array([12, 7, 10, 12, 5, 9])
+  cfg = vc.ClockConfig(concurrency=4, num_updates=30, buffer_k=k,
+                       compute=vc.Distribution("lognormal", 0.1, 0.8),
+                       comm=vc.Distribution("exponential", 0.5))
+  s = vc.simulate(cfg, counts, seed=0)
+  assert s.staleness_histogram().sum() == s.kept().sum() == 30 * k
+  assert s.applies.sum() == 30
+  assert np.all(np.diff(s.time) >= 0) and np.all(s.staleness >= 0)
+  assert s.staleness.max() > 0
+  assert s.in_flight_at_end == 4
+  np.testing.assert_allclose(s.updates_per_second(), 30 / s.time[s.applies][-1])
+  # a client is never in flight twice: its dispatches and arrivals alternate
+  for c in range(len(counts)):
+    idx = np.flatnonzero(s.client == c)
+    assert len(set(s.dispatch_index[idx])) == len(idx)
+  # every group member was dispatched no later than the group's first arrival version
+  g = vc.group(s, 4)
+  for row in g:
+    m = row[row >= 0]
+    assert np.all(s.dispatch_version[m] <= s.arrival_version[m[0]])
+  assert sorted(g[g >= 0].tolist()) == list(range(len(s.client)))
+
+
+def test_ring_buffer_drops_are_counted():
+  cfg = vc.ClockConfig(concurrency=5, num_updates=40, ring_size=2,
+                       compute=vc.Distribution("exponential", 1.0))
+  s = vc.simulate(cfg, np.full(6, 10), seed=1)
+  assert s.dropped.sum() > 0
+  assert np.all(s.staleness[s.dropped] > 1) and np.all(s.staleness[s.kept()] <= 1)
+  assert s.staleness_histogram().sum() == 40
+
+
+# ------------------------------------------------------ batched engine == event loop
+
+
+def reference_loop(schedule, data, hp, server_rule, ring_size, seed=0):
+  """Plain event-by-event loop: each kept arrival trains with ``client.train`` (FedProx
+  penalty = FedAsync's mu/2 ||w - w_tau||^2) from the model of its dispatch version and is
+  applied to the current model by ``server_rule`` written in this test."""
+  hp = {k: jnp.float32(v) for k, v in hp.items()}
+  train = jax.jit(functools.partial(client_lib.train, logreg_apply, fedprox.ALGORITHM,
+                                    hp=hp, cfg=LOCAL))
+  base = jax.random.key_data(jax.random.PRNGKey(seed))
+  versions = [np.asarray(W0)]
+  w = np.asarray(W0)
+  state = None
+  for e in range(len(schedule.client)):
+    if schedule.dropped[e]:
+      continue
+    c, dv = int(schedule.client[e]), int(schedule.dispatch_version[e])
+    assert len(versions) - 1 == schedule.arrival_version[e]
+    assert len(versions) - 1 - dv <= ring_size - 1
+    key = engine.client_key(base, int(schedule.dispatch_index[e]), c)
+    res = train(jnp.asarray(versions[dv]), {}, data.x[c], data.y[c], data.counts[c], key)
+    w, state, new_version = server_rule(w, state, np.asarray(res.w_end), versions[dv],
+                                        int(schedule.staleness[e]))
+    if new_version:
+      versions.append(w)
+  return w, len(versions) - 1
+
+
+def run_batched(algorithm, schedule, data, hp, group_size):
+  cfg = async_engine.AsyncConfig(LOCAL, schedule.ring_size, group_size)
+  groups = async_engine.group_arrays(schedule, group_size)
+  state = async_engine.init_state(algorithm, W0, cfg.ring_size, seed=0)
+  runner = async_engine.make_runner(logreg_apply, algorithm, cfg)
+  state, rows = async_engine.simulate(runner, state, schedule, groups, hp, data,
+                                      async_engine.full_masks(W0), np.zeros(N_CLIENTS),
+                                      eval_every=5, groups_per_call=7)
+  return np.asarray(state.w), rows, groups
+
+
+FEDASYNC_HP = {"lr": 0.1, "momentum": 0.5, "mu": 0.05, "mix_alpha": 0.6, "staleness_fn": 2.,
+               "hinge_a": 1.0, "hinge_b": 1.0}
+
+
+@pytest.mark.parametrize("ring_size", [0, 3])
+def test_fedasync_batched_equals_event_loop(ring_size):
+  data = tiny_data()
+  cfg = vc.ClockConfig(concurrency=4, num_updates=25, epochs=LOCAL.max_epochs,
+                       compute=vc.Distribution("uniform", 0.5, 2.0), ring_size=ring_size)
+  s = vc.simulate(cfg, np.asarray(data.counts), seed=2)
+  assert s.staleness.max() >= 2
+  assert (s.dropped.sum() > 0) == (ring_size == 3)
+  w_batched, rows, groups = run_batched(fedasync.ALGORITHM, s, data, FEDASYNC_HP, 4)
+  assert groups["valid"].shape[0] < s.kept().sum()  # batching actually happened
+  assert len(rows) == s.kept().sum()
+
+  def rule(w, state, w_new, w_tau, staleness):
+    st = staleness
+    a = 0.6 * (1.0 if st <= 1 else 1.0 / (1.0 * (st - 1) + 1.0))
+    return (1 - a) * w + a * w_new, state, True
+
+  w_ref, nv = reference_loop(s, data, FEDASYNC_HP, rule, s.ring_size)
+  assert nv == 25
+  np.testing.assert_allclose(w_batched, w_ref, rtol=2e-5, atol=2e-6)
+  assert not np.allclose(w_ref, W0)
+
+
+def test_fedbuff_batched_equals_event_loop():
+  data = tiny_data(1)
+  hp = {"lr": 0.1, "momentum": 0.0, "mu": 0.0, "server_lr": 0.8, "server_momentum": 0.5}
+  cfg = vc.ClockConfig(concurrency=3, num_updates=8, buffer_k=3, epochs=LOCAL.max_epochs,
+                       compute=vc.Distribution("exponential", 1.0))
+  s = vc.simulate(cfg, np.asarray(data.counts), seed=5)
+  assert s.staleness.max() >= 1
+  w_batched, _, groups = run_batched(fedbuff.ALGORITHM, s, data, hp, 5)
+  assert groups["valid"].sum(axis=1).max() > 1
+
+  def rule(w, state, w_new, w_tau, staleness):
+    buf, cnt, mom = state if state is not None else (np.zeros_like(w), 0, np.zeros_like(w))
+    buf = buf + (w_new - w_tau) / np.sqrt(1.0 + staleness)
+    cnt += 1
+    if cnt == 3:
+      mom = 0.5 * mom + buf / 3
+      return w + 0.8 * mom, (np.zeros_like(w), 0, mom), True
+    return w, (buf, cnt, mom), False
+
+  w_ref, nv = reference_loop(s, data, hp, rule, s.ring_size)
+  assert nv == 8
+  np.testing.assert_allclose(w_batched, w_ref, rtol=2e-5, atol=2e-6)
+
+
+def test_train_local_plain_matches_client_train():
+  data = tiny_data()
+  hp = {k: jnp.float32(v) for k, v in FEDASYNC_HP.items()}
+  cfg = async_engine.AsyncConfig(LOCAL, 2, 1)
+  key = jax.random.PRNGKey(7)
+  a = async_engine.train_local(logreg_apply, fedasync.ALGORITHM, W0, jnp.ones_like(W0),
+                               data.x[1], data.y[1], data.counts[1], key, hp, cfg)
+  b = client_lib.train(logreg_apply, fedprox.ALGORITHM, W0, {}, data.x[1], data.y[1],
+                       data.counts[1], key, hp, LOCAL)
+  np.testing.assert_allclose(a.w_end, b.w_end, rtol=1e-6, atol=1e-7)
+  assert int(a.num_steps) == int(b.num_steps) == 2 * 2  # E * ceil(7 / 4)
+
+
+# ------------------------------------------------------------------ double compensation
+
+
+def test_double_compensation_server_step_formula():
+  w_prev = np.array([1.0, -2.0, 0.5])
+  w_tau = np.array([0.5, -1.0, 0.0])
+  w_star = np.array([0.0, 1.0, 0.25])
+  rho, lam, lam_t, eta = 2.0, 0.5, 0.8, 0.1
+  d = w_tau - w_star  # [0.5, -2, -0.25]
+  g = rho * d - lam_t * lam * rho ** 2 * d * d * (w_prev - w_tau)
+  # by hand: rho d = [1, -4, -0.5]; 1.6 d^2 (w_prev - w_tau) = [0.2, -6.4, 0.05]
+  np.testing.assert_allclose(g, [0.8, 2.4, -0.55])
+  arr = async_engine.Arrival(True, 3, True, jnp.asarray(w_tau), jnp.ones(3), 1.0, 1.0)
+  hp = {"rho": rho, "dc_lambda": lam, "dc_lambda_t": lam_t, "server_lr": eta}
+  w_new, _ = double_compensation.server_step(jnp.asarray(w_prev), (), jnp.asarray(w_star),
+                                             arr, hp)
+  np.testing.assert_allclose(w_new, w_prev - eta * np.array([0.8, 2.4, -0.55]), rtol=1e-6)
+
+
+def test_loss_threshold_stops_local_training():
+  data = tiny_data()
+  cfg = async_engine.AsyncConfig(LOCAL, 2, 1)
+  base_hp = {"lr": 0.1, "momentum": 0.0, "rho": 1.0}
+  run = lambda v: async_engine.train_local(
+      logreg_apply, double_compensation.ALGORITHM, W0, jnp.ones_like(W0), data.x[0],
+      data.y[0], data.counts[0], jax.random.PRNGKey(0),
+      {k: jnp.float32(x) for k, x in dict(base_hp, loss_threshold=v).items()}, cfg)
+  never, at_once, mid = run(-1.0), run(100.0), run(1.07)
+  assert int(never.num_steps) == LOCAL.max_steps == 6
+  assert int(at_once.num_steps) == 0
+  np.testing.assert_array_equal(at_once.w_end, W0)
+  assert 0 < int(mid.num_steps) < 6, int(mid.num_steps)
+
+
+# ----------------------------------------------------------------------------- pruning
+
+
+def mlp_params(key, hidden=(8, 6)):
+  sizes = (D_IN,) + hidden + (NUM_CLASSES,)
+  keys = jax.random.split(key, len(sizes) - 1)
+  return {f"Dense_{i}": {"kernel": jax.random.normal(k, (a, b)) * 0.5, "bias": jnp.zeros(b)}
+          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:]))}
+
+
+def mlp_apply_fn(unravel):
+  def apply(w, x, train=False, rng=None):
+    p = unravel(w)
+    h = x
+    for i in range(3):
+      h = h @ p[f"Dense_{i}"]["kernel"] + p[f"Dense_{i}"]["bias"]
+      if i < 2:
+        h = jax.nn.relu(h)
+    return h
+  return apply
+
+
+def test_scale_masks_keep_the_leading_units():
+  params = mlp_params(jax.random.PRNGKey(0))
+  masks = privaasyncfed.scale_masks(params)
+  tree = privaasyncfed.layer_masks(params, 0.5)
+  # Dense_0 [5, 8]: all 5 inputs, first 4 units; Dense_1 [8, 6]: rows < 4, cols < 3;
+  # Dense_2 [6, 3]: rows < 3, all classes
+  np.testing.assert_array_equal(tree["Dense_0"]["kernel"].sum(0), [5] * 4 + [0] * 4)
+  np.testing.assert_array_equal(tree["Dense_1"]["kernel"][:4, :3], 1)
+  assert tree["Dense_1"]["kernel"].sum() == 12
+  np.testing.assert_array_equal(tree["Dense_2"]["kernel"].sum(1), [3] * 3 + [0] * 3)
+  np.testing.assert_array_equal(tree["Dense_2"]["bias"], 1)
+  np.testing.assert_array_equal(tree["Dense_0"]["bias"], [1] * 4 + [0] * 4)
+  expect = [5 * 8 + 8 + 8 * 6 + 6 + 6 * 3 + 3,  # scale 1
+            5 * 6 + 6 + 6 * 4 + 4 + 4 * 3 + 3,  # 0.75: floor(6), floor(4.5)=4
+            5 * 4 + 4 + 4 * 3 + 3 + 3 * 3 + 3,
+            5 * 2 + 2 + 2 * 1 + 1 + 1 * 3 + 3]
+  np.testing.assert_array_equal(masks.sum(1), expect)
+
+
+def test_masked_full_model_computes_the_pruned_model():
+  params = mlp_params(jax.random.PRNGKey(1))
+  w, unravel = jax.flatten_util.ravel_pytree(params)
+  mask = privaasyncfed.scale_masks(params)[2]
+  x = jax.random.normal(jax.random.PRNGKey(2), (4, D_IN))
+  masked = mlp_apply_fn(unravel)(w * mask, x)
+  p = params
+  h = jax.nn.relu(x @ p["Dense_0"]["kernel"][:, :4] + p["Dense_0"]["bias"][:4])
+  h = jax.nn.relu(h @ p["Dense_1"]["kernel"][:4, :3] + p["Dense_1"]["bias"][:3])
+  small = h @ p["Dense_2"]["kernel"][:3] + p["Dense_2"]["bias"]
+  np.testing.assert_allclose(masked, small, rtol=1e-5, atol=1e-6)
+
+
+def test_pruned_client_updates_only_its_submodel():
+  data = tiny_data()
+  params = mlp_params(jax.random.PRNGKey(3))
+  w0, unravel = jax.flatten_util.ravel_pytree(params)
+  apply = mlp_apply_fn(unravel)
+  masks = privaasyncfed.scale_masks(params)
+  scale_index = np.full(N_CLIENTS, 2)  # every client trains the 0.5 sub-model
+  hp = {"lr": 0.1, "momentum": 0.0, "beta": 0.7, "hinge_a": 1.0, "hinge_b": 1.0,
+        "dp_epsilon": 5.0, "dp_clip": 1.0, "dp_delta": 1e-5}
+  cfg_clock = vc.ClockConfig(concurrency=3, num_updates=6, epochs=1)
+  s = vc.simulate(cfg_clock, np.asarray(data.counts), seed=0)
+  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(4, 1, M), s.ring_size, 3)
+  state = async_engine.init_state(privaasyncfed.ALGORITHM, w0, cfg.ring_size, 0)
+  runner = async_engine.make_runner(apply, privaasyncfed.ALGORITHM, cfg)
+  state, _ = async_engine.simulate(runner, state, s, async_engine.group_arrays(s, 3), hp,
+                                   data, masks, scale_index, eval_every=100)
+  w = np.asarray(state.w)
+  held = masks[2] > 0
+  np.testing.assert_array_equal(w[~held], np.asarray(w0)[~held])  # exactly unchanged
+  assert np.abs(w[held] - np.asarray(w0)[held]).min() > 0  # noise reaches every held one
+
+
+def test_privaasyncfed_server_mixes_held_parameters_only():
+  w = jnp.array([1.0, 2.0, 3.0, 4.0])
+  up = jnp.array([0.0, 0.0, 9.0, 9.0])
+  mask = jnp.array([1.0, 1.0, 0.0, 0.0])
+  arr = async_engine.Arrival(True, 6, True, w, mask, 1.0, 1.0)
+  hp = {"beta": 0.5, "hinge_a": 1.0, "hinge_b": 4.0}
+  new, _ = privaasyncfed.server_step(w, (), up, arr, hp)
+  a = 0.5 / (1.0 * (6 - 4) + 1.0)
+  np.testing.assert_allclose(new, [(1 - a) * 1, (1 - a) * 2, 3, 4], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- client DP
+
+
+def zero_grad_apply(w, x, train=False, rng=None):
+  del train, rng
+  return jnp.zeros((x.shape[0], NUM_CLASSES)) + 0.0 * jnp.sum(w) * 0.0
+
+
+def test_dp_noise_std_matches_alg1_formula():
+  data = tiny_data()
+  d = 40
+  lr, clip, eps, n = 0.5, 2.0, 0.25, 8
+  hp = {k: jnp.float32(v) for k, v in
+        dict(lr=lr, momentum=0.0, mu=0.0, dp_epsilon=eps, dp_clip=clip).items()}
+  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(8, 1, M), 2, 1)
+  w0 = jnp.zeros(d)
+  keys = jax.random.split(jax.random.PRNGKey(0), 300)
+  res = jax.vmap(lambda k: async_engine.train_local(
+      zero_grad_apply, dp_fedasync.ALGORITHM, w0, jnp.ones(d), data.x[0], data.y[0], n, k,
+      hp, cfg))(keys)
+  assert int(res.num_steps[0]) == 1
+  expected = lr * 2 * clip / n / eps  # Delta f / epsilon = 0.5
+  sample = np.asarray(res.w_end).ravel()  # 12000 draws
+  assert abs(sample.std() / expected - 1) < 0.03, (sample.std(), expected)
+  assert abs(sample.mean()) < 4 * expected / np.sqrt(sample.size)
+
+
+def test_dp_clipping_bounds_the_step():
+  data = tiny_data()
+  big = jnp.asarray(W0) * 50.0
+  for mode in ("example", "batch"):
+    cfg = async_engine.AsyncConfig(client_lib.LocalConfig(12, 1, M), 2, 1, dp_clip_mode=mode)
+    hp = {k: jnp.float32(v) for k, v in dict(lr=1.0, momentum=0.0, mu=0.0,
+                                              dp_epsilon=jnp.inf, dp_clip=0.1).items()}
+    res = async_engine.train_local(logreg_apply, dp_fedasync.ALGORITHM, big,
+                                   jnp.ones_like(big), data.x[0], data.y[0], 12,
+                                   jax.random.PRNGKey(0), hp, cfg)
+    step = np.linalg.norm(np.asarray(res.w_end - big))
+    assert step <= 0.1 + 1e-5 and step > 0.01, (mode, step)
+  np.testing.assert_allclose(async_engine.clip_by_norm(jnp.array([3.0, 4.0]), 1.0), [.6, .8])
+  np.testing.assert_allclose(async_engine.clip_by_norm(jnp.array([.3, .4]), 1.0), [.3, .4])
+
+
+def test_pruned_clients_work_scales_with_s_squared():
+  cfg = vc.ClockConfig(concurrency=1, num_updates=5, epochs=1,
+                       compute=vc.Distribution("constant", 1.0),
+                       comm=vc.Distribution("constant", 1.0),
+                       device_classes=vc.PRIVAASYNCFED_CLASSES,
+                       pruned_scales=privaasyncfed.SCALES)
+  c = vc.draw_clients(cfg, np.full(10, 4), np.random.default_rng(0))
+  slow = np.array([1.0, 2.0, 4.0, 8.0])[c.device_class]
+  work = np.array([1.0, 0.75, 0.5, 0.25])[c.scale_index] ** 2
+  np.testing.assert_allclose(c.duration, (4 + 1) * slow * work)

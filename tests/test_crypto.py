@@ -1,0 +1,268 @@
+"""Tests for the CKKS layer of PAFed (fedjax_async.crypto), on the INSECURE test preset.
+
+Expectations are independent of the code under test: hand-computed Cheon Min values,
+the plaintext DUCC of ``fedjax_async.algorithms.pafed`` (Alg. 4) evaluated with the same
+Min function, exact minima, and properties of the keys/masks.
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+
+from fedjax_async.algorithms import pafed
+from fedjax_async.crypto import ckks
+from fedjax_async.crypto import cheon
+from fedjax_async.crypto import entities
+from fedjax_async.crypto import secure_ducc
+
+PRESET = "insecure_test"
+DIM = 1500  # two ciphertexts of 1024 slots: exercises chunking
+D_SMALL = 5  # Cheon iterations for the fast protocol (depth 2*5 + 7 = 17)
+D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth 27)
+ALPHAS = (0.7, 0.5, 0.3)
+
+
+def _unit(x):
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _with_cos(direction, cosines, dim, rng):
+  """Unit vectors with prescribed cosines to the unit vector ``direction``."""
+  out = []
+  for c in cosines:
+    v = rng.normal(size=dim)
+    v -= (v @ direction) * direction
+    out.append(c * direction + np.sqrt(1 - c * c) * v / np.linalg.norm(v))
+  return np.stack(out)
+
+
+def _expected(w, online, delayed, min_fn, alphas=ALPHAS):
+  """Eq. 17 with the plaintext DUCC (Alg. 4) of pafed.ducc."""
+  m, m1, m2 = (np.asarray(x, np.float64) for x in pafed.ducc(online, delayed, min_fn))
+  return w + alphas[0] * m + alphas[1] * m1 + alphas[2] * m2
+
+
+@pytest.fixture(scope="module")
+def protocol():
+  return secure_ducc.make_protocol(3, DIM, PRESET, min_depth=D_SMALL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def round_data():
+  rng = np.random.default_rng(1)
+  online = _unit(rng.normal(size=(3, DIM)) + 2.0 * rng.normal(size=DIM))
+  m_hat = _unit(online.mean(0))
+  return rng, online, m_hat
+
+
+# ---------------------------------------------------------------- Cheon Min (Alg. 1)
+
+
+def test_plain_cheon_min_hand_values():
+  # a=0.2, b=0.7: x=0.45, y=-0.25, m0=0.0625, n0=-0.9375.
+  assert cheon.cheon_min(0.2, 0.7, 0) == pytest.approx(0.45 - 0.0625)
+  # m1 = 0.0625 * (1 + 0.9375/2) = 0.091796875.
+  assert cheon.cheon_min(0.2, 0.7, 1) == pytest.approx(0.45 - 0.091796875)
+  # n1 = 0.9375^2 * (-3.9375)/4 = -0.865173..., m2 = m1 * (1 + 0.865173/2).
+  n1 = 0.9375 ** 2 * (-0.9375 - 3) / 4
+  assert cheon.cheon_min(0.2, 0.7, 2) == pytest.approx(0.45 - 0.091796875 * (1 - n1 / 2))
+  # Equal inputs are exact for every d; the error shrinks towards the exact min.
+  assert cheon.cheon_min(0.3, 0.3, 7) == pytest.approx(0.3)
+  errs = [abs(cheon.cheon_min(0.2, 0.7, d) - 0.2) for d in (1, 3, 5, 8)]
+  assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-4
+  assert abs(cheon.cheon_min(0.55, 0.5, 14) - 0.5) < 1e-4  # small gap needs more d
+  assert abs(cheon.cheon_min(0.55, 0.5, 5) - 0.5) > 1e-2
+
+
+def test_homomorphic_cheon_min_matches_plaintext():
+  d = 4
+  cc = ckks.make_context(ckks.cheon_min_depth(d), PRESET)
+  keys = cc.KeyGen()
+  cc.EvalMultKeyGen(keys.secretKey)
+  ev = ckks.Evaluator(cc)
+  rng = np.random.default_rng(0)
+  a, b = rng.uniform(0, 1, ev.slots), rng.uniform(0, 1, ev.slots)
+  out = cheon.he_min(ev, ev.encrypt(keys.publicKey, a), ev.encrypt(keys.publicKey, b), d)
+  assert ckks.depth_used(out) == ckks.cheon_min_depth(d) == 9
+  got = entities.decrypt_vector(cc, keys.secretKey, out)
+  want = cheon.cheon_min(a, b, d)
+  assert np.max(np.abs(got - want)) < 1e-3
+  assert np.max(np.abs(got - np.minimum(a, b))) > 1e-2  # d=4 is far from exact
+
+
+# ----------------------------------------------------------- encrypted DUCC (Alg. 4)
+
+
+@pytest.mark.parametrize("case", ["mixed", "all_conflicting", "none_conflicting",
+                                  "near_orthogonal"])
+def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
+  rng, online, m_hat = round_data
+  cos = {"mixed": [0.6, -0.5, 0.3, -0.8], "all_conflicting": [-0.6, -0.3, -0.9],
+         "none_conflicting": [0.5, 0.2, 0.9],
+         "near_orthogonal": [0.03, -0.02, 0.05, 0.04]}[case]
+  delayed = _with_cos(m_hat, cos, DIM, rng)
+  w = rng.normal(size=DIM) * 0.1
+  got, timings = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
+  assert set(timings) == {"client_encrypt", "ducc", "key_transform", "decrypt"}
+  assert np.max(np.abs(got - want)) < 1e-4
+  assert np.max(np.abs(want - w)) > 1e-2  # the update is not negligible
+
+
+def test_secure_ducc_components_and_depth(protocol, round_data):
+  """m, m1, m2 separately (alpha one-hot) and the levels consumed = ducc_depth(d)."""
+  rng, online, m_hat = round_data
+  delayed = _with_cos(m_hat, [0.7, -0.4, -0.6], DIM, rng)
+  w = np.zeros(DIM)
+  ducc = [np.asarray(x, np.float64)
+          for x in pafed.ducc(online, delayed, cheon.make_cheon_min(D_SMALL))]
+  for i in range(3):
+    alphas = tuple(float(i == j) for j in range(3))
+    got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, alphas)
+    assert np.max(np.abs(got - ducc[i])) < 1e-4, i
+  # Eq. 12 actually removed the m component of m2.
+  assert abs(ducc[2] @ ducc[0]) < 1e-5
+  s0 = protocol.s0
+  cts = [c.encrypt_update(u) for c, u in zip(protocol.clients, online)]
+  dcts = [protocol.clients[0].encrypt_update(u) for u in delayed]
+  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS))
+  new = s0.ducc_finish(inv, s0.encrypt_global(w))
+  assert max(ckks.depth_used(c) for c in new) == ckks.ducc_depth(D_SMALL) == 17
+
+
+def test_secure_ducc_matches_exact_min():
+  rng = np.random.default_rng(5)
+  dim = 700
+  proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=D_EXACT, seed=3)
+  online = _unit(rng.normal(size=(4, dim)) + 1.5 * rng.normal(size=dim))
+  m_hat = _unit(online.mean(0))
+  delayed = _with_cos(m_hat, [0.8, -0.45, 0.5, -0.9, 0.45], dim, rng)
+  w = rng.normal(size=dim)
+  got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
+  # The plaintext inner products m . u_j: |m . u_j| >= 0.4 * ||m|| here.
+  assert np.min(np.abs(delayed @ online.mean(0))) > 0.2
+  exact = _expected(w, online, delayed, np.minimum)
+  assert np.max(np.abs(got - exact)) < 1e-3
+
+
+def test_empty_classes_and_no_delayed(protocol, round_data):
+  rng, online, _ = round_data
+  w = rng.normal(size=DIM)
+  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, np.zeros((0, DIM)), ALPHAS)
+  assert np.max(np.abs(got - (w + ALPHAS[0] * online.mean(0)))) < 1e-5
+  got, _ = secure_ducc.secure_pafed_step(protocol, w, np.zeros((0, DIM)), online, ALPHAS)
+  assert np.max(np.abs(got - w)) < 1e-5  # m = 0: s = 1/2, both classes empty
+
+
+# --------------------------------------------------------- key transformation (Alg. 5)
+
+
+def test_key_transformation_keys_and_masks(protocol, round_data):
+  rng, online, m_hat = round_data
+  delayed = _with_cos(m_hat, [0.5, -0.5], DIM, rng)
+  w = rng.normal(size=DIM) * 0.1
+  s1 = protocol.s1
+  s1.decryption_log.clear()
+  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
+  models = protocol.last_client_models
+  assert sorted(models) == [0, 1, 2]
+  for i, client in enumerate(protocol.clients):
+    assert np.max(np.abs(client.decrypt_model(models[i], DIM) - want)) < 1e-4
+  # Client 1's key on client 0's model: OpenFHE refuses to decode, or yields garbage.
+  try:
+    wrong = protocol.clients[1].decrypt_model(models[0], DIM)
+    assert np.linalg.norm(wrong - want) > 100 * np.linalg.norm(want)
+  except entities.DecryptionError:
+    pass
+  # What S1 decrypted: 3 blinded scalars (r1 n1, r2 n2, r3 ||m||^2), then w + r chunks.
+  log = s1.decryption_log
+  n_chunks = ckks.num_chunks(DIM, protocol.s0.ev.slots)
+  assert len(log) == 3 + n_chunks
+  m = online.mean(0)
+  s = (delayed @ m + 1) / 2
+  x = cheon.cheon_min(s, 0.5, D_SMALL)
+  true_scalars = [np.sum(s - x), np.sum(x - 0.5), m @ m]
+  for v, t in zip(log[:3], true_scalars):
+    assert np.ptp(v) < 1e-4 * abs(v[0])  # a replicated scalar, nothing else
+    ratio = v[0] / t
+    assert 2 ** -4 - 1e-6 <= ratio <= 2 ** 4 + 1e-6 and abs(ratio - 1) > 1e-3
+  masked = ckks.unchunk(log[3:], DIM)
+  assert np.linalg.norm(masked - want) > 100 * np.linalg.norm(want)
+  assert abs(np.corrcoef(masked, want)[0, 1]) < 0.1
+  # S1 never saw an upload: no logged vector correlates with any client's update.
+  for u in np.concatenate([online, delayed]):
+    assert abs(np.corrcoef(masked, u)[0, 1]) < 0.1
+  # The Enc_pk_s(w) carried to the next round decrypts to w^{tau+1} as well.
+  carried, _ = secure_ducc.secure_pafed_step(protocol, None, online, np.zeros((0, DIM)),
+                                             (0.0, 0.0, 0.0))
+  assert np.max(np.abs(carried - want)) < 1e-4
+
+
+# ----------------------------------------------------------------- entity separation
+
+
+def _walk(obj, seen, found, path="s0"):
+  if id(obj) in seen:
+    return
+  seen.add(id(obj))
+  found.append((path, obj))
+  if isinstance(obj, dict):
+    for k, v in obj.items():
+      _walk(k, seen, found, f"{path}[{k!r}]")
+      _walk(v, seen, found, f"{path}[{k!r}]")
+  elif isinstance(obj, (list, tuple, set, frozenset)):
+    for i, v in enumerate(obj):
+      _walk(v, seen, found, f"{path}[{i}]")
+  elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+    for k, v in vars(obj).items():
+      _walk(v, seen, found, f"{path}.{k}")
+
+
+def test_s0_holds_no_secret_key(protocol, round_data):
+  rng, online, m_hat = round_data
+  # Run a round first so any state S0 keeps is populated.
+  secure_ducc.secure_pafed_step(protocol, np.zeros(DIM), online,
+                                _with_cos(m_hat, [0.4, -0.4], DIM, rng), ALPHAS)
+  found = []
+  _walk(protocol.s0, set(), found)
+  forbidden = (entities.secret_key_type(), entities.HelperServer, entities.Client,
+               entities.KDC)
+  bad = [p for p, o in found if isinstance(o, forbidden)]
+  assert not bad, bad
+  assert not any(callable(o) and hasattr(o, "__self__") for _, o in found)
+  assert any(isinstance(o, entities.PublicMaterial) for _, o in found)
+  # S0's code (and its evaluator's) never decrypts nor touches a secret key.
+  for cls in (secure_ducc.AggregationServer, ckks.Evaluator):
+    src = inspect.getsource(cls)
+    for token in (".Decrypt(", "decrypt_vector", "secretKey", "_secret_key", "KeyGen"):
+      assert token not in src, (cls, token)
+  # The other entities do hold their own secret keys.
+  assert isinstance(protocol.s1._secret_key, entities.secret_key_type())
+
+
+# ----------------------------------------------------------------------- depth errors
+
+
+def test_ducc_depth_error_names_needed_depth(round_data):
+  rng, online, m_hat = round_data
+  proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10, seed=0)
+  with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 15"):
+    secure_ducc.secure_pafed_step(proto, np.zeros(64), online[:, :64],
+                                  _unit(rng.normal(size=(2, 64))), ALPHAS)
+
+
+def test_min_depth_error_names_needed_depth():
+  cc = ckks.make_context(9, PRESET)
+  keys = cc.KeyGen()
+  cc.EvalMultKeyGen(keys.secretKey)
+  ev = ckks.Evaluator(cc)
+  a = ev.encrypt(keys.publicKey, np.full(ev.slots, 0.3))
+  with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 13"):
+    cheon.he_min(ev, a, a, 6)
+  # The per-multiplication guard: a chain of squarings stops at the context's depth.
+  x = a
+  with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 10"):
+    for _ in range(12):
+      x = ev.square(x)

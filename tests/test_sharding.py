@@ -1,0 +1,137 @@
+"""Client-axis sharding over 4 forced host devices gives the unsharded engine's rounds.
+
+JAX fixes its device count at start-up, so the checks run in a subprocess with
+``XLA_FLAGS=--xla_force_host_platform_device_count=4``; it prints one JSON line that the
+tests read.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fedjax_async import sharding
+from fedjax_async import timeline as timeline_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = textwrap.dedent("""
+  import dataclasses, functools, json
+  import jax, jax.numpy as jnp, numpy as np
+  from jax.sharding import PartitionSpec
+  from fedjax_async import client as client_lib, engine, sharding
+  from fedjax_async import timeline as timeline_lib
+  from fedjax_async.algorithms import get
+
+  N, M, D, C = 12, 24, 6, 3
+  HP = dict(lr=0.1, momentum=0.5, rho=0.5, mu=0.3, alpha0=0.8, alpha1=0.6, alpha2=0.4,
+            server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
+
+  def apply_flat(w, xb, train=False, rng=None):
+    return xb @ w[:D * C].reshape(D, C) + w[D * C:]
+
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(N, M, D)).astype(np.float32)
+  y = rng.integers(0, C, (N, M)).astype(np.int32)
+  counts = rng.integers(5, M + 1, N).astype(np.int32)
+  tx = rng.normal(size=(32, D)).astype(np.float32)
+  ty = rng.integers(0, C, 32).astype(np.int32)
+  data = engine.DeviceData(*map(jnp.asarray, (x, y, counts, tx, ty)))
+  w0 = rng.normal(scale=0.1, size=D * C + C).astype(np.float32)
+  tl = timeline_lib.build(N, 6, 0.4, timeline_lib.DelayConfig(0.4, "uniform", 2), seed=3)
+  alg = get("pafed")
+  cfg = engine.EngineConfig(client_lib.LocalConfig(4, 2, M), ring_size=3, eval_batch=16)
+
+  def run(cfg, tl, data, state):
+    runner = engine.make_runner(apply_flat, alg, cfg)
+    return engine.simulate(runner, state, tl, HP, data, eval_every=2, rounds_per_call=3)
+
+  ref_state, ref_rows = run(cfg, tl, data, engine.init_state(alg, w0, N, 3, 0))
+
+  mesh = sharding.client_mesh()
+  scfg = dataclasses.replace(cfg, client_sharding=sharding.client_sharding(mesh))
+  stl = sharding.pad_timeline(tl, mesh.size)
+  sdata = sharding.replicate(data, mesh)
+  sstate0 = sharding.replicate(engine.init_state(alg, w0, N, 3, 0), mesh)
+  s_state, s_rows = run(scfg, stl, sdata, sstate0)
+
+  # One round's client phase, jitted, to look at how its per-client outputs are placed.
+  hp = {k: jnp.float32(v) for k, v in HP.items()}
+  slots = jax.tree.map(lambda a: jnp.asarray(a[0]), stl.slice(0, 1))
+  phase = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
+                                    algorithm=alg, cfg=scfg))(
+      sharding.replicate(engine.init_state(alg, w0, N, 3, 0), mesh), slots, hp, sdata)
+  up = phase.uploads
+  out = {
+      "devices": len(jax.devices()),
+      "k": int(tl.client.shape[1]), "k_padded": int(stl.client.shape[1]),
+      "w_ref": np.asarray(ref_state.w).tolist(), "w_sharded": np.asarray(s_state.w).tolist(),
+      "dual_ref": np.asarray(ref_state.client_state["dual"]).tolist(),
+      "dual_sharded": np.asarray(s_state.client_state["dual"]).tolist(),
+      "loss_ref": [r["train_loss"] for r in ref_rows],
+      "loss_sharded": [r["train_loss"] for r in s_rows],
+      "steps_ref": [r["client_steps"] for r in ref_rows],
+      "steps_sharded": [r["client_steps"] for r in s_rows],
+      "upload_spec": str(sharding.shard_spec(up)),
+      "upload_spec_is_clients": sharding.shard_spec(up) == PartitionSpec("clients"),
+      "upload_shards": [list(s.data.shape) for s in up.addressable_shards],
+      "upload_shard_devices": sorted(str(s.device) for s in up.addressable_shards),
+      "upload_shape": list(up.shape),
+      "w_fully_replicated": bool(s_state.w.sharding.is_fully_replicated),
+  }
+  print("RESULT " + json.dumps(out))
+""")
+
+
+@functools.lru_cache(maxsize=None)
+def child_result():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def test_sharded_round_equals_unsharded():
+  r = child_result()
+  assert r["devices"] == 4
+  assert r["k_padded"] % 4 == 0 and r["k_padded"] >= r["k"]
+  np.testing.assert_allclose(r["w_sharded"], r["w_ref"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(r["dual_sharded"], r["dual_ref"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(r["loss_sharded"], r["loss_ref"], rtol=1e-5, atol=1e-6)
+  assert r["steps_sharded"] == r["steps_ref"]
+
+
+def test_client_axis_is_actually_split_over_the_devices():
+  r = child_result()
+  assert r["upload_spec_is_clients"], r["upload_spec"]
+  k, d = r["upload_shape"]
+  assert r["upload_shards"] == [[k // 4, d]] * 4
+  assert len(set(r["upload_shard_devices"])) == 4
+  assert r["w_fully_replicated"]
+
+
+def test_pad_timeline_keeps_rounds_and_pads_invalid_slots():
+  tl = timeline_lib.build(10, 5, 0.3, timeline_lib.DelayConfig(0.3, "uniform", 2), seed=1)
+  padded = sharding.pad_timeline(tl, 4)
+  k = tl.client.shape[1]
+  assert padded.client.shape[1] % 4 == 0 and padded.client.shape[1] >= k
+  np.testing.assert_array_equal(padded.client[:, :k], tl.client)
+  np.testing.assert_array_equal(padded.valid[:, :k], tl.valid)
+  assert not padded.valid[:, k:].any() and not padded.online[:, k:].any()
+  np.testing.assert_array_equal(padded.dispatch[:, k:],
+                                np.broadcast_to(np.arange(5)[:, None], (5, padded.client.shape[1] - k)))
+  assert sharding.pad_timeline(padded, 4) is padded
+  assert sharding.padded_size(5, 4) == 8 and sharding.padded_size(8, 4) == 8
+
+
+@pytest.mark.parametrize("k,mult,want", [(1, 4, 4), (4, 4, 4), (9, 2, 10), (3, 1, 3)])
+def test_padded_size(k, mult, want):
+  assert sharding.padded_size(k, mult) == want

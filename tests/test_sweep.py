@@ -1,0 +1,189 @@
+"""Vmapped sweeps against separate runs, padding of timelines, grids, sharding, aggregation."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+from fedjax_async import algorithms
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import experiment
+from fedjax_async import sweep
+from fedjax_async import timeline as timeline_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N, M, D, C = 12, 20, 5, 3
+
+
+def tiny_data(seed=0):
+  """A small linearly separable federated data set (FederatedData's fields)."""
+  rng = np.random.default_rng(seed)
+  w_true = rng.normal(size=(D, C))
+  x = rng.normal(size=(N, M, D)).astype(np.float32)
+  y = np.argmax(x @ w_true, -1).astype(np.int32)
+  counts = rng.integers(8, M + 1, N).astype(np.int32)
+  tx = rng.normal(size=(60, D)).astype(np.float32)
+  ty = np.argmax(tx @ w_true, -1).astype(np.int32)
+  return types.SimpleNamespace(x=x, y=y, counts=counts, test_x=tx, test_y=ty,
+                               num_classes=C, name="tiny", num_clients=N, max_examples=M)
+
+
+BASE = experiment.RunConfig(
+    algorithm="pafed", dataset="synthetic", num_clients=N, participation=0.34,
+    delay=timeline_lib.DelayConfig(0.3, "uniform", 2), rounds=7, local_epochs=1,
+    batch_size=5, rounds_per_call=3, eval_every=2, checkpoint_every=0, tensorboard=False)
+
+
+_RUNNERS = {}
+
+
+def separate_run(cfg, name, fed):
+  """One run through the plain engine (the reference); one jitted runner per algorithm."""
+  _, w0, apply_flat = experiment.build_model(cfg, fed)
+  alg = algorithms.get(name)
+  ecfg = engine.EngineConfig(client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, M),
+                             cfg.delay.ring_size)
+  if (name, ecfg) not in _RUNNERS:
+    _RUNNERS[(name, ecfg)] = engine.make_runner(apply_flat, alg, ecfg)
+  tl = timeline_lib.build(N, cfg.rounds, cfg.participation, cfg.delay, cfg.seed)
+  state = engine.init_state(alg, w0, N, ecfg.ring_size, cfg.seed)
+  return engine.simulate(_RUNNERS[(name, ecfg)], state, tl,
+                         cfg.hparams(), engine.DeviceData.from_federated(fed),
+                         eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call)
+
+
+def test_vmapped_sweep_equals_separate_runs():
+  name = "pafed"  # server with DUCC, ADMM client state: the most state to get right
+  fed = tiny_data()
+  sweeps = {"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]}
+  cfgs = sweep.grid(BASE, sweeps, num_seeds=1)  # 4 runs, different K per timeline
+  ks = {timeline_lib.build(N, c.rounds, c.participation, c.delay, c.seed).client.shape[1]
+        for c in cfgs}
+  assert len(ks) > 1  # padding to the largest K is exercised
+  prep = sweep.prepare(cfgs, name, fed)
+  res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                             num_rounds=BASE.rounds, eval_every=BASE.eval_every,
+                             rounds_per_call=BASE.rounds_per_call)
+  for i, c in enumerate(cfgs):
+    state, rows = separate_run(c, name, fed)
+    np.testing.assert_allclose(res.states.w[i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(res.states.ring[i], np.asarray(state.ring), rtol=2e-5,
+                               atol=2e-6)
+    for k in state.client_state:
+      np.testing.assert_allclose(res.states.client_state[k][i],
+                                 np.asarray(state.client_state[k]), rtol=2e-5, atol=2e-6)
+    assert int(res.states.round[i]) == BASE.rounds
+    assert [r["online"] for r in res.rows[i]] == [r["online"] for r in rows]
+    assert [r["delayed"] for r in res.rows[i]] == [r["delayed"] for r in rows]
+    for a, b in zip(res.rows[i], rows):
+      assert (a["test_accuracy"] is None) == (b["test_accuracy"] is None)
+      if a["test_accuracy"] is not None:
+        assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-6
+  # The runs really differ (different lr/delta/seed give different models).
+  assert np.ptp(res.states.w[:, 0]) > 1e-4
+
+
+def test_pad_slots_marks_padding_invalid():
+  tl = timeline_lib.build(N, 5, 0.25, timeline_lib.DelayConfig(0.5, "fixed", 1), 3)
+  k0 = tl.client.shape[1]
+  padded = sweep.pad_slots(tl.slice(0, 5), k0 + 3, N)
+  assert padded["client"].shape == (5, k0 + 3)
+  assert not padded["valid"][:, k0:].any() and not padded["online"][:, k0:].any()
+  assert (padded["client"][:, k0:] == N).all()
+  assert (padded["dispatch"][:, k0:] == np.arange(5)[:, None]).all()
+  np.testing.assert_array_equal(padded["client"][:, :k0], tl.client)
+  np.testing.assert_array_equal(padded["dropped"], tl.dropped)
+
+
+def test_grid_is_cartesian_product_with_seeds():
+  cfgs = sweep.grid(BASE, {"lr": [0.1, 0.2, 0.3], "rho": [0.5, 1.0]}, num_seeds=2)
+  assert len(cfgs) == 12
+  triples = {(c.lr, c.rho, c.seed) for c in cfgs}
+  assert triples == {(lr, rho, s) for lr in (0.1, 0.2, 0.3) for rho in (0.5, 1.0)
+                     for s in (0, 1)}
+  hp = sweep.stack_hparams(cfgs)
+  assert hp["lr"].shape == (12,) and float(hp["rho"][-1]) == 1.0
+
+
+def test_grid_errors_name_the_flag():
+  with pytest.raises(ValueError, match="--sweep_lr"):
+    sweep.parse_values("sweep_lr", "0.1,abc")
+  with pytest.raises(ValueError, match="--rho"):
+    sweep.grid(BASE, {"rho": [0.0]})
+  with pytest.raises(ValueError, match="--delay_fraction"):
+    sweep.grid(BASE, {"delay_fraction": [1.5]})
+  with pytest.raises(ValueError, match="--num_seeds"):
+    sweep.grid(BASE, {}, num_seeds=0)
+
+
+def test_aggregate_mean_and_std_over_seeds():
+  summaries = [
+      {"algorithm": "a", "setting": {"lr": 0.1}, "average_best_accuracy": 0.5,
+       "final_accuracy": 0.4, "config": {"seed": 0}, "diverged_round": None},
+      {"algorithm": "a", "setting": {"lr": 0.1}, "average_best_accuracy": 0.7,
+       "final_accuracy": 0.6, "config": {"seed": 1}, "diverged_round": 3},
+      {"algorithm": "a", "setting": {"lr": 0.2}, "average_best_accuracy": 0.9,
+       "final_accuracy": 0.8, "config": {"seed": 0}, "diverged_round": None},
+  ]
+  agg = sweep.aggregate(summaries, ["lr"])
+  first = next(r for r in agg if r["lr"] == 0.1)
+  assert first["num_seeds"] == 2 and first["diverged"] == 1
+  assert first["average_best_accuracy_mean"] == pytest.approx(0.6)
+  assert first["average_best_accuracy_std"] == pytest.approx(0.1)
+  assert first["final_accuracy_mean"] == pytest.approx(0.5)
+
+
+def test_diverging_run_does_not_stop_the_others():
+  fed = tiny_data()
+  cfgs = sweep.grid(dataclasses.replace(BASE, algorithm="fedavg"),
+                    {"server_lr": [1.0, 1e38]}, 1)
+  prep = sweep.prepare(cfgs, "fedavg", fed)
+  res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                             num_rounds=BASE.rounds, eval_every=1, rounds_per_call=4)
+  assert res.diverged_round[0] is None
+  assert res.diverged_round[1] is not None
+  assert np.isfinite(res.states.w[0]).all()
+  assert res.rows[0][-1]["test_accuracy"] is not None
+  assert res.rows[1][-1]["test_accuracy"] is None
+
+
+SHARDED = textwrap.dedent("""
+    import os, sys, json
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    import jax, numpy as np
+    from test_sweep import tiny_data, BASE
+    from fedjax_async import sweep
+    assert len(jax.devices()) == 4, jax.devices()
+    cfgs = sweep.grid(BASE, {{"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]}})[:3]
+    mesh = sweep.run_mesh()
+    prep = sweep.prepare(cfgs, "pafed", tiny_data())
+    res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                               num_rounds=BASE.rounds, eval_every=BASE.eval_every,
+                               rounds_per_call=BASE.rounds_per_call, mesh=mesh)
+    print(json.dumps({{"w": np.asarray(res.states.w).tolist(), "mesh": int(mesh.devices.size),
+                      "runs": len(res.rows)}}))
+""")
+
+
+def test_sharded_over_four_host_devices():
+  """3 runs padded to 4 and split over a 4-device mesh match separate runs."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  code = SHARDED.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=240)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result["runs"] == 3 and result["mesh"] == 4
+  cfgs = sweep.grid(BASE, {"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]})[:3]
+  fed = tiny_data()
+  for i, c in enumerate(cfgs):
+    state, _ = separate_run(c, "pafed", fed)
+    np.testing.assert_allclose(result["w"][i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
