@@ -142,6 +142,9 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   dispatch = slots["dispatch"]
   w_start = state.ring[dispatch % ring_size]  # the model each client was dispatched with
   cstate = {k: v[gather_ids] for k, v in state.client_state.items()}
+  # Without the barrier XLA fuses this gather into the scatter below and copies the
+  # whole [N, d] client state every round (round time grows with N; docs/performance.md).
+  cstate = jax.lax.optimization_barrier(cstate)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
   x, y = data.x[gather_ids], data.y[gather_ids]

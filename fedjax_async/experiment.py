@@ -61,6 +61,8 @@ class RunConfig:
   rounds_per_call: int = 10
   output_dir: str = "runs/latest"
   secure_aggregation: str = "none"
+  ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
+  ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
   checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
   keep_checkpoints: int = 2
   resume: bool = False
@@ -110,6 +112,10 @@ def validate(cfg: RunConfig):
   if cfg.secure_aggregation == "ckks":
     check(cfg.algorithm == "pafed", "secure_aggregation",
           "ckks secure aggregation is PAFed's (use --algorithm=pafed)")
+  check(cfg.ckks_preset in ("secure", "insecure_test"), "ckks_preset",
+        f"must be 'secure' or 'insecure_test', got {cfg.ckks_preset!r}")
+  check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
+        f"must be in 1..30, got {cfg.ckks_min_depth}")
 
 
 # ---------------------------------------------------------------------------- flags
@@ -160,6 +166,10 @@ def define_flags():
   f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
+  f.DEFINE_string("ckks_preset", d.ckks_preset, "secure (128-bit, HEStd_128_classic) | "
+                  "insecure_test (ring 2^11, NOT secure: tests and quick looks only).")
+  f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
+                   "Min polynomial; the context depth is 2d + 7.")
   f.DEFINE_integer("checkpoint_every", d.checkpoint_every,
                    "Checkpoint the simulation every k rounds (at the first chunk boundary "
                    "at or past each multiple of k, and at the end) under "
@@ -191,6 +201,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
       eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
+      ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
       resume=FLAGS.resume, tensorboard=FLAGS.tensorboard)
   validate(cfg)
@@ -356,9 +367,11 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     try:
       if cfg.secure_aggregation == "ckks":
         from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-        state, _ = secure_engine.simulate(apply_flat, algorithm, ecfg, state, tl,
-                                          cfg.hparams(), data, on_chunk=on_chunk,
-                                          eval_every=cfg.eval_every)
+        state, _, _ = secure_engine.simulate(
+            apply_flat, algorithm, ecfg, state, tl, cfg.hparams(), data,
+            preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth, on_chunk=on_chunk,
+            eval_every=cfg.eval_every, seed=cfg.seed,
+            stream=open(os.devnull, "w") if quiet else sys.stdout)
       else:
         runner = engine.make_runner(apply_flat, algorithm, ecfg)
         state, _ = engine.simulate(runner, state, tl, cfg.hparams(), data,
