@@ -229,7 +229,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   runner = async_engine.make_runner(apply_flat, algorithm, cfg)
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
-  done = [0]
+  done, last_acc = [0], [float("nan")]  # last evaluated accuracy, shown between evals
   with open(os.path.join(out_dir, "metrics.jsonl"), "w") as mf:
 
     def on_chunk(_, rows):
@@ -237,10 +237,13 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
         mf.write(json.dumps(r) + "\n")
       mf.flush()
       done[0] += len(rows)
-      acc = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+      acc = [r["test_accuracy"] for r in rows
+             if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
+      if acc:
+        last_acc[0] = acc[-1]
       rate = done[0] / max(time.perf_counter() - t0, 1e-9)
       print(f"[{run_name}] version {rows[-1]['arrival_version'] + 1}/{schedule.num_updates}"
-            f" arrivals {done[0]} acc {acc[-1] if acc else float('nan'):.4f} "
+            f" arrivals {done[0]} acc {last_acc[0]:.4f} "
             f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
             f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
             f"arrivals/s", flush=True)

@@ -9,6 +9,12 @@ paper), a fraction 0.3 of the sampled clients delayed by 1-3 rounds.
       --num_clients=100 --participation=0.1 --local_epochs=10 --rounds=100
   python experiments/run.py --flagfile=experiments/flags/pafed_fmnist_noniid.flags
 
+The virtual-clock family and FedEDS run from here too (their own flags; see
+experiments/async_family.py and experiments/fededs_table.py):
+
+  python experiments/run.py --algorithm=fedasync,fedbuff --num_updates=300
+  python experiments/run.py --algorithm=fedavg --fededs --quick
+
 Each algorithm writes ``<output_dir>/<algorithm>/metrics.jsonl`` (one JSON object per
 round) and ``summary.json``; a comma-separated ``--algorithm`` ends with a comparison table
 (``comparison.md`` / ``comparison.csv``).
@@ -26,14 +32,80 @@ from absl import flags  # noqa: E402
 
 from fedjax_async import experiment  # noqa: E402
 
-experiment.define_flags()
+ASYNC = ("fedasync", "fedbuff", "double_compensation", "privaasyncfed", "dp_fedasync")
+FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
 
 
-def main(argv):
+def mode_of(argv) -> str:
+  """Which driver serves these flags: 'rounds' (the round engine, this file's flags),
+  'async' (the virtual-clock family: experiments/async_family.py's flags) or 'fededs'
+  (experiments/fededs_table.py's flags). Decided from --algorithm / --fededs before absl
+  parses the command line, because each driver defines its own flags."""
+  args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
+  names, fededs = None, False
+  for i, a in enumerate(args):
+    if a.startswith("--algorithm="):
+      names = a.split("=", 1)[1]
+    elif a == "--algorithm" and i + 1 < len(args):
+      names = args[i + 1]
+    elif a in ("--fededs", "--fededs=true", "--fededs=True") or a.startswith(
+        "--fededs_ablation"):
+      fededs = True
+  if fededs:
+    return "fededs"
+  if names is None:
+    return "rounds"
+  listed = [n for n in names.split(",") if n]
+  in_async = [n for n in listed if n in ASYNC]
+  if in_async and len(in_async) != len(listed):
+    sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "
+             f"{', '.join(n for n in listed if n not in ASYNC)} on rounds; run them "
+             "separately")
+  return "async" if in_async else "rounds"
+
+
+def main_rounds(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   experiment.main_from_flags(flags.FLAGS)
 
 
+def main_fededs(argv, driver):
+  """--algorithm=fedavg --fededs: FedEDS plugged into a base algorithm (fededs_table.py
+  runs one (alpha, K) setting; --fededs_ablation=s1|s2 runs an ablation instead)."""
+  fl = flags.FLAGS
+  for name in fl.algorithm.split(","):
+    if name not in ("fedavg", "fedprox", "fednova"):
+      sys.exit(f"error: --algorithm: FedEDS plugs into fedavg, fedprox or fednova, got "
+               f"{name!r}")
+  variant = fl.fededs_ablation or "fededs"
+  if variant not in FEDEDS_VARIANTS:
+    sys.exit(f"error: --fededs_ablation: expected s1 (annealing only) or s2 (sharing "
+             f"only), got {variant!r}")
+  fl.bases = fl.algorithm
+  fl.variants = ("base," if fl.fededs_compare_base else "") + FEDEDS_VARIANTS[variant]
+  fl["bases"].present = fl["variants"].present = 1  # so --quick does not override them
+  driver.main(argv)
+
+
+def main():
+  mode = mode_of(sys.argv)
+  if mode == "async":
+    import async_family  # pylint: disable=g-import-not-at-top
+    app.run(async_family.main)
+  elif mode == "fededs":
+    import fededs_table  # pylint: disable=g-import-not-at-top
+    flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
+    flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")
+    flags.DEFINE_string("fededs_ablation", "", "s1 (annealing only) | s2 (sharing only).")
+    flags.DEFINE_boolean("fededs_compare_base", True, "Also run the base algorithm alone.")
+    flags.FLAGS.set_default("alphas", "0.5")
+    flags.FLAGS.set_default("num_clients", "10")
+    app.run(lambda argv: main_fededs(argv, fededs_table))
+  else:
+    experiment.define_flags()
+    app.run(main_rounds)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  main()

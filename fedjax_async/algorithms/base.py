@@ -80,13 +80,13 @@ def delta_upload(w_start, w_end, client_state, num_steps, hp):
   return ClientOutput(upload=w_end - w_start, state=client_state)
 
 
-def weighted_mean(vectors: Array, weights: Array) -> Array:
-  """sum_k weights_k vectors_k / sum_k weights_k, zero when the weights sum to zero.
+def weighted_mean(vectors: Array, weights: Array, tol: float = 0.0) -> Array:
+  """sum_k weights_k vectors_k / sum_k weights_k, zero when |sum of weights| <= tol.
 
   The weights may all be negative (DUCC's conflicting class, whose total n2 < 0)."""
   total = jnp.sum(weights)
   summed = jnp.einsum("k,kd->d", weights, vectors)
-  nonzero = total != 0
+  nonzero = jnp.abs(total) > tol
   return jnp.where(nonzero, summed / jnp.where(nonzero, total, 1.0), 0.0)
 
 

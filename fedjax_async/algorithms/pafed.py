@@ -30,7 +30,7 @@ def normalise(v, eps=1e-12):
 
 
 def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
-         online_mask=None, delayed_mask=None):
+         online_mask=None, delayed_mask=None, empty_class_tol: float = 0.0):
   """Delayed Update Classification and Correction (Alg. 4).
 
   Args:
@@ -38,6 +38,10 @@ def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
     delayed_updates: [k, d] unit vectors of the stale uploads that arrived this round.
     min_fn: Min(a, b) for a, b in [0, 1]; ``jnp.minimum`` or the Cheon polynomial.
     online_mask, delayed_mask: optional bool [n] / [k] marking real rows (padding is False).
+    empty_class_tol: a class whose |total weight| is at most this counts as empty. 0 for
+      the exact Min; with an approximate Min (error eps per weight) an empty class has a
+      total of up to k * eps, and dividing by it would turn approximation error into a
+      full-length (unprojected) direction (see ``docs/crypto.md``).
 
   Returns:
     (m, m1, m2): the online mean, the mean of non-conflicting delayed updates and the
@@ -56,8 +60,8 @@ def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
   x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
   w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
   w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
-  m1 = base.weighted_mean(delayed_updates, w1)  # Alg. 4 lines 5-6, 11
-  m2 = base.weighted_mean(delayed_updates, w2)  # Alg. 4 lines 7-8, 11
+  m1 = base.weighted_mean(delayed_updates, w1, empty_class_tol)  # Alg. 4 lines 5-6, 11
+  m2 = base.weighted_mean(delayed_updates, w2, empty_class_tol)  # Alg. 4 lines 7-8, 11
   m_sq = jnp.vdot(m, m)
   # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
   m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
@@ -69,13 +73,17 @@ def client_final(w_start, w_end, client_state, num_steps, hp):
   return base.ClientOutput(upload=normalise(out.upload), state=out.state)
 
 
-def make_server_update(min_fn: Optional[MinFn] = None):
+def make_server_update(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0):
+  """The plaintext server; ``min_fn`` / ``empty_class_tol_per_update`` (times the number
+  of delayed arrivals gives ``ducc``'s ``empty_class_tol``) reproduce the encrypted
+  server's arithmetic in plaintext (``make_algorithm``)."""
   min_fn = jnp.minimum if min_fn is None else min_fn
 
   def server_update(w, server_state, uploads, arrivals, round_index, hp):
     del round_index
+    tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
     m, m1, m2 = ducc(uploads, uploads, min_fn, online_mask=arrivals.online,
-                     delayed_mask=arrivals.delayed)
+                     delayed_mask=arrivals.delayed, empty_class_tol=tol)
     new_w = w + hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2  # Eq. 17
     n_conflict = jnp.sum(arrivals.delayed & ((uploads @ m) < 0))
     return new_w, server_state, {"conflicting": n_conflict}
@@ -83,11 +91,17 @@ def make_server_update(min_fn: Optional[MinFn] = None):
   return server_update
 
 
-ALGORITHM = base.Algorithm(
-    name="pafed",
-    local_penalty=fedadmm.admm_penalty,
-    client_final=client_final,
-    server_update=make_server_update(),
-    client_state_keys=fedadmm.STATE_KEYS,
-    init_client_state=fedadmm.init_client_state,
-)
+def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0,
+                   name: str = "pafed") -> base.Algorithm:
+  """PAFed with the given Min (default exact) and empty-class tolerance (default 0)."""
+  return base.Algorithm(
+      name=name,
+      local_penalty=fedadmm.admm_penalty,
+      client_final=client_final,
+      server_update=make_server_update(min_fn, empty_class_tol_per_update),
+      client_state_keys=fedadmm.STATE_KEYS,
+      init_client_state=fedadmm.init_client_state,
+  )
+
+
+ALGORITHM = make_algorithm()

@@ -43,6 +43,13 @@ def cheon_min(a, b, iterations: int):
   return x - cheon_abs_sq(y * y, iterations)
 
 
+def max_min_error(iterations: int, grid: int = 200_001) -> float:
+  """max over s in [0, 1] of |cheon_min(s, 1/2) - min(s, 1/2)|: the error of one DUCC
+  class weight (Eq. 13) with d = ``iterations`` (numerically, on a dense grid)."""
+  s = np.linspace(0.0, 1.0, grid)
+  return float(np.max(np.abs(cheon_min(s, 0.5, iterations) - np.minimum(s, 0.5))))
+
+
 def make_cheon_min(iterations: int):
   """A ``min_fn`` for ``fedjax_async.algorithms.pafed.ducc`` (jnp arrays in, out)."""
 

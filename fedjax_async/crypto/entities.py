@@ -16,7 +16,7 @@ Key separation (Sec. V-B "System initialization"):
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import openfhe
@@ -74,8 +74,12 @@ class HelperServer:
     self.decryption_log.append(v.copy())
     return v
 
-  def masked_inverse(self, cts: Sequence[object]) -> List[object]:
+  def masked_inverse(self, cts: Sequence[object],
+                     thresholds: Optional[Sequence[float]] = None) -> List[object]:
     """For each Enc(r * n) return Enc_pk_s(1 / (r * n)), or Enc(0) when |r * n| <= eps.
+
+    ``thresholds`` (optional, one per ciphertext): S0's blinded empty-class tolerance
+    r * tol; a class with |r * n| <= r * tol counts as empty (approximate Min).
 
     S1 sees r * n only (r > 0 random, chosen by S0). A class whose total weight is zero
     gives zero (Alg. 4 line 11 as specified in ``pafed.ducc``'s docstring); the class-2
@@ -83,9 +87,10 @@ class HelperServer:
     m2 a mean, so the sign is kept. The value is replicated in every slot; slot 0 is used.
     """
     out = []
-    for ct in cts:
+    thresholds = [0.0] * len(cts) if thresholds is None else list(thresholds)
+    for ct, thr in zip(cts, thresholds):
       v = float(self._decrypt(ct)[0])
-      inv = 1.0 / v if abs(v) > INVERSE_EPS else 0.0
+      inv = 1.0 / v if abs(v) > max(INVERSE_EPS, thr) else 0.0
       out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
     return out
 

@@ -88,13 +88,17 @@ class AggregationServer:
   # ------------------------------------------------------------------ Alg. 4
 
   def ducc_begin(self, online: Sequence[List[object]], delayed: Sequence[List[object]],
-                 alphas: Tuple[float, float, float]) -> List[object]:
+                 alphas: Tuple[float, float, float],
+                 empty_class_tol: float = 0.0) -> List[object]:
     """Alg. 4 lines 3-10 (+ the numerators of line 11 and Eq. 12).
 
     Returns the blinded denominators [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1
-    (empty when no division is needed).
+    (empty when no division is needed). ``self.inverse_thresholds`` holds the blinded
+    empty-class tolerances [r1 tol, r2 tol, 0] that go with them (``pafed.ducc``'s
+    ``empty_class_tol``).
     """
     self.timings = {}
+    self.inverse_thresholds = []
     self.check_depth()
     a0, a1, a2 = (float(a) for a in alphas)
     n, k = len(online), len(delayed)
@@ -139,6 +143,7 @@ class AggregationServer:
       st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, r * valid,
                                                            what="class total"))
     st["A1"], st["A2"] = acc["1"], acc["2"]
+    self.inverse_thresholds = [r1 * empty_class_tol, r2 * empty_class_tol, 0.0]
     t = self._tick("weighting", t)
     # Eq. 12 numerator and the blinded ||m||^2: with c = (r3 / n^2) msum,
     # r3 ||m||^2 = msum . c, and (m2 . m / ||m||^2) m = (A2 . msum) / (n2 ||msum||^2) msum.
@@ -249,13 +254,14 @@ def _encrypt_uploads(protocol: SecureProtocol, uploads: np.ndarray, offset: int)
 
 def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
                       online_uploads: np.ndarray, delayed_uploads: np.ndarray,
-                      alphas=(1.0, 1.0, 1.0)):
+                      alphas=(1.0, 1.0, 1.0), empty_class_tol: float = 0.0):
   """One PAFed server round under CKKS (Alg. 3 lines 9-14): returns (new_w, timings).
 
   new_w is w^{tau+1} as client 0 decrypts it with its own sk_0 after the key
   transformation; timings has 'client_encrypt', 'ducc', 'key_transform', 'decrypt'
   (seconds). The per-stage DUCC breakdown lands in ``protocol.last_breakdown``.
   ``w_global=None`` continues from the Enc_pk_s(w) carried over from the previous round.
+  ``empty_class_tol``: as in ``pafed.ducc`` (0: only an exactly empty class is empty).
   """
   s0, s1 = protocol.s0, protocol.s1
   dim = protocol.dim
@@ -273,9 +279,9 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
     w_ct = s0.global_ct
   else:
     w_ct = s0.encrypt_global(np.asarray(w_global, np.float64))
-  requests = s0.ducc_begin(on_cts, de_cts, alphas)
+  requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol)
   t1 = _now()
-  inverses = s1.masked_inverse(requests) if requests else []
+  inverses = s1.masked_inverse(requests, s0.inverse_thresholds) if requests else []
   t_s1 = _now() - t1
   new_ct = s0.ducc_finish(inverses, w_ct)
   timings["ducc"] = _now() - t

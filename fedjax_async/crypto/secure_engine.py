@@ -32,6 +32,7 @@ import numpy as np
 from fedjax_async import engine
 from fedjax_async import timeline as timeline_lib
 from fedjax_async.algorithms import base
+from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
@@ -51,8 +52,14 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
              preset: str = "secure", min_depth: int = 10,
              on_chunk: Optional[Callable] = None, eval_every: int = 1,
-             stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0):
+             stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0,
+             empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
+
+  ``empty_class_tol`` (default: k * eps_d, with k the round's delayed uploads and eps_d
+  the Min error of one class weight, ``cheon.max_min_error``): a DUCC class whose total
+  weight is within what the Min approximation alone could produce counts as empty, as
+  it is for the exact Min. 0 gives the protocol exactly as written (see docs/crypto.md).
 
   Returns ``(state, rows, totals)``: the final state, one metrics row per round (the
   engine's keys plus ``he_<stage>_s`` seconds) and the total seconds per stage.
@@ -69,6 +76,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
                                          min_depth=min_depth, seed=seed)
     print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
           f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
+  eps_d = cheon.max_min_error(protocol.min_iterations)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
   phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
@@ -94,7 +102,8 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     # S0 continues from Enc_pk_s(w) carried over by the key transformation.
     new_w, timings = secure_ducc.secure_pafed_step(
         protocol, np.asarray(state.w, np.float64) if first else None,
-        uploads[online], uploads[delayed], alphas)
+        uploads[online], uploads[delayed], alphas,
+        int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)
     first = False
     new_w = jnp.asarray(new_w, jnp.float32)
     m = np.mean(uploads[online], axis=0) if online.any() else np.zeros(dim)
