@@ -112,3 +112,50 @@ def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   assert res.returncode != 0
   assert f"--{flag}" in res.stderr, res.stderr[-2000:]
   assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+def _run_module():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("run_script", RUN)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_mode_of_picks_the_driver_from_algorithm_and_fededs(tmp_path):
+  mode_of = _run_module().mode_of
+  assert mode_of(["run.py"]) == "rounds"
+  assert mode_of(["run.py", "--algorithm=pafed,fedavg"]) == "rounds"
+  assert mode_of(["run.py", "--algorithm=fedasync,fedbuff"]) == "async"
+  assert mode_of(["run.py", "--algorithm", "privaasyncfed"]) == "async"
+  assert mode_of(["run.py", "--algorithm=fedavg", "--fededs"]) == "fededs"
+  assert mode_of(["run.py", "--algorithm=fedprox", "--fededs_ablation=s1"]) == "fededs"
+  flagfile = tmp_path / "x.flags"
+  flagfile.write_text("--algorithm=double_compensation\n--num_updates=5\n")
+  assert mode_of(["run.py", f"--flagfile={flagfile}"]) == "async"
+  with pytest.raises(SystemExit, match="--algorithm"):
+    mode_of(["run.py", "--algorithm=fedasync,pafed"])
+
+
+def test_run_py_runs_the_virtual_clock_family(tmp_path):
+  res = run(["--algorithm=fedasync,fedbuff", "--num_updates=20", "--eval_every=10",
+             f"--output_dir={tmp_path}"], timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  for name in ("fedasync", "fedbuff"):
+    summary = json.load(open(tmp_path / name / "summary.json"))
+    assert summary["run"] == name and "staleness_histogram" in json.dumps(summary)
+  assert "| fedasync |" in res.stdout and "| fedbuff |" in res.stdout
+  res = run(["--algorithm=fedbuff", "--concurrency=0", f"--output_dir={tmp_path}"])
+  assert res.returncode != 0 and "--concurrency" in res.stderr
+
+
+def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
+  res = run(["--algorithm=fedavg", "--fededs", "--quick", "--privacy=false", "--rounds=2",
+             "--encryptor_epochs=1", f"--output_dir={tmp_path}"], timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  table = open(tmp_path / "table.md").read()
+  assert "FedEDS + fedavg" in table and "| fedavg |" in table  # with the base beside it
+  res = run(["--algorithm=pafed", "--fededs", f"--output_dir={tmp_path}"])
+  assert res.returncode != 0 and "--algorithm" in res.stderr
+  res = run(["--algorithm=fedavg", "--fededs_ablation=s3", f"--output_dir={tmp_path}"])
+  assert res.returncode != 0 and "--fededs_ablation" in res.stderr
