@@ -105,16 +105,16 @@ def main(argv):
       })
     print(f"[classification_error] d={d}: {slots} slots, Min in {he_s:.1f}s "
           f"(set-up {t1 - t0:.1f}s)", flush=True)
-  print(f"\npreset {FLAGS.preset}, ring {rows[0]['ring_dim']}; cells: error rate / leak > "
+  print(f"\npreset {FLAGS.preset}; cells: error rate / leak > "
         "10 % rate / mean leaked weight (encrypted); max |encrypted - plaintext Min| "
         f"{max(r['max_abs_he_vs_plain'] for r in rows):.1e}; plaintext-polynomial error "
         f"rate max {max(r['plain_error_rate'] for r in rows):.3f}\n")
   bins = [f"|cos| in [{lo:g}, {hi:g})" for lo, hi in zip(edges, edges[1:])]
-  print("| d | depth | " + " | ".join(bins) + " |")
-  print("|---|---|" + "---|" * len(bins))
+  print("| d | depth | ring | " + " | ".join(bins) + " |")
+  print("|---|---|---|" + "---|" * len(bins))
   for d in depths:
     cells = [r for r in rows if r["d"] == d]
-    print(f"| {d} | {cells[0]['depth']} | " + " | ".join(
+    print(f"| {d} | {cells[0]['depth']} | 2^{int(np.log2(cells[0]['ring_dim']))} | " + " | ".join(
         f"{r['error_rate']:.3f} / {r['leak10_rate']:.3f} / {r['leaked_weight']:.1e}"
         for r in cells) + " |")
   if FLAGS.out_csv:
