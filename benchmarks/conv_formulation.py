@@ -30,6 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -42,27 +43,6 @@ flags.DEFINE_integer("matmul_n", 2048, "Size of the peak matmul.")
 flags.DEFINE_string("out", None, "Append JSON lines here too.")
 
 INPUT_SHAPE = (28, 28, 1)
-
-
-def best_time(fn, reps):
-  """Best wall time of ``fn()`` (which must block) over ``reps`` runs after a warm-up."""
-  fn()
-  best = float("inf")
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
-
-
-def matmul_peak(n, reps):
-  """GFLOP/s of an n^3 float32 matmul."""
-  ka, kb = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(ka, (n, n), jnp.float32)
-  b = jax.random.normal(kb, (n, n), jnp.float32)
-  mm = jax.jit(jnp.matmul)
-  t = best_time(lambda: mm(a, b).block_until_ready(), max(reps, 3))
-  return 2 * n**3 / t / 1e9, t
 
 
 def make_step(impl):
@@ -101,7 +81,7 @@ def client_data(num_clients, batch, w0):
 def time_vmap(step, ws, xs, ys, reps):
   """Seconds for one jit(vmap(step)) over all clients."""
   f = jax.jit(jax.vmap(step))
-  return best_time(lambda: jax.block_until_ready(f(ws, xs, ys)), reps)
+  return common.best_time(lambda: jax.block_until_ready(f(ws, xs, ys)), reps)
 
 
 def time_loop(step, ws, xs, ys, reps):
@@ -109,7 +89,7 @@ def time_loop(step, ws, xs, ys, reps):
   f = jax.jit(step)
   args = [(ws[c], xs[c], ys[c]) for c in range(ws.shape[0])]
   jax.block_until_ready(args)
-  return best_time(lambda: jax.block_until_ready([f(*a) for a in args]), reps)
+  return common.best_time(lambda: jax.block_until_ready([f(*a) for a in args]), reps)
 
 
 def emit(row, out):
@@ -123,7 +103,8 @@ def emit(row, out):
 
 def main(argv):
   del argv
-  peak, t_mm = matmul_peak(FLAGS.matmul_n, FLAGS.reps)
+  peak = common.matmul_peak(FLAGS.matmul_n, max(FLAGS.reps, 3))
+  t_mm = 2 * FLAGS.matmul_n**3 / peak / 1e9
   emit({"row": "peak", "matmul_n": FLAGS.matmul_n, "time_s": round(t_mm, 5),
         "gflops": round(peak, 2), "device": str(jax.devices()[0]),
         "cpu_count": os.cpu_count()}, FLAGS.out)

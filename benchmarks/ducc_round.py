@@ -31,6 +31,7 @@ import numpy as np
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import vectors
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dims", ["32768", "65536"], "Model sizes to measure.")
@@ -52,20 +53,6 @@ STAGES = ("client_encrypt", "inner_products", "min", "weighting", "division", "p
           "eq17", "key_transform", "decrypt")
 
 
-def _unit(x):
-  return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-
-def _with_cos(direction, cosines, dim, rng):
-  """Unit vectors at prescribed cosines to the unit vector ``direction``."""
-  out = []
-  for c in cosines:
-    v = rng.normal(size=dim)
-    v -= (v @ direction) * direction
-    out.append(c * direction + np.sqrt(1 - c * c) * v / np.linalg.norm(v))
-  return np.stack(out)
-
-
 def reference(w, online, delayed, alphas, d):
   """Eq. 17 with DUCC (Alg. 4) in float64 numpy and the same Cheon Min (Alg. 1)."""
   m = online.mean(0)
@@ -81,11 +68,11 @@ def reference(w, online, delayed, alphas, d):
 def measure(proto, dim, rng):
   """Online updates share a common direction (cos ~ 0.3 to it); the delayed ones sit at
   cosines +-0.2..0.9 to the online mean (half of them conflicting)."""
-  common = _unit(rng.normal(size=dim))
-  online = _with_cos(common, [0.3] * FLAGS.online, dim, rng)
-  m_hat = _unit(online.mean(0))
+  common = vectors.unit(rng.normal(size=dim))
+  online = vectors.with_cos(common, [0.3] * FLAGS.online, dim, rng)
+  m_hat = vectors.unit(online.mean(0))
   cos = rng.uniform(0.2, 0.9, FLAGS.delayed) * np.where(np.arange(FLAGS.delayed) % 2, -1, 1)
-  delayed = _with_cos(m_hat, cos, dim, rng)
+  delayed = vectors.with_cos(m_hat, cos, dim, rng)
   w = rng.normal(size=dim) * 0.05
   alphas = (1.0, 0.5, 0.5)
   proto.dim = dim

@@ -16,31 +16,12 @@ from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async import engine
 from fedjax_async.algorithms import get
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "experiments", "run.py")
+from run_script import ROOT, RUN, env, read_rows, run, without_wall  # noqa: F401
 ROUNDS = 40
 ARGS = ["--algorithm=pafed", "--dataset=synthetic", "--num_clients=30",
         "--participation=0.34", f"--rounds={ROUNDS}", "--local_epochs=1", "--batch_size=10",
         "--lr=0.05", "--delay_fraction=0.3", "--max_delay=2", "--rounds_per_call=2",
         "--checkpoint_every=4", "--keep_checkpoints=2", "--seed=5"]
-
-
-def env():
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-
-
-def run(args, timeout=300):
-  return subprocess.run([sys.executable, RUN] + list(args), env=env(), capture_output=True,
-                        text=True, timeout=timeout)
-
-
-def read_rows(path):
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def without_wall(rows):
-  return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 
 def test_round_trip_restores_every_array_and_the_rows(tmp_path):

@@ -15,26 +15,13 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import vectors
 
 PRESET = "insecure_test"
 DIM = 1500  # two ciphertexts of 1024 slots: exercises chunking
 D_SMALL = 5  # Cheon iterations for the fast protocol (depth 2*5 + 7 = 17)
 D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth 27)
 ALPHAS = (0.7, 0.5, 0.3)
-
-
-def _unit(x):
-  return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-
-def _with_cos(direction, cosines, dim, rng):
-  """Unit vectors with prescribed cosines to the unit vector ``direction``."""
-  out = []
-  for c in cosines:
-    v = rng.normal(size=dim)
-    v -= (v @ direction) * direction
-    out.append(c * direction + np.sqrt(1 - c * c) * v / np.linalg.norm(v))
-  return np.stack(out)
 
 
 def _expected(w, online, delayed, min_fn, alphas=ALPHAS):
@@ -51,8 +38,8 @@ def protocol():
 @pytest.fixture(scope="module")
 def round_data():
   rng = np.random.default_rng(1)
-  online = _unit(rng.normal(size=(3, DIM)) + 2.0 * rng.normal(size=DIM))
-  m_hat = _unit(online.mean(0))
+  online = vectors.unit(rng.normal(size=(3, DIM)) + 2.0 * rng.normal(size=DIM))
+  m_hat = vectors.unit(online.mean(0))
   return rng, online, m_hat
 
 
@@ -101,7 +88,7 @@ def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
   cos = {"mixed": [0.6, -0.5, 0.3, -0.8], "all_conflicting": [-0.6, -0.3, -0.9],
          "none_conflicting": [0.5, 0.2, 0.9],
          "near_orthogonal": [0.03, -0.02, 0.05, 0.04]}[case]
-  delayed = _with_cos(m_hat, cos, DIM, rng)
+  delayed = vectors.with_cos(m_hat, cos, DIM, rng)
   w = rng.normal(size=DIM) * 0.1
   got, timings = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
@@ -113,7 +100,7 @@ def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
 def test_secure_ducc_components_and_depth(protocol, round_data):
   """m, m1, m2 separately (alpha one-hot) and the levels consumed = ducc_depth(d)."""
   rng, online, m_hat = round_data
-  delayed = _with_cos(m_hat, [0.7, -0.4, -0.6], DIM, rng)
+  delayed = vectors.with_cos(m_hat, [0.7, -0.4, -0.6], DIM, rng)
   w = np.zeros(DIM)
   ducc = [np.asarray(x, np.float64)
           for x in pafed.ducc(online, delayed, cheon.make_cheon_min(D_SMALL))]
@@ -135,9 +122,9 @@ def test_secure_ducc_matches_exact_min():
   rng = np.random.default_rng(5)
   dim = 700
   proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=D_EXACT, seed=3)
-  online = _unit(rng.normal(size=(4, dim)) + 1.5 * rng.normal(size=dim))
-  m_hat = _unit(online.mean(0))
-  delayed = _with_cos(m_hat, [0.8, -0.45, 0.5, -0.9, 0.45], dim, rng)
+  online = vectors.unit(rng.normal(size=(4, dim)) + 1.5 * rng.normal(size=dim))
+  m_hat = vectors.unit(online.mean(0))
+  delayed = vectors.with_cos(m_hat, [0.8, -0.45, 0.5, -0.9, 0.45], dim, rng)
   w = rng.normal(size=dim)
   got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
   # The plaintext inner products m . u_j: |m . u_j| >= 0.4 * ||m|| here.
@@ -160,7 +147,7 @@ def test_empty_classes_and_no_delayed(protocol, round_data):
 
 def test_key_transformation_keys_and_masks(protocol, round_data):
   rng, online, m_hat = round_data
-  delayed = _with_cos(m_hat, [0.5, -0.5], DIM, rng)
+  delayed = vectors.with_cos(m_hat, [0.5, -0.5], DIM, rng)
   w = rng.normal(size=DIM) * 0.1
   s1 = protocol.s1
   s1.decryption_log.clear()
@@ -224,7 +211,7 @@ def test_s0_holds_no_secret_key(protocol, round_data):
   rng, online, m_hat = round_data
   # Run a round first so any state S0 keeps is populated.
   secure_ducc.secure_pafed_step(protocol, np.zeros(DIM), online,
-                                _with_cos(m_hat, [0.4, -0.4], DIM, rng), ALPHAS)
+                                vectors.with_cos(m_hat, [0.4, -0.4], DIM, rng), ALPHAS)
   found = []
   _walk(protocol.s0, set(), found)
   forbidden = (entities.secret_key_type(), entities.HelperServer, entities.Client,
@@ -250,7 +237,7 @@ def test_ducc_depth_error_names_needed_depth(round_data):
   proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10, seed=0)
   with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 15"):
     secure_ducc.secure_pafed_step(proto, np.zeros(64), online[:, :64],
-                                  _unit(rng.normal(size=(2, 64))), ALPHAS)
+                                  vectors.unit(rng.normal(size=(2, 64))), ALPHAS)
 
 
 def test_min_depth_error_names_needed_depth():

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "experiments", "run.py")
+from run_script import ROOT, RUN, env, read_rows, run, without_wall  # noqa: F401
 ALGS = ("fedavg", "fedprox", "fednova", "fedadmm", "pafed")
 ROUNDS = 20
 # Tiny but real: Synthetic(1,1), 30 clients, 10 per round, a third of them delayed.
@@ -23,21 +22,6 @@ TINY = ["--dataset=synthetic", "--num_clients=30", "--participation=0.34",
 ROW_KEYS = {"round", "online", "delayed", "dropped", "mean_staleness", "max_staleness",
             "train_loss", "client_steps", "nonfinite", "test_accuracy", "test_loss",
             "wall_time"}
-
-
-def run(args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  return subprocess.run([sys.executable, RUN] + list(args), env=env, capture_output=True,
-                        text=True, timeout=timeout)
-
-
-def read_rows(path):
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def without_wall(rows):
-  return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +100,7 @@ def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
 
 def _run_module():
   import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("run_script", RUN)
+  spec = importlib.util.spec_from_file_location("experiments_run", RUN)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod

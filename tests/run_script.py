@@ -1,0 +1,28 @@
+"""Shared by the tests that run experiments/run.py in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "experiments", "run.py")
+
+
+def env():
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+
+
+def run(args, timeout=300):
+  """experiments/run.py with ``args``; returns the CompletedProcess (text output)."""
+  return subprocess.run([sys.executable, RUN] + list(args), env=env(), capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def read_rows(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def without_wall(rows):
+  return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
