@@ -204,3 +204,18 @@ def test_flop_counts():
   assert models.count_flops(models.CNN(), (28, 28, 1), batch) > fwd
   step = models.train_step_flops(models.CNN(impl="lax"), (28, 28, 1), batch)
   assert 2.5 * fwd <= step <= 3.5 * fwd
+
+
+def test_max_pool2_equals_flax_max_pool_in_value_and_gradient():
+  # As in the CNNs, pooling follows a ReLU: windows of zeros tie, and the two poolings
+  # route those ties' gradient differently, but the ReLU's gradient at 0 is 0, so the
+  # gradient with respect to the pre-activation must agree exactly.
+  v = jax.random.normal(jax.random.key(3), (2, 28, 28, 8))
+  for h, w in ((28, 28), (7, 7)):  # 7: odd sizes crop the last row/column (VALID)
+    vs = v[:, :h, :w]
+    np.testing.assert_array_equal(models.max_pool2(jax.nn.relu(vs)),
+                                  models.max_pool2_window(jax.nn.relu(vs)))
+    g = jax.random.normal(jax.random.key(4), models.max_pool2(vs).shape)
+    grad = lambda pool: jax.grad(lambda u: jnp.sum(pool(jax.nn.relu(u)) * g))(vs)
+    np.testing.assert_array_equal(grad(models.max_pool2), grad(models.max_pool2_window))
+    assert np.count_nonzero(grad(models.max_pool2)) > 0
