@@ -103,7 +103,7 @@ class Workload:
   epochs: int = 1
   rounds: int = 3
   algorithm: str = "fedavg"
-  impl: str = "patches"
+  impl: str = "slices"
   seed: int = 0
   jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
 

@@ -4,16 +4,20 @@ The engine trains every client of a round inside one ``jax.vmap`` over a client 
 each client with its own flat parameter vector. A convolution whose kernel is batched
 over clients can lower badly on CPU, so the convolutional models take ``impl``:
 
-* ``"patches"`` (default): :class:`PatchConv`, ``lax.conv_general_dilated_patches``
-  then one GEMM against the reshaped kernel;
-* ``"slices"``: :class:`PatchConv` with im2col built from kh*kw shifted slices (no
-  grouped convolution in the forward or backward pass) then the same GEMM;
+* ``"slices"`` (default): :class:`PatchConv` with im2col built from kh*kw shifted slices
+  (no grouped convolution in the forward or backward pass) then one GEMM against the
+  kernel;
+* ``"patches"``: :class:`PatchConv` with ``lax.conv_general_dilated_patches`` for the
+  im2col;
 * ``"lax"``: ``flax.linen.Conv``.
 
 All three have the same parameter names, shapes and initialisers, so parameters are
 interchangeable. Which is fastest depends on the machine and jax version; measure with
-``benchmarks/conv_formulation.py`` (on the 2-core CPU with jax 0.6.2 where this was
-written, "lax" and "slices" were both faster than "patches").
+``benchmarks/cnn_profile.py`` / ``benchmarks/conv_formulation.py``. On the 2-core CPU with
+jax 0.6.2 where this was written, vmapped over 50 clients, a local step of the PAFed CNN
+took 1.11 s with "slices", 2.43 s with "patches" (whose backward, a transposed
+identity convolution, alone took 1.6 s for conv2), and "lax" was as fast as "slices" in
+isolation but 3x slower than it inside the engine's scan (docs/performance.md).
 
 Public API:
 
@@ -229,7 +233,7 @@ class CNN(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "patches"
+  impl: str = "slices"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -267,7 +271,7 @@ class CIFAR100CNN(nn.Module):
   """
 
   num_classes: int = 100
-  impl: str = "patches"
+  impl: str = "slices"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -291,7 +295,7 @@ class SimpleCNN(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "patches"
+  impl: str = "slices"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -320,7 +324,7 @@ class BasicBlock(nn.Module):
 
   features: int
   strides: int = 1
-  impl: str = "patches"
+  impl: str = "slices"
   norm: str = "group"
   groups: int = 2
 
@@ -350,7 +354,7 @@ class ResNet18(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "patches"
+  impl: str = "slices"
   norm: str = "group"
   groups: int = 2
 
@@ -381,7 +385,7 @@ _CONV_MODELS = {
 
 
 def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
-              impl: str = "patches") -> nn.Module:
+              impl: str = "slices") -> nn.Module:
   """The model called ``name`` for per-example inputs of ``input_shape``.
 
   ``impl`` ("patches", "slices" or "lax") selects the convolution of conv models.
