@@ -31,6 +31,7 @@ flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
 flags.DEFINE_string("impl", "slices", "Conv implementation (slices | patches | lax).")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
+flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 
@@ -46,7 +47,8 @@ def main(_):
   for k in map(int, FLAGS.clients):
     wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
                          batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl)
-    prep, run, _ = common.engine_runner(wl)
+    prep, run, _ = common.engine_runner(
+        wl, wl.engine_config(client_chunk=FLAGS.client_chunk or None))
     t = common.timed(prep, run, FLAGS.reps)
     flops = step_flops * wl.client_steps_per_round * FLAGS.rounds
     t_loop = float("nan")
@@ -55,7 +57,8 @@ def main(_):
       t_loop = common.timed(lprep, lrun, FLAGS.reps)
     row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl,
                clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
-               rounds=FLAGS.rounds, engine_s=t, loop_s=t_loop,
+               rounds=FLAGS.rounds, client_chunk=FLAGS.client_chunk, engine_s=t,
+               loop_s=t_loop,
                gflops=flops / t / 1e9, loop_gflops=flops / t_loop / 1e9,
                peak_gflops=peak, fraction_of_peak=flops / t / 1e9 / peak,
                speedup_vs_loop=t_loop / t,

@@ -73,12 +73,38 @@ class EngineConfig:
   gathered per-client arrays of a round are constrained to it, so local training runs
   split over the mesh's devices (K must be a multiple of the device count; see
   ``fedjax_async.sharding.pad_timeline``). ``None`` (default) leaves the round unchanged.
+
+  ``client_chunk`` (optional, G): train the round's K clients as ``lax.map`` over
+  ceil(K / G) chunks of G vmapped clients instead of one vmap of K. Same results; the
+  training intermediates (activations, gradients, momentum) exist for G clients at a
+  time, so large models at large K fit in memory and a chunk's parameters stay in cache
+  (docs/performance.md). ``None`` (default): one vmap over all K.
   """
 
   local: client_lib.LocalConfig
   ring_size: int
   eval_batch: int = 1000
   client_sharding: Optional[Any] = None
+  client_chunk: Optional[int] = None
+
+
+def chunked_vmap(fn: Callable, chunk: Optional[int], *args):
+  """``jax.vmap(fn)(*args)``, or the same as ``lax.map`` over chunks of ``chunk`` rows
+  (the leading axis is padded to a multiple of ``chunk`` with copies of row 0, whose
+  results are dropped)."""
+  k = jax.tree.leaves(args)[0].shape[0]
+  if chunk is None or chunk >= k:
+    return jax.vmap(fn)(*args)
+  num = -(-k // chunk)
+  pad = num * chunk - k
+
+  def split(a):
+    if pad:
+      a = jnp.concatenate([a, jnp.broadcast_to(a[:1], (pad,) + a.shape[1:])])
+    return a.reshape((num, chunk) + a.shape[1:])
+
+  out = jax.lax.map(lambda xs: jax.vmap(fn)(*xs), jax.tree.map(split, args))
+  return jax.tree.map(lambda a: a.reshape((num * chunk,) + a.shape[2:])[:k], out)
 
 
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
@@ -153,9 +179,11 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
         (w_start, cstate, x, y, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
-  res = jax.vmap(train)(w_start, cstate, x, y, n, keys)
-  out = jax.vmap(algorithm.client_final, in_axes=(0, 0, 0, 0, None))(
-      w_start, res.w_end, cstate, res.num_steps, hp)
+  def train_and_final(w0, cs, xi, yi, ni, ki):
+    res = train(w0, cs, xi, yi, ni, ki)
+    return res, algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
+
+  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, x, y, n, keys)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
   arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],
