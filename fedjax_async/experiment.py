@@ -64,7 +64,7 @@ class RunConfig:
   seed: int = 0
   eval_every: int = 1
   rounds_per_call: int = 10
-  client_chunk: int = 0  # G: train a round's clients in lax.map chunks of G (0: one vmap)
+  client_chunk: int = -1  # G: a round's clients in lax.map chunks of G; 0 one vmap; -1 auto
   output_dir: str = "runs/latest"
   secure_aggregation: str = "none"
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
@@ -109,8 +109,9 @@ def validate(cfg: RunConfig):
   check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
   check(cfg.rounds_per_call >= 1, "rounds_per_call",
         f"must be >= 1, got {cfg.rounds_per_call}")
-  check(cfg.client_chunk >= 0, "client_chunk",
-        f"must be >= 0 (0 = all clients of a round in one vmap), got {cfg.client_chunk}")
+  check(cfg.client_chunk >= -1, "client_chunk",
+        f"must be >= -1 (-1 = auto, 0 = all clients of a round in one vmap), got "
+        f"{cfg.client_chunk}")
   check(cfg.checkpoint_every >= 0, "checkpoint_every",
         f"must be >= 0 (0 = off), got {cfg.checkpoint_every}")
   check(cfg.keep_checkpoints >= 1, "keep_checkpoints",
@@ -175,8 +176,8 @@ def define_flags():
   f.DEFINE_integer("rounds_per_call", d.rounds_per_call,
                    "Rounds fused into one jitted scan between host visits.")
   f.DEFINE_integer("client_chunk", d.client_chunk, "Train a round's clients as lax.map over "
-                   "chunks of this many vmapped clients (0: one vmap over all; use for "
-                   "large models at large K: memory, cache locality).")
+                   "chunks of this many vmapped clients (0: one vmap over all; -1: auto, "
+                   "1 for models of >= 100k parameters on CPU, else 0).")
   f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
@@ -327,7 +328,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed_data.max_examples,
                              cfg.random_local_epochs), cfg.delay.ring_size,
-      client_chunk=cfg.client_chunk or None)
+      client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
+                    else cfg.client_chunk or None))
   data = engine.DeviceData.from_federated(fed_data)
   state = engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed)
   run_cfg = run_config_for(cfg, name)

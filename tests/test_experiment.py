@@ -90,7 +90,7 @@ def test_same_seed_gives_identical_metrics(all_algorithms, tmp_path):
 
 @pytest.mark.parametrize("flag,value", [("participation", "1.5"), ("algorithm", "nope"),
                                         ("rho", "0"), ("delay_fraction", "-0.1"),
-                                        ("checkpoint_every", "-1"), ("client_chunk", "-1")])
+                                        ("checkpoint_every", "-1"), ("client_chunk", "-2")])
 def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   res = run(["--rounds=2", f"--output_dir={tmp_path}", f"--{flag}={value}"], timeout=120)
   assert res.returncode != 0
