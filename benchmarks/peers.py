@@ -245,6 +245,8 @@ def main_driver(argv):
   p.add_argument("--systems", default="engine,loop,pfl,flower")
   p.add_argument("--peers_python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
   p.add_argument("--peer_timeout", type=int, default=900)
+  p.add_argument("--client_chunk", type=int, default=-1,
+                 help="engine: clients per vmapped chunk (0: all; -1: engine's auto rule)")
   p.add_argument("--tag", default="")
   args = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -260,7 +262,11 @@ def main_driver(argv):
                          examples=args.examples, batch=args.batch,
                          rounds=args.engine_rounds)
     if "engine" in systems:
-      prep, run, _ = common.engine_runner(wl)
+      from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+      chunk = (engine.auto_client_chunk(wl.dim) if args.client_chunk < 0
+               else args.client_chunk or None)
+      notes["engine"] = {"client_chunk": chunk}
+      prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
       res["engine"] = common.timed(prep, run, args.reps) / args.engine_rounds
     if "loop" in systems:
       lprep, lrun = common.loop_runner(wl)

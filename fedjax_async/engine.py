@@ -195,7 +195,8 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
   def train_and_final(w0, cs, xi, yi, ni, ki):
     res = train(w0, cs, xi, yi, ni, ki)
-    return res, algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
+    out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
+    return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
   res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, x, y, n, keys)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
