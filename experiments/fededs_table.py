@@ -47,7 +47,9 @@ flags.DEFINE_string("bases", "fedavg,fedprox,fednova", "Base algorithms.")
 flags.DEFINE_string("variants", "base,fededs", "Any of base, s1 (annealing only), "
                     "s2 (sharing only), fededs.")
 flags.DEFINE_integer("rounds", 30, "Communication rounds T (paper: 30 on Fashion-MNIST).")
-flags.DEFINE_string("model", "cnn", "cnn (PAFed CNN, split after FC 512) | mlp.")
+flags.DEFINE_string("model", "cnn", "cnn (PAFed CNN, split after FC 512) | mlp | resnet18 "
+                    "(the paper's ResNet-18 without BatchNorm, split after the global pool; "
+                    "slow on CPU).")
 flags.DEFINE_integer("hidden", 512, "Feature width (the stochastic layer's size).")
 flags.DEFINE_integer("train_subset", 0, "Use n random training examples (0 = all 60000).")
 flags.DEFINE_integer("test_subset", 0, "Evaluate on the first n test examples (0 = all).")
@@ -124,8 +126,11 @@ def validate():
   for name, ok in checks:
     if not ok:
       raise app.UsageError(f"--{name} out of range: {getattr(FLAGS, name)!r}")
-  if FLAGS.model not in ("cnn", "mlp"):
-    raise app.UsageError(f"--model must be cnn or mlp, got {FLAGS.model!r}")
+  if FLAGS.model not in ("cnn", "mlp", "resnet18"):
+    raise app.UsageError(f"--model must be cnn, mlp or resnet18, got {FLAGS.model!r}")
+  if FLAGS.model == "resnet18" and FLAGS.hidden != 512:
+    raise app.UsageError(f"--hidden must be 512 with --model=resnet18 (its pooled "
+                         f"features), got {FLAGS.hidden}")
   if FLAGS.transfer_mode not in ("sample", "all"):
     raise app.UsageError(f"--transfer_mode must be sample or all, got {FLAGS.transfer_mode!r}")
   return alphas, ks, bases, variants

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from fedjax_async import client as client_lib
+from fedjax_async import models
 from fedjax_async.algorithms import base
 
 Array = jax.Array
@@ -144,19 +145,17 @@ def _flatten(x):
   return x.reshape(x.shape[0], -1)
 
 
-def _pool(x):
-  return nn.max_pool(x, (2, 2), strides=(2, 2))
-
-
 class CNNFeatures(nn.Module):
-  """theta_g of the PAFed CNN: conv5x5x32-pool-conv5x5x64-pool-FC(hidden), ReLUs."""
+  """theta_g of the PAFed CNN: conv5x5x32-pool-conv5x5x64-pool-FC(hidden), ReLUs (the
+  vmap-friendly convolution and pooling of ``fedjax_async.models``; same parameters as
+  ``nn.Conv``)."""
 
   hidden: int = 512
 
   @nn.compact
   def __call__(self, x):
-    x = _pool(nn.relu(nn.Conv(32, (5, 5), name="conv1")(x)))
-    x = _pool(nn.relu(nn.Conv(64, (5, 5), name="conv2")(x)))
+    x = models.max_pool2(nn.relu(models.make_conv("slices", 32, (5, 5), name="conv1")(x)))
+    x = models.max_pool2(nn.relu(models.make_conv("slices", 64, (5, 5), name="conv2")(x)))
     return nn.relu(nn.Dense(self.hidden, name="fc1")(_flatten(x)))
 
 
@@ -189,21 +188,29 @@ class SplitModel:
   reads.
   """
 
-  kind: str  # "cnn" | "mlp"
+  kind: str  # "cnn" | "mlp" | "resnet18"
   num_classes: int
   input_shape: Tuple[int, ...]
   hidden: int = 512
 
   def __post_init__(self):
-    if self.kind not in ("cnn", "mlp"):
-      raise ValueError(f"SplitModel.kind must be 'cnn' or 'mlp', got {self.kind!r}")
+    if self.kind not in ("cnn", "mlp", "resnet18"):
+      raise ValueError(f"SplitModel.kind must be 'cnn', 'mlp' or 'resnet18', got "
+                       f"{self.kind!r}")
+    if self.kind == "resnet18" and self.hidden != 512:
+      raise ValueError(f"resnet18's pooled features are 512 wide; got hidden={self.hidden}")
 
   @property
   def feature_dim(self) -> int:
     return self.hidden
 
   def _modules(self):
-    feats = (CNNFeatures(self.hidden) if self.kind == "cnn" else MLPFeatures(self.hidden))
+    if self.kind == "resnet18":  # the paper's model: ResNet-18 without BatchNorm
+      feats = models.ResNet18(self.num_classes, norm="none", include_top=False)
+    elif self.kind == "cnn":
+      feats = CNNFeatures(self.hidden)
+    else:
+      feats = MLPFeatures(self.hidden)
     return feats, Classifier(self.num_classes)
 
   def init(self, key) -> Tuple[Any, Any]:
@@ -310,8 +317,8 @@ class UNet(nn.Module):
   def __call__(self, x):
     w = self.width
     x1 = _DoubleConv(w)(x)
-    x2 = _DoubleConv(2 * w)(_pool(x1))
-    x3 = _DoubleConv(4 * w)(_pool(x2))
+    x2 = _DoubleConv(2 * w)(models.max_pool2(x1))
+    x3 = _DoubleConv(4 * w)(models.max_pool2(x2))
     u2 = nn.ConvTranspose(2 * w, (2, 2), strides=(2, 2))(x3)
     u2 = _DoubleConv(2 * w)(jnp.concatenate([u2, x2], -1))
     u1 = nn.ConvTranspose(w, (2, 2), strides=(2, 2))(u2)

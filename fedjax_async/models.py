@@ -357,6 +357,7 @@ class ResNet18(nn.Module):
   impl: str = "slices"
   norm: str = "group"
   groups: int = 2
+  include_top: bool = True  # False: return the 512 global-pooled features (FedEDS's theta_g)
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -368,7 +369,10 @@ class ResNet18(nn.Module):
         strides = 2 if stage > 0 and block == 0 else 1
         x = BasicBlock(width, strides, self.impl, self.norm, self.groups,
                        name=f"layer{stage + 1}_{block}")(x)
-    return nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
+    pooled = jnp.mean(x, axis=(1, 2))
+    if not self.include_top:
+      return pooled
+    return nn.Dense(self.num_classes, name="fc")(pooled)
 
 
 # --------------------------------------------------------------------------- registry

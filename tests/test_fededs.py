@@ -305,3 +305,16 @@ def test_privacy_report_and_grid(generation, tmp_path):
   fededs.save_encryption_grid(x[0, :4], gen.shared.x[0, :4], path, x[0, :4])
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resnet18_split_model_is_the_paper_model_without_batch_norm():
+  model = fededs.SplitModel("resnet18", 10, (28, 28, 1))
+  theta_g, theta_c = model.init(jax.random.key(0))
+  names = " ".join(jax.tree_util.keystr(p) for p, _ in
+                   jax.tree_util.tree_flatten_with_path(theta_g)[0])
+  assert "layer4_1" in names and "norm" not in names.lower()  # no normalisation layers
+  x = jnp.ones((2, 28, 28, 1))
+  assert model.features(theta_g, x).shape == (2, 512)
+  assert model.forward(theta_g, theta_c, x).shape == (2, 10)
+  with pytest.raises(ValueError, match="512"):
+    fededs.SplitModel("resnet18", 10, (28, 28, 1), hidden=64)
