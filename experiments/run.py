@@ -41,7 +41,10 @@ def mode_of(argv) -> str:
   'async' (the virtual-clock family: experiments/async_family.py's flags) or 'fededs'
   (experiments/fededs_table.py's flags). Decided from --algorithm / --fededs before absl
   parses the command line, because each driver defines its own flags."""
-  args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
+  try:
+    args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
+  except flags.Error as e:  # e.g. a --flagfile that cannot be read
+    sys.exit(f"error: --flagfile: {e}")
   names, fededs = None, False
   for i, a in enumerate(args):
     if a.startswith("--algorithm="):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -389,7 +390,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             apply_flat, algorithm, ecfg, state, tl, cfg.hparams(), data,
             preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth, on_chunk=on_chunk,
             eval_every=cfg.eval_every, seed=cfg.seed,
-            stream=open(os.devnull, "w") if quiet else sys.stdout)
+            stream=io.StringIO() if quiet else sys.stdout)
       else:
         runner = engine.make_runner(apply_flat, algorithm, ecfg)
         state, _ = engine.simulate(runner, state, tl, cfg.hparams(), data,

@@ -143,3 +143,9 @@ def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
   assert res.returncode != 0 and "--algorithm" in res.stderr
   res = run(["--algorithm=fedavg", "--fededs_ablation=s3", f"--output_dir={tmp_path}"])
   assert res.returncode != 0 and "--fededs_ablation" in res.stderr
+
+
+def test_unreadable_flagfile_names_the_file(tmp_path):
+  res = run([f"--flagfile={tmp_path / 'missing.flags'}"])
+  assert res.returncode != 0
+  assert "--flagfile" in res.stderr and "missing.flags" in res.stderr
