@@ -263,6 +263,7 @@ def header_for(base: experiment.RunConfig, config: str, num_seeds: int) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  experiment.quiet_library_logs(FLAGS)
   try:
     apply_preset(FLAGS.config)
     base = experiment.config_from_flags(FLAGS)

@@ -32,6 +32,7 @@ sweep.define_sweep_flags()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  experiment.quiet_library_logs(flags.FLAGS)
   sweep.main_from_flags(flags.FLAGS)
 
 

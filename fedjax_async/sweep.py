@@ -363,15 +363,15 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
     w.writerow(cols)
     for r in rows:
       w.writerow([r[c] for c in cols])
-  lines = ["| algorithm | " + " | ".join(names) + (" | seeds | average best accuracy | "
-                                                     "final accuracy | diverged |"),
-           "|---" * (len(names) + 5) + "|"]
+  header = ["algorithm", *names, "seeds", "average best accuracy", "final accuracy",
+            "diverged"]
+  lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
   for r in rows:
-    vals = " | ".join(f"{r[n]:g}" for n in names)
-    lines.append(f"| {r['algorithm']} | {vals}{' | ' if names else ''}{r['num_seeds']} | "
-                 f"{r['average_best_accuracy_mean']:.4f} ± {r['average_best_accuracy_std']:.4f}"
-                 f" | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
-                 f"{r['diverged']} |")
+    cells = [r["algorithm"], *(f"{r[n]:g}" for n in names), str(r["num_seeds"]),
+             f"{r['average_best_accuracy_mean']:.4f} ± {r['average_best_accuracy_std']:.4f}",
+             f"{r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f}",
+             str(r["diverged"])]
+    lines.append("| " + " | ".join(cells) + " |")
   md = "\n".join(lines)
   with open(os.path.join(out_dir, "aggregate.md"), "w") as f:
     f.write(md + "\n")

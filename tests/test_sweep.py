@@ -187,3 +187,13 @@ def test_sharded_over_four_host_devices():
   for i, c in enumerate(cfgs):
     state, _ = separate_run(c, "pafed", fed)
     np.testing.assert_allclose(result["w"][i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
+
+
+def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
+  row = {"algorithm": "fedavg", "lr": 0.1, "num_seeds": 2,
+         "average_best_accuracy_mean": 0.5, "average_best_accuracy_std": 0.01,
+         "final_accuracy_mean": 0.4, "final_accuracy_std": 0.02, "diverged": 0}
+  for names in ((), ("lr",)):
+    md = sweep.write_aggregate([row], names, str(tmp_path))
+    counts = {line.count("|") for line in md.splitlines()}
+    assert counts == {len(names) + 6}, md
