@@ -253,3 +253,20 @@ def test_min_depth_error_names_needed_depth():
   with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 10"):
     for _ in range(12):
       x = ev.square(x)
+
+
+@pytest.mark.slow
+def test_secure_preset_128_bit_round_matches_plaintext():
+  """The default 128-bit preset (HEStd_128_classic, ring 2^16 at depth 27) end to end:
+  one full round equals the plaintext DUCC with the same Min (slow: ~45 s)."""
+  rng = np.random.default_rng(11)
+  dim = 256
+  proto = secure_ducc.make_protocol(4, dim, "secure", min_depth=D_EXACT, seed=2)
+  assert proto.cc.GetRingDimension() >= 2 ** 15
+  online = vectors.unit(rng.normal(size=(2, dim)) + 1.5 * rng.normal(size=dim))
+  m_hat = vectors.unit(online.mean(0))
+  delayed = vectors.with_cos(m_hat, [0.6, -0.5], dim, rng)
+  w = rng.normal(size=dim)
+  got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
+  want = _expected(w, online, delayed, cheon.make_cheon_min(D_EXACT))
+  assert np.max(np.abs(got - want)) < 1e-4
