@@ -117,12 +117,16 @@ def train(
 
   grad_fn = jax.value_and_grad(loss_fn)
 
-  def client_step(carry, s):
+  # Minibatch rows and masks of every step, computed once before the step loop.
+  steps = jnp.arange(cfg.max_steps)
+  epochs = jnp.minimum(steps // init.spe, cfg.max_epochs - 1)
+  pos = (steps % init.spe)[:, None] * cfg.batch_size + offsets  # [S, B]
+  masks = pos < num_examples
+  all_rows = init.perms[epochs[:, None], jnp.minimum(pos, cfg.max_examples - 1)]
+
+  def client_step(carry, inputs):
     w, opt_state, loss_sum = carry
-    epoch = jnp.minimum(s // init.spe, cfg.max_epochs - 1)
-    pos = (s % init.spe) * cfg.batch_size + offsets
-    mask = pos < num_examples
-    rows = init.perms[epoch, jnp.minimum(pos, cfg.max_examples - 1)]
+    s, rows, mask = inputs
     loss, g = grad_fn(w, x[rows], y[rows], mask, jax.random.fold_in(k_drop, s))
     updates, new_opt_state = opt.update(g, opt_state, w)
     active = s < budget
@@ -131,5 +135,5 @@ def train(
     return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
 
   carry = (w_start, opt.init(w_start), jnp.float32(0.0))
-  (w_end, _, loss_sum), _ = jax.lax.scan(client_step, carry, jnp.arange(cfg.max_steps))
+  (w_end, _, loss_sum), _ = jax.lax.scan(client_step, carry, (steps, all_rows, masks))
   return ClientResult(w_end, budget, loss_sum / jnp.maximum(budget, 1))
