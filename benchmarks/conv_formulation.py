@@ -20,7 +20,6 @@ stdout and, with --out, to that file.
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,7 +18,6 @@ privacy.json (PSNR / SSIM of encrypted vs original, layer on / off: Fig. 3).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import os
 import sys
@@ -29,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_async import algorithms  # noqa: E402

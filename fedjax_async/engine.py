@@ -89,10 +89,10 @@ class EngineConfig:
 
 
 # Models at least this large train one client at a time (``client_chunk=1``) on CPU by
-# default: measured on the 2-core CPU (docs/performance.md), the 1.66M-parameter CNN
-# round ran 1.9-2.1x faster that way than as one vmap of K clients (each client's
-# parameters stay in cache through its step), while 610-parameter logistic regression
-# ran 1.1-1.5x slower (it needs the vmap to amortise per-step overhead).
+# default: measured on the 2-core CPU (docs/performance.md section 2a), the
+# 1.66M-parameter CNN round ran 1.3-1.7x faster that way than as one vmap of K clients
+# (each client's parameters stay in cache through its step), while 610-parameter logistic
+# regression ran 1.1-1.5x slower (it needs the vmap to amortise per-step overhead).
 AUTO_CHUNK_MIN_PARAMS = 100_000
 
 

@@ -11,7 +11,6 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
 import sys
 import time

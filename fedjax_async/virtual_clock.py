@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 

@@ -16,7 +16,7 @@ from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async import engine
 from fedjax_async.algorithms import get
 
-from run_script import ROOT, RUN, env, read_rows, run, without_wall  # noqa: F401
+from run_script import RUN, env, read_rows, run, without_wall
 ROUNDS = 40
 ARGS = ["--algorithm=pafed", "--dataset=synthetic", "--num_clients=30",
         "--participation=0.34", f"--rounds={ROUNDS}", "--local_epochs=1", "--batch_size=10",

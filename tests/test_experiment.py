@@ -3,12 +3,10 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from run_script import ROOT, RUN, env, read_rows, run, without_wall  # noqa: F401
+from run_script import RUN, read_rows, run, without_wall
 ALGS = ("fedavg", "fedprox", "fednova", "fedadmm", "pafed")
 ROUNDS = 20
 # Tiny but real: Synthetic(1,1), 30 clients, 10 per round, a third of them delayed.

@@ -9,7 +9,6 @@ preset (ring 2^11) to keep the suite fast; the 128-bit preset runs in benchmarks
 
 import dataclasses
 import io
-import os
 
 import jax.numpy as jnp
 import numpy as np

@@ -23,8 +23,6 @@ Hyperparameters: ``rho``, ``dc_lambda``, ``dc_lambda_t``, ``server_lr`` (eta),
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 
 from fedjax_async import async_engine

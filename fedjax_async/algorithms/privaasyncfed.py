@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 

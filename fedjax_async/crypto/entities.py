@@ -16,7 +16,7 @@ Key separation (Sec. V-B "System initialization"):
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import openfhe

@@ -106,6 +106,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
         int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)
     first = False
     new_w = jnp.asarray(new_w, jnp.float32)
+    # Simulator diagnostics from the plaintext uploads (no protocol party computes this).
     m = np.mean(uploads[online], axis=0) if online.any() else np.zeros(dim)
     alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
     alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
