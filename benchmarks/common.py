@@ -48,9 +48,28 @@ MODELS = {
 }
 
 
+def cpu_model() -> str:
+  """CPU model name and its widest vector ISA (rows from different hosts differ 2x)."""
+  name, flags = platform.processor() or platform.machine(), set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, val = line.partition(":")
+        if key.strip() == "model name":
+          name = val.strip()
+        elif key.strip() == "flags":
+          flags = set(val.split())
+          break
+  except OSError:
+    pass
+  isa = next((i for i in ("avx512f", "avx2", "avx") if i in flags), "")
+  return f"{name} [{isa}]" if isa else name
+
+
 def machine() -> Dict[str, Any]:
-  """What the figures were measured on."""
-  return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+  """What the figures were measured on (and how busy it was when the run started)."""
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+  return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": len(jax.devices())}
 
@@ -114,7 +133,8 @@ class Workload:
                                                  jax.random.key(self.seed))
     self.dim = int(self.w0.shape[0])
     self.alg = get_algorithm(self.algorithm)
-    self.local = client_lib.LocalConfig(self.batch, self.epochs, self.examples)
+    self.local = client_lib.LocalConfig(self.batch, self.epochs, self.examples,
+                                        momentum=HP["momentum"] > 0)
     self.steps = self.local.max_steps
     rng = np.random.default_rng(self.seed)
     n, m = self.num_clients, self.examples

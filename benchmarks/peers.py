@@ -280,21 +280,37 @@ def main_driver(argv):
       else:
         res[name] = out["s_per_round"]
         notes[name] = {k: v for k, v in out.items() if k != "s_per_round"}
+  # Work per round, the same for every system: forward+backward FLOPs of one batch step
+  # of the model (XLA's cost analysis of the impl="lax" model), against a 2048^3 matmul
+  # measured here, so each system's speed also reads as a fraction of this CPU's peak.
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  name_, shape, classes = common.MODELS["simple_cnn"]
+  step_flops = models.train_step_flops(models.get_model(name_, classes, shape, impl="lax"),
+                                       shape, args.batch)
+  peak = common.matmul_peak()
+  print(f"[peers] {mach}; simple_cnn fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of "
+        f"{args.batch}; matmul peak {peak:.1f} GFLOP/s", flush=True)
   rows = []
   peers = [res[n] for n in ("pfl", "flower") if n in res]
   fastest_peer = min(peers) if peers else float("nan")
   for name in systems:
     t = res.get(name, float("nan"))
+    gflops = steps * step_flops / t / 1e9
     row = dict(bench="peers", system=name, model="simple_cnn", clients_per_round=args.clients,
                examples_per_client=args.examples, batch=args.batch, local_epochs=1,
-               s_per_round=t, client_steps_per_s=steps / t,
+               s_per_round=t, client_steps_per_s=steps / t, gflops=gflops,
+               peak_gflops=peak, fraction_of_peak=gflops / peak,
                engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
                note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
     rows.append(row)
     print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
+          f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.1f} % of peak)  "
           f"engine is {row['engine_speedup']:.3g}x faster   {notes.get(name, '')}", flush=True)
   if "engine" in res and peers:
-    print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x", flush=True)
+    need = 10 * steps * step_flops / fastest_peer / 1e9
+    print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x; 10x the "
+          f"fastest peer would take {need:.0f} GFLOP/s = {need / peak:.2f}x this CPU's "
+          "matmul peak", flush=True)
   common.write_rows("peers", rows)
 
 

@@ -207,7 +207,8 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   if algorithm.pruned and fl.prune_speedup:
     clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
   schedule = vc.simulate(clock, counts, fl.seed)
-  local = client_lib.LocalConfig(fl.batch_size, fl.local_epochs, int(fed.x.shape[1]))
+  local = client_lib.LocalConfig(fl.batch_size, fl.local_epochs, int(fed.x.shape[1]),
+                                 momentum=fl.momentum > 0)
   # 0: the whole concurrency on accelerators; 1 on CPU, where vmapping per-client weights
   # measured slower than one client per scan step (docs/async.md).
   group_size = fl.group_size or (1 if jax.default_backend() == "cpu" else fl.concurrency)

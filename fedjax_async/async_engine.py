@@ -168,7 +168,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
   k_noise = jax.random.fold_in(key, 0x0D15)
   init = client_lib.client_init(k_init, num_examples, lcfg, hp.get("local_epochs"))
   budget = init.num_epochs * init.spe
-  opt = optax.sgd(hp["lr"], momentum=hp["momentum"])
+  opt = client_lib.local_optimizer(hp, lcfg)
   offsets = jnp.arange(lcfg.batch_size)
   w0 = w_start * mask
   sigma = noise_std(hp, num_examples, cfg) if algorithm.dp else jnp.float32(0.0)

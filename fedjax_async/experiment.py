@@ -327,7 +327,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                           cfg.seed)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed_data.max_examples,
-                             cfg.random_local_epochs), cfg.delay.ring_size,
+                             cfg.random_local_epochs, momentum=cfg.momentum > 0),
+      cfg.delay.ring_size,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
                     else cfg.client_chunk or None))
   data = engine.DeviceData.from_federated(fed_data)

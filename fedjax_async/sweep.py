@@ -301,7 +301,9 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
   algorithm = algorithms.get(algorithm_name)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
-                             base.random_local_epochs), base.delay.ring_size)
+                             base.random_local_epochs,
+                             momentum=any(c.momentum > 0 for c in cfgs)),
+      base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
     model_name, w0, fn = experiment.build_model(c, fed_data)

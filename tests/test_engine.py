@@ -54,14 +54,17 @@ W0 = np.random.default_rng(1).normal(scale=0.1, size=D * C + C).astype(np.float3
 # ------------------------------------------------------------ local training
 
 
-def test_local_training_matches_hand_written_sgd():
+@pytest.mark.parametrize("momentum", [HP["momentum"], 0.0])
+def test_local_training_matches_hand_written_sgd(momentum):
+  """Heavy-ball SGD; with momentum 0 the plain-SGD path (no momentum buffer)."""
   x, y, counts, _, _ = toy_data()
-  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M)
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M,
+                               momentum=momentum > 0)
+  hp = {k: jnp.float32(v) for k, v in dict(HP, momentum=momentum).items()}
   i = 3
   key = jax.random.PRNGKey(7)
   res = client_lib.train(apply_flat, get("fedavg"), jnp.asarray(W0), {}, x[i], y[i],
-                         jnp.int32(counts[i]), key, {k: jnp.float32(v) for k, v in HP.items()},
-                         cfg)
+                         jnp.int32(counts[i]), key, hp, cfg)
   # Reference: the same shuffles, minibatches of 4 of the client's own rows, heavy-ball SGD.
   init = client_lib.client_init(jax.random.split(key)[0], counts[i], cfg)
   perms = np.asarray(init.perms)
@@ -78,11 +81,22 @@ def test_local_training_matches_hand_written_sgd():
     for b in range(0, n, 4):
       rows = order[b:b + 4]
       g = jax.grad(loss)(w, x[i][rows], y[i][rows])
-      trace = g + HP["momentum"] * trace
+      trace = g + momentum * trace
       w = w - HP["lr"] * trace
       steps += 1
   assert int(res.num_steps) == steps == 2 * (-(-n // 4))
   np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
+
+
+def test_plain_sgd_config_refuses_a_nonzero_momentum():
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=1, max_examples=M, momentum=False)
+  with pytest.raises(ValueError, match="momentum"):
+    client_lib.local_optimizer({"lr": 0.1, "momentum": 0.5}, cfg)
+  plain = client_lib.local_optimizer({"lr": 0.1, "momentum": 0.0}, cfg)
+  heavy = client_lib.local_optimizer({"lr": 0.1, "momentum": 0.0},
+                                     dataclasses.replace(cfg, momentum=True))
+  assert jax.tree.leaves(plain.init(jnp.zeros(3))) == []  # no momentum buffer carried
+  assert len(jax.tree.leaves(heavy.init(jnp.zeros(3)))) == 1
 
 
 def test_random_local_epochs_within_range():
