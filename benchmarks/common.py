@@ -122,7 +122,7 @@ class Workload:
   epochs: int = 1
   rounds: int = 3
   algorithm: str = "fedavg"
-  impl: str = "slices"
+  impl: str = "vjp"
   seed: int = 0
   jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
 

@@ -34,7 +34,7 @@ from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("clients", ["10", "50"], "Client counts C.")
-flags.DEFINE_list("impls", ["lax", "patches", "slices"],
+flags.DEFINE_list("impls", ["lax", "patches", "slices", "vjp"],
                   "Conv implementations (see fedjax_async.models.CONV_IMPLS).")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")

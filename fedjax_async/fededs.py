@@ -154,8 +154,8 @@ class CNNFeatures(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = models.max_pool2(nn.relu(models.make_conv("slices", 32, (5, 5), name="conv1")(x)))
-    x = models.max_pool2(nn.relu(models.make_conv("slices", 64, (5, 5), name="conv2")(x)))
+    x = models.max_pool2(nn.relu(models.make_conv("vjp", 32, (5, 5), name="conv1")(x)))
+    x = models.max_pool2(nn.relu(models.make_conv("vjp", 64, (5, 5), name="conv2")(x)))
     return nn.relu(nn.Dense(self.hidden, name="fc1")(_flatten(x)))
 
 

@@ -1,23 +1,29 @@
 """Flax (linen) models for the simulator, with a vmap-friendly convolution.
 
-The engine trains every client of a round inside one ``jax.vmap`` over a client axis,
-each client with its own flat parameter vector. A convolution whose kernel is batched
-over clients can lower badly on CPU, so the convolutional models take ``impl``:
+The engine trains every client of a round inside one ``jax.vmap`` over a client axis
+(or, for large models on CPU, one client per ``lax.map`` step: ``client_chunk=1``), each
+client with its own flat parameter vector, and always inside ``lax.scan`` loops (local
+steps, rounds). Convolutions are where XLA:CPU is fragile there, so the convolutional
+models take ``impl``:
 
-* ``"slices"`` (default): :class:`PatchConv` with im2col built from kh*kw shifted slices
-  (no grouped convolution in the forward or backward pass) then one GEMM against the
-  kernel;
-* ``"patches"``: :class:`PatchConv` with ``lax.conv_general_dilated_patches`` for the
-  im2col;
-* ``"lax"``: ``flax.linen.Conv``.
+* ``"vjp"`` (default): ``lax.conv_general_dilated`` in NHWC/HWIO with a hand-written
+  backward (:func:`canonical_conv`) whose two convolutions are again plain NHWC/HWIO
+  convolutions. XLA:CPU runs a convolution inside a while loop 25-50x slower than at top
+  level unless its operands are in the default layout (jax-ml/jax#12868); autodiff's
+  backward convolutions (swapped dimension numbers) are not, these are. Strided
+  convolutions take the "slices" route;
+* ``"slices"``: :class:`PatchConv` with im2col built from kh*kw shifted slices, then one
+  GEMM against the kernel (the default before "vjp");
+* ``"patches"``: :class:`PatchConv` with ``lax.conv_general_dilated_patches``;
+* ``"lax"``: ``flax.linen.Conv`` (autodiff backward: the slow case above).
 
-All three have the same parameter names, shapes and initialisers, so parameters are
-interchangeable. Which is fastest depends on the machine and jax version; measure with
-``benchmarks/cnn_profile.py`` / ``benchmarks/conv_formulation.py``. On the 2-core CPU with
-jax 0.6.2 where this was written, vmapped over 50 clients, a local step of the PAFed CNN
-took 1.11 s with "slices", 2.43 s with "patches" (whose backward, a transposed
-identity convolution, alone took 1.6 s for conv2), and "lax" was as fast as "slices" in
-isolation but 3x slower than it inside the engine's scan (docs/performance.md).
+All four have the same parameter names, shapes and initialisers, so parameters are
+interchangeable. Measured on the 2-core AVX-512 CPU, jax 0.6.2 (docs/performance.md):
+one client per scan step, a simple_cnn round (50 clients, 2 steps) took 1.42 s with
+"vjp", 2.73 s with "slices", 40 s with "lax"; the Fashion-MNIST CNN 48 vs 38 GFLOP/s.
+Vmapped over 10 clients with their own kernels (a grouped convolution) "vjp" and
+"slices" were equal. Re-measure with ``benchmarks/conv_formulation.py`` on another
+machine or jax version.
 
 Public API:
 
@@ -35,6 +41,7 @@ No model has state besides ``'params'``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -47,9 +54,9 @@ from jax.flatten_util import ravel_pytree
 Array = jax.Array
 Padding = str | Sequence[tuple[int, int]]
 
-# "patches": PatchConv via lax.conv_general_dilated_patches; "slices": PatchConv with
-# im2col by shifted slices; "lax": flax.linen.Conv.
-CONV_IMPLS = ("patches", "slices", "lax")
+# "vjp": canonical_conv; "patches": PatchConv via lax.conv_general_dilated_patches;
+# "slices": PatchConv with im2col by shifted slices; "lax": flax.linen.Conv.
+CONV_IMPLS = ("vjp", "patches", "slices", "lax")
 
 
 # ----------------------------------------------------------------------------- layers
@@ -87,7 +94,38 @@ def _patches_slices(x: Array, ksize, strides, padding) -> Array:
   return jnp.concatenate(cols, axis=-1)
 
 
-PATCH_EXTRACTORS = ("xla", "slices")
+PATCH_EXTRACTORS = ("xla", "slices", "vjp")
+
+_DN = ("NHWC", "HWIO", "NHWC")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def canonical_conv(x: Array, kernel: Array, pads) -> Array:
+  """Stride-1 NHWC x HWIO convolution (``pads`` ((top, bottom), (left, right))) whose
+  backward is two more NHWC/HWIO convolutions, so every convolution keeps XLA's default
+  layouts (see the module docstring)."""
+  return lax.conv_general_dilated(x, kernel, (1, 1), pads, dimension_numbers=_DN)
+
+
+def _canonical_conv_fwd(x, kernel, pads):
+  return canonical_conv(x, kernel, pads), (x, kernel)
+
+
+def _canonical_conv_bwd(pads, res, g):
+  x, kernel = res
+  kh, kw = kernel.shape[:2]
+  # dx: correlation of g (padded by k-1-p) with the flipped kernel, in/out swapped.
+  flipped = jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2))
+  gpads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]), (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
+  dx = lax.conv_general_dilated(g, flipped, (1, 1), gpads, dimension_numbers=_DN)
+  # dk[i, j, ci, co] = sum_{n,h,w} xpad[n, h+i, w+j, ci] g[n, h, w, co]: a convolution of
+  # x viewed as [ci, H, W, n] with g viewed as the kernel [Ho, Wo, n, co].
+  dk = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)),
+                                (1, 1), pads, dimension_numbers=_DN)
+  return dx, jnp.transpose(dk, (1, 2, 0, 3))
+
+
+canonical_conv.defvjp(_canonical_conv_fwd, _canonical_conv_bwd)
 
 
 def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME",
@@ -96,9 +134,17 @@ def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME
 
   ``extract="xla"`` uses ``lax.conv_general_dilated_patches`` (features (cin, kh, kw),
   kernel transposed by :func:`patch_kernel`); ``extract="slices"`` builds the patches
-  from kh*kw shifted slices (features (kh, kw, cin), the kernel's own HWIO order).
+  from kh*kw shifted slices (features (kh, kw, cin), the kernel's own HWIO order);
+  ``extract="vjp"`` is no patches at all: :func:`canonical_conv` (strided convolutions
+  take the "slices" route).
   """
   kh, kw, cin, cout = kernel.shape
+  if extract == "vjp" and tuple(strides) == (1, 1):
+    pads = (lax.padtype_to_pads(x.shape[1:3], (kh, kw), (1, 1), padding)
+            if isinstance(padding, str) else padding)
+    return canonical_conv(x, kernel, tuple(tuple(p) for p in pads))
+  if extract == "vjp":  # strided: the patches route
+    extract = "slices"
   if extract == "xla":
     patches, kmat = _patches_xla(x, (kh, kw), strides, padding), patch_kernel(kernel)
   elif extract == "slices":
@@ -124,7 +170,7 @@ class PatchConv(nn.Module):
   use_bias: bool = True
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
-  extract: str = "xla"  # patch extraction: "xla" or "slices" (see patch_conv)
+  extract: str = "xla"  # "xla", "slices" (patches + GEMM) or "vjp" (see patch_conv)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -140,10 +186,10 @@ class PatchConv(nn.Module):
 
 def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SAME",
               use_bias=True, name=None, **kw) -> nn.Module:
-  """``PatchConv`` (impl="patches"/"slices") or ``nn.Conv`` (impl="lax"), equal params."""
+  """``PatchConv`` (impl="patches"/"slices"/"vjp") or ``nn.Conv`` (impl="lax"), equal params."""
   kernel_size, strides = tuple(kernel_size), tuple(strides)
-  if impl in ("patches", "slices"):
-    extract = "xla" if impl == "patches" else "slices"
+  if impl in ("patches", "slices", "vjp"):
+    extract = {"patches": "xla", "slices": "slices", "vjp": "vjp"}[impl]
     return PatchConv(features, kernel_size, strides, padding, use_bias, name=name,
                      extract=extract, **kw)
   if impl == "lax":
@@ -233,7 +279,7 @@ class CNN(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "slices"
+  impl: str = "vjp"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -271,7 +317,7 @@ class CIFAR100CNN(nn.Module):
   """
 
   num_classes: int = 100
-  impl: str = "slices"
+  impl: str = "vjp"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -295,7 +341,7 @@ class SimpleCNN(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "slices"
+  impl: str = "vjp"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -324,7 +370,7 @@ class BasicBlock(nn.Module):
 
   features: int
   strides: int = 1
-  impl: str = "slices"
+  impl: str = "vjp"
   norm: str = "group"
   groups: int = 2
 
@@ -354,7 +400,7 @@ class ResNet18(nn.Module):
   """
 
   num_classes: int = 10
-  impl: str = "slices"
+  impl: str = "vjp"
   norm: str = "group"
   groups: int = 2
   include_top: bool = True  # False: return the 512 global-pooled features (FedEDS's theta_g)
@@ -389,10 +435,10 @@ _CONV_MODELS = {
 
 
 def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
-              impl: str = "slices") -> nn.Module:
+              impl: str = "vjp") -> nn.Module:
   """The model called ``name`` for per-example inputs of ``input_shape``.
 
-  ``impl`` ("patches", "slices" or "lax") selects the convolution of conv models.
+  ``impl`` ("patches", "slices", "lax" or "vjp") selects the convolution of conv models.
   Raises ValueError for an unknown name or impl, or a non-HWC shape for a conv model.
   """
   if impl not in CONV_IMPLS:

@@ -49,6 +49,25 @@ def test_patch_conv_matches_flax_conv(padding, ksize, cin, cout, strides):
                                y_lax + shifted["params"]["bias"], **TOL)
 
 
+@pytest.mark.parametrize("padding", ["SAME", "VALID", ((2, 0), (1, 3))])
+@pytest.mark.parametrize("ksize,cin,cout", [((1, 1), 3, 4), ((3, 3), 1, 8), ((5, 5), 3, 6),
+                                            ((3, 5), 7, 5)])
+def test_canonical_conv_backward_equals_autodiff(padding, ksize, cin, cout):
+  """The hand-written VJP (two NHWC/HWIO convolutions) against XLA's autodiff."""
+  kx, kk, kg = jax.random.split(jax.random.key(3), 3)
+  x = jax.random.normal(kx, (2, 11, 10, cin))
+  kernel = jax.random.normal(kk, (*ksize, cin, cout))
+  pads = (lax.padtype_to_pads((11, 10), ksize, (1, 1), padding)
+          if isinstance(padding, str) else padding)
+  pads = tuple(tuple(p) for p in pads)
+  y, vjp = jax.vjp(lambda x, k: models.canonical_conv(x, k, pads), x, kernel)
+  y_ref, vjp_ref = jax.vjp(lambda x, k: _ref_conv(x, k, (1, 1), pads), x, kernel)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4)
+  g = jax.random.normal(kg, y.shape)
+  for got, want in zip(vjp(g), vjp_ref(g)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_patch_kernel_ordering_is_cin_kh_kw():
   # conv_general_dilated_patches of a one-hot kernel position picks one input pixel.
   x = jnp.arange(1 * 4 * 4 * 2, dtype=jnp.float32).reshape(1, 4, 4, 2)
@@ -59,7 +78,7 @@ def test_patch_kernel_ordering_is_cin_kh_kw():
 
 
 @pytest.mark.parametrize("padding,extract", [("SAME", "xla"), ("VALID", "xla"),
-                                             ("SAME", "slices")])
+                                             ("SAME", "slices"), ("VALID", "vjp")])
 def test_patch_conv_vmapped_over_client_kernels(padding, extract):
   clients, ksize, cin, cout = 4, (3, 3), 3, 8
   kx, kk, kb = jax.random.split(jax.random.key(1), 3)
@@ -122,7 +141,7 @@ def test_impls_agree_on_models(name, shape):
   lax_model = models.get_model(name, 10, shape, impl="lax")
   params = jax.jit(lax_model.init)(key, x)
   want = jax.jit(lax_model.apply)(params, x)
-  for impl in ("patches", "slices"):
+  for impl in ("patches", "slices", "vjp"):
     got = jax.jit(models.get_model(name, 10, shape, impl=impl).apply)(params, x)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -200,10 +219,14 @@ def test_flop_counts():
   batch = 2
   fwd = models.count_flops(models.CNN(impl="lax"), (28, 28, 1), batch)
   assert 2 * macs * batch <= fwd <= 1.03 * 2 * macs * batch
-  # The patches formulation adds the (counted) patch extraction on top.
-  assert models.count_flops(models.CNN(), (28, 28, 1), batch) > fwd
+  # The patches formulation adds the (counted) patch extraction on top; "vjp" runs the
+  # same convolutions as "lax", forward and (hand-written) backward.
+  assert models.count_flops(models.CNN(impl="slices"), (28, 28, 1), batch) > fwd
+  assert models.count_flops(models.CNN(impl="vjp"), (28, 28, 1), batch) == fwd
   step = models.train_step_flops(models.CNN(impl="lax"), (28, 28, 1), batch)
   assert 2.5 * fwd <= step <= 3.5 * fwd
+  step_vjp = models.train_step_flops(models.CNN(impl="vjp"), (28, 28, 1), batch)
+  assert abs(step_vjp - step) <= 0.05 * step
 
 
 def test_max_pool2_equals_flax_max_pool_in_value_and_gradient():
