@@ -8,7 +8,7 @@ models take ``impl``:
 
 * ``"vjp"`` (default): ``lax.conv_general_dilated`` in NHWC/HWIO with a hand-written
   backward (:func:`canonical_conv`) whose two convolutions are again plain NHWC/HWIO
-  convolutions. XLA:CPU runs a convolution inside a while loop 25-50x slower than at top
+  convolutions. XLA:CPU runs a convolution inside a while loop 14-40x slower than at top
   level unless its operands are in the default layout (jax-ml/jax#12868); autodiff's
   backward convolutions (swapped dimension numbers) are not, these are. Strided
   convolutions take the "slices" route;
@@ -22,8 +22,8 @@ interchangeable. Measured on the 2-core AVX-512 CPU, jax 0.6.2 (docs/performance
 one client per scan step, a simple_cnn round (50 clients, 2 steps) took 1.42 s with
 "vjp", 2.73 s with "slices", 40 s with "lax"; the Fashion-MNIST CNN 48 vs 38 GFLOP/s.
 Vmapped over 10 clients with their own kernels (a grouped convolution) "vjp" and
-"slices" were equal. Re-measure with ``benchmarks/conv_formulation.py`` on another
-machine or jax version.
+"slices" were equal. Re-measure with ``benchmarks/conv_in_scan.py`` and
+``benchmarks/fraction_of_peak.py --impl=...`` on another machine or jax version.
 
 Public API:
 
@@ -116,12 +116,14 @@ def _canonical_conv_bwd(pads, res, g):
   kh, kw = kernel.shape[:2]
   # dx: correlation of g (padded by k-1-p) with the flipped kernel, in/out swapped.
   flipped = jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2))
-  gpads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]), (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
+  gpads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]),
+           (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
   dx = lax.conv_general_dilated(g, flipped, (1, 1), gpads, dimension_numbers=_DN)
   # dk[i, j, ci, co] = sum_{n,h,w} xpad[n, h+i, w+j, ci] g[n, h, w, co]: a convolution of
   # x viewed as [ci, H, W, n] with g viewed as the kernel [Ho, Wo, n, co].
-  dk = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)),
-                                (1, 1), pads, dimension_numbers=_DN)
+  dk = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)),
+                                jnp.transpose(g, (1, 2, 0, 3)), (1, 1), pads,
+                                dimension_numbers=_DN)
   return dx, jnp.transpose(dk, (1, 2, 0, 3))
 
 
@@ -186,7 +188,7 @@ class PatchConv(nn.Module):
 
 def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SAME",
               use_bias=True, name=None, **kw) -> nn.Module:
-  """``PatchConv`` (impl="patches"/"slices"/"vjp") or ``nn.Conv`` (impl="lax"), equal params."""
+  """``PatchConv`` (impl "patches" / "slices" / "vjp") or ``nn.Conv`` ("lax"), same params."""
   kernel_size, strides = tuple(kernel_size), tuple(strides)
   if impl in ("patches", "slices", "vjp"):
     extract = {"patches": "xla", "slices": "slices", "vjp": "vjp"}[impl]
