@@ -32,7 +32,7 @@ from fedjax_async import models  # noqa: E402
 flags.DEFINE_integer("clients", 50, "K, clients vmapped together.")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best reported).")
-flags.DEFINE_string("impl", "vjp", "Conv implementation (vjp | slices | patches | lax).")
+flags.DEFINE_enum("impl", "vjp", ["vjp", "slices", "patches", "lax"], "Conv implementation.")
 flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one full step here.")
 FLAGS = flags.FLAGS
 

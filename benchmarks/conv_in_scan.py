@@ -28,6 +28,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("impls", ["lax", "slices", "vjp"], "Conv implementations.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
+flags.register_validator(
+    "impls", lambda v: set(v) <= set(models.CONV_IMPLS),
+    message=f"--impls: each must be one of {', '.join(models.CONV_IMPLS)}")
 
 STEPS = 3
 # (name, H=W, cin, cout, kernel size, padding): the two models' conv2 layers.

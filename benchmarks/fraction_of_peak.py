@@ -29,7 +29,7 @@ flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local 
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
-flags.DEFINE_string("impl", "vjp", "Conv implementation (vjp | slices | patches | lax).")
+flags.DEFINE_enum("impl", "vjp", ["vjp", "slices", "patches", "lax"], "Conv implementation.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
 flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
