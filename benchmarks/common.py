@@ -6,10 +6,11 @@
   as this machine's attainable peak;
 * ``Workload``: random federated data, a model, an algorithm and a timeline in which every
   round has exactly K online arrivals (no delays), built without any data download;
-* ``engine_runner`` / ``loop_runner``: the same rounds run by the vmapped engine
-  (``engine.make_runner``: several rounds fused into one ``lax.scan``) and by fedjax's
-  pattern (one ``jit`` per-client train function called in a Python loop, then a jitted
-  server step);
+* ``engine_runner`` / ``loop_runner`` / ``fedjax_loop_runner``: the same rounds run by
+  the vmapped engine (``engine.make_runner``: several rounds fused into one ``lax.scan``),
+  by a per-client jit loop (one jitted call trains a whole client, then a jitted server
+  step), and by fedjax's own ``ForEachClientJitBackend`` pattern (jitted ``client_init``,
+  one jitted ``client_step`` call per minibatch, jitted ``client_final``);
 * ``write_rows``: JSON lines and a CSV under ``benchmarks/results/``.
 
 Every benchmark prints its figures; none of them asserts a timing.
@@ -203,22 +204,8 @@ def engine_runner(wl: Workload, cfg: Optional[engine.EngineConfig] = None,
   return prepare, run, compiled
 
 
-def loop_runner(wl: Workload):
-  """(prepare, run): the same rounds, one ``jit`` client call per arrival (fedjax style).
-
-  Per round: for each arrival, a jitted ``train`` + ``client_final`` on that client's data
-  (sliced on the host side of the call, as fedjax feeds each client's batches), then one
-  jitted server step on the stacked uploads. The server step and scatter of client state
-  are the engine's own functions, so the arithmetic is identical.
-  """
-  alg, cfg, hp = wl.alg, wl.local, wl.hp
-
-  @jax.jit
-  def client_fn(w_start, cstate, x, y, n, t, c):
-    key = engine.client_key(base_key, t, c)
-    res = client_lib.train(wl.apply_flat, alg, w_start, cstate, x, y, n, key, hp, cfg)
-    out = alg.client_final(w_start, res.w_end, cstate, res.num_steps, hp)
-    return out.upload, out.state, res.num_steps
+def _server_fn(wl: Workload):
+  """The loops' jitted server step: all uploads of a round arrive fresh (staleness 0)."""
 
   @jax.jit
   def server_fn(w, server_state, uploads, n, steps, t):
@@ -229,16 +216,23 @@ def loop_runner(wl: Workload):
                                num_examples=n.astype(jnp.float32),
                                num_steps=steps.astype(jnp.float32),
                                start_params=jnp.broadcast_to(w, uploads.shape))
-    new_w, ss, _ = alg.server_update(w, server_state, uploads, arr, t, hp)
+    new_w, ss, _ = wl.alg.server_update(w, server_state, uploads, arr, t, wl.hp)
     return new_w, ss
 
-  holder = {}
-  tl = wl.timeline
-  data = wl.data
-  xs = [data.x[i] for i in range(wl.num_clients)]  # per-client device arrays, pre-sliced
-  ys = [data.y[i] for i in range(wl.num_clients)]
-  base_key = jax.random.key_data(jax.random.PRNGKey(wl.seed))
+  return server_fn
+
+
+def _client_loop(wl: Workload, train_client: Callable):
+  """(prepare, run): rounds as a Python loop over each round's arrivals.
+
+  ``train_client(w, client_state, c, t) -> (upload, new_client_state, num_steps)`` trains
+  client ``c`` in round ``t`` from global model ``w``; then one jitted server step folds
+  the stacked uploads in. Per-client state lives in host lists of [d] device arrays.
+  """
+  server_fn = _server_fn(wl)
+  tl, data = wl.timeline, wl.data
   ns_all = [data.counts[i] for i in range(wl.num_clients)]
+  holder = {}
 
   def prepare():
     s = wl.init_state()
@@ -253,9 +247,7 @@ def loop_runner(wl: Workload):
         if not tl.valid[t, j]:
           continue
         c = int(tl.client[t, j])
-        st = {k: v[c] for k, v in cstate.items()}
-        up, new_st, nstep = client_fn(w, st, xs[c], ys[c], ns_all[c], np.int32(t),
-                                      np.int32(c))
+        up, new_st, nstep = train_client(w, {k: v[c] for k, v in cstate.items()}, c, t)
         for k in cstate:
           cstate[k][c] = new_st[k]
         ups.append(up)
@@ -266,6 +258,85 @@ def loop_runner(wl: Workload):
     return w
 
   return prepare, run
+
+
+def loop_runner(wl: Workload):
+  """(prepare, run): the same rounds, one jitted call per client (train + client_final).
+
+  Each arrival's whole local training (its steps in a ``lax.scan``) and ``client_final``
+  are one jitted call on that client's data (sliced on the host side of the call). This
+  is a stronger baseline than fedjax's own pattern (``fedjax_loop_runner``: one call per
+  step). Same ``client.train`` and server step as the engine: identical arithmetic.
+  """
+  alg, cfg, hp = wl.alg, wl.local, wl.hp
+  base_key = jax.random.key_data(jax.random.PRNGKey(wl.seed))
+
+  @jax.jit
+  def client_fn(w_start, cstate, x, y, n, t, c):
+    key = engine.client_key(base_key, t, c)
+    res = client_lib.train(wl.apply_flat, alg, w_start, cstate, x, y, n, key, hp, cfg)
+    out = alg.client_final(w_start, res.w_end, cstate, res.num_steps, hp)
+    return out.upload, out.state, res.num_steps
+
+  data = wl.data
+  xs = [data.x[i] for i in range(wl.num_clients)]  # per-client device arrays, pre-sliced
+  ys = [data.y[i] for i in range(wl.num_clients)]
+  ns = [data.counts[i] for i in range(wl.num_clients)]
+
+  def train_client(w, st, c, t):
+    return client_fn(w, st, xs[c], ys[c], ns[c], np.int32(t), np.int32(c))
+
+  return _client_loop(wl, train_client)
+
+
+def fedjax_loop_runner(wl: Workload):
+  """(prepare, run): the same rounds in fedjax's ``ForEachClientJitBackend`` pattern.
+
+  fedjax (``fedjax/core/for_each_client.py``) jits ``client_init``, ``client_step`` and
+  ``client_final`` separately and loops in Python over the clients and, per client, over
+  its minibatches: one jitted call per local step. Here the three are this package's
+  (``client.client_init`` + ``minibatches``, ``make_client_step``, the algorithm's
+  ``client_final``), so the arithmetic equals the engine's and ``loop_runner``'s; the
+  minibatches are gathered in ``client_init`` and sliced per step on the host side of the
+  call, as fedjax feeds each batch.
+  """
+  alg, cfg, hp = wl.alg, wl.local, wl.hp
+  base_key = jax.random.key_data(jax.random.PRNGKey(wl.seed))
+
+  @jax.jit
+  def init_fn(w_start, x, y, n, t, c):
+    k_init, k_drop = jax.random.split(engine.client_key(base_key, t, c))
+    init = client_lib.client_init(k_init, n, cfg, hp.get("local_epochs"))
+    budget = init.num_epochs * init.spe
+    _, rows, masks = client_lib.minibatches(init, n, cfg)
+    opt = client_lib.local_optimizer(hp, cfg)
+    carry = (w_start, opt.init(w_start), jnp.float32(0.0))
+    return carry, (x[rows], y[rows], masks), budget, k_drop
+
+  @jax.jit
+  def step_fn(carry, w_start, cstate, budget, k_drop, s, xb, yb, mb):
+    _, client_step = client_lib.make_client_step(wl.apply_flat, alg, w_start, cstate, hp,
+                                                 cfg, budget, k_drop)
+    return client_step(carry, (s, xb, yb, mb))
+
+  @jax.jit
+  def final_fn(w_start, cstate, w_end, budget):
+    out = alg.client_final(w_start, w_end, cstate, budget, hp)
+    return out.upload, out.state, budget
+
+  data = wl.data
+  xs = [data.x[i] for i in range(wl.num_clients)]
+  ys = [data.y[i] for i in range(wl.num_clients)]
+  ns = [data.counts[i] for i in range(wl.num_clients)]
+
+  def train_client(w, st, c, t):
+    carry, (xb, yb, mb), budget, k_drop = init_fn(w, xs[c], ys[c], ns[c], np.int32(t),
+                                                  np.int32(c))
+    for s in range(cfg.max_steps):
+      carry = step_fn(carry, w, st, budget, k_drop, np.int32(s), xb[s], yb[s], mb[s])
+    return final_fn(w, st, carry[0], budget)
+
+  return _client_loop(wl, train_client)
 
 
 def timed(prepare: Callable, run: Callable, reps: int = 3) -> float:

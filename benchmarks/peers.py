@@ -7,7 +7,8 @@ batch 10, plain SGD, FedAvg. Scaled to this machine: ``--examples`` random examp
 client (CIFAR-10 has ~1000 per client in pfl's split), ``--rounds`` rounds.
 
 (a) ``engine``: this project's vmapped engine (all rounds in one jitted scan);
-(b) ``loop``: a sequential per-client ``jit`` loop (fedjax's pattern) on the same data;
+(b) ``loop``: a sequential per-client ``jit`` loop (one call per client: stronger than
+    fedjax's own per-step calls, see ``common.fedjax_loop_runner``) on the same data;
 (c) ``pfl``: ``pfl`` (PyPI) with its PyTorch CPU model and ``SimulatedBackend``;
 (d) ``flower``: Flower's Ray simulation engine (``flwr.simulation.start_simulation``),
     PyTorch CPU clients.

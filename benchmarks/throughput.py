@@ -6,11 +6,16 @@ per round, every client with ``--examples`` examples, batch ``--batch``, one loc
 
 * ``engine``: ``engine.make_runner`` (all ``--rounds`` rounds fused in one ``lax.scan``,
   all K clients of a round in one ``jax.vmap``), best of ``--reps`` after a warm-up;
-* ``loop``: fedjax's pattern, one jitted per-client ``train`` + ``client_final`` called
-  in a Python loop over the arrivals of each round, then a jitted server step.
+* ``loop``: one jitted per-client ``train`` + ``client_final`` (all of a client's local
+  steps in one call) in a Python loop over the arrivals of each round, then a jitted
+  server step: the stronger of the two loop baselines, and the one the targets use;
+* ``fedjax_loop``: fedjax's own ``ForEachClientJitBackend`` pattern, jitted
+  ``client_init`` / ``client_step`` / ``client_final`` with one ``client_step`` call per
+  local step (``common.fedjax_loop_runner``);
 
-and prints client-steps/s, examples/s, and the ratio engine/loop. One JSON line per row
-is appended to ``benchmarks/results/throughput.jsonl`` (and a CSV rewritten).
+and prints client-steps/s, examples/s, and the ratios engine/loop and engine/fedjax_loop.
+One JSON line per row is appended to ``benchmarks/results/throughput.jsonl`` (and a CSV
+rewritten).
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/throughput.py
   ... --models=logreg --clients=10,50,200,1000 --rounds=20
@@ -34,7 +39,8 @@ flags.DEFINE_integer("examples", 60, "Examples per client.")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
 flags.DEFINE_string("algorithm", "fedavg", "Algorithm.")
-flags.DEFINE_bool("loop", True, "Also time the sequential loop.")
+flags.DEFINE_bool("loop", True, "Also time the sequential per-client jit loop.")
+flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 
@@ -53,6 +59,10 @@ def main(_):
       if FLAGS.loop:
         lprep, lrun = common.loop_runner(wl)
         t_loop = common.timed(lprep, lrun, FLAGS.reps)
+      t_fedjax = float("nan")
+      if FLAGS.fedjax_loop:
+        fprep, frun = common.fedjax_loop_runner(wl)
+        t_fedjax = common.timed(fprep, frun, FLAGS.reps)
       steps = wl.client_steps_per_round * rounds
       ex = wl.examples_per_round * rounds
       row = dict(bench="throughput", model=model, params=wl.dim, clients_per_round=k,
@@ -60,12 +70,14 @@ def main(_):
                  algorithm=FLAGS.algorithm, engine_s=t_engine, loop_s=t_loop,
                  engine_steps_per_s=steps / t_engine, loop_steps_per_s=steps / t_loop,
                  engine_examples_per_s=ex / t_engine, loop_examples_per_s=ex / t_loop,
-                 speedup_vs_loop=t_loop / t_engine, tag=FLAGS.tag, **mach)
+                 speedup_vs_loop=t_loop / t_engine, fedjax_loop_s=t_fedjax,
+                 fedjax_loop_steps_per_s=steps / t_fedjax,
+                 speedup_vs_fedjax_loop=t_fedjax / t_engine, tag=FLAGS.tag, **mach)
       rows.append(row)
       print("[throughput] " + common.fmt_row(row, (
           "model", "clients_per_round", "rounds", "engine_s", "loop_s",
           "engine_steps_per_s", "loop_steps_per_s", "engine_examples_per_s",
-          "speedup_vs_loop")), flush=True)
+          "speedup_vs_loop", "fedjax_loop_s", "speedup_vs_fedjax_loop")), flush=True)
   common.write_rows("throughput", rows)
 
 

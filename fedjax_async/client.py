@@ -3,12 +3,16 @@
 fedjax-style split into ``client_init`` / ``client_step`` / ``client_final``:
 
 * ``client_init`` draws the client's local epoch count and one shuffle of its own examples
-  per epoch (padding rows sort last, so they are never drawn);
-* ``client_step`` takes one optax SGD-with-momentum step on a minibatch of B of the
-  client's examples (a partial last batch is masked, padding never enters loss or
-  gradient); steps past the client's own budget E_i * ceil(n_i / B) leave it unchanged,
-  so clients of different sizes share one static loop under ``vmap``;
+  per epoch (padding rows sort last, so they are never drawn); ``minibatches`` turns
+  them into every step's rows and mask;
+* ``client_step`` (built by ``make_client_step``) takes one optax SGD step on a minibatch
+  of B of the client's examples (a partial last batch is masked, padding never enters
+  loss or gradient); steps past the client's own budget E_i * ceil(n_i / B) leave it
+  unchanged, so clients of different sizes share one static loop under ``vmap``;
 * ``client_final`` (the algorithm's) turns (start, end) into an upload.
+
+``train`` runs the three for one client with the steps in a ``lax.scan``; the benchmarks'
+fedjax-pattern loop calls the same ``client_step`` once per jitted call.
 
 Parameters are flat vectors ``[d]``; ``apply_flat(w, x, train, rng)`` is the model.
 """
@@ -105,6 +109,49 @@ def client_init(key, num_examples, cfg: LocalConfig, epochs=None) -> ClientInit:
   return ClientInit(perms.astype(jnp.int32), num_epochs.astype(jnp.int32), spe)
 
 
+def minibatches(init: ClientInit, num_examples, cfg: LocalConfig):
+  """(steps [S], rows [S, B], masks [S, B]): the minibatch of every local step.
+
+  Step s draws positions (s mod spe) * B .. + B of epoch s // spe's shuffle; positions
+  past the client's n_i examples are masked (a partial last batch).
+  """
+  steps = jnp.arange(cfg.max_steps)
+  epochs = jnp.minimum(steps // init.spe, cfg.max_epochs - 1)
+  pos = (steps % init.spe)[:, None] * cfg.batch_size + jnp.arange(cfg.batch_size)
+  rows = init.perms[epochs[:, None], jnp.minimum(pos, cfg.max_examples - 1)]
+  return steps, rows, pos < num_examples
+
+
+def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
+                     hp, cfg: LocalConfig, budget, dropout_key):
+  """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
+
+  ``carry = (w, opt_state, loss_sum)``; ``batch = (s, x_b, y_b, mask_b)``. One optax step
+  on f_i(w) + algorithm.local_penalty(w, w_start, state) over the minibatch; a step with
+  ``s >= budget`` (past E_i * ceil(n_i / B)) leaves the carry unchanged.
+  """
+  opt = local_optimizer(hp, cfg)
+
+  def loss_fn(w, xb, yb, mask, rng):
+    logits = apply_flat(w, xb, train=True, rng=rng)
+    return masked_cross_entropy(logits, yb, mask) + algorithm.local_penalty(
+        w, w_start, client_state, hp)
+
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def client_step(carry, batch):
+    w, opt_state, loss_sum = carry
+    s, xb, yb, mask = batch
+    loss, g = grad_fn(w, xb, yb, mask, jax.random.fold_in(dropout_key, s))
+    updates, new_opt_state = opt.update(g, opt_state, w)
+    active = s < budget
+    w = jnp.where(active, optax.apply_updates(w, updates), w)
+    opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
+    return w, opt_state, loss_sum + jnp.where(active, loss, 0.0)
+
+  return opt, client_step
+
+
 def train(
     apply_flat: Callable,
     algorithm: base.Algorithm,
@@ -120,39 +167,23 @@ def train(
   """Runs one client's local training (vmap this over clients).
 
   Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
-  ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches.
+  ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches:
+  ``client_init``, then ``client_step`` over every step's minibatch in one ``lax.scan``.
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)
   init = client_init(k_init, num_examples, cfg, hp.get("local_epochs"))  # None: static E
   budget = init.num_epochs * init.spe
-  opt = local_optimizer(hp, cfg)
-  offsets = jnp.arange(cfg.batch_size)
+  opt, client_step = make_client_step(apply_flat, algorithm, w_start, client_state, hp, cfg,
+                                      budget, k_drop)
+  # Minibatch rows and masks of every step, computed once before the step loop; each
+  # step gathers its own rows (a [S, B, ...] copy of the data up front was not faster).
+  steps, all_rows, masks = minibatches(init, num_examples, cfg)
 
-  def loss_fn(w, xb, yb, mask, rng):
-    logits = apply_flat(w, xb, train=True, rng=rng)
-    return masked_cross_entropy(logits, yb, mask) + algorithm.local_penalty(
-        w, w_start, client_state, hp)
-
-  grad_fn = jax.value_and_grad(loss_fn)
-
-  # Minibatch rows and masks of every step, computed once before the step loop.
-  steps = jnp.arange(cfg.max_steps)
-  epochs = jnp.minimum(steps // init.spe, cfg.max_epochs - 1)
-  pos = (steps % init.spe)[:, None] * cfg.batch_size + offsets  # [S, B]
-  masks = pos < num_examples
-  all_rows = init.perms[epochs[:, None], jnp.minimum(pos, cfg.max_examples - 1)]
-
-  def client_step(carry, inputs):
-    w, opt_state, loss_sum = carry
+  def scan_step(carry, inputs):
     s, rows, mask = inputs
-    loss, g = grad_fn(w, x[rows], y[rows], mask, jax.random.fold_in(k_drop, s))
-    updates, new_opt_state = opt.update(g, opt_state, w)
-    active = s < budget
-    w = jnp.where(active, optax.apply_updates(w, updates), w)
-    opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-    return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+    return client_step(carry, (s, x[rows], y[rows], mask)), None
 
   carry = (w_start, opt.init(w_start), jnp.float32(0.0))
-  (w_end, _, loss_sum), _ = jax.lax.scan(client_step, carry, (steps, all_rows, masks))
+  (w_end, _, loss_sum), _ = jax.lax.scan(scan_step, carry, (steps, all_rows, masks))
   return ClientResult(w_end, budget, loss_sum / jnp.maximum(budget, 1))
