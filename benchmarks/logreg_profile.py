@@ -12,7 +12,10 @@ For each K (clients per round), FedAvg, 60 features, 10 classes, batch 10:
    batched forward dot ([B x 60] x [60 x 10] per client), the weight-gradient dot, one
    elementwise pass over the [K, 610] parameters, the minibatch gather, and a call that
    does nothing (the dispatch cost included in the others; read the pieces at large K);
-4. **the loops' cost per client**: the per-client jit loop (one call per client) and
+4. **the step without its GEMMs**: the engine's round (6 steps) with the dense layer
+   replaced by a dot-free stand-in with the same parameters (logits = x[:, :10] *
+   kernel[0] + bias), i.e. what the round would cost if both matrix products were free;
+5. **the loops' cost per client**: the per-client jit loop (one call per client) and
    fedjax's pattern (one call per step), divided by the number of client trainings.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/logreg_profile.py
@@ -31,10 +34,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
+import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("clients", ["10", "200", "1000"], "Clients per round K.")
@@ -68,9 +73,24 @@ def step_body_ops(hlo_text: str) -> collections.Counter:
   return collections.Counter()
 
 
-def engine_round_s(k: int, steps: int, compiled_out=None) -> float:
+class DotFreeStandIn(nn.Module):
+  """Logistic regression's parameters (Dense_0 kernel [60, 10], bias) without a matmul."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    del train
+    x = x.reshape(x.shape[0], -1)
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], CLASSES))
+    bias = self.param("bias", nn.initializers.zeros_init(), (CLASSES,))
+    return x[:, :CLASSES] * kernel[0] + bias
+
+
+def engine_round_s(k: int, steps: int, compiled_out=None, dot_free=False) -> float:
   wl = common.Workload("logreg", k, num_clients=k, examples=steps * BATCH, batch=BATCH,
                        rounds=FLAGS.rounds)
+  if dot_free:
+    wl.w0, wl.apply_flat = models.flat_model(DotFreeStandIn(), (FEATURES,),
+                                             jax.random.key(0))
   prep, run, compiled = common.engine_runner(wl)
   if compiled_out is not None:
     compiled_out.append(compiled)
@@ -112,6 +132,7 @@ def main(_):
     steps = np.array(sorted(per_round), float)
     slope, fixed = np.polyfit(steps, [per_round[s] for s in sorted(per_round)], 1)
     ops = step_body_ops(compiled[0].as_text())
+    dot_free = engine_round_s(k, 6, dot_free=True)
     pieces = pieces_us(k)
     wl = common.Workload("logreg", k, num_clients=k, examples=6 * BATCH, batch=BATCH,
                          rounds=2)
@@ -124,6 +145,7 @@ def main(_):
                round_s_1_6_12_steps=[per_round[s] for s in (1, 6, 12)],
                fixed_us_per_round=fixed * 1e6, us_per_client_step=slope / k * 1e6,
                step_body_kernels=sum(ops.values()), step_body_ops=dict(ops),
+               dot_free_round_s=dot_free,
                **{f"{n}_us": v for n, v in pieces.items()},
                **{f"{n}_us_per_client": v for n, v in loops.items()}, tag=FLAGS.tag, **mach)
     rows.append(row)
@@ -136,8 +158,9 @@ def main(_):
           "empty call: " + ", ".join(f"{n} {v:.1f}" for n, v in net.items())
           + f"  ->  per client: forward dot {net['forward_dot'] / k:.2f}, weight-gradient "
           f"dot {net['weight_grad_dot'] / k:.2f}")
-    print(f"  engine step at K={k}: {slope * 1e6:.1f} µs for {sum(ops.values())} kernels = "
-          f"{slope * 1e6 / max(sum(ops.values()), 1):.2f} µs per kernel")
+    print(f"  engine round (6 steps) at K={k}: {per_round[6] * 1e6:.0f} µs; with a dot-free "
+          f"stand-in model {dot_free * 1e6:.0f} µs (the GEMMs: "
+          f"{100 * (1 - dot_free / per_round[6]):.0f} % of the round)")
     print(f"  loops, µs per client trained (6 steps): per-client jit "
           f"{loops['loop']:.0f}, fedjax per-step jit {loops['fedjax_loop']:.0f}; "
           f"engine {6 * slope / k * 1e6 + fixed / k * 1e6:.1f}", flush=True)
