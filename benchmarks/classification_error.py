@@ -32,12 +32,15 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
+from benchmarks import flagcheck
+
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 
-flags.DEFINE_string("preset", "secure", "secure (128-bit) | insecure_test (ring 2^11).")
-flags.DEFINE_string("depths", "4,6,8,10,12", "Cheon Min iterations d.")
+flags.DEFINE_enum("preset", "secure", ["secure", "insecure_test"],
+                  "secure (128-bit) | insecure_test (ring 2^11).")
+flagcheck.int_list("depths", ["4", "6", "8", "10", "12"], "Cheon Min iterations d.")
 flags.DEFINE_string("bins", "0,0.001,0.01,0.05,0.1,0.2,0.5,1", "|cos| bin edges.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampled cosines.")
 flags.DEFINE_string("out_csv", "benchmarks/results/classification_error.csv", "CSV output.")
@@ -65,8 +68,11 @@ def class_weights(cos, min_values):
 
 def main(argv):
   del argv
-  depths = [int(v) for v in FLAGS.depths.split(",")]
-  edges = [float(v) for v in FLAGS.bins.split(",")]
+  depths = [int(v) for v in FLAGS.depths]
+  try:
+    edges = [float(v) for v in FLAGS.bins.split(",")]
+  except ValueError:
+    sys.exit(f"error: --bins: expected comma-separated numbers, got {FLAGS.bins!r}")
   if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
     sys.exit(f"error: --bins: expected increasing edges, got {FLAGS.bins!r}")
   rows = []

@@ -30,10 +30,11 @@ import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("clients", ["10", "50"], "Client counts C.")
+flagcheck.int_list("clients", ["10", "50"], "Client counts C.")
 flags.DEFINE_list("impls", ["lax", "patches", "slices", "vjp"],
                   "Conv implementations (see fedjax_async.models.CONV_IMPLS).")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")

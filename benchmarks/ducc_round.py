@@ -28,13 +28,15 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
+from benchmarks import flagcheck
+
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import vectors
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("dims", ["32768", "65536"], "Model sizes to measure.")
+flagcheck.int_list("dims", ["32768", "65536"], "Model sizes to measure.")
 flags.DEFINE_integer("target_dim", 1663370, "Extrapolate to this size (0: no).")
 flags.DEFINE_integer("online", 10, "Online uploads.")
 flags.DEFINE_integer("delayed", 10, "Delayed uploads.")

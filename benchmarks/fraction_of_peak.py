@@ -20,16 +20,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "cnn", "Model.")
-flags.DEFINE_list("clients", ["10", "50", "200"], "Clients per round K.")
+flags.DEFINE_enum("model", "cnn", sorted(common.MODELS), "Model.")
+flagcheck.int_list("clients", ["10", "50", "200"], "Clients per round K.")
 flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local steps).")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
-flags.DEFINE_enum("impl", "vjp", ["vjp", "slices", "patches", "lax"], "Conv implementation.")
+flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
 flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")

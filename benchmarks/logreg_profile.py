@@ -39,10 +39,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("clients", ["10", "200", "1000"], "Clients per round K.")
+flagcheck.int_list("clients", ["10", "200", "1000"], "Clients per round K.")
 flags.DEFINE_integer("rounds", 20, "Rounds fused per timed engine call.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")

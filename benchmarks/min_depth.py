@@ -37,6 +37,8 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
+from benchmarks import flagcheck
+
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
@@ -44,11 +46,12 @@ from fedjax_async.crypto import entities
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("ring_dim", 0, "Ring dimension N (0: smallest secure for the depth).")
 flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
-flags.DEFINE_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
-flags.DEFINE_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
-flags.DEFINE_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
+flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
+flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
+flagcheck.int_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
 flags.DEFINE_list("composite", ["1:2", "2:2", "2:3"], "g_3:f_3 iteration counts.")
-flags.DEFINE_list("gaps_log2", ["2", "4", "6", "8"], "k: errors restricted to |a-b|>=2^-k.")
+flagcheck.int_list("gaps_log2", ["2", "4", "6", "8"], "k: errors restricted to |a-b|>=2^-k.",
+                   minimum=0)
 flags.DEFINE_integer("seed", 0, "Input seed.")
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "us_per_slot from process CPU time (OpenFHE single-threaded: the "

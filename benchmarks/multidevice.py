@@ -29,9 +29,11 @@ sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import flagcheck  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("devices", ["1", "2", "4"], "Device counts.")
-flags.DEFINE_string("model", "logreg", "Model.")
+flagcheck.int_list("devices", ["1", "2", "4"], "Device counts.")
+flags.DEFINE_enum("model", "logreg", ["cnn", "logreg", "simple_cnn"], "Model.")
 flags.DEFINE_integer("k_strong", 64, "K for strong scaling.")
 flags.DEFINE_integer("k_per_device", 16, "K per device for weak scaling.")
 flags.DEFINE_integer("examples", 60, "Examples per client.")

@@ -30,15 +30,18 @@ sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import flagcheck  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("sweep", ["k", "n"], "k: grow clients per round; n: grow total clients.")
-flags.DEFINE_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N = K).")
-flags.DEFINE_list("k_cnn", ["10", "50", "200"], "K for the CNN (N = K).")
-flags.DEFINE_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
-flags.DEFINE_list("n_cnn", ["20", "100", "300"], "N for the CNN.")
+flagcheck.choice_list("sweep", ["k", "n"], ["k", "n"],
+                       "k: grow clients per round; n: grow total clients.")
+flagcheck.int_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N = K).")
+flagcheck.int_list("k_cnn", ["10", "50", "200"], "K for the CNN (N = K).")
+flagcheck.int_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
+flagcheck.int_list("n_cnn", ["20", "100", "300"], "N for the CNN.")
 flags.DEFINE_integer("k_fixed_logreg", 100, "K in the N sweep (logreg).")
 flags.DEFINE_integer("k_fixed_cnn", 10, "K in the N sweep (CNN).")
-flags.DEFINE_list("models", ["logreg", "cnn"], "Models.")
+flagcheck.choice_list("models", ["logreg", "cnn"], ["logreg", "cnn"], "Models.")
 flags.DEFINE_integer("examples", 60, "Examples per client M.")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("cnn_examples_big_k", 20, "M for the CNN when K >= 1000 (fewer steps).")

@@ -30,10 +30,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["logreg", "cnn"], "Models (see benchmarks/common.py).")
-flags.DEFINE_list("clients", ["10", "50", "200"], "Clients per round K.")
+flagcheck.choice_list("models", ["logreg", "cnn"], sorted(common.MODELS),
+                       "Models (see benchmarks/common.py).")
+flagcheck.int_list("clients", ["10", "50", "200"], "Clients per round K.")
 flags.DEFINE_integer("rounds", 0, "Rounds per timed run (0: 20 for logreg, 2 for cnn).")
 flags.DEFINE_integer("examples", 60, "Examples per client.")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")

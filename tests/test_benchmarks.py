@@ -6,10 +6,12 @@ vmapped engine. Each runner here trains the same rounds from the same initial mo
 the final global models must agree (up to float reassociation under vmap).
 """
 
+from absl import flags
 import numpy as np
 import pytest
 
 from benchmarks import common
+from benchmarks import flagcheck
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "pafed"])
@@ -30,3 +32,29 @@ def test_engine_and_both_loops_reach_the_same_global_model(algorithm):
     np.testing.assert_allclose(np.asarray(lrun()), w_engine, rtol=1e-4, atol=1e-5,
                                err_msg=make.__name__)
 
+
+
+def _parse(define, argv):
+  fv = flags.FlagValues()
+  define(fv)
+  fv(["prog"] + argv)
+  return fv
+
+
+def test_int_list_flag_parses_and_rejects_naming_the_flag():
+  define = lambda fv: flagcheck.int_list("clients", ["10"], "K.", flag_values=fv)
+  assert _parse(define, ["--clients=5,200"]).clients == ["5", "200"]
+  assert _parse(define, []).clients == ["10"]
+  for bad in ("--clients=ten", "--clients=0", "--clients=3,-1", "--clients="):
+    with pytest.raises(flags.IllegalFlagValueError, match="--clients: expected"):
+      _parse(define, [bad])
+  zero_ok = lambda fv: flagcheck.int_list("gaps", ["2"], "k.", minimum=0, flag_values=fv)
+  assert _parse(zero_ok, ["--gaps=0,4"]).gaps == ["0", "4"]
+
+
+def test_choice_list_flag_rejects_unknown_items_naming_the_flag():
+  define = lambda fv: flagcheck.choice_list("models", ["logreg"], ["logreg", "cnn"], "M.",
+                                            flag_values=fv)
+  assert _parse(define, ["--models=cnn,logreg"]).models == ["cnn", "logreg"]
+  with pytest.raises(flags.IllegalFlagValueError, match="--models: each item must be one of"):
+    _parse(define, ["--models=cnn,resnet"])
