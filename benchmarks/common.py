@@ -341,14 +341,25 @@ def fedjax_loop_runner(wl: Workload):
 
 def timed(prepare: Callable, run: Callable, reps: int = 3) -> float:
   """Best of ``reps`` of ``run()`` after one warm-up, ``prepare()`` outside the clock."""
-  prepare()
-  run()
-  best = float("inf")
-  for _ in range(reps):
+  return timed_interleaved({"run": (prepare, run)}, reps)["run"]
+
+
+def timed_interleaved(runners: Dict[str, tuple], reps: int = 3) -> Dict[str, float]:
+  """Best of ``reps`` per runner, the runners taking turns in each repetition.
+
+  ``runners``: name -> (prepare, run). Alternating keeps a change of machine load during
+  the measurement from landing on one side of a ratio only.
+  """
+  for prepare, run in runners.values():  # warm-up (compilation)
     prepare()
-    t0 = time.perf_counter()
     run()
-    best = min(best, time.perf_counter() - t0)
+  best = {name: float("inf") for name in runners}
+  for _ in range(reps):
+    for name, (prepare, run) in runners.items():
+      prepare()
+      t0 = time.perf_counter()
+      run()
+      best[name] = min(best[name], time.perf_counter() - t0)
   return best
 
 

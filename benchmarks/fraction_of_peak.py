@@ -50,12 +50,12 @@ def main(_):
                          batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl)
     prep, run, _ = common.engine_runner(
         wl, wl.engine_config(client_chunk=FLAGS.client_chunk or None))
-    t = common.timed(prep, run, FLAGS.reps)
-    flops = step_flops * wl.client_steps_per_round * FLAGS.rounds
-    t_loop = float("nan")
+    runners = {"engine": (prep, run)}
     if FLAGS.loop:
-      lprep, lrun = common.loop_runner(wl)
-      t_loop = common.timed(lprep, lrun, FLAGS.reps)
+      runners["loop"] = common.loop_runner(wl)
+    times = common.timed_interleaved(runners, FLAGS.reps)  # taking turns: same load
+    t, t_loop = times["engine"], times.get("loop", float("nan"))
+    flops = step_flops * wl.client_steps_per_round * FLAGS.rounds
     row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl,
                clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
                rounds=FLAGS.rounds, client_chunk=FLAGS.client_chunk, engine_s=t,

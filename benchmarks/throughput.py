@@ -5,7 +5,7 @@ per round, every client with ``--examples`` examples, batch ``--batch``, one loc
 ``examples / batch`` local steps), then times, in this one process:
 
 * ``engine``: ``engine.make_runner`` (all ``--rounds`` rounds fused in one ``lax.scan``,
-  all K clients of a round in one ``jax.vmap``), best of ``--reps`` after a warm-up;
+  all K clients of a round in one ``jax.vmap``);
 * ``loop``: one jitted per-client ``train`` + ``client_final`` (all of a client's local
   steps in one call) in a Python loop over the arrivals of each round, then a jitted
   server step: the stronger of the two loop baselines, and the one the targets use;
@@ -13,7 +13,9 @@ per round, every client with ``--examples`` examples, batch ``--batch``, one loc
   ``client_init`` / ``client_step`` / ``client_final`` with one ``client_step`` call per
   local step (``common.fedjax_loop_runner``);
 
-and prints client-steps/s, examples/s, and the ratios engine/loop and engine/fedjax_loop.
+each the best of ``--reps`` after a warm-up, the three taking turns in every repetition
+(``common.timed_interleaved``), and prints client-steps/s, examples/s, and the ratios
+engine/loop and engine/fedjax_loop.
 One JSON line per row is appended to ``benchmarks/results/throughput.jsonl`` (and a CSV
 rewritten).
 
@@ -56,15 +58,14 @@ def main(_):
       wl = common.Workload(model, k, num_clients=k, examples=FLAGS.examples,
                            batch=FLAGS.batch, rounds=rounds, algorithm=FLAGS.algorithm)
       prep, run, _ = common.engine_runner(wl)
-      t_engine = common.timed(prep, run, FLAGS.reps)
-      t_loop = float("nan")
+      runners = {"engine": (prep, run)}
       if FLAGS.loop:
-        lprep, lrun = common.loop_runner(wl)
-        t_loop = common.timed(lprep, lrun, FLAGS.reps)
-      t_fedjax = float("nan")
+        runners["loop"] = common.loop_runner(wl)
       if FLAGS.fedjax_loop:
-        fprep, frun = common.fedjax_loop_runner(wl)
-        t_fedjax = common.timed(fprep, frun, FLAGS.reps)
+        runners["fedjax_loop"] = common.fedjax_loop_runner(wl)
+      t = common.timed_interleaved(runners, FLAGS.reps)
+      t_engine = t["engine"]
+      t_loop, t_fedjax = t.get("loop", float("nan")), t.get("fedjax_loop", float("nan"))
       steps = wl.client_steps_per_round * rounds
       ex = wl.examples_per_round * rounds
       row = dict(bench="throughput", model=model, params=wl.dim, clients_per_round=k,
