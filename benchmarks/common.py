@@ -225,12 +225,16 @@ def _server_fn(wl: Workload):
 def _client_loop(wl: Workload, train_client: Callable):
   """(prepare, run): rounds as a Python loop over each round's arrivals.
 
-  ``train_client(w, client_state, c, t) -> (upload, new_client_state, num_steps)`` trains
-  client ``c`` in round ``t`` from global model ``w``; then one jitted server step folds
-  the stacked uploads in. Per-client state lives in host lists of [d] device arrays.
+  ``train_client(w, client_state, x, y, n, t, c) -> (upload, new_client_state,
+  num_steps)`` trains client ``c`` (its data ``x``, ``y``, ``n`` examples) in round ``t``
+  from global model ``w``; then one jitted server step folds the stacked uploads in.
+  Per-client data and state live in host lists of per-client device arrays (sliced once,
+  outside the clock, as a per-client loop would hold them).
   """
   server_fn = _server_fn(wl)
   tl, data = wl.timeline, wl.data
+  xs = [data.x[i] for i in range(wl.num_clients)]
+  ys = [data.y[i] for i in range(wl.num_clients)]
   ns_all = [data.counts[i] for i in range(wl.num_clients)]
   holder = {}
 
@@ -247,7 +251,9 @@ def _client_loop(wl: Workload, train_client: Callable):
         if not tl.valid[t, j]:
           continue
         c = int(tl.client[t, j])
-        up, new_st, nstep = train_client(w, {k: v[c] for k, v in cstate.items()}, c, t)
+        st = {k: v[c] for k, v in cstate.items()}
+        up, new_st, nstep = train_client(w, st, xs[c], ys[c], ns_all[c], np.int32(t),
+                                         np.int32(c))
         for k in cstate:
           cstate[k][c] = new_st[k]
         ups.append(up)
@@ -278,15 +284,7 @@ def loop_runner(wl: Workload):
     out = alg.client_final(w_start, res.w_end, cstate, res.num_steps, hp)
     return out.upload, out.state, res.num_steps
 
-  data = wl.data
-  xs = [data.x[i] for i in range(wl.num_clients)]  # per-client device arrays, pre-sliced
-  ys = [data.y[i] for i in range(wl.num_clients)]
-  ns = [data.counts[i] for i in range(wl.num_clients)]
-
-  def train_client(w, st, c, t):
-    return client_fn(w, st, xs[c], ys[c], ns[c], np.int32(t), np.int32(c))
-
-  return _client_loop(wl, train_client)
+  return _client_loop(wl, client_fn)
 
 
 def fedjax_loop_runner(wl: Workload):
@@ -324,14 +322,8 @@ def fedjax_loop_runner(wl: Workload):
     out = alg.client_final(w_start, w_end, cstate, budget, hp)
     return out.upload, out.state, budget
 
-  data = wl.data
-  xs = [data.x[i] for i in range(wl.num_clients)]
-  ys = [data.y[i] for i in range(wl.num_clients)]
-  ns = [data.counts[i] for i in range(wl.num_clients)]
-
-  def train_client(w, st, c, t):
-    carry, (xb, yb, mb), budget, k_drop = init_fn(w, xs[c], ys[c], ns[c], np.int32(t),
-                                                  np.int32(c))
+  def train_client(w, st, x, y, n, t, c):
+    carry, (xb, yb, mb), budget, k_drop = init_fn(w, x, y, n, t, c)
     for s in range(cfg.max_steps):
       carry = step_fn(carry, w, st, budget, k_drop, np.int32(s), xb[s], yb[s], mb[s])
     return final_fn(w, st, carry[0], budget)
