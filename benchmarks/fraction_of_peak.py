@@ -26,13 +26,15 @@ from fedjax_async import models  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "cnn", sorted(common.MODELS), "Model.")
 flagcheck.int_list("clients", ["10", "50", "200"], "Clients per round K.")
-flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local steps).")
-flags.DEFINE_integer("batch", 10, "Local minibatch size.")
-flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
-flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
+flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local steps).",
+                     lower_bound=1)
+flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.", lower_bound=1)
+flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
-flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).")
+flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).",
+                     lower_bound=0)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 

@@ -44,8 +44,8 @@ from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flagcheck.int_list("clients", ["10", "200", "1000"], "Clients per round K.")
-flags.DEFINE_integer("rounds", 20, "Rounds fused per timed engine call.")
-flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).")
+flags.DEFINE_integer("rounds", 20, "Rounds fused per timed engine call.", lower_bound=1)
+flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 BATCH, FEATURES, CLASSES = 10, 60, 10

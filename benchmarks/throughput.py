@@ -38,10 +38,11 @@ FLAGS = flags.FLAGS
 flagcheck.choice_list("models", ["logreg", "cnn"], sorted(common.MODELS),
                        "Models (see benchmarks/common.py).")
 flagcheck.int_list("clients", ["10", "50", "200"], "Clients per round K.")
-flags.DEFINE_integer("rounds", 0, "Rounds per timed run (0: 20 for logreg, 2 for cnn).")
-flags.DEFINE_integer("examples", 60, "Examples per client.")
-flags.DEFINE_integer("batch", 10, "Local minibatch size.")
-flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
+flags.DEFINE_integer("rounds", 0, "Rounds per timed run (0: 20 for logreg, 2 for cnn).",
+                     lower_bound=0)
+flags.DEFINE_integer("examples", 60, "Examples per client.", lower_bound=1)
+flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("algorithm", "fedavg", "Algorithm.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client jit loop.")
 flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.")
