@@ -112,9 +112,8 @@ def pieces_us(k: int) -> dict:
       "weight_grad_dot": (lambda x, g: jnp.einsum("kbf,kbc->kfc", x, g), (x, g)),
       "elementwise_pass": (lambda p: p * 0.9 + 0.1, (flat,)),
       "gather": (lambda d, r: jax.vmap(lambda d, r: d[r])(d, r), (data, rows)),
+      "dispatch": (lambda a: a + 1.0, (jnp.float32(1.0),)),  # a call that does nothing
   }
-  one = jnp.float32(1.0)
-  fns["dispatch"] = (lambda a: a + 1.0, (one,))  # a jitted call that does nothing
   out = {}
   for name, (fn, args) in fns.items():
     f = jax.jit(fn)
@@ -130,8 +129,7 @@ def main(_):
   for k in map(int, FLAGS.clients):
     compiled = []
     per_round = {s: engine_round_s(k, s, compiled if s == 6 else None) for s in (1, 6, 12)}
-    steps = np.array(sorted(per_round), float)
-    slope, fixed = np.polyfit(steps, [per_round[s] for s in sorted(per_round)], 1)
+    slope, fixed = np.polyfit(list(per_round), list(per_round.values()), 1)
     ops = step_body_ops(compiled[0].as_text())
     dot_free = engine_round_s(k, 6, dot_free=True)
     pieces = pieces_us(k)
