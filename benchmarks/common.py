@@ -6,7 +6,8 @@
   as this machine's attainable peak;
 * ``Workload``: random federated data, a model, an algorithm and a timeline in which every
   round has exactly K online arrivals (no delays), built without any data download;
-* ``engine_runner`` / ``loop_runner`` / ``fedjax_loop_runner``: the same rounds run by
+* ``engine_runner`` (``sharded_engine_runner``: clients split over several devices) /
+  ``loop_runner`` / ``fedjax_loop_runner``: the same rounds run by
   the vmapped engine (``engine.make_runner``: several rounds fused into one ``lax.scan``),
   by a per-client jit loop (one jitted call trains a whole client, then a jitted server
   step), and by fedjax's own ``ForEachClientJitBackend`` pattern (jitted ``client_init``,
@@ -18,6 +19,7 @@ Every benchmark prints its figures; none of them asserts a timing.
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import json
@@ -33,6 +35,7 @@ import numpy as np
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import models
+from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 from fedjax_async.algorithms import get as get_algorithm
 
@@ -202,6 +205,21 @@ def engine_runner(wl: Workload, cfg: Optional[engine.EngineConfig] = None,
     return s, m
 
   return prepare, run, compiled
+
+
+def sharded_engine_runner(wl: Workload, devices):
+  """``engine_runner`` with each round's clients split over ``devices``.
+
+  ``sharding.shard_clients``: K padded to a multiple of the device count, data and state
+  replicated, the client-slot axis constrained to a ``("clients",)`` mesh.
+  """
+  swl = copy.copy(wl)
+  cfg, swl.timeline, _, swl.data = sharding.shard_clients(wl.engine_config(), wl.timeline,
+                                                          (), wl.data, devices)
+  if cfg.client_sharding is None:
+    return engine_runner(swl, cfg)
+  mesh = cfg.client_sharding.mesh
+  return engine_runner(swl, cfg, state_fn=lambda: sharding.replicate(wl.init_state(), mesh))
 
 
 def _server_fn(wl: Workload):

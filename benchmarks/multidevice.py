@@ -46,20 +46,12 @@ flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 def child(k):
   """Times the sharded (and, as a check, unsharded) round for K clients on all devices."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import common  # pylint: disable=g-import-not-at-top
-  from fedjax_async import sharding  # pylint: disable=g-import-not-at-top
-  mesh = sharding.client_mesh()
   wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
                        batch=FLAGS.batch, rounds=FLAGS.rounds)
-  wl.timeline = sharding.pad_timeline(wl.timeline, mesh.size)
-  cfg = dataclasses.replace(wl.engine_config(),
-                            client_sharding=sharding.client_sharding(mesh))
-  wl.data = sharding.replicate(wl.data, mesh)
-  prep, run, _ = common.engine_runner(
-      wl, cfg, state_fn=lambda: sharding.replicate(wl.init_state(), mesh))
+  prep, run, _ = common.sharded_engine_runner(wl, jax.devices())
   t = common.timed(prep, run, FLAGS.reps)
   prep()
   w_sharded = np.asarray(run()[0].w)

@@ -13,6 +13,12 @@ per round, every client with ``--examples`` examples, batch ``--batch``, one loc
   ``client_init`` / ``client_step`` / ``client_final`` with one ``client_step`` call per
   local step (``common.fedjax_loop_runner``);
 
+* ``engine_sharded`` (``--engine_devices=D``, D > 1): the engine with each round's
+  clients split over D XLA CPU devices (``jax_num_cpu_devices``; ``sharding.shard_clients``),
+  i.e. over the cores, each device's share on its own thread; the loops and ``engine`` stay
+  on one device (a sequential loop trains one client at a time by construction; its calls
+  may still use every core through XLA's intra-op threads);
+
 each the best of ``--reps`` after a warm-up, the three taking turns in every repetition
 (``common.timed_interleaved``), and prints client-steps/s, examples/s, and the ratios
 engine/loop and engine/fedjax_loop.
@@ -21,6 +27,7 @@ rewritten).
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/throughput.py
   ... --models=logreg --clients=10,50,200,1000 --rounds=20
+  ... --models=logreg --clients=10,50,200,1000 --engine_devices=2
 """
 
 import os
@@ -34,6 +41,7 @@ from absl import app, flags  # noqa: E402
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
+from fedjax_async import sharding  # noqa: E402
 
 FLAGS = flags.FLAGS
 flagcheck.choice_list("models", ["logreg", "cnn"], sorted(common.MODELS),
@@ -47,10 +55,18 @@ flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_b
 flags.DEFINE_enum("algorithm", "fedavg", list(algorithms.names()), "Algorithm.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client jit loop.")
 flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.")
+flags.DEFINE_integer("engine_devices", 1, "D > 1: also time the engine with each round's "
+                     "clients split over D CPU devices (made here with jax_num_cpu_devices; "
+                     "they share the machine's cores).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 
 def main(_):
+  if FLAGS.engine_devices > 1:
+    try:
+      sharding.set_cpu_devices(FLAGS.engine_devices, "engine_devices")
+    except ValueError as e:
+      sys.exit(f"error: {e}")
   rows = []
   mach = common.machine()
   print(f"[throughput] {mach}")
@@ -61,6 +77,10 @@ def main(_):
                            batch=FLAGS.batch, rounds=rounds, algorithm=FLAGS.algorithm)
       prep, run, _ = common.engine_runner(wl)
       runners = {"engine": (prep, run)}
+      if FLAGS.engine_devices > 1:
+        prep_s, run_s, _ = common.sharded_engine_runner(
+            wl, sharding.select_devices(FLAGS.engine_devices, "engine_devices"))
+        runners["engine_sharded"] = (prep_s, run_s)
       if FLAGS.loop:
         runners["loop"] = common.loop_runner(wl)
       if FLAGS.fedjax_loop:
@@ -68,6 +88,7 @@ def main(_):
       t = common.timed_interleaved(runners, FLAGS.reps)
       t_engine = t["engine"]
       t_loop, t_fedjax = t.get("loop", float("nan")), t.get("fedjax_loop", float("nan"))
+      t_sharded = t.get("engine_sharded", float("nan"))
       steps = wl.client_steps_per_round * rounds
       ex = wl.examples_per_round * rounds
       row = dict(bench="throughput", model=model, params=wl.dim, clients_per_round=k,
@@ -77,12 +98,19 @@ def main(_):
                  engine_examples_per_s=ex / t_engine, loop_examples_per_s=ex / t_loop,
                  speedup_vs_loop=t_loop / t_engine, fedjax_loop_s=t_fedjax,
                  fedjax_loop_steps_per_s=steps / t_fedjax,
-                 speedup_vs_fedjax_loop=t_fedjax / t_engine, tag=FLAGS.tag, **mach)
+                 speedup_vs_fedjax_loop=t_fedjax / t_engine,
+                 engine_devices=FLAGS.engine_devices, engine_sharded_s=t_sharded,
+                 engine_sharded_steps_per_s=steps / t_sharded,
+                 speedup_sharded_vs_loop=t_loop / t_sharded,
+                 speedup_sharded_vs_fedjax_loop=t_fedjax / t_sharded, tag=FLAGS.tag, **mach)
       rows.append(row)
       print("[throughput] " + common.fmt_row(row, (
           "model", "clients_per_round", "rounds", "engine_s", "loop_s",
           "engine_steps_per_s", "loop_steps_per_s", "engine_examples_per_s",
-          "speedup_vs_loop", "fedjax_loop_s", "speedup_vs_fedjax_loop")), flush=True)
+          "speedup_vs_loop", "fedjax_loop_s", "speedup_vs_fedjax_loop")
+          + (("engine_devices", "engine_sharded_s", "engine_sharded_steps_per_s",
+              "speedup_sharded_vs_loop", "speedup_sharded_vs_fedjax_loop")
+             if FLAGS.engine_devices > 1 else ())), flush=True)
   common.write_rows("throughput", rows)
 
 

@@ -33,6 +33,7 @@ from fedjax_async import async_engine  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
 from fedjax_async import privacy  # noqa: E402
+from fedjax_async import sharding  # noqa: E402
 from fedjax_async import virtual_clock as vc  # noqa: E402
 
 ALGORITHMS = {
@@ -69,7 +70,11 @@ F.DEFINE_boolean("prune_speedup", True, "PrivaAsyncFed: a sub-model of scale S[p
                  "S[p]^2 of the compute and communication time (Eq. 11).")
 F.DEFINE_integer("ring_size", 0, "R past models kept (0: enough that nothing is dropped).")
 F.DEFINE_integer("group_size", 0, "G, arrivals trained in one vmap (0: --concurrency on "
-                     "GPU/TPU, 1 on CPU).")
+                     "GPU/TPU, 1 on CPU); rounded up to a multiple of the --devices.")
+F.DEFINE_integer("devices", 0, "D: split each group's members over the first D devices "
+                 "(0: all of them; 1: no sharding).")
+F.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
+                 "(jax_num_cpu_devices) for --devices; 0: JAX's default (one).")
 # local training
 F.DEFINE_integer("local_epochs", 1, "E, local epochs (the step budget).")
 F.DEFINE_integer("batch_size", 50, "B, local minibatch size.")
@@ -127,6 +132,7 @@ def validate(fl):
   check(fl.num_updates >= 1, "num_updates", f"must be >= 1, got {fl.num_updates}")
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
+  check(fl.devices >= 0, "devices", f"must be >= 0 (0 = all devices), got {fl.devices}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
   check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
   check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")
@@ -212,7 +218,13 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   # 0: the whole concurrency on accelerators; 1 on CPU, where vmapping per-client weights
   # measured slower than one client per scan step (docs/async.md).
   group_size = fl.group_size or (1 if jax.default_backend() == "cpu" else fl.concurrency)
-  cfg = async_engine.AsyncConfig(local, schedule.ring_size, group_size, fl.dp_clip_mode)
+  devices = sharding.select_devices(fl.devices)
+  mesh = sharding.client_mesh(devices) if len(devices) > 1 else None
+  if mesh is not None:  # every device trains G / D members of each group
+    group_size = sharding.padded_size(group_size, mesh.size)
+  cfg = async_engine.AsyncConfig(
+      local, schedule.ring_size, group_size, fl.dp_clip_mode,
+      client_sharding=sharding.client_sharding(mesh) if mesh is not None else None)
   if algorithm.pruned:
     from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
     masks = privaasyncfed.scale_masks(params, scales)
@@ -227,6 +239,9 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   groups = async_engine.group_arrays(schedule, group_size)
   data = engine.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, cfg.ring_size, fl.seed)
+  if mesh is not None:
+    # (waited for: see sharding.shard_clients)
+    state, data, masks = jax.block_until_ready(sharding.replicate((state, data, masks), mesh))
   runner = async_engine.make_runner(apply_flat, algorithm, cfg)
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
@@ -281,7 +296,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
+    sharding.set_cpu_devices(FLAGS.cpu_devices)
     names, scales, clock = validate(FLAGS)
+    devices = sharding.select_devices(FLAGS.devices)
   except ValueError as e:
     sys.exit(f"error: {e}")
   print(f"loading {FLAGS.dataset} ...", flush=True)
@@ -289,6 +306,8 @@ def main(argv):
   model = (model_name, w0, apply_flat, params)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
         f"{model_name} with {np.size(w0)} parameters; devices {jax.devices()}", flush=True)
+  if len(devices) > 1:
+    print(f"each group's members split over {len(devices)} devices (--devices)", flush=True)
   runs = []
   for n in names:
     if n in ("fedasync", "dp_fedasync"):

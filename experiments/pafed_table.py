@@ -33,6 +33,7 @@ from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_async import experiment  # noqa: E402
+from fedjax_async import sharding  # noqa: E402
 from fedjax_async import sweep  # noqa: E402
 
 experiment.define_flags()
@@ -126,8 +127,10 @@ def read_runs(dirs):
 
 
 def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds: int,
-             out_dir: str, read_only: bool) -> dict:
-  """{(partition, alg): [(summary, rows), ...]}: runs what is missing (unless read_only)."""
+             out_dir: str, read_only: bool, mesh=None) -> dict:
+  """{(partition, alg): [(summary, rows), ...]}: runs what is missing (unless read_only).
+
+  ``mesh``: the ``('runs',)`` mesh the runs are split over (``sweep.run_mesh``)."""
   results = {}
   for part in partitions:
     cfg = dataclasses.replace(base, partition=part)
@@ -142,7 +145,7 @@ def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds:
           fed_data = subset_test(experiment.load_data(cfg), FLAGS.test_subset)
         t0 = time.perf_counter()
         sweep.run_sweep(cfgs, alg, fed_data, ["delay_fraction"], os.path.join(out_dir, part),
-                        FLAGS.max_runs_per_computation, sweep.run_mesh())
+                        FLAGS.max_runs_per_computation, mesh)
         print(f"[{part}/{alg}] {len(cfgs)} runs in {time.perf_counter() - t0:.1f}s",
               flush=True)
         done = read_runs(dirs)
@@ -265,8 +268,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   experiment.quiet_library_logs(FLAGS)
   try:
+    sharding.set_cpu_devices(FLAGS.cpu_devices)
     apply_preset(FLAGS.config)
     base = experiment.config_from_flags(FLAGS)
+    mesh = sweep.run_mesh(sharding.select_devices(base.devices))
     deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}
     for part in ("shards", "dirichlet"):
       deltas_of[part] = sweep.parse_values("deltas", FLAGS.deltas)
@@ -283,7 +288,7 @@ def main(argv):
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
   results = run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
-                     FLAGS.read_only)
+                     FLAGS.read_only, mesh)
   wall = time.perf_counter() - t0
   rows = table_rows(results, partitions, algs)
   md = markdown_table(rows, algs, header_for(base, FLAGS.config, FLAGS.num_seeds))

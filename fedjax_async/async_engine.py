@@ -124,6 +124,9 @@ class AsyncConfig:
   group_size: int
   dp_clip_mode: str = "example"  # 'example' (Eq. 17) | 'batch' (Alg. 1 line 20)
   eval_batch: int = 1000
+  # A sharding of the group axis G (``sharding.client_sharding(mesh)``; G a multiple of
+  # the device count): the G members train split over the devices. None: one device.
+  client_sharding: Optional[Any] = None
 
   def __post_init__(self):
     if self.dp_clip_mode not in ("example", "batch"):
@@ -157,8 +160,12 @@ def noise_std(hp, num_examples, cfg: AsyncConfig):
 
 
 def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, x, y,
-                num_examples, key, hp, cfg: AsyncConfig) -> client_lib.ClientResult:
+                num_examples, key, hp, cfg: AsyncConfig,
+                client_index=None) -> client_lib.ClientResult:
   """One client's local training (vmap over clients); see the module docstring.
+
+  ``x``, ``y``: the client's examples ``[M, ...]``, or with ``client_index`` every
+  client's ``[N, M, ...]`` (as in ``client.train``: minibatches read in place).
 
   With ``mask`` all ones, no DP and no threshold this is ``client.train`` step for step
   (same key split, shuffles, minibatches and optimiser).
@@ -199,7 +206,11 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
     pos = (s % init.spe) * lcfg.batch_size + offsets
     m = pos < num_examples
     rows = init.perms[epoch, jnp.minimum(pos, lcfg.max_examples - 1)]
-    xb, yb, rng = x[rows], y[rows], jax.random.fold_in(k_drop, s)
+    if client_index is None:
+      xb, yb = x[rows], y[rows]
+    else:
+      xb, yb = x[client_index, rows], y[client_index, rows]
+    rng = jax.random.fold_in(k_drop, s)
     if algorithm.dp and cfg.dp_clip_mode == "example":
       loss = loss_fn(w, xb, yb, m, rng)
       g = per_example_grad(w, xb, yb, m, rng)
@@ -271,7 +282,12 @@ def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale
   keys = jax.vmap(engine.client_key, in_axes=(None, 0, 0))(state.key, grp["dispatch_index"],
                                                             ids)
   train = functools.partial(train_local, apply_flat, algorithm, hp=hp, cfg=cfg)
-  res = jax.vmap(train)(w_start, mask, data.x[ids], data.y[ids], n, keys)
+  client_ids = ids
+  if cfg.client_sharding is not None:  # the group's members split over the devices
+    w_start, mask, client_ids, n, keys = jax.lax.with_sharding_constraint(
+        (w_start, mask, client_ids, n, keys), cfg.client_sharding)
+  res = jax.vmap(lambda w, m, c, ni, k: train(w, m, data.x, data.y, ni, k, client_index=c))(
+      w_start, mask, client_ids, n, keys)
   w_tau = w_start * mask
   uploads = jax.vmap(algorithm.client_upload, in_axes=(0, 0, None))(w_tau, res.w_end, hp)
   staleness = jnp.where(valid, grp["arrival_version"] - dv, 0)

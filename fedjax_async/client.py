@@ -163,8 +163,14 @@ def train(
     key,
     hp,
     cfg: LocalConfig,
+    client_index=None,
 ) -> ClientResult:
   """Runs one client's local training (vmap this over clients).
+
+  ``x``, ``y``: the client's own padded examples ``[M, ...]``; or, with ``client_index``
+  (a traced int), every client's ``[N, M, ...]``, each step then reading its minibatch
+  rows straight from ``x[client_index]`` (the engine does this: no ``[K, M, ...]`` copy
+  of the round's data is made).
 
   Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
   ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches:
@@ -182,7 +188,11 @@ def train(
 
   def scan_step(carry, inputs):
     s, rows, mask = inputs
-    return client_step(carry, (s, x[rows], y[rows], mask)), None
+    if client_index is None:
+      xb, yb = x[rows], y[rows]
+    else:
+      xb, yb = x[client_index, rows], y[client_index, rows]
+    return client_step(carry, (s, xb, yb, mask)), None
 
   carry = (w_start, opt.init(w_start), jnp.float32(0.0))
   (w_end, _, loss_sum), _ = jax.lax.scan(scan_step, carry, (steps, all_rows, masks))

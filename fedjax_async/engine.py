@@ -5,9 +5,11 @@ One round t (``round_step``), all inside one jitted function:
 1. read round t's arrival slots from the timeline (``fedjax_async.timeline``): client ids,
    dispatch rounds, online/valid masks, padded to K;
 2. gather each arrival's starting model from the ring buffer by its dispatch round
-   (``ring[dispatch % R]``), its persistent state (``[N, d]`` arrays, e.g. ADMM duals) and
-   its padded data by client id;
-3. train all K clients in one ``jax.vmap`` of ``client.train``;
+   (``ring[dispatch % R]``) and its persistent state (``[N, d]`` arrays, e.g. ADMM duals)
+   by client id;
+3. train all K clients in one ``jax.vmap`` of ``client.train`` (each step reads its
+   minibatch rows from the ``[N, M, ...]`` data in place; with ``client_sharding`` the K
+   clients are split over the devices);
 4. ``algorithm.client_final`` (vmapped) -> uploads and new per-client state, scattered back
    by client id (padding slots scatter out of bounds and are dropped);
 5. ``algorithm.server_update`` folds the arrivals into the global model;
@@ -172,7 +174,7 @@ class ClientPhase(NamedTuple):
 
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
                  algorithm: base.Algorithm, cfg: EngineConfig) -> ClientPhase:
-  """Gather (ring buffer, client state, data), vmapped local training, scatter."""
+  """Gather (ring buffer, client state), vmapped local training, scatter."""
   t = state.round
   num_clients = data.counts.shape[0]
   ring_size = state.ring.shape[0]
@@ -187,18 +189,22 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   cstate = jax.lax.optimization_barrier(cstate)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
-  x, y = data.x[gather_ids], data.y[gather_ids]
+  client_ids = gather_ids
   if cfg.client_sharding is not None:  # split the client-slot axis K over the devices
-    w_start, cstate, x, y, n, keys = jax.lax.with_sharding_constraint(
-        (w_start, cstate, x, y, n, keys), cfg.client_sharding)
+    w_start, cstate, client_ids, n, keys = jax.lax.with_sharding_constraint(
+        (w_start, cstate, client_ids, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
-  def train_and_final(w0, cs, xi, yi, ni, ki):
-    res = train(w0, cs, xi, yi, ni, ki)
+  def train_and_final(w0, cs, ci, ni, ki):
+    # Each local step reads its minibatch rows from data.x[ci]: the round's clients' data
+    # is never copied out as a [K, M, ...] block (gigabytes with a large padded M, and
+    # the slowest part of a round's first run on CPU: fresh pages).
+    res = train(w0, cs, data.x, data.y, ni, ki, client_index=ci)
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
     return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
-  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, x, y, n, keys)
+  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, client_ids, n,
+                          keys)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
   arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],

@@ -24,6 +24,7 @@ from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
+from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
@@ -65,6 +66,7 @@ class RunConfig:
   eval_every: int = 1
   rounds_per_call: int = 10
   client_chunk: int = -1  # G: a round's clients in lax.map chunks of G; 0 one vmap; -1 auto
+  devices: int = 0  # D: a round's clients split over the first D devices; 0 = all of them
   output_dir: str = "runs/latest"
   secure_aggregation: str = "none"
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
@@ -112,6 +114,8 @@ def validate(cfg: RunConfig):
   check(cfg.client_chunk >= -1, "client_chunk",
         f"must be >= -1 (-1 = auto, 0 = all clients of a round in one vmap), got "
         f"{cfg.client_chunk}")
+  check(cfg.devices >= 0, "devices",
+        f"must be >= 0 (0 = all devices JAX sees), got {cfg.devices}")
   check(cfg.checkpoint_every >= 0, "checkpoint_every",
         f"must be >= 0 (0 = off), got {cfg.checkpoint_every}")
   check(cfg.keep_checkpoints >= 1, "keep_checkpoints",
@@ -178,6 +182,12 @@ def define_flags():
   f.DEFINE_integer("client_chunk", d.client_chunk, "Train a round's clients as lax.map over "
                    "chunks of this many vmapped clients (0: one vmap over all; -1: auto, "
                    "1 for models of >= 100k parameters on CPU, else 0).")
+  f.DEFINE_integer("devices", d.devices, "D: split each round's clients over the first D "
+                   "devices JAX sees (0: all of them; 1: no sharding); sweeps split their "
+                   "runs over them instead.")
+  f.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
+                   "(jax_num_cpu_devices) so that --devices can split the clients over the "
+                   "cores; 0: JAX's default (one).")
   f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
@@ -215,7 +225,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
       server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
       eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
-      client_chunk=FLAGS.client_chunk,
+      client_chunk=FLAGS.client_chunk, devices=FLAGS.devices,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
@@ -264,8 +274,11 @@ class Progress:
 
 
 # Config fields that may differ between a run and its resumption.
+# Resuming may change these. (With another --devices the continuation equals the
+# uninterrupted run to float rounding, not bit for bit: the upload sums are split
+# differently.)
 RESUME_FREE_FIELDS = ("output_dir", "resume", "checkpoint_every", "keep_checkpoints",
-                      "tensorboard")
+                      "tensorboard", "devices")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -358,6 +371,10 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
           flush=True)
   start_round = int(state.round)
+  # The engine's view: clients split over the devices (K padded to a multiple of their
+  # number); ``tl`` stays the unpadded timeline for the summary.
+  run_ecfg, run_tl, state, data = sharding.shard_clients(
+      ecfg, tl, state, data, sharding.select_devices(cfg.devices))
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
   progress = Progress(name, cfg.rounds, start_round)
   tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=start_round if cfg.resume else None)
@@ -387,13 +404,13 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       if cfg.secure_aggregation == "ckks":
         from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
         state, _, _ = secure_engine.simulate(
-            apply_flat, algorithm, ecfg, state, tl, cfg.hparams(), data,
+            apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
             preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth, on_chunk=on_chunk,
             eval_every=cfg.eval_every, seed=cfg.seed,
             stream=io.StringIO() if quiet else sys.stdout)
       else:
-        runner = engine.make_runner(apply_flat, algorithm, ecfg)
-        state, _ = engine.simulate(runner, state, tl, cfg.hparams(), data,
+        runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
+        state, _ = engine.simulate(runner, state, run_tl, cfg.hparams(), data,
                                    eval_every=cfg.eval_every,
                                    rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
     except engine.Diverged as e:
@@ -472,7 +489,9 @@ def quiet_library_logs(FLAGS):
 def main_from_flags(FLAGS):
   quiet_library_logs(FLAGS)
   try:
+    sharding.set_cpu_devices(FLAGS.cpu_devices)
     cfg = config_from_flags(FLAGS)
+    devices = sharding.select_devices(cfg.devices)
   except ValueError as e:
     sys.exit(f"error: {e}")
   names = cfg.algorithm.split(",")
@@ -485,6 +504,8 @@ def main_from_flags(FLAGS):
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)
+  if len(devices) > 1:
+    print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
   summaries = []
   for name in names:
     out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir

@@ -11,7 +11,7 @@ over the K uploads. Everything else is replicated:
   of a round is local. (Sharding these over N as well would save memory per device at
   the price of an all-to-all per round; not done here.)
 
-Usage::
+``experiments/run.py --devices=D`` does all of it (``shard_clients``); by hand::
 
   mesh = sharding.client_mesh()                      # all local devices
   cfg = dataclasses.replace(cfg, client_sharding=sharding.client_sharding(mesh))
@@ -21,12 +21,15 @@ Usage::
   runner = engine.make_runner(apply_flat, algorithm, cfg)
 
 ``cfg.client_sharding = None`` (the default) is the unsharded engine, bit for bit.
-On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` makes 4 host devices to
-test this on one machine (they share its cores).
+On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (or ``--cpu_devices=4`` of
+the experiment scripts, i.e. ``jax_num_cpu_devices``) makes 4 host devices on one machine:
+they share its cores, and each runs its share of the clients on its own thread, which is
+how the engine uses several CPU cores for many small clients (docs/performance.md 6b).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Sequence
 
 import jax
@@ -57,6 +60,60 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def replicate(tree, mesh: Mesh):
   """``jax.device_put`` of every leaf of ``tree``, replicated over ``mesh``."""
   return jax.device_put(tree, replicated(mesh))
+
+
+def set_cpu_devices(n: int, flag: str = "cpu_devices"):
+  """Makes ``n`` XLA CPU devices (``jax_num_cpu_devices``; 0: JAX's default, one).
+
+  JAX accepts it only before its first operation; later it is a ValueError naming
+  ``--flag``. The devices share the machine's cores; each runs its own work on its own
+  thread.
+  """
+  if n < 0:
+    raise ValueError(f"--{flag}: must be >= 0 (0 = JAX's default), got {n}")
+  if n == 0:
+    return
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError as e:
+    raise ValueError(f"--{flag}: JAX has already started, too late to set the number of CPU "
+                     f"devices ({e}); use XLA_FLAGS=--xla_force_host_platform_device_count="
+                     f"{n}") from None
+
+
+def select_devices(requested: int, flag: str = "devices") -> list:
+  """The first ``requested`` of ``jax.devices()`` (0: all); ValueError naming ``--flag``."""
+  available = jax.devices()
+  if requested < 0:
+    raise ValueError(f"--{flag}: must be >= 0 (0 = all {len(available)} devices), got "
+                     f"{requested}")
+  if requested > len(available):
+    hint = (f"; on CPU, --cpu_devices={requested} (or XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={requested}) makes that many host "
+            "devices" if available[0].platform == "cpu" else "")
+    raise ValueError(f"--{flag}: asked for {requested} devices but JAX sees "
+                     f"{len(available)} ({available[0].platform}){hint}")
+  return list(available[:requested or len(available)])
+
+
+def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence[Any]):
+  """(cfg, tl, state, data) ready to run a round's clients split over ``devices``.
+
+  ``cfg`` is an ``engine.EngineConfig``: it gets ``client_sharding`` over a 1-D mesh of
+  ``devices``; the timeline's slot axis K is padded to a multiple of their number; the
+  state and the data are replicated on all of them. One device: returned unchanged (the
+  unsharded engine, bit for bit).
+  """
+  if len(devices) <= 1:
+    return cfg, tl, state, data
+  mesh = client_mesh(devices)
+  cfg = dataclasses.replace(cfg, client_sharding=client_sharding(mesh))
+  # Wait for the copies: a device whose copy of the data is still being written starts
+  # the round late, and XLA:CPU (jax 0.6) aborts the process when a device reaches a
+  # collective 10 s after the others (measured: replicating 4.8 GB of padded Synthetic
+  # data to a second CPU device takes longer than that here).
+  state, data = jax.block_until_ready(replicate((state, data), mesh))
+  return cfg, pad_timeline(tl, mesh.size), state, data
 
 
 def padded_size(k: int, multiple: int) -> int:

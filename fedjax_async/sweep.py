@@ -40,6 +40,7 @@ from fedjax_async import algorithms
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import experiment
+from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
@@ -236,7 +237,7 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
   states = shard_runs(pad_runs(states, total), mesh)
   hp = shard_runs(pad_runs({k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}, total),
                   mesh)
-  data = replicate(data, mesh)
+  data = jax.block_until_ready(replicate(data, mesh))  # see sharding.shard_clients
   schedule = engine.eval_schedule(num_rounds, eval_every)
   per_run: List[List[dict]] = [[] for _ in range(num_runs)]
   t0 = time.perf_counter()
@@ -452,16 +453,18 @@ def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
 def main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
   try:
+    sharding.set_cpu_devices(FLAGS.cpu_devices)
     base = experiment.config_from_flags(FLAGS)
     sweeps = sweeps_from_flags(FLAGS)
     names = list(sweeps)
     cfgs = grid(base, sweeps, FLAGS.num_seeds)
+    devices = sharding.select_devices(base.devices)  # the run axis is split over them
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   fed_data = experiment.load_data(base)
-  mesh = run_mesh()
+  mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
-        f"{FLAGS.num_seeds} seeds) on {len(jax.devices())} device(s)", flush=True)
+        f"{FLAGS.num_seeds} seeds) on {len(devices)} device(s)", flush=True)
   os.makedirs(base.output_dir, exist_ok=True)
   summaries = []
   for alg in base.algorithm.split(","):

@@ -86,6 +86,62 @@ def test_same_seed_gives_identical_metrics(all_algorithms, tmp_path):
   assert len({r["train_loss"] for r in rows_a}) > ROUNDS // 2
 
 
+def test_clients_split_over_four_cpu_devices_give_the_unsharded_run(all_algorithms, tmp_path):
+  """--cpu_devices=4 (--devices=0: all): each round's clients trained on 4 host devices
+  (K padded 10 -> 12), checkpointed on the way; the rounds equal the one-device run's."""
+  out, _ = all_algorithms
+  res = run(TINY + ["--algorithm=pafed,fednova", "--cpu_devices=4", "--checkpoint_every=10",
+                    "--notensorboard", f"--output_dir={tmp_path}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "split over 4 devices" in res.stdout and "CpuDevice(id=3)" in res.stdout
+  for alg in ("pafed", "fednova"):
+    ref, got = read_rows(out / alg / "metrics.jsonl"), read_rows(tmp_path / alg / "metrics.jsonl")
+    assert [set(r) for r in got] == [set(r) for r in ref]
+    for a, b in zip(ref, got):
+      for k in ("online", "delayed", "dropped", "client_steps", "max_staleness"):
+        assert a[k] == b[k], (alg, a["round"], k)
+      for k in ("train_loss", "test_accuracy", "test_loss", "mean_staleness"):
+        assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (alg, a["round"], k)
+    assert glob.glob(str(tmp_path / alg / "checkpoints" / "*"))
+
+
+def test_virtual_clock_groups_split_over_two_cpu_devices_give_the_one_device_run(tmp_path):
+  """Groups of 4 in-flight arrivals: 2 members per device with --cpu_devices=2 (--devices
+  0: all) against one device; same arrivals, same losses and accuracies."""
+  common = ["--algorithm=fedbuff,fedasync", "--num_updates=12", "--eval_every=4",
+            "--group_size=4", "--concurrency=6", "--num_clients=20", "--batch_size=10"]
+  one = run(common + ["--devices=1", f"--output_dir={tmp_path / 'one'}"], timeout=300)
+  two = run(common + ["--cpu_devices=2", f"--output_dir={tmp_path / 'two'}"], timeout=300)
+  assert one.returncode == 0, one.stderr[-3000:]
+  assert two.returncode == 0, two.stderr[-3000:]
+  assert "split over 2 devices" in two.stdout and "split over" not in one.stdout
+  for name in ("fedbuff", "fedasync"):
+    a = read_rows(tmp_path / "one" / name / "metrics.jsonl")
+    b = read_rows(tmp_path / "two" / name / "metrics.jsonl")
+    assert len(a) == len(b) > 0
+    assert sum(r["test_accuracy"] is not None for r in a) >= 2
+    for ra, rb in zip(a, b):
+      for k in ("event", "group", "client", "staleness", "client_steps"):
+        assert ra[k] == rb[k], (name, k)
+      for k in ("train_loss", "test_accuracy", "test_loss"):
+        if ra[k] is None:
+          assert rb[k] is None
+        else:
+          assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-5), (name, ra["event"], k)
+
+
+@pytest.mark.parametrize("args,flag,says", [
+    (["--devices=3"], "--devices", "--cpu_devices=3"),  # JAX sees 1 CPU device here
+    (["--devices=-1"], "--devices", ">= 0"),
+    (["--cpu_devices=-2"], "--cpu_devices", ">= 0"),
+])
+def test_bad_device_flags_name_the_flag(tmp_path, args, flag, says):
+  res = run(["--rounds=2", f"--output_dir={tmp_path}"] + args, timeout=120)
+  assert res.returncode != 0
+  assert flag in res.stderr and says in res.stderr, res.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
 @pytest.mark.parametrize("flag,value", [("participation", "1.5"), ("algorithm", "nope"),
                                         ("rho", "0"), ("delay_fraction", "-0.1"),
                                         ("checkpoint_every", "-1"), ("client_chunk", "-2")])

@@ -67,7 +67,22 @@ CHILD = textwrap.dedent("""
                                     algorithm=alg, cfg=scfg))(
       sharding.replicate(engine.init_state(alg, w0, N, 3, 0), mesh), slots, hp, sdata)
   up = phase.uploads
+  # What experiments/run.py --devices does: one call places everything.
+  # With 100 MB more data: its copies take long enough to still be in flight if
+  # shard_clients did not wait for them.
+  big = jnp.ones((25_000_000,), jnp.float32).block_until_ready()
+  cfg4, tl4, st4, dt4 = sharding.shard_clients(cfg, tl, engine.init_state(alg, w0, N, 3, 0),
+                                               (data, big), jax.devices())
+  placed = jax.tree.leaves((st4, dt4))
   out = {
+      "shard_clients": {
+          "k_padded": int(tl4.client.shape[1]),
+          "spec_is_clients": cfg4.client_sharding.spec == PartitionSpec("clients"),
+          "mesh_size": int(cfg4.client_sharding.mesh.size),
+          "all_ready": all(a.is_ready() for a in placed),
+          "all_replicated_on_4": all(a.sharding.is_fully_replicated
+                                     and len(a.sharding.device_set) == 4 for a in placed),
+      },
       "devices": len(jax.devices()),
       "k": int(tl.client.shape[1]), "k_padded": int(stl.client.shape[1]),
       "w_ref": np.asarray(ref_state.w).tolist(), "w_sharded": np.asarray(s_state.w).tolist(),
@@ -116,6 +131,40 @@ def test_client_axis_is_actually_split_over_the_devices():
   assert r["upload_shards"] == [[k // 4, d]] * 4
   assert len(set(r["upload_shard_devices"])) == 4
   assert r["w_fully_replicated"]
+
+
+def test_shard_clients_places_a_run_on_all_devices():
+  r = child_result()["shard_clients"]
+  assert r["k_padded"] == child_result()["k_padded"] and r["mesh_size"] == 4
+  assert r["spec_is_clients"] and r["all_replicated_on_4"]
+  assert r["all_ready"]  # copies finished before the first round (no late device)
+
+
+def test_shard_clients_on_one_device_changes_nothing():
+  cfg, tl, state, data = object(), object(), object(), object()
+  assert sharding.shard_clients(cfg, tl, state, data, [None]) == (cfg, tl, state, data)
+
+
+def test_select_devices_names_the_flag():
+  import jax  # pylint: disable=g-import-not-at-top
+  n = len(jax.devices())
+  assert sharding.select_devices(0) == list(jax.devices())
+  assert sharding.select_devices(n) == list(jax.devices())
+  with pytest.raises(ValueError, match=rf"--engine_devices: asked for {n + 1} devices but "
+                     rf"JAX sees {n} \(cpu\); on CPU, --cpu_devices={n + 1}"):
+    sharding.select_devices(n + 1, "engine_devices")
+  with pytest.raises(ValueError, match="--devices: must be >= 0"):
+    sharding.select_devices(-1)
+
+
+def test_set_cpu_devices_after_jax_started_names_the_flag():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  jnp.zeros(1).block_until_ready()  # JAX has started in this process
+  with pytest.raises(ValueError, match="--cpu_devices: JAX has already started"):
+    sharding.set_cpu_devices(2)
+  sharding.set_cpu_devices(0)  # 0: nothing to set, no error
+  with pytest.raises(ValueError, match="--cpu_devices: must be >= 0"):
+    sharding.set_cpu_devices(-1)
 
 
 def test_pad_timeline_keeps_rounds_and_pads_invalid_slots():

@@ -197,3 +197,20 @@ def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
     md = sweep.write_aggregate([row], names, str(tmp_path))
     counts = {line.count("|") for line in md.splitlines()}
     assert counts == {len(names) + 6}, md
+
+
+@pytest.mark.parametrize("extra,devices", [(["--cpu_devices=2"], 2),
+                                           (["--cpu_devices=2", "--devices=1"], 1)])
+def test_sweep_script_splits_runs_over_the_requested_cpu_devices(tmp_path, extra, devices):
+  """experiments/sweep.py --cpu_devices=2 makes 2 host devices and splits its runs over
+  them (--devices=0: all), or over --devices of them."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  args = ["--algorithm=fedavg", "--dataset=synthetic", "--num_clients=10", "--rounds=3",
+          "--local_epochs=1", "--batch_size=10", "--num_seeds=2", "--checkpoint_every=0",
+          f"--output_dir={tmp_path}"] + extra
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "sweep.py")] + args,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"on {devices} device(s)" in out.stdout, out.stdout[-2000:]
+  runs = json.load(open(tmp_path / "sweep.json"))["runs"]
+  assert len(runs) == 2 and all(r["final_accuracy"] > 0 for r in runs)
