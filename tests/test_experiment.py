@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 
 import pytest
 
@@ -103,6 +104,19 @@ def test_clients_split_over_four_cpu_devices_give_the_unsharded_run(all_algorith
       for k in ("train_loss", "test_accuracy", "test_loss", "mean_staleness"):
         assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), (alg, a["round"], k)
     assert glob.glob(str(tmp_path / alg / "checkpoints" / "*"))
+  # Resumed on one device from the 4-device run's round-10 checkpoint: --devices may
+  # change on --resume, and the continuation equals the 4-device run to float rounding.
+  full = read_rows(tmp_path / "pafed" / "metrics.jsonl")
+  shutil.rmtree(tmp_path / "pafed" / "checkpoints" / "20")
+  res = run(TINY + ["--algorithm=pafed", "--checkpoint_every=10", "--notensorboard",
+                    "--devices=1", "--resume", f"--output_dir={tmp_path / 'pafed'}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming from the checkpoint of round 10" in res.stdout
+  resumed = read_rows(tmp_path / "pafed" / "metrics.jsonl")
+  assert [r["round"] for r in resumed] == list(range(ROUNDS))
+  for a, b in zip(full[10:], resumed[10:]):
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4, abs=1e-5)
+    assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], rel=1e-4, abs=1e-5)
 
 
 def test_virtual_clock_groups_split_over_two_cpu_devices_give_the_one_device_run(tmp_path):
