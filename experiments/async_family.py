@@ -132,7 +132,6 @@ def validate(fl):
   check(fl.num_updates >= 1, "num_updates", f"must be >= 1, got {fl.num_updates}")
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
-  check(fl.devices >= 0, "devices", f"must be >= 0 (0 = all devices), got {fl.devices}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
   check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
   check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")

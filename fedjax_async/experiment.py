@@ -273,10 +273,9 @@ class Progress:
     self.stream.flush()
 
 
-# Config fields that may differ between a run and its resumption.
-# Resuming may change these. (With another --devices the continuation equals the
-# uninterrupted run to float rounding, not bit for bit: the upload sums are split
-# differently.)
+# Config fields that may differ between a run and its resumption. (With another --devices
+# the continuation equals the uninterrupted run to float rounding, not bit for bit: the
+# upload sums are split differently.)
 RESUME_FREE_FIELDS = ("output_dir", "resume", "checkpoint_every", "keep_checkpoints",
                       "tensorboard", "devices")
 
