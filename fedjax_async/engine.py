@@ -178,6 +178,12 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   t = state.round
   num_clients = data.counts.shape[0]
   ring_size = state.ring.shape[0]
+  if cfg.client_sharding is not None:
+    # The slot arrays replicated: without this GSPMD splits them like the clients, and
+    # every sum over K in the metrics becomes a cross-device all-reduce.
+    rep = jax.sharding.NamedSharding(cfg.client_sharding.mesh, jax.sharding.PartitionSpec())
+    slots = dict(slots, **jax.lax.with_sharding_constraint(
+        {k: slots[k] for k in ("valid", "client", "dispatch", "online")}, rep))
   valid = slots["valid"]
   ids = jnp.where(valid, slots["client"], num_clients)  # out of bounds for padding
   gather_ids = jnp.minimum(ids, num_clients - 1)
@@ -189,9 +195,9 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   cstate = jax.lax.optimization_barrier(cstate)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
-  client_ids = gather_ids
+  client_ids, n_local = gather_ids, n
   if cfg.client_sharding is not None:  # split the client-slot axis K over the devices
-    w_start, cstate, client_ids, n, keys = jax.lax.with_sharding_constraint(
+    w_start, cstate, client_ids, n_local, keys = jax.lax.with_sharding_constraint(
         (w_start, cstate, client_ids, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
@@ -203,16 +209,22 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
     return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
-  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, client_ids, n,
-                          keys)
+  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, client_ids,
+                          n_local, keys)
+  mean_loss, num_steps = res.mean_loss, res.num_steps.astype(jnp.float32)
+  if cfg.client_sharding is not None:
+    # The per-client scalars replicated (like the slot arrays above): the round's metrics
+    # and the server's weights then sum [K] vectors on every device instead of one
+    # cross-device rendezvous per sum (FedAvg: 5 collectives per round instead of 11).
+    mean_loss, num_steps = jax.lax.with_sharding_constraint((mean_loss, num_steps), rep)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
   arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],
                            delayed=valid & ~slots["online"],
                            staleness=jnp.where(valid, t - dispatch, 0),
-                           num_examples=n.astype(jnp.float32),
-                           num_steps=res.num_steps.astype(jnp.float32), start_params=w_start)
-  return ClientPhase(out.upload, arrivals, new_cstate, res.mean_loss)
+                           num_examples=n.astype(jnp.float32), num_steps=num_steps,
+                           start_params=w_start)
+  return ClientPhase(out.upload, arrivals, new_cstate, mean_loss)
 
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
