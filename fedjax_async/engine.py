@@ -224,6 +224,10 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
                            staleness=jnp.where(valid, t - dispatch, 0),
                            num_examples=n.astype(jnp.float32), num_steps=num_steps,
                            start_params=w_start)
+  if cfg.client_sharding is not None:  # the [K] fields replicated too (sums stay local)
+    arrivals = arrivals._replace(**jax.lax.with_sharding_constraint(
+        {f: getattr(arrivals, f) for f in ("valid", "online", "delayed", "staleness")},
+        rep))
   return ClientPhase(out.upload, arrivals, new_cstate, mean_loss)
 
 
