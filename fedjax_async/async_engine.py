@@ -206,10 +206,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
     pos = (s % init.spe) * lcfg.batch_size + offsets
     m = pos < num_examples
     rows = init.perms[epoch, jnp.minimum(pos, lcfg.max_examples - 1)]
-    if client_index is None:
-      xb, yb = x[rows], y[rows]
-    else:
-      xb, yb = x[client_index, rows], y[client_index, rows]
+    xb, yb = client_lib.minibatch(x, y, rows, client_index)
     rng = jax.random.fold_in(k_drop, s)
     if algorithm.dp and cfg.dp_clip_mode == "example":
       loss = loss_fn(w, xb, yb, m, rng)

@@ -122,6 +122,14 @@ def minibatches(init: ClientInit, num_examples, cfg: LocalConfig):
   return steps, rows, pos < num_examples
 
 
+def minibatch(x, y, rows, client_index=None):
+  """Rows ``rows`` of the client's ``x``, ``y`` ([M, ...]), or, with ``client_index``,
+  of ``x[client_index]`` in every client's [N, M, ...] (read in place, no per-client copy)."""
+  if client_index is None:
+    return x[rows], y[rows]
+  return x[client_index, rows], y[client_index, rows]
+
+
 def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
                      hp, cfg: LocalConfig, budget, dropout_key):
   """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
@@ -188,10 +196,7 @@ def train(
 
   def scan_step(carry, inputs):
     s, rows, mask = inputs
-    if client_index is None:
-      xb, yb = x[rows], y[rows]
-    else:
-      xb, yb = x[client_index, rows], y[client_index, rows]
+    xb, yb = minibatch(x, y, rows, client_index)
     return client_step(carry, (s, xb, yb, mask)), None
 
   carry = (w_start, opt.init(w_start), jnp.float32(0.0))

@@ -211,23 +211,22 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
 
   res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, client_ids,
                           n_local, keys)
-  mean_loss, num_steps = res.mean_loss, res.num_steps.astype(jnp.float32)
-  if cfg.client_sharding is not None:
-    # The per-client scalars replicated (like the slot arrays above): the round's metrics
-    # and the server's weights then sum [K] vectors on every device instead of one
-    # cross-device rendezvous per sum (FedAvg: 5 collectives per round instead of 11).
-    mean_loss, num_steps = jax.lax.with_sharding_constraint((mean_loss, num_steps), rep)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
   arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],
                            delayed=valid & ~slots["online"],
                            staleness=jnp.where(valid, t - dispatch, 0),
-                           num_examples=n.astype(jnp.float32), num_steps=num_steps,
-                           start_params=w_start)
-  if cfg.client_sharding is not None:  # the [K] fields replicated too (sums stay local)
-    arrivals = arrivals._replace(**jax.lax.with_sharding_constraint(
-        {f: getattr(arrivals, f) for f in ("valid", "online", "delayed", "staleness")},
-        rep))
+                           num_examples=n.astype(jnp.float32),
+                           num_steps=res.num_steps.astype(jnp.float32), start_params=w_start)
+  mean_loss = res.mean_loss
+  if cfg.client_sharding is not None:
+    # The per-client [K] scalars replicated (like the slot arrays above): the round's
+    # metrics and the server's weights then sum them on every device instead of one
+    # cross-device rendezvous per sum (FedAvg: 4 collectives per round instead of 10).
+    fields = ("valid", "online", "delayed", "staleness", "num_steps")
+    small, mean_loss = jax.lax.with_sharding_constraint(
+        ({f: getattr(arrivals, f) for f in fields}, mean_loss), rep)
+    arrivals = arrivals._replace(**small)
   return ClientPhase(out.upload, arrivals, new_cstate, mean_loss)
 
 
