@@ -13,7 +13,11 @@ dual y_i and the last local model w_i) kept in ``SimState.client_state`` on the 
   peak RSS over N gives the measured bytes per simulated client, compared with what its
   state strictly needs: 2 d x 4 B (dual, last local) + M x (features + 1) x 4 B (data,
   labels), and the largest N that fits in ``--budget_gib`` is (budget - intercept) /
-  slope. ``--verify_n`` runs one configuration near that limit.
+  slope. ``--verify=model:N:K`` runs one configuration near that limit.
+
+The round runs as the engine would run it by default (``--client_chunk=-1``: the CNN one
+client at a time on CPU, logistic regression in one vmap of K); ``--client_chunk=0``
+forces one vmap of all K.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scaling.py --sweep=k,n
 """
@@ -36,7 +40,7 @@ FLAGS = flags.FLAGS
 flagcheck.choice_list("sweep", ["k", "n"], ["k", "n"],
                        "k: grow clients per round; n: grow total clients.")
 flagcheck.int_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N = K).")
-flagcheck.int_list("k_cnn", ["10", "50", "200"], "K for the CNN (N = K).")
+flagcheck.int_list("k_cnn", ["10", "50", "200", "1000"], "K for the CNN (N = K).")
 flagcheck.int_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
 flagcheck.int_list("n_cnn", ["20", "100", "300"], "N for the CNN.")
 flags.DEFINE_integer("k_fixed_logreg", 100, "K in the N sweep (logreg).")
@@ -49,6 +53,9 @@ flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
 flags.DEFINE_float("budget_gib", 24.0, "Memory to fit in.")
 flags.DEFINE_string("verify", "", "model:N:K to run once near the limit, e.g. logreg:500000:100.")
 flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this process.")
+flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
+                     "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
+                     "0: all K in one vmap).", lower_bound=-1)
 flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
@@ -56,6 +63,7 @@ flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 def child(spec):
   """Runs one configuration; prints a RESULT json line."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
+  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   model, k, n, m, alg = spec.split(":")
   k, n, m = int(k), int(n), int(m)
@@ -66,7 +74,9 @@ def child(spec):
                        rounds=FLAGS.rounds, algorithm=alg, jax_data=True)
   build_s = time.perf_counter() - t0
   rss_built = common.peak_rss_bytes()
-  prep, run, _ = common.engine_runner(wl)
+  chunk = (engine.auto_client_chunk(wl.dim) if FLAGS.client_chunk < 0
+           else FLAGS.client_chunk or None)
+  prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
   t = common.timed(prep, run, reps=FLAGS.reps)
   rss = common.peak_rss_bytes()
   feat = 1
@@ -76,7 +86,7 @@ def child(spec):
   strict_data = m * (feat + 1) * 4
   print("RESULT " + json.dumps(dict(
       model=model, clients_per_round=k, num_clients=n, examples=m, params=wl.dim,
-      local_steps=wl.steps, s_per_round=t / FLAGS.rounds, build_s=build_s,
+      local_steps=wl.steps, client_chunk=chunk, s_per_round=t / FLAGS.rounds, build_s=build_s,
       rss_base=rss0, rss_after_build=rss_built, peak_rss=rss,
       strict_bytes_per_client=strict_state + strict_data,
       strict_state_bytes_per_client=strict_state)), flush=True)
@@ -85,7 +95,8 @@ def child(spec):
 def run_child(model, k, n, m, alg):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, os.path.abspath(__file__), f"--child={model}:{k}:{n}:{m}:{alg}",
-         f"--rounds={FLAGS.rounds}", f"--batch={FLAGS.batch}", f"--reps={FLAGS.reps}"]
+         f"--rounds={FLAGS.rounds}", f"--batch={FLAGS.batch}", f"--reps={FLAGS.reps}",
+         f"--client_chunk={FLAGS.client_chunk}"]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   if proc.returncode or not lines:

@@ -163,6 +163,22 @@ def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
   return jnp.sum(correct) / n, jnp.sum(loss) / n
 
 
+def materialized(tree, always_true):
+  """``tree``, computed into buffers of its own before anything later reads it.
+
+  The gathered client state must not stay a lazy gather from the ``[N, d]`` arrays: XLA
+  fuses such a gather into its late consumer (the upload, e.g. FedADMM's
+  ``w_end - last_local``), which then reads the old array while the scatter at the end
+  of the round updates it in place, so XLA copies the whole ``[N, d]`` array every
+  round (twice, measured: round time grew with N at fixed K). ``optimization_barrier``
+  does not stop that on XLA:CPU (jax 0.6.2 expands it before fusion), a conditional's
+  outputs are always materialised: a ``lax.cond`` on ``always_true``, a traced
+  predicate that is true at run time (so XLA cannot drop the conditional).
+  """
+  return jax.lax.cond(always_true, lambda c: c,
+                      lambda c: jax.tree.map(jnp.zeros_like, c), tree)
+
+
 class ClientPhase(NamedTuple):
   """Steps 1-4 of a round: what the server receives, and the updated client state."""
 
@@ -189,10 +205,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
   w_start = state.ring[dispatch % ring_size]  # the model each client was dispatched with
-  cstate = {k: v[gather_ids] for k, v in state.client_state.items()}
-  # Without the barrier XLA fuses this gather into the scatter below and copies the
-  # whole [N, d] client state every round (round time grows with N; docs/performance.md).
-  cstate = jax.lax.optimization_barrier(cstate)
+  cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
   client_ids, n_local = gather_ids, n
