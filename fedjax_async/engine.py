@@ -175,6 +175,8 @@ def materialized(tree, always_true):
   outputs are always materialised: a ``lax.cond`` on ``always_true``, a traced
   predicate that is true at run time (so XLA cannot drop the conditional).
   """
+  if not jax.tree.leaves(tree):  # no client state (FedAvg, FedProx, FedNova)
+    return tree
   return jax.lax.cond(always_true, lambda c: c,
                       lambda c: jax.tree.map(jnp.zeros_like, c), tree)
 
