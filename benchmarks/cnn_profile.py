@@ -119,6 +119,16 @@ def main(argv):
     a = jax.random.normal(keys[0], (k, m, kk))
     b = jax.random.normal(keys[1], (k, kk, n))
     measure(name, jax.vmap(gemm_fwd_bwd), (a, b), peak, bw, rows)
+  # fc1's three products one by one: XLA:CPU's (Eigen's) GEMM is fast when the big
+  # [3136, 512] operand is contracted on its leading axis (forward, weight gradient) and
+  # ~4x slower when it is contracted on its minor axis (the input gradient g @ W^T).
+  x1 = jax.random.normal(keys[0], (k, bsz, 3136))
+  g1 = jax.random.normal(keys[1], (k, bsz, 512))
+  w1 = jax.random.normal(keys[2], (k, 3136, 512))
+  for name, fn, args in (("fc1 forward x @ W", lambda x, w: x @ w, (x1, w1)),
+                         ("fc1 input gradient g @ W^T", lambda g, w: g @ w.T, (g1, w1)),
+                         ("fc1 weight gradient x^T @ g", lambda x, g: x.T @ g, (x1, g1))):
+    measure(name, jax.vmap(fn), args, peak, bw, rows)
   # The non-GEMM layers: patch extraction (both extractors) and 2x2 max pooling, each
   # forward + backward (gradient of a scalar function of the output w.r.t. the input).
   def fwd_bwd(f):
