@@ -32,7 +32,9 @@ from fedjax_async import models  # noqa: E402
 flags.DEFINE_integer("clients", 50, "K, clients vmapped together.")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.")
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best reported).")
-flags.DEFINE_enum("impl", "vjp", ["vjp", "slices", "patches", "lax"], "Conv implementation.")
+flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
+flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
+                  "Dense layers (the other choice is timed too, as a full step).")
 flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one full step here.")
 FLAGS = flags.FLAGS
 
@@ -49,7 +51,8 @@ def measure(name, fn, args, peak, bw, rows):
   flops, nbytes = cost(compiled)
   t = common.best_time(lambda: jax.block_until_ready(compiled(*args)), FLAGS.reps)
   row = dict(bench="cnn_profile", component=name, clients=FLAGS.clients, batch=FLAGS.batch,
-             impl=FLAGS.impl, time_ms=t * 1e3, gflop=flops / 1e9, gbytes=nbytes / 1e9,
+             impl=FLAGS.impl, dense=FLAGS.dense, time_ms=t * 1e3, gflop=flops / 1e9,
+             gbytes=nbytes / 1e9,
              gflops_per_s=flops / t / 1e9, gbytes_per_s=nbytes / t / 1e9,
              fraction_of_peak=flops / t / 1e9 / peak, fraction_of_bandwidth=nbytes / t / 1e9 / bw)
   rows.append(row)
@@ -72,28 +75,33 @@ def main(argv):
   k, bsz = FLAGS.clients, FLAGS.batch
   peak = common.matmul_peak(2048, 3)
   bw = stream_bandwidth()
-  net = models.get_model("cnn", 10, (28, 28, 1), impl=FLAGS.impl)
+  net = models.get_model("cnn", 10, (28, 28, 1), impl=FLAGS.impl, dense=FLAGS.dense)
   w0, apply_flat = models.flat_model(net, (28, 28, 1), jax.random.key(0))
+  other_dense = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
+  _, apply_other = models.flat_model(
+      models.get_model("cnn", 10, (28, 28, 1), impl=FLAGS.impl, dense=other_dense),
+      (28, 28, 1), jax.random.key(0))
   d = int(w0.shape[0])
   keys = jax.random.split(jax.random.key(1), 3)
   ws = w0[None] + 0.01 * jax.random.normal(keys[0], (k, d))
   xs = jax.random.normal(keys[1], (k, bsz, 28, 28, 1))
   ys = jax.random.randint(keys[2], (k, bsz), 0, 10)
-  print(f"[cnn_profile] {common.machine()}; K={k}, batch {bsz}, d={d}, impl {FLAGS.impl}; "
+  print(f"[cnn_profile] {common.machine()}; K={k}, batch {bsz}, d={d}, impl {FLAGS.impl}, "
+        f"dense {FLAGS.dense}; "
         f"matmul peak {peak:.1f} GFLOP/s, streaming bandwidth {bw:.1f} GB/s\n")
   print("| component (vmapped over K) | ms | GFLOP | GB accessed | GFLOP/s | of peak | "
         "GB/s | of bandwidth |")
   print("|---|---|---|---|---|---|---|---|")
 
-  def loss(w, x, y):
+  def loss(w, x, y, apply_flat=apply_flat):
     logits = apply_flat(w, x, train=True)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
   opt = optax.sgd(0.1, momentum=0.5)
   mom = jax.vmap(opt.init)(ws)
 
-  def full_step(w, m, x, y):
-    g = jax.grad(loss)(w, x, y)
+  def full_step(w, m, x, y, apply_flat=apply_flat):
+    g = jax.grad(loss)(w, x, y, apply_flat)
     upd, m = opt.update(g, m, w)
     return optax.apply_updates(w, upd), m
 
@@ -104,6 +112,9 @@ def main(argv):
   rows = []
   step = measure("full local step (fwd + bwd + SGD momentum)", jax.vmap(full_step),
                  (ws, mom, xs, ys), peak, bw, rows)
+  measure(f"full local step, dense layers {other_dense!r}",
+          jax.vmap(lambda w, m, x, y: full_step(w, m, x, y, apply_other)),
+          (ws, mom, xs, ys), peak, bw, rows)
   measure("forward + backward", jax.vmap(jax.grad(loss)), (ws, xs, ys), peak, bw, rows)
   measure("forward", jax.vmap(loss), (ws, xs, ys), peak, bw, rows)
   measure("SGD momentum update alone", jax.vmap(sgd_only), (ws, mom, ws), peak, bw, rows)
@@ -125,8 +136,12 @@ def main(argv):
   x1 = jax.random.normal(keys[0], (k, bsz, 3136))
   g1 = jax.random.normal(keys[1], (k, bsz, 512))
   w1 = jax.random.normal(keys[2], (k, 3136, 512))
+  # models.Dense computes the input gradient as (W g^T)^T (models.dense_matmul).
+  dense_dx = lambda x, w, g: jax.vjp(lambda x: models.dense_matmul(x, w), x)[1](g)[0]
   for name, fn, args in (("fc1 forward x @ W", lambda x, w: x @ w, (x1, w1)),
                          ("fc1 input gradient g @ W^T", lambda g, w: g @ w.T, (g1, w1)),
+                         ("fc1 input gradient (W g^T)^T, models.dense_matmul", dense_dx,
+                          (x1, w1, g1)),
                          ("fc1 weight gradient x^T @ g", lambda x, g: x.T @ g, (x1, g1))):
     measure(name, jax.vmap(fn), args, peak, bw, rows)
   # The non-GEMM layers: patch extraction (both extractors) and 2x2 max pooling, each

@@ -127,12 +127,14 @@ class Workload:
   rounds: int = 3
   algorithm: str = "fedavg"
   impl: str = "vjp"
+  dense: str = "fast"  # the conv models' dense layers: models.DENSE_IMPLS
   seed: int = 0
   jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
 
   def __post_init__(self):
     name, self.input_shape, self.num_classes = MODELS[self.model]
-    net = models.get_model(name, self.num_classes, self.input_shape, impl=self.impl)
+    net = models.get_model(name, self.num_classes, self.input_shape, impl=self.impl,
+                           dense=self.dense)
     self.w0, self.apply_flat = models.flat_model(net, self.input_shape,
                                                  jax.random.key(self.seed))
     self.dim = int(self.w0.shape[0])

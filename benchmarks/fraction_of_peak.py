@@ -32,6 +32,10 @@ flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
+flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
+                  "Dense layers: models.Dense (fast input gradient) or flax's nn.Dense.")
+flags.DEFINE_bool("compare_dense", False,
+                  "Also time the engine with the other --dense choice, taking turns.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
 flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).",
                      lower_bound=0)
@@ -48,29 +52,38 @@ def main(_):
         f"{FLAGS.model} fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch}")
   rows = []
   for k in map(int, FLAGS.clients):
-    wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
-                         batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl)
-    prep, run, _ = common.engine_runner(
-        wl, wl.engine_config(client_chunk=FLAGS.client_chunk or None))
-    runners = {"engine": (prep, run)}
-    if FLAGS.loop:
-      runners["loop"] = common.loop_runner(wl)
+    other = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
+    runners = {}
+    for dense in [FLAGS.dense] + ([other] if FLAGS.compare_dense else []):
+      wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
+                           batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl,
+                           dense=dense)
+      prep, run, _ = common.engine_runner(
+          wl, wl.engine_config(client_chunk=FLAGS.client_chunk or None))
+      runners["engine" if dense == FLAGS.dense else "engine_other_dense"] = (prep, run)
+      if FLAGS.loop and dense == FLAGS.dense:
+        runners["loop"] = common.loop_runner(wl)
     times = common.timed_interleaved(runners, FLAGS.reps)  # taking turns: same load
     t, t_loop = times["engine"], times.get("loop", float("nan"))
+    t_other = times.get("engine_other_dense", float("nan"))
     flops = step_flops * wl.client_steps_per_round * FLAGS.rounds
-    row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl,
+    row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl, dense=FLAGS.dense,
                clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
                rounds=FLAGS.rounds, client_chunk=FLAGS.client_chunk, engine_s=t,
                loop_s=t_loop,
                gflops=flops / t / 1e9, loop_gflops=flops / t_loop / 1e9,
                peak_gflops=peak, fraction_of_peak=flops / t / 1e9 / peak,
                speedup_vs_loop=t_loop / t,
+               other_dense=other if FLAGS.compare_dense else "",
+               other_dense_fraction_of_peak=flops / t_other / 1e9 / peak,
+               speedup_vs_other_dense=t_other / t,
                xla_flags=os.environ.get("XLA_FLAGS", ""), tag=FLAGS.tag, **mach)
     rows.append(row)
     common.write_rows("fraction_of_peak", [row])  # each row as soon as it is measured
     print("[fraction_of_peak] " + common.fmt_row(row, (
         "clients_per_round", "local_steps", "engine_s", "loop_s", "gflops", "loop_gflops",
-        "peak_gflops", "fraction_of_peak", "speedup_vs_loop")), flush=True)
+        "peak_gflops", "fraction_of_peak", "speedup_vs_loop", "other_dense_fraction_of_peak",
+        "speedup_vs_other_dense")), flush=True)
   del rows
 
 

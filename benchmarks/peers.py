@@ -1,4 +1,5 @@
-"""pfl-research's CIFAR-10 benchmark workload, scaled down, run by four systems in ONE call.
+"""pfl-research's CIFAR-10 benchmark workload, scaled down, run by four systems in ONE call
+(five rows: the engine also with flax's ``nn.Dense``, ``engine_flax_dense``).
 
 Workload (pfl-research benchmarks/image_classification, CIFAR-10 IID): 32x32x3 inputs,
 its two-conv ``simple_cnn`` (conv3x3x32 VALID, ReLU, conv3x3x64 VALID, ReLU, maxpool 2,
@@ -23,6 +24,7 @@ why. Rows go to ``benchmarks/results/peers.jsonl`` / ``.csv``.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -235,6 +237,9 @@ def run_peer(name, args):
   return json.loads(lines[-1][len("RESULT "):]), None
 
 
+SYSTEMS = ("engine", "engine_flax_dense", "loop", "pfl", "flower")
+
+
 def main_driver(argv):
   p = argparse.ArgumentParser()
   p.add_argument("--clients", type=int, default=50)
@@ -243,13 +248,23 @@ def main_driver(argv):
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--engine_rounds", type=int, default=4)
   p.add_argument("--reps", type=int, default=3)
-  p.add_argument("--systems", default="engine,loop,pfl,flower")
+  p.add_argument("--systems", default=",".join(SYSTEMS))
   p.add_argument("--peers_python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
   p.add_argument("--peer_timeout", type=int, default=900)
   p.add_argument("--client_chunk", type=int, default=-1,
                  help="engine: clients per vmapped chunk (0: all; -1: engine's auto rule)")
   p.add_argument("--tag", default="")
   args = p.parse_args(argv)
+  for flag in ("clients", "examples", "batch", "rounds", "engine_rounds", "reps",
+               "peer_timeout"):
+    if getattr(args, flag) < 1:
+      p.error(f"--{flag}: must be >= 1, got {getattr(args, flag)}")
+  if args.client_chunk < -1:
+    p.error(f"--client_chunk: must be -1 (auto), 0 (all) or a chunk size, got "
+            f"{args.client_chunk}")
+  unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
+  if unknown:
+    p.error(f"--systems: unknown {','.join(unknown)}; choose from {','.join(SYSTEMS)}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, ROOT)
   from benchmarks import common  # pylint: disable=g-import-not-at-top
@@ -258,17 +273,21 @@ def main_driver(argv):
   steps = args.clients * -(-args.examples // args.batch)
   res = {}
   notes = {}
-  if "engine" in systems or "loop" in systems:
+  if {"engine", "engine_flax_dense", "loop"} & set(systems):
     wl = common.Workload("simple_cnn", args.clients, num_clients=args.clients,
                          examples=args.examples, batch=args.batch,
                          rounds=args.engine_rounds)
-    if "engine" in systems:
-      from fedjax_async import engine  # pylint: disable=g-import-not-at-top
-      chunk = (engine.auto_client_chunk(wl.dim) if args.client_chunk < 0
-               else args.client_chunk or None)
-      notes["engine"] = {"client_chunk": chunk}
-      prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
-      res["engine"] = common.timed(prep, run, args.reps) / args.engine_rounds
+    from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+    chunk = (engine.auto_client_chunk(wl.dim) if args.client_chunk < 0
+             else args.client_chunk or None)
+    # "engine_flax_dense": the engine with flax's nn.Dense (autodiff backward) instead of
+    # models.Dense, the before/after of docs/performance.md section 6d in the same run.
+    for name, dense in (("engine", "fast"), ("engine_flax_dense", "flax")):
+      if name in systems:
+        wl_e = wl if dense == wl.dense else dataclasses.replace(wl, dense=dense)
+        notes[name] = {"client_chunk": chunk, "dense": dense}
+        prep, run, _ = common.engine_runner(wl_e, wl_e.engine_config(client_chunk=chunk))
+        res[name] = common.timed(prep, run, args.reps) / args.engine_rounds
     if "loop" in systems:
       lprep, lrun = common.loop_runner(wl)
       res["loop"] = common.timed(lprep, lrun, min(args.reps, 2)) / args.engine_rounds

@@ -25,9 +25,14 @@ Vmapped over 10 clients with their own kernels (a grouped convolution) "vjp" and
 "slices" were equal. Re-measure with ``benchmarks/conv_in_scan.py`` and
 ``benchmarks/fraction_of_peak.py --impl=...`` on another machine or jax version.
 
+The dense layers of the convolutional models take ``dense``: ``"fast"`` (default,
+:class:`Dense`: the input gradient ``g @ W^T`` computed as ``(W g^T)^T``, 4-14x faster
+on XLA:CPU for the CNN's fc1; :func:`dense_matmul`) or ``"flax"`` (``nn.Dense``,
+autodiff backward). Same parameters, same values.
+
 Public API:
 
-* layers: :class:`PatchConv`, :class:`BatchStatNorm`;
+* layers: :class:`PatchConv`, :class:`Dense` (:func:`dense_matmul`), :class:`BatchStatNorm`;
 * models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`,
   :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`;
 * :func:`get_model`, :func:`default_model_for`, :data:`MODEL_NAMES`;
@@ -57,6 +62,8 @@ Padding = str | Sequence[tuple[int, int]]
 # "vjp": canonical_conv; "patches": PatchConv via lax.conv_general_dilated_patches;
 # "slices": PatchConv with im2col by shifted slices; "lax": flax.linen.Conv.
 CONV_IMPLS = ("vjp", "patches", "slices", "lax")
+# "fast": Dense (input gradient as (W g^T)^T); "flax": flax.linen.Dense.
+DENSE_IMPLS = ("fast", "flax")
 
 
 # ----------------------------------------------------------------------------- layers
@@ -200,6 +207,61 @@ def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SA
   raise ValueError(f"unknown conv impl {impl!r}; choose from {CONV_IMPLS}")
 
 
+@jax.custom_vjp
+def dense_matmul(x: Array, kernel: Array) -> Array:
+  """``x [..., n] @ kernel [n, m]`` whose input gradient is computed as ``(kernel g^T)^T``.
+
+  Autodiff's input gradient ``g @ kernel^T`` contracts the kernel on its minor axis, and
+  XLA:CPU's GEMM runs that layout 4-14x slower than ``kernel @ g^T`` (the CNN's fc1,
+  [10, 512] x [512, 3136]: 9.3 vs 1.9 ms; docs/performance.md section 6d). XLA's
+  algebraic simplifier folds a plain ``(kernel @ g.T).T`` back into the slow form; the
+  optimisation barrier stops that, leaving the fast dot and a transpose of the small
+  ``[n, batch]`` result. Same values as ``x @ kernel`` and its autodiff gradients.
+  """
+  return x @ kernel
+
+
+def _dense_matmul_fwd(x, kernel):
+  return x @ kernel, (x, kernel)
+
+
+def _dense_matmul_bwd(res, g):
+  x, kernel = res
+  g2 = g.reshape(-1, g.shape[-1])
+  dx_t = lax.optimization_barrier(kernel @ g2.T)  # [n, batch]: kernel contracted on m
+  dkernel = x.reshape(-1, x.shape[-1]).T @ g2
+  return dx_t.T.reshape(x.shape), dkernel
+
+
+dense_matmul.defvjp(_dense_matmul_fwd, _dense_matmul_bwd)
+
+
+class Dense(nn.Module):
+  """Drop-in for ``nn.Dense`` (same ``kernel [n, m]`` / ``bias [m]`` parameters and
+  initialisers) whose backward uses :func:`dense_matmul`'s fast input gradient."""
+
+  features: int
+  use_bias: bool = True
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features))
+    y = dense_matmul(x, kernel.astype(x.dtype))
+    if self.use_bias:
+      y = y + self.param("bias", self.bias_init, (self.features,)).astype(y.dtype)
+    return y
+
+
+def make_dense(dense: str, features: int, name=None, **kw) -> nn.Module:
+  """The dense layer of the convolutional models: :class:`Dense` ("fast") or flax's
+  ``nn.Dense`` ("flax", autodiff backward); same parameters either way."""
+  if dense not in DENSE_IMPLS:
+    raise ValueError(f"unknown dense impl {dense!r}; choose from {DENSE_IMPLS}")
+  return (Dense if dense == "fast" else nn.Dense)(features, name=name, **kw)
+
+
 class BatchStatNorm(nn.Module):
   """BatchNorm that always normalises with the statistics of the batch it sees.
 
@@ -282,14 +344,15 @@ class CNN(nn.Module):
 
   num_classes: int = 10
   impl: str = "vjp"
+  dense: str = "fast"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train
     x = max_pool2(nn.relu(make_conv(self.impl, 32, (5, 5), name="conv1")(x)))
     x = max_pool2(nn.relu(make_conv(self.impl, 64, (5, 5), name="conv2")(x)))
-    x = nn.relu(nn.Dense(512, name="fc1")(flatten(x)))
-    return nn.Dense(self.num_classes, name="fc2")(x)
+    x = nn.relu(make_dense(self.dense, 512, name="fc1")(flatten(x)))
+    return make_dense(self.dense, self.num_classes, name="fc2")(x)
 
 
 class CIFAR10CNN(CNN):
@@ -320,6 +383,7 @@ class CIFAR100CNN(nn.Module):
 
   num_classes: int = 100
   impl: str = "vjp"
+  dense: str = "fast"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -329,9 +393,9 @@ class CIFAR100CNN(nn.Module):
       if i % 2 == 1:
         x = max_pool2(x)
     x = nn.Dropout(0.25, deterministic=not train)(x)
-    x = nn.relu(nn.Dense(256, name="fc1")(flatten(x)))
+    x = nn.relu(make_dense(self.dense, 256, name="fc1")(flatten(x)))
     x = nn.Dropout(0.5, deterministic=not train)(x)
-    return nn.Dense(self.num_classes, name="fc2")(x)
+    return make_dense(self.dense, self.num_classes, name="fc2")(x)
 
 
 class SimpleCNN(nn.Module):
@@ -344,6 +408,7 @@ class SimpleCNN(nn.Module):
 
   num_classes: int = 10
   impl: str = "vjp"
+  dense: str = "fast"
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -353,9 +418,9 @@ class SimpleCNN(nn.Module):
     x = nn.relu(make_conv(self.impl, 64, (3, 3), padding="VALID", kernel_init=glorot,
                           name="conv2")(x))
     x = nn.Dropout(0.25, deterministic=not train)(max_pool2(x))
-    x = nn.relu(nn.Dense(128, kernel_init=glorot, name="fc1")(flatten(x)))
+    x = nn.relu(make_dense(self.dense, 128, kernel_init=glorot, name="fc1")(flatten(x)))
     x = nn.Dropout(0.5, deterministic=not train)(x)
-    return nn.Dense(self.num_classes, kernel_init=glorot, name="fc2")(x)
+    return make_dense(self.dense, self.num_classes, kernel_init=glorot, name="fc2")(x)
 
 
 def make_norm(norm: str, groups: int, name: str) -> Callable[[Array], Array]:
@@ -403,6 +468,7 @@ class ResNet18(nn.Module):
 
   num_classes: int = 10
   impl: str = "vjp"
+  dense: str = "fast"
   norm: str = "group"
   groups: int = 2
   include_top: bool = True  # False: return the 512 global-pooled features (FedEDS's theta_g)
@@ -420,7 +486,7 @@ class ResNet18(nn.Module):
     pooled = jnp.mean(x, axis=(1, 2))
     if not self.include_top:
       return pooled
-    return nn.Dense(self.num_classes, name="fc")(pooled)
+    return make_dense(self.dense, self.num_classes, name="fc")(pooled)
 
 
 # --------------------------------------------------------------------------- registry
@@ -437,14 +503,17 @@ _CONV_MODELS = {
 
 
 def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
-              impl: str = "vjp") -> nn.Module:
+              impl: str = "vjp", dense: str = "fast") -> nn.Module:
   """The model called ``name`` for per-example inputs of ``input_shape``.
 
-  ``impl`` ("patches", "slices", "lax" or "vjp") selects the convolution of conv models.
-  Raises ValueError for an unknown name or impl, or a non-HWC shape for a conv model.
+  ``impl`` ("patches", "slices", "lax" or "vjp") selects the convolution of conv models,
+  ``dense`` ("fast" or "flax") their dense layers. Raises ValueError for an unknown name,
+  impl or dense, or a non-HWC shape for a conv model.
   """
   if impl not in CONV_IMPLS:
     raise ValueError(f"unknown conv impl {impl!r}; choose from {CONV_IMPLS}")
+  if dense not in DENSE_IMPLS:
+    raise ValueError(f"unknown dense impl {dense!r}; choose from {DENSE_IMPLS}")
   if name == "logreg":
     return LogisticRegression(num_classes)
   if name == "mlp":
@@ -452,7 +521,7 @@ def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
   if name in _CONV_MODELS:
     if input_shape and len(input_shape) != 3:
       raise ValueError(f"{name} needs [H, W, C] inputs, got input_shape={input_shape}")
-    return _CONV_MODELS[name](num_classes=num_classes, impl=impl)
+    return _CONV_MODELS[name](num_classes=num_classes, impl=impl, dense=dense)
   raise ValueError(f"unknown model {name!r}; choose from {MODEL_NAMES}")
 
 
