@@ -58,3 +58,16 @@ def test_choice_list_flag_rejects_unknown_items_naming_the_flag():
   assert _parse(define, ["--models=cnn,logreg"]).models == ["cnn", "logreg"]
   with pytest.raises(flags.IllegalFlagValueError, match="--models: each item must be one of"):
     _parse(define, ["--models=cnn,resnet"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--systems=engine,pfll"], "--systems: unknown pfll"),
+    (["--reps=0"], "--reps: must be >= 1"),
+    (["--client_chunk=-2"], "--client_chunk: must be -1"),
+])
+def test_peers_rejects_bad_flags_naming_the_flag(argv, message, capsys):
+  from benchmarks import peers  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as exit_info:
+    peers.main_driver(argv)
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
