@@ -51,8 +51,8 @@ def main(_):
   print(f"[fraction_of_peak] {mach} matmul peak {peak:.1f} GFLOP/s; "
         f"{FLAGS.model} fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch}")
   rows = []
+  other = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
   for k in map(int, FLAGS.clients):
-    other = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
     runners = {}
     for dense in [FLAGS.dense] + ([other] if FLAGS.compare_dense else []):
       wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
