@@ -3,7 +3,8 @@
 * ``best_time``: best wall time of a blocking call over a few repetitions (the machine is
   shared, so the best of 3 is the figure that means something);
 * ``matmul_peak``: GFLOP/s of a large float32 matmul, measured in the same process, taken
-  as this machine's attainable peak;
+  as this machine's attainable peak (``matmul_runner``: the same matmul as a runner that
+  takes turns with the timed workloads, so that a VM slowing down mid-run is seen);
 * ``Workload``: random federated data, a model, an algorithm and a timeline in which every
   round has exactly K online arrivals (no delays), built without any data download;
 * ``engine_runner`` (``sharded_engine_runner``: clients split over several devices) /
@@ -90,14 +91,19 @@ def best_time(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
   return best
 
 
-def matmul_peak(n: int = 2048, reps: int = 3) -> float:
-  """GFLOP/s of an n^3 float32 matmul (best of ``reps``)."""
+def matmul_runner(n: int = 2048):
+  """``(prepare, run, flops)`` of one n^3 float32 matmul, for ``timed_interleaved``."""
   ka, kb = jax.random.split(jax.random.key(0))
   a = jax.random.normal(ka, (n, n), jnp.float32)
   b = jax.random.normal(kb, (n, n), jnp.float32)
   mm = jax.jit(jnp.matmul)
-  t = best_time(lambda: mm(a, b).block_until_ready(), reps)
-  return 2 * n**3 / t / 1e9
+  return (lambda: None), (lambda: mm(a, b).block_until_ready()), 2.0 * n**3
+
+
+def matmul_peak(n: int = 2048, reps: int = 3) -> float:
+  """GFLOP/s of an n^3 float32 matmul (best of ``reps``)."""
+  _, run, flops = matmul_runner(n)
+  return flops / best_time(run, reps) / 1e9
 
 
 def compiled_flops(compiled) -> float:
@@ -181,6 +187,12 @@ class Workload:
 
   def init_state(self):
     return engine.init_state(self.alg, self.w0, self.num_clients, 2, self.seed)
+
+
+def without_split(apply_flat: Callable) -> Callable:
+  """``apply_flat`` without ``split``: local training then carries the flat ``[d]`` vector
+  through its steps (the layout before ``models.FlatApply``), for A/B timings."""
+  return lambda w, x, train=False, rng=None: apply_flat(w, x, train=train, rng=rng)
 
 
 def engine_runner(wl: Workload, cfg: Optional[engine.EngineConfig] = None,

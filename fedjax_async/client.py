@@ -14,7 +14,9 @@ fedjax-style split into ``client_init`` / ``client_step`` / ``client_final``:
 ``train`` runs the three for one client with the steps in a ``lax.scan``; the benchmarks'
 fedjax-pattern loop calls the same ``client_step`` once per jitted call.
 
-Parameters are flat vectors ``[d]``; ``apply_flat(w, x, train, rng)`` is the model.
+Parameters are flat vectors ``[d]``; ``apply_flat(w, x, train, rng)`` is the model. Where
+the model offers ``apply_flat.split`` (``models.FlatApply``), the local steps carry the
+parameters as one 1-D piece per leaf (``local_params``), and ``train`` returns them flat.
 """
 
 from __future__ import annotations
@@ -130,20 +132,35 @@ def minibatch(x, y, rows, client_index=None):
   return x[client_index, rows], y[client_index, rows]
 
 
+def local_params(apply_flat: Callable, w):
+  """``w [d]`` as the local steps carry it: ``apply_flat.split(w)`` (per-leaf pieces:
+  no step then slices the kernels out of ``[d]`` or concatenates their gradients back),
+  or ``w`` itself for a model without ``split``."""
+  split = getattr(apply_flat, "split", None)
+  return split(w) if split is not None else w
+
+
+def flat_params(w):
+  """The flat ``[d]`` vector of ``w`` (``local_params``' pieces, or already flat)."""
+  return jnp.concatenate(w) if isinstance(w, tuple) else w
+
+
 def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
                      hp, cfg: LocalConfig, budget, dropout_key):
   """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
 
-  ``carry = (w, opt_state, loss_sum)``; ``batch = (s, x_b, y_b, mask_b)``. One optax step
-  on f_i(w) + algorithm.local_penalty(w, w_start, state) over the minibatch; a step with
-  ``s >= budget`` (past E_i * ceil(n_i / B)) leaves the carry unchanged.
+  ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces;
+  ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w,
+  w_start, state) over the minibatch (the penalty sees ``w`` flat, like ``w_start``; with
+  no penalty the concatenation is dead code); a step with ``s >= budget`` (past
+  E_i * ceil(n_i / B)) leaves the carry unchanged.
   """
   opt = local_optimizer(hp, cfg)
 
   def loss_fn(w, xb, yb, mask, rng):
     logits = apply_flat(w, xb, train=True, rng=rng)
     return masked_cross_entropy(logits, yb, mask) + algorithm.local_penalty(
-        w, w_start, client_state, hp)
+        flat_params(w), w_start, client_state, hp)
 
   grad_fn = jax.value_and_grad(loss_fn)
 
@@ -153,7 +170,7 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
     loss, g = grad_fn(w, xb, yb, mask, jax.random.fold_in(dropout_key, s))
     updates, new_opt_state = opt.update(g, opt_state, w)
     active = s < budget
-    w = jnp.where(active, optax.apply_updates(w, updates), w)
+    w = jax.tree.map(lambda n, o: jnp.where(active, n, o), optax.apply_updates(w, updates), w)
     opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
     return w, opt_state, loss_sum + jnp.where(active, loss, 0.0)
 
@@ -199,6 +216,7 @@ def train(
     xb, yb = minibatch(x, y, rows, client_index)
     return client_step(carry, (s, xb, yb, mask)), None
 
-  carry = (w_start, opt.init(w_start), jnp.float32(0.0))
+  w = local_params(apply_flat, w_start)
+  carry = (w, opt.init(w), jnp.float32(0.0))
   (w_end, _, loss_sum), _ = jax.lax.scan(scan_step, carry, (steps, all_rows, masks))
-  return ClientResult(w_end, budget, loss_sum / jnp.maximum(budget, 1))
+  return ClientResult(flat_params(w_end), budget, loss_sum / jnp.maximum(budget, 1))

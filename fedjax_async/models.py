@@ -36,7 +36,8 @@ Public API:
 * models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`,
   :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`;
 * :func:`get_model`, :func:`default_model_for`, :data:`MODEL_NAMES`;
-* :func:`flat_model` (what the engine uses): ``(w0_flat, apply_flat)``;
+* :func:`flat_model` (what the engine uses): ``(w0_flat, apply_flat)``, ``apply_flat`` a
+  :class:`FlatApply` (it also takes the per-leaf pieces that local training carries);
 * :func:`count_params`, :func:`count_flops`, :func:`train_step_flops`.
 
 Every model's ``__call__(x, train=False)`` maps ``x [N, *input_shape]`` to logits
@@ -46,12 +47,14 @@ No model has state besides ``'params'``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
@@ -554,19 +557,51 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key) -> Any:
   return variables["params"]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, like a function
+class FlatApply:
+  """``apply_flat(w, x, train=False, rng=None)``: the model on flat parameters.
+
+  ``w`` is the flat vector ``[d]`` (``ravel_pytree`` order), or ``split(w)``: the tuple
+  of its per-leaf pieces, each 1-D. Local training carries the pieces through its steps
+  (``client.train``): from ``[d]`` every step copies the large kernels out of the vector
+  and concatenates their gradients back into one (two parameter-sized copies per step,
+  and one more of the loop carry; the CNN's local step ran 1.14-1.17x faster with the
+  pieces, docs/performance.md section 6e).
+  """
+
+  model: nn.Module
+  unravel: Callable
+  treedef: Any
+  shapes: tuple  # each leaf's shape, in ravel order
+
+  def split(self, w_flat) -> tuple:
+    """``w [d]`` as one 1-D piece per leaf (concatenated, they are ``w`` again)."""
+    offsets = np.cumsum([int(np.prod(s)) for s in self.shapes])[:-1]
+    return tuple(jnp.split(w_flat, offsets))
+
+  def params(self, w):
+    """The parameter pytree of ``w`` (flat vector or ``split`` pieces)."""
+    if isinstance(w, tuple):
+      return jax.tree.unflatten(self.treedef,
+                                [p.reshape(s) for p, s in zip(w, self.shapes)])
+    return self.unravel(w)
+
+  def __call__(self, w, x, train: bool = False, rng=None):
+    rngs = {"dropout": rng} if rng is not None else None
+    return self.model.apply({"params": self.params(w)}, x, train=train, rngs=rngs)
+
+
 def flat_model(model: nn.Module, input_shape: Sequence[int], key):
   """Initial flat parameters ``w0 [d]`` and ``apply_flat(w, x, train=False, rng=None)``.
 
-  ``apply_flat`` unravels ``w`` into the parameter pytree (``ravel_pytree``) and returns
-  logits; ``rng`` seeds dropout when ``train=True``. Both are vmap/jit friendly.
+  ``apply_flat`` (a :class:`FlatApply`) unravels ``w`` into the parameter pytree
+  (``ravel_pytree``) and returns logits; ``rng`` seeds dropout when ``train=True``.
+  Both are vmap/jit friendly.
   """
-  w0, unravel = ravel_pytree(init_params(model, input_shape, key))
-
-  def apply_flat(w_flat, x, train: bool = False, rng=None):
-    rngs = {"dropout": rng} if rng is not None else None
-    return model.apply({"params": unravel(w_flat)}, x, train=train, rngs=rngs)
-
-  return w0, apply_flat
+  params = init_params(model, input_shape, key)
+  w0, unravel = ravel_pytree(params)
+  leaves, treedef = jax.tree.flatten(params)
+  return w0, FlatApply(model, unravel, treedef, tuple(leaf.shape for leaf in leaves))
 
 
 def count_params(model: nn.Module, input_shape: Sequence[int]) -> int:

@@ -52,19 +52,35 @@ def make_cfg(epochs=2, batch=4, ring=4):
 W0 = np.random.default_rng(1).normal(scale=0.1, size=D * C + C).astype(np.float32)
 
 
+class PiecesApply:
+  """The toy model offering ``split`` like ``models.FlatApply``: the local steps then carry
+  (kernel, bias) as two pieces, and the model must be called with those pieces."""
+
+  def split(self, w):
+    return (w[:D * C], w[D * C:])
+
+  def __call__(self, w, xb, train=False, rng=None):
+    del train, rng
+    kernel, bias = w  # a flat w here would be a bug in client.train
+    return xb @ kernel.reshape(D, C) + bias
+
+
 # ------------------------------------------------------------ local training
 
 
+@pytest.mark.parametrize("pieces", [False, True])
 @pytest.mark.parametrize("momentum", [HP["momentum"], 0.0])
-def test_local_training_matches_hand_written_sgd(momentum):
-  """Heavy-ball SGD; with momentum 0 the plain-SGD path (no momentum buffer)."""
+def test_local_training_matches_hand_written_sgd(momentum, pieces):
+  """Heavy-ball SGD; with momentum 0 the plain-SGD path (no momentum buffer); with
+  ``pieces`` the model's per-leaf pieces carried through the steps, returned flat."""
   x, y, counts, _, _ = toy_data()
   cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M,
                                momentum=momentum > 0)
   hp = {k: jnp.float32(v) for k, v in dict(HP, momentum=momentum).items()}
   i = 3
   key = jax.random.PRNGKey(7)
-  res = client_lib.train(apply_flat, get("fedavg"), jnp.asarray(W0), {}, x[i], y[i],
+  model = PiecesApply() if pieces else apply_flat
+  res = client_lib.train(model, get("fedavg"), jnp.asarray(W0), {}, x[i], y[i],
                          jnp.int32(counts[i]), key, hp, cfg)
   # Reference: the same shuffles, minibatches of 4 of the client's own rows, heavy-ball SGD.
   init = client_lib.client_init(jax.random.split(key)[0], counts[i], cfg)
@@ -87,6 +103,24 @@ def test_local_training_matches_hand_written_sgd(momentum):
       steps += 1
   assert int(res.num_steps) == steps == 2 * (-(-n // 4))
   np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fedprox", "fedadmm"])
+def test_local_penalty_sees_the_pieces_flat(name):
+  """FedProx's and FedADMM's penalties (flat w_start, flat duals) with the pieces carried:
+  the same end model as the flat path."""
+  x, y, counts, _, _ = toy_data()
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M)
+  hp = {k: jnp.float32(v) for k, v in HP.items()}
+  alg = get(name)
+  w_start = jnp.asarray(W0)
+  state = {k: 0.3 * jnp.ones_like(w_start) for k in alg.init_client_state(w_start)}
+  i, key = 5, jax.random.PRNGKey(3)
+  flat, split = (client_lib.train(m, alg, w_start, state, x[i], y[i], jnp.int32(counts[i]),
+                                  key, hp, cfg) for m in (apply_flat, PiecesApply()))
+  assert float(jnp.max(jnp.abs(flat.w_end - W0))) > 1e-3  # it trained
+  np.testing.assert_allclose(split.w_end, flat.w_end, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(split.mean_loss, flat.mean_loss, rtol=1e-6)
 
 
 def test_plain_sgd_config_refuses_a_nonzero_momentum():

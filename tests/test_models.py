@@ -193,6 +193,31 @@ def test_flat_model_round_trip():
   np.testing.assert_allclose(out[0], flat(w0, x), **TOL)
 
 
+def test_flat_model_pieces_are_the_leaves_in_ravel_order():
+  """``apply_flat.split(w)``: one 1-D piece per leaf (what local training carries); the
+  model called on the pieces equals the model called on ``w``, and so do its gradients."""
+  model = models.get_model("cnn", 10, (28, 28, 1))
+  key = jax.random.key(0)
+  w0, apply_flat = models.flat_model(model, (28, 28, 1), key)
+  params = jax.jit(model.init)({"params": key}, jnp.zeros((1, 28, 28, 1)))["params"]
+  leaves = jax.tree.leaves(params)
+  pieces = apply_flat.split(w0)
+  assert [p.shape for p in pieces] == [(leaf.size,) for leaf in leaves]
+  for p, leaf in zip(pieces, leaves):
+    np.testing.assert_array_equal(p, np.ravel(leaf))
+  np.testing.assert_array_equal(jnp.concatenate(pieces), w0)
+  x = jax.random.normal(jax.random.key(1), (3, 28, 28, 1))
+  y = jnp.array([1, 7, 3])
+  np.testing.assert_allclose(apply_flat(pieces, x), apply_flat(w0, x), **TOL)
+
+  def loss(w):
+    return -jnp.mean(jax.nn.log_softmax(apply_flat(w, x))[jnp.arange(3), y])
+
+  g_flat, g_pieces = jax.grad(loss)(w0), jax.grad(loss)(pieces)
+  assert isinstance(g_pieces, tuple) and len(g_pieces) == len(leaves)
+  np.testing.assert_allclose(jnp.concatenate(g_pieces), g_flat, **TOL)
+
+
 def test_registry_and_defaults():
   with pytest.raises(ValueError, match="cifar100_cnn"):
     models.get_model("vgg", 10, (32, 32, 3))
