@@ -564,9 +564,9 @@ class FlatApply:
   ``w`` is the flat vector ``[d]`` (``ravel_pytree`` order), or ``split(w)``: the tuple
   of its per-leaf pieces, each 1-D. Local training carries the pieces through its steps
   (``client.train``): from ``[d]`` every step copies the large kernels out of the vector
-  and concatenates their gradients back into one (two parameter-sized copies per step,
-  and one more of the loop carry; the CNN's local step ran 1.14-1.17x faster with the
-  pieces, docs/performance.md section 6e).
+  and concatenates their gradients back into one (two parameter-sized copies per step
+  that the pieces avoid; one client's 6-step CNN scan ran 1.14-1.17x faster with
+  the pieces, docs/performance.md section 6e).
   """
 
   model: nn.Module
