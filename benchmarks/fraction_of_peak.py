@@ -103,9 +103,9 @@ def main(_):
     common.write_rows("fraction_of_peak", [row])  # each row as soon as it is measured
     print("[fraction_of_peak] " + common.fmt_row(row, (
         "clients_per_round", "local_steps", "engine_s", "loop_s", "gflops", "loop_gflops",
-        "peak_gflops", "peak_interleaved_gflops", "fraction_of_peak", "speedup_vs_loop", "other_dense_fraction_of_peak",
-        "speedup_vs_other_dense", "flat_carry_fraction_of_peak", "speedup_vs_flat_carry")),
-        flush=True)
+        "peak_gflops", "peak_interleaved_gflops", "fraction_of_peak", "speedup_vs_loop",
+        "other_dense_fraction_of_peak", "speedup_vs_other_dense",
+        "flat_carry_fraction_of_peak", "speedup_vs_flat_carry")), flush=True)
   del rows
 
 
