@@ -196,17 +196,17 @@ def test_flat_model_round_trip():
 def test_flat_model_pieces_are_the_leaves_in_ravel_order():
   """``apply_flat.split(w)``: one 1-D piece per leaf (what local training carries); the
   model called on the pieces equals the model called on ``w``, and so do its gradients."""
-  model = models.get_model("cnn", 10, (28, 28, 1))
+  model = models.get_model("simple_cnn", 10, (8, 8, 3))  # conv and dense leaves
   key = jax.random.key(0)
-  w0, apply_flat = models.flat_model(model, (28, 28, 1), key)
-  params = jax.jit(model.init)({"params": key}, jnp.zeros((1, 28, 28, 1)))["params"]
+  w0, apply_flat = models.flat_model(model, (8, 8, 3), key)
+  params = jax.jit(model.init)({"params": key}, jnp.zeros((1, 8, 8, 3)))["params"]
   leaves = jax.tree.leaves(params)
   pieces = apply_flat.split(w0)
   assert [p.shape for p in pieces] == [(leaf.size,) for leaf in leaves]
   for p, leaf in zip(pieces, leaves):
     np.testing.assert_array_equal(p, np.ravel(leaf))
   np.testing.assert_array_equal(jnp.concatenate(pieces), w0)
-  x = jax.random.normal(jax.random.key(1), (3, 28, 28, 1))
+  x = jax.random.normal(jax.random.key(1), (3, 8, 8, 3))
   y = jnp.array([1, 7, 3])
   np.testing.assert_allclose(apply_flat(pieces, x), apply_flat(w0, x), **TOL)
 
