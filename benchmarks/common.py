@@ -368,23 +368,55 @@ def timed(prepare: Callable, run: Callable, reps: int = 3) -> float:
   return timed_interleaved({"run": (prepare, run)}, reps)["run"]
 
 
+def take_turns(turns: Dict[str, Callable[[], Optional[float]]], reps: int = 3,
+               progress: Optional[Callable[[int, str, float], None]] = None
+               ) -> Dict[str, float]:
+  """Best (smallest) of ``reps`` values per name, the turns taken in order each repetition.
+
+  ``turns``: name -> ``turn()``, which measures once and returns its figure (seconds), or
+  None when it cannot run; a name that returned None takes no further turns and is left out
+  of the result. ``progress(rep, name, value)`` is called after each turn that ran.
+  Taking turns keeps a change of machine speed during the measurement from landing on one
+  side of a ratio only.
+  """
+  best: Dict[str, float] = {}
+  dropped = set()
+  for rep in range(reps):
+    for name, turn in turns.items():
+      if name in dropped:
+        continue
+      value = turn()
+      if value is None:
+        dropped.add(name)
+        best.pop(name, None)
+        continue
+      best[name] = min(best.get(name, float("inf")), value)
+      if progress is not None:
+        progress(rep, name, value)
+  return best
+
+
+def clocked(prepare: Callable, run: Callable) -> Callable[[], float]:
+  """A turn for ``take_turns``: ``prepare()`` off the clock, then the wall time of ``run()``."""
+
+  def turn():
+    prepare()
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+  return turn
+
+
 def timed_interleaved(runners: Dict[str, tuple], reps: int = 3) -> Dict[str, float]:
   """Best of ``reps`` per runner, the runners taking turns in each repetition.
 
-  ``runners``: name -> (prepare, run). Alternating keeps a change of machine load during
-  the measurement from landing on one side of a ratio only.
+  ``runners``: name -> (prepare, run); each is run once first (compilation), off the clock.
   """
   for prepare, run in runners.values():  # warm-up (compilation)
     prepare()
     run()
-  best = {name: float("inf") for name in runners}
-  for _ in range(reps):
-    for name, (prepare, run) in runners.items():
-      prepare()
-      t0 = time.perf_counter()
-      run()
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return best
+  return take_turns({name: clocked(*r) for name, r in runners.items()}, reps)
 
 
 def write_rows(name: str, rows: List[Dict[str, Any]]) -> None:

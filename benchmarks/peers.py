@@ -18,7 +18,10 @@ client (CIFAR-10 has ~1000 per client in pfl's split), ``--rounds`` rounds.
 ``.venv-peers/bin/python``; see ``benchmarks/requirements-peers.txt``); the project never
 depends on them. Each peer reports seconds per round over the timed rounds after a
 1-round warm-up run (set-up excluded). If a peer cannot be installed or run, the row says
-why. Rows go to ``benchmarks/results/peers.jsonl`` / ``.csv``.
+why. The systems take turns: each repetition runs every system once (and a 2048^3
+matmul, the peak), and each figure is the best of its ``--reps`` turns, so a change of
+this machine's speed during the run reaches every ratio alike. Rows go to
+``benchmarks/results/peers.jsonl`` / ``.csv``.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/peers.py
 """
@@ -271,8 +274,11 @@ def main_driver(argv):
   mach = common.machine()
   systems = args.systems.split(",")
   steps = args.clients * -(-args.examples // args.batch)
-  res = {}
   notes = {}
+  # Every system takes one turn per repetition (engine, engine_flax_dense, loop, the
+  # matmul peak, pfl, Flower; then again), so that this machine's speed changing during
+  # the run cannot land on one side of a ratio only; each figure is the best of its turns.
+  turns = {}
   if {"engine", "engine_flax_dense", "loop"} & set(systems):
     wl = common.Workload("simple_cnn", args.clients, num_clients=args.clients,
                          examples=args.examples, batch=args.batch,
@@ -280,6 +286,7 @@ def main_driver(argv):
     from fedjax_async import engine  # pylint: disable=g-import-not-at-top
     chunk = (engine.auto_client_chunk(wl.dim) if args.client_chunk < 0
              else args.client_chunk or None)
+    runners = {}
     # "engine_flax_dense": the engine with flax's nn.Dense (autodiff backward) instead of
     # models.Dense, the before/after of docs/performance.md section 6d in the same run.
     for name, dense in (("engine", "fast"), ("engine_flax_dense", "flax")):
@@ -287,29 +294,55 @@ def main_driver(argv):
         wl_e = wl if dense == wl.dense else dataclasses.replace(wl, dense=dense)
         notes[name] = {"client_chunk": chunk, "dense": dense}
         prep, run, _ = common.engine_runner(wl_e, wl_e.engine_config(client_chunk=chunk))
-        res[name] = common.timed(prep, run, args.reps) / args.engine_rounds
+        runners[name] = (prep, run)
     if "loop" in systems:
-      lprep, lrun = common.loop_runner(wl)
-      res["loop"] = common.timed(lprep, lrun, min(args.reps, 2)) / args.engine_rounds
-  for name in ("pfl", "flower"):
-    if name in systems:
+      runners["loop"] = common.loop_runner(wl)
+    for name, (prep, run) in runners.items():
+      print(f"[peers] {name}: compiling and one warm-up run of {args.engine_rounds} "
+            "rounds", flush=True)
+      prep()
+      run()
+      clock = common.clocked(prep, run)
+      turns[name] = lambda clock=clock: clock() / args.engine_rounds
+  peak_start = common.matmul_peak()
+  mm_prepare, mm_run, mm_flops = common.matmul_runner()
+  turns["matmul_peak"] = common.clocked(mm_prepare, mm_run)
+
+  def peer_turn(name):
+    def turn():
       out, err = run_peer(name, args)
       if err:
         notes[name] = err
         print(f"[peers] {name}: NOT RUN: {err}", flush=True)
-      else:
-        res[name] = out["s_per_round"]
-        notes[name] = {k: v for k, v in out.items() if k != "s_per_round"}
+        return None
+      notes[name] = {k: v for k, v in out.items() if k != "s_per_round"}
+      return out["s_per_round"]
+    return turn
+
+  for name in ("pfl", "flower"):
+    if name in systems:
+      turns[name] = peer_turn(name)
+  seen = {name: [] for name in turns}
+
+  def progress(rep, name, value):
+    seen[name].append(value)
+    unit = "s" if name == "matmul_peak" else "s/round"
+    print(f"[peers] turn {rep + 1}/{args.reps}: {name} {value:.4g} {unit}", flush=True)
+
+  res = common.take_turns(turns, args.reps, progress)
+  peak_turns = mm_flops / res.pop("matmul_peak") / 1e9
+  peak = max(peak_start, peak_turns)
   # Work per round, the same for every system: forward+backward FLOPs of one batch step
   # of the model (XLA's cost analysis of the impl="lax" model), against a 2048^3 matmul
-  # measured here, so each system's speed also reads as a fraction of this CPU's peak.
+  # timed at the start and in turn with the systems (the larger is the peak), so each
+  # system's speed also reads as a fraction of this CPU's peak.
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   name_, shape, classes = common.MODELS["simple_cnn"]
   step_flops = models.train_step_flops(models.get_model(name_, classes, shape, impl="lax"),
                                        shape, args.batch)
-  peak = common.matmul_peak()
   print(f"[peers] {mach}; simple_cnn fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of "
-        f"{args.batch}; matmul peak {peak:.1f} GFLOP/s", flush=True)
+        f"{args.batch}; matmul peak {peak:.1f} GFLOP/s (at start {peak_start:.1f}, in turn "
+        f"{peak_turns:.1f})", flush=True)
   rows = []
   peers = [res[n] for n in ("pfl", "flower") if n in res]
   fastest_peer = min(peers) if peers else float("nan")
@@ -318,8 +351,10 @@ def main_driver(argv):
     gflops = steps * step_flops / t / 1e9
     row = dict(bench="peers", system=name, model="simple_cnn", clients_per_round=args.clients,
                examples_per_client=args.examples, batch=args.batch, local_epochs=1,
-               s_per_round=t, client_steps_per_s=steps / t, gflops=gflops,
-               peak_gflops=peak, fraction_of_peak=gflops / peak,
+               s_per_round=t, turns_s_per_round=json.dumps(seen.get(name, [])),
+               client_steps_per_s=steps / t, gflops=gflops, peak_gflops=peak,
+               peak_start_gflops=peak_start, peak_interleaved_gflops=peak_turns,
+               fraction_of_peak=gflops / peak,
                engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
                note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
     rows.append(row)

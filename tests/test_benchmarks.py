@@ -71,3 +71,60 @@ def test_peers_rejects_bad_flags_naming_the_flag(argv, message, capsys):
     peers.main_driver(argv)
   assert exit_info.value.code == 2
   assert message in capsys.readouterr().err
+
+
+def test_take_turns_interleaves_keeps_the_best_and_drops_what_cannot_run():
+  calls = []
+  values = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+  def turn(name):
+    def f():
+      calls.append(name)
+      return next(values[name])
+    return f
+
+  def broken():
+    calls.append("c")
+    return None
+
+  seen = []
+  best = common.take_turns({"a": turn("a"), "c": broken, "b": turn("b")}, reps=3,
+                           progress=lambda rep, name, v: seen.append((rep, name, v)))
+  # one turn each per repetition, in order; "c" could not run, so it had one turn only
+  assert calls == ["a", "c", "b", "a", "b", "a", "b"]
+  assert best == {"a": 1.0, "b": 4.0}
+  assert seen == [(0, "a", 3.0), (0, "b", 5.0), (1, "a", 1.0), (1, "b", 4.0),
+                  (2, "a", 2.0), (2, "b", 6.0)]
+
+
+def test_peers_take_turns_and_report_a_peer_that_cannot_run(monkeypatch, tmp_path, capsys):
+  from benchmarks import peers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path))
+  pfl_times = iter([3.0, 2.0])
+  calls = []
+
+  def fake_run_peer(name, args):
+    calls.append(name)
+    if name == "flower":
+      return None, "exit 1: ray failed"
+    return {"s_per_round": next(pfl_times), "torch": "x"}, None
+
+  monkeypatch.setattr(peers, "run_peer", fake_run_peer)
+  # a small matmul for the peak and no model compilation for the FLOP count: fast
+  small_matmul = common.matmul_runner
+  monkeypatch.setattr(common, "matmul_runner", lambda n=2048: small_matmul(256))
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(models, "train_step_flops", lambda *a: 1e6)
+  peers.main_driver(["--systems=pfl,flower", "--reps=2", "--tag=test"])
+  out = capsys.readouterr().out
+  assert calls == ["pfl", "flower", "pfl"]  # Flower failed in its first turn: no second
+  assert "flower: NOT RUN: exit 1: ray failed" in out
+  assert "turn 2/2: pfl 2 s/round" in out
+  import json  # pylint: disable=g-import-not-at-top
+  rows = {r["system"]: r for r in map(json.loads, open(tmp_path / "peers.jsonl"))}
+  assert rows["pfl"]["s_per_round"] == 2.0  # best of its two turns
+  assert json.loads(rows["pfl"]["turns_s_per_round"]) == [3.0, 2.0]
+  assert np.isnan(rows["flower"]["s_per_round"])
+  assert "ray failed" in rows["flower"]["note"]
+  assert rows["pfl"]["peak_gflops"] == max(rows["pfl"]["peak_start_gflops"],
+                                           rows["pfl"]["peak_interleaved_gflops"])
