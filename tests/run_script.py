@@ -10,7 +10,17 @@ RUN = os.path.join(ROOT, "experiments", "run.py")
 
 
 def env():
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  """The subprocess environment: CPU, this checkout, and the test run's compilation cache.
+
+  ``FEDJAX_ASYNC_TEST_JAX_CACHE`` (made by ``tests/conftest.py``) becomes JAX's persistent
+  compilation cache, with no minimum compile time, so that the runs of the same tiny
+  configuration compile their programs once per test run.
+  """
+  e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  cache = os.environ.get("FEDJAX_ASYNC_TEST_JAX_CACHE")
+  if cache:
+    e.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return e
 
 
 def run(args, timeout=300):

@@ -73,6 +73,7 @@ def reference(tmp_path_factory):
   return ref_dir
 
 
+@pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
 def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   ref_dir, cut_dir = reference, tmp_path / "cut"
 
@@ -85,7 +86,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   seen = 0
   while time.time() < deadline:
     if os.path.exists(metrics):
-      seen = len(read_rows(metrics))
+      with open(metrics) as f:  # complete rows only: the run may be writing the next one
+        seen = f.read().count("\n")
       if seen >= 14:
         break
     time.sleep(0.01)
@@ -121,6 +123,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   assert s1["final_accuracy"] == s2["final_accuracy"]
 
 
+@pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
 def test_resume_refuses_a_different_configuration(reference, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")

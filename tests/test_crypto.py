@@ -83,6 +83,7 @@ def test_homomorphic_cheon_min_matches_plaintext():
 
 @pytest.mark.parametrize("case", ["mixed", "all_conflicting", "none_conflicting",
                                   "near_orthogonal"])
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
   rng, online, m_hat = round_data
   cos = {"mixed": [0.6, -0.5, 0.3, -0.8], "all_conflicting": [-0.6, -0.3, -0.9],
@@ -97,6 +98,7 @@ def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
   assert np.max(np.abs(want - w)) > 1e-2  # the update is not negligible
 
 
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_secure_ducc_components_and_depth(protocol, round_data):
   """m, m1, m2 separately (alpha one-hot) and the levels consumed = ducc_depth(d)."""
   rng, online, m_hat = round_data
@@ -133,6 +135,7 @@ def test_secure_ducc_matches_exact_min():
   assert np.max(np.abs(got - exact)) < 1e-3
 
 
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_empty_classes_and_no_delayed(protocol, round_data):
   rng, online, _ = round_data
   w = rng.normal(size=DIM)
@@ -145,6 +148,7 @@ def test_empty_classes_and_no_delayed(protocol, round_data):
 # --------------------------------------------------------- key transformation (Alg. 5)
 
 
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_key_transformation_keys_and_masks(protocol, round_data):
   rng, online, m_hat = round_data
   delayed = vectors.with_cos(m_hat, [0.5, -0.5], DIM, rng)
@@ -207,6 +211,7 @@ def _walk(obj, seen, found, path="s0"):
       _walk(v, seen, found, f"{path}.{k}")
 
 
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_s0_holds_no_secret_key(protocol, round_data):
   rng, online, m_hat = round_data
   # Run a round first so any state S0 keeps is populated.
@@ -232,6 +237,7 @@ def test_s0_holds_no_secret_key(protocol, round_data):
 # ----------------------------------------------------------------------- depth errors
 
 
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_ducc_depth_error_names_needed_depth(round_data):
   rng, online, m_hat = round_data
   proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10, seed=0)

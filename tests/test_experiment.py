@@ -32,6 +32,7 @@ def all_algorithms(tmp_path_factory):
   return out, res
 
 
+@pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
 def test_every_algorithm_learns(all_algorithms):
   out, _ = all_algorithms
   for alg in ALGS:
@@ -44,6 +45,7 @@ def test_every_algorithm_learns(all_algorithms):
     assert summary["algorithm"] == alg and summary["rounds"] == ROUNDS
 
 
+@pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
 def test_metrics_rows_have_documented_keys(all_algorithms):
   out, _ = all_algorithms
   for alg in ALGS:
@@ -60,6 +62,7 @@ def test_metrics_rows_have_documented_keys(all_algorithms):
     assert glob.glob(str(out / alg / "tb" / "events.out.tfevents.*"))
 
 
+@pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
 def test_comparison_table_lists_every_algorithm(all_algorithms):
   out, res = all_algorithms
   with open(out / "comparison.md") as f:
@@ -73,6 +76,7 @@ def test_comparison_table_lists_every_algorithm(all_algorithms):
   assert "| algorithm | average best accuracy |" in res.stdout
 
 
+@pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
 def test_same_seed_gives_identical_metrics(all_algorithms, tmp_path):
   out, _ = all_algorithms
   # A second, separate process running PAFed alone with the same flags and seed.
@@ -87,6 +91,7 @@ def test_same_seed_gives_identical_metrics(all_algorithms, tmp_path):
   assert len({r["train_loss"] for r in rows_a}) > ROUNDS // 2
 
 
+@pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
 def test_clients_split_over_four_cpu_devices_give_the_unsharded_run(all_algorithms, tmp_path):
   """--cpu_devices=4 (--devices=0: all): each round's clients trained on 4 host devices
   (K padded 10 -> 12), checkpointed on the way; the rounds equal the one-device run's."""

@@ -119,6 +119,7 @@ def test_stochastic_layer_forward_formula():
                              MODEL.classify(theta_c, h), rtol=1e-5)
 
 
+@pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
 def test_stochastic_layer_frozen_and_not_trainable(generation):
   gen, layers, x, y = generation
   w0, _, split = MODEL.flat(jax.random.PRNGKey(0))
@@ -144,6 +145,7 @@ def test_stochastic_layer_frozen_and_not_trainable(generation):
 # ------------------------------------------------------------------- Alg. 1
 
 
+@pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
 def test_encryptor_training_lowers_loss(generation):
   gen, _, x, _ = generation
   enc = np.asarray(gen.encryptor_loss)
@@ -158,6 +160,7 @@ def test_encryptor_training_lowers_loss(generation):
   np.testing.assert_array_equal(s.counts, COUNTS)
 
 
+@pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
 def test_soft_labels_use_own_layer(generation):
   gen, layers, _, _ = generation
   k = 1
@@ -260,6 +263,7 @@ def test_penalty_scaling_with_fedprox_and_weight_decay():
   assert float(alg.local_penalty(w, jnp.zeros(2), cs, hp)) == pytest.approx(3.0)
 
 
+@pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
 def test_run_engine_annealing_and_transfer(generation):
   gen, _, x, y = generation
   w0, apply_flat, split = MODEL.flat(jax.random.PRNGKey(0))
@@ -296,6 +300,7 @@ def test_psnr_ssim_hand_values():
   assert fededs.ssim(img, 1.0 - img) < 0.0  # anti-correlated structure
 
 
+@pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
 def test_privacy_report_and_grid(generation, tmp_path):
   gen, _, x, _ = generation
   rep = fededs.privacy_report(x[0, :4], gen.shared.x[0, :4], x[0, :4])

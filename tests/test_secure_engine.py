@@ -42,6 +42,7 @@ def setup():
   return cfg, w0, apply_flat, tl, ecfg, data
 
 
+@pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
 def test_encrypted_run_matches_plaintext_with_same_min(setup):
   cfg, w0, apply_flat, tl, ecfg, data = setup
   eps = cheon.max_min_error(D)
@@ -75,6 +76,7 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
   assert all(r["he_ducc_s"] > 0 for r in sec_rows)
 
 
+@pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
 def test_next_round_recipients_are_the_clients_dispatched_next_round(setup):
   *_, tl, _, _ = setup
   for t in range(ROUNDS - 1):
@@ -85,6 +87,7 @@ def test_next_round_recipients_are_the_clients_dispatched_next_round(setup):
   assert secure_engine.next_round_recipients(tl, ROUNDS - 1) == ()
 
 
+@pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
 def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tmp_path,
                                                                       capsys):
   cfg = setup[0]

@@ -17,6 +17,7 @@ from fedjax_async import engine
 from fedjax_async import experiment
 from fedjax_async import sweep
 from fedjax_async import timeline as timeline_lib
+import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, M, D, C = 12, 20, 5, 3
@@ -204,7 +205,7 @@ def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
 def test_sweep_script_splits_runs_over_the_requested_cpu_devices(tmp_path, extra, devices):
   """experiments/sweep.py --cpu_devices=2 makes 2 host devices and splits its runs over
   them (--devices=0: all), or over --devices of them."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = run_script.env()
   args = ["--algorithm=fedavg", "--dataset=synthetic", "--num_clients=10", "--rounds=3",
           "--local_epochs=1", "--batch_size=10", "--num_seeds=2", "--checkpoint_every=0",
           f"--output_dir={tmp_path}"] + extra

@@ -1,0 +1,53 @@
+"""One JAX persistent compilation cache shared by the experiment subprocesses of a test run.
+
+Many tests run ``experiments/run.py`` (or ``sweep.py``) in a subprocess on the same tiny
+configurations; each such process would compile the same programs again (most of a tiny
+run's time on a 2-core CPU). ``tests/run_script.env()`` points those subprocesses at one
+cache directory, made here once per test run (before pytest-xdist starts its workers, which
+inherit it) and removed at the end. The pytest processes themselves do not use it: tests
+that read a compiled program (its HLO text, XLA's cost analysis) always compile afresh.
+A cached executable is the one XLA would compile for the same program, so results are the
+same bit for bit; set FEDJAX_ASYNC_TEST_JAX_CACHE= (empty) to run without it.
+"""
+
+import os
+import shutil
+import tempfile
+import warnings
+
+import pytest
+
+CACHE_ENV = "FEDJAX_ASYNC_TEST_JAX_CACHE"
+
+
+def pytest_configure(config):
+  if hasattr(config, "workerinput") or CACHE_ENV in os.environ:
+    return  # an xdist worker (it inherited the controller's), or set by the user
+  path = tempfile.mkdtemp(prefix="fedjax_async_test_jax_cache_")
+  os.environ[CACHE_ENV] = path
+  config._fedjax_async_jax_cache = path  # pylint: disable=protected-access
+
+
+def pytest_unconfigure(config):
+  path = getattr(config, "_fedjax_async_jax_cache", None)
+  if path:
+    shutil.rmtree(path, ignore_errors=True)
+    os.environ.pop(CACHE_ENV, None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """Warns when --dist loadgroup does not group (pytest-dev/pytest-xdist#1386).
+
+  ``./test.sh`` runs ``--dist loadgroup`` so that tests marked ``xdist_group`` share one
+  worker and their module fixture; pytest-xdist marks them by a suffix ``@group`` on the
+  node id, which pytest 9.2 ignores. The tests still pass then, each worker computing the
+  fixture again: this says so instead of silently taking minutes longer.
+  """
+  if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+    return
+  grouped = [item for item in items if item.get_closest_marker("xdist_group")]
+  if grouped and "@" not in grouped[0].nodeid:
+    warnings.warn("--dist loadgroup: xdist_group marks are not grouping tests with pytest "
+                  f"{pytest.__version__} (pytest-dev/pytest-xdist#1386); install pytest<9.2 "
+                  "(setup.cfg pins it) or expect shared fixtures to be computed per worker")
