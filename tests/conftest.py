@@ -1,4 +1,4 @@
-"""One JAX persistent compilation cache shared by the experiment subprocesses of a test run.
+"""Test-run set-up: one compilation cache for experiment subprocesses; a loadgroup check.
 
 Many tests run ``experiments/run.py`` (or ``sweep.py``) in a subprocess on the same tiny
 configurations; each such process would compile the same programs again (most of a tiny
