@@ -228,8 +228,20 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
     return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0), done,
             steps + active.astype(jnp.int32)), None
 
+  # A while loop over the client's own budget that also ends at the early stop (under vmap:
+  # until every client of the group has ended), not a scan over lcfg.max_steps.
   carry = (w0, opt.init(w0), jnp.float32(0.0), jnp.bool_(False), jnp.int32(0))
-  (w_end, _, loss_sum, _, steps), _ = jax.lax.scan(step, carry, jnp.arange(lcfg.max_steps))
+  limit = jnp.minimum(budget, lcfg.max_steps)
+
+  def running(c):
+    s, (_, _, _, done, _) = c
+    return (s < limit) & ~done
+
+  def body(c):
+    s, inner = c
+    return s + 1, step(inner, s)[0]
+
+  _, (w_end, _, loss_sum, _, steps) = jax.lax.while_loop(running, body, (jnp.int32(0), carry))
   return client_lib.ClientResult(w_end, steps, loss_sum / jnp.maximum(steps, 1))
 
 

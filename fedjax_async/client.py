@@ -8,11 +8,13 @@ fedjax-style split into ``client_init`` / ``client_step`` / ``client_final``:
 * ``client_step`` (built by ``make_client_step``) takes one optax SGD step on a minibatch
   of B of the client's examples (a partial last batch is masked, padding never enters
   loss or gradient); steps past the client's own budget E_i * ceil(n_i / B) leave it
-  unchanged, so clients of different sizes share one static loop under ``vmap``;
+  unchanged (a loop of a fixed step count, like the benchmarks' per-step loop, may run
+  past a client's budget);
 * ``client_final`` (the algorithm's) turns (start, end) into an upload.
 
-``train`` runs the three for one client with the steps in a ``lax.scan``; the benchmarks'
-fedjax-pattern loop calls the same ``client_step`` once per jitted call.
+``train`` runs the three for one client, the steps in one ``lax.fori_loop`` over the
+client's own budget (under ``vmap``: the largest budget among the clients vmapped together);
+the benchmarks' fedjax-pattern loop calls the same ``client_step`` once per jitted call.
 
 Parameters are flat vectors ``[d]``; ``apply_flat(w, x, train, rng)`` is the model. Where
 the model offers ``apply_flat.split`` (``models.FlatApply``), the local steps carry the
@@ -199,7 +201,8 @@ def train(
 
   Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
   ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches:
-  ``client_init``, then ``client_step`` over every step's minibatch in one ``lax.scan``.
+  ``client_init``, then ``client_step`` over the client's E_i * ceil(n_i / B) minibatches
+  in one loop.
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)
@@ -209,14 +212,18 @@ def train(
                                       budget, k_drop)
   # Minibatch rows and masks of every step, computed once before the step loop; each
   # step gathers its own rows (a [S, B, ...] copy of the data up front was not faster).
-  steps, all_rows, masks = minibatches(init, num_examples, cfg)
+  _, all_rows, masks = minibatches(init, num_examples, cfg)
 
-  def scan_step(carry, inputs):
-    s, rows, mask = inputs
-    xb, yb = minibatch(x, y, rows, client_index)
-    return client_step(carry, (s, xb, yb, mask)), None
+  def loop_step(s, carry):
+    xb, yb = minibatch(x, y, all_rows[s], client_index)
+    return client_step(carry, (s, xb, yb, masks[s]))
 
   w = local_params(apply_flat, w_start)
   carry = (w, opt.init(w), jnp.float32(0.0))
-  (w_end, _, loss_sum), _ = jax.lax.scan(scan_step, carry, (steps, all_rows, masks))
+  # The loop runs the client's own budget of steps, not cfg.max_steps (a while loop: the
+  # trip count is traced). Under vmap it runs the largest budget among the clients vmapped
+  # together (JAX keeps finished clients' carries unchanged), so a round without the
+  # federation's largest client does not pay for that client's padded steps.
+  w_end, _, loss_sum = jax.lax.fori_loop(0, jnp.minimum(budget, cfg.max_steps), loop_step,
+                                         carry)
   return ClientResult(flat_params(w_end), budget, loss_sum / jnp.maximum(budget, 1))
