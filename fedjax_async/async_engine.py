@@ -176,7 +176,6 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
   init = client_lib.client_init(k_init, num_examples, lcfg, hp.get("local_epochs"))
   budget = init.num_epochs * init.spe
   opt = client_lib.local_optimizer(hp, lcfg)
-  offsets = jnp.arange(lcfg.batch_size)
   w0 = w_start * mask
   sigma = noise_std(hp, num_examples, cfg) if algorithm.dp else jnp.float32(0.0)
   threshold = hp["loss_threshold"] if algorithm.early_stop else -jnp.inf
@@ -202,10 +201,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
 
   def step(carry, s):
     w, opt_state, loss_sum, done, steps = carry
-    epoch = jnp.minimum(s // init.spe, lcfg.max_epochs - 1)
-    pos = (s % init.spe) * lcfg.batch_size + offsets
-    m = pos < num_examples
-    rows = init.perms[epoch, jnp.minimum(pos, lcfg.max_examples - 1)]
+    rows, m = client_lib.step_minibatch(init, s, num_examples, lcfg)
     xb, yb = client_lib.minibatch(x, y, rows, client_index)
     rng = jax.random.fold_in(k_drop, s)
     if algorithm.dp and cfg.dp_clip_mode == "example":

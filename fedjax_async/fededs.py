@@ -347,15 +347,12 @@ def _train_epochs(loss_fn: Callable, opt, params, x, y, n, key, epochs: int, bat
   cfg = client_lib.LocalConfig(batch_size=batch, max_epochs=epochs, max_examples=x.shape[0])
   init = client_lib.client_init(key, n, cfg)
   budget = init.num_epochs * init.spe
-  offsets = jnp.arange(batch)
   grad_fn = jax.value_and_grad(loss_fn)
 
   def step(carry, s):
     p, o = carry
     epoch = jnp.minimum(s // init.spe, epochs - 1)
-    pos = (s % init.spe) * batch + offsets
-    mask = pos < n
-    rows = init.perms[epoch, jnp.minimum(pos, cfg.max_examples - 1)]
+    rows, mask = client_lib.step_minibatch(init, s, n, cfg)
     loss, g = grad_fn(p, x[rows], y[rows], mask)
     updates, new_o = opt.update(g, o, p)
     active = s < budget

@@ -249,18 +249,44 @@ def test_double_compensation_server_step_formula():
 
 
 def test_loss_threshold_stops_local_training():
+  """Local training stops at the first step whose minibatch loss is <= the threshold: that
+  step and later ones are not taken (checked against a plain loop over the same batches)."""
   data = tiny_data()
   cfg = async_engine.AsyncConfig(LOCAL, 2, 1)
   base_hp = {"lr": 0.1, "momentum": 0.0, "rho": 1.0}
+  key = jax.random.PRNGKey(0)
+  n = int(data.counts[0])
   run = lambda v: async_engine.train_local(
       logreg_apply, double_compensation.ALGORITHM, W0, jnp.ones_like(W0), data.x[0],
-      data.y[0], data.counts[0], jax.random.PRNGKey(0),
+      data.y[0], data.counts[0], key,
       {k: jnp.float32(x) for k, x in dict(base_hp, loss_threshold=v).items()}, cfg)
-  never, at_once, mid = run(-1.0), run(100.0), run(1.07)
+
+  # Reference: plain SGD (lr 0.1) on CE + rho/2 ||w - w0||^2 over the client's minibatches,
+  # the loss L_s of every step s taken before that step's update.
+  init = client_lib.client_init(jax.random.split(key)[0], data.counts[0], LOCAL)
+
+  def objective(w, xb, yb, m):
+    ce = client_lib.masked_cross_entropy(logreg_apply(w, xb), yb, m)
+    return ce + 0.5 * jnp.vdot(w - W0, w - W0)
+
+  w, losses, ws = W0, [], [W0]
+  for s in range(LOCAL.max_steps):
+    rows, m = client_lib.step_minibatch(init, s, n, LOCAL)
+    loss, g = jax.value_and_grad(objective)(w, data.x[0][rows], data.y[0][rows], m)
+    losses.append(float(loss))
+    w = w - 0.1 * g
+    ws.append(w)
+  # The first step j >= 1 whose loss is below every earlier one: threshold L_j stops there.
+  j = next(j for j in range(1, len(losses)) if losses[j] < min(losses[:j]))
+
+  never, at_once, mid = run(-1.0), run(100.0), run(losses[j])
   assert int(never.num_steps) == LOCAL.max_steps == 6
+  np.testing.assert_allclose(never.w_end, ws[-1], rtol=1e-5, atol=1e-6)
   assert int(at_once.num_steps) == 0
   np.testing.assert_array_equal(at_once.w_end, W0)
-  assert 0 < int(mid.num_steps) < 6, int(mid.num_steps)
+  assert int(mid.num_steps) == j, (int(mid.num_steps), losses)
+  np.testing.assert_allclose(mid.w_end, ws[j], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(mid.mean_loss, np.mean(losses[:j]), rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- pruning

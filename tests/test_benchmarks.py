@@ -128,3 +128,13 @@ def test_peers_take_turns_and_report_a_peer_that_cannot_run(monkeypatch, tmp_pat
   assert "ray failed" in rows["flower"]["note"]
   assert rows["pfl"]["peak_gflops"] == max(rows["pfl"]["peak_start_gflops"],
                                            rows["pfl"]["peak_interleaved_gflops"])
+
+
+def test_client_sizes_mix_flag_parses_and_rejects_naming_the_flag():
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from benchmarks import client_sizes  # pylint: disable=g-import-not-at-top
+  assert client_sizes.parse_mix("200x3", 1000) == [200, 200, 200]
+  assert client_sizes.parse_mix("20/30/1000", 1000) == [20, 30, 1000]
+  for bad in ("200x", "a/b", "0x3", "2000x2", "x3"):
+    with pytest.raises(app.UsageError, match="--mixes"):
+      client_sizes.parse_mix(bad, 1000)
