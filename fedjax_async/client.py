@@ -130,13 +130,18 @@ def index_shuffle(positions, round_keys, n):
   round is an involution of [0, n), so any n is its own domain. The cost is R rounds per
   position drawn, not a sort of the client's padded rows (the argsort of [M] random keys
   per client and epoch that this replaced took ~70 ms at M = 33,600 on the 2-core CPU,
-  every round). R = 24: uniform over all 120 orders of 5 rows and over the first row's
-  position at n = 1000 in ``tests/test_client_shuffle.py``.
+  every round). R = 24: uniform over all 120 orders of 5 rows, over the first row's
+  position at n = 1000 and over which pairs of rows share a minibatch in
+  ``tests/test_client_shuffle.py``. No integer division per position: K_r mod n is taken
+  once per call ([R] values) and the partner is K_r - x or K_r - x + n (a ``%`` per position
+  and round made a 10-client step of 50 rows cost 1.09 ms instead of 0.09 ms on XLA:CPU).
   """
   n = jnp.maximum(jnp.asarray(n).astype(jnp.uint32), jnp.uint32(1))
   x = jnp.asarray(positions).astype(jnp.uint32)
+  k_mod = round_keys[:, 0] % n  # K_r in [0, n)
   for r in range(round_keys.shape[0]):
-    partner = (round_keys[r, 0] % n + n - x) % n
+    k = k_mod[r]
+    partner = jnp.where(x <= k, k - x, k + n - x)  # K_r - x (mod n), x < n
     swap = (_mix32(jnp.maximum(x, partner) ^ round_keys[r, 1]) >> 7) & 1
     x = jnp.where(swap == 1, partner, x)
   return x.astype(jnp.int32)
