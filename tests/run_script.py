@@ -23,8 +23,12 @@ def env():
   return e
 
 
-def run(args, timeout=300):
-  """experiments/run.py with ``args``; returns the CompletedProcess (text output)."""
+def run(args, timeout=900):
+  """experiments/run.py with ``args``; returns the CompletedProcess (text output).
+
+  ``timeout`` only guards against a hang; it is not a speed check. On the 2-core EPYC VM,
+  with the other xdist worker busy, the FedEDS quick run took over 300 s (126 s alone).
+  """
   return subprocess.run([sys.executable, RUN] + list(args), env=env(), capture_output=True,
                         text=True, timeout=timeout)
 

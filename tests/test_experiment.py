@@ -129,8 +129,8 @@ def test_virtual_clock_groups_split_over_two_cpu_devices_give_the_one_device_run
   0: all) against one device; same arrivals, same losses and accuracies."""
   common = ["--algorithm=fedbuff,fedasync", "--num_updates=12", "--eval_every=4",
             "--group_size=4", "--concurrency=6", "--num_clients=20", "--batch_size=10"]
-  one = run(common + ["--devices=1", f"--output_dir={tmp_path / 'one'}"], timeout=300)
-  two = run(common + ["--cpu_devices=2", f"--output_dir={tmp_path / 'two'}"], timeout=300)
+  one = run(common + ["--devices=1", f"--output_dir={tmp_path / 'one'}"])
+  two = run(common + ["--cpu_devices=2", f"--output_dir={tmp_path / 'two'}"])
   assert one.returncode == 0, one.stderr[-3000:]
   assert two.returncode == 0, two.stderr[-3000:]
   assert "split over 2 devices" in two.stdout and "split over" not in one.stdout
@@ -196,7 +196,7 @@ def test_mode_of_picks_the_driver_from_algorithm_and_fededs(tmp_path):
 
 def test_run_py_runs_the_virtual_clock_family(tmp_path):
   res = run(["--algorithm=fedasync,fedbuff", "--num_updates=20", "--eval_every=10",
-             f"--output_dir={tmp_path}"], timeout=300)
+             f"--output_dir={tmp_path}"])
   assert res.returncode == 0, res.stderr[-3000:]
   for name in ("fedasync", "fedbuff"):
     summary = json.load(open(tmp_path / name / "summary.json"))
@@ -208,7 +208,7 @@ def test_run_py_runs_the_virtual_clock_family(tmp_path):
 
 def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
   res = run(["--algorithm=fedavg", "--fededs", "--quick", "--privacy=false", "--rounds=2",
-             "--encryptor_epochs=1", f"--output_dir={tmp_path}"], timeout=300)
+             "--encryptor_epochs=1", f"--output_dir={tmp_path}"])
   assert res.returncode == 0, res.stderr[-3000:]
   table = open(tmp_path / "table.md").read()
   assert "FedEDS + fedavg" in table and "| fedavg |" in table  # with the base beside it
