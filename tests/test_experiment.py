@@ -13,10 +13,15 @@ ROUNDS = 20
 # Tiny but real: Synthetic(1,1), 30 clients, 10 per round, a third of them delayed.
 # rho 0.1 and server lr 0.5: with rho 0.01 / eta 1 FedADMM (and PAFed) stay near chance
 # for the first ~20 rounds on this data (measured with experiments/sweep.py).
+# Seed 8: its largest client has 1,267 examples (seed 3's had 42,074, whose 4,200 local
+# steps were most of each round's time; 2 local epochs make up for the smaller clients).
+# lr 0.02: at 0.05 on this seed the runs are chaotic (the 4-device run's different
+# summation order, 1e-7 in round 0, grew to 1e-1 in the loss by round 18); at 0.02 the
+# two stay within 5e-7 over all 20 rounds.
 TINY = ["--dataset=synthetic", "--num_clients=30", "--participation=0.34",
-        f"--rounds={ROUNDS}", "--local_epochs=1", "--batch_size=10", "--lr=0.05",
+        f"--rounds={ROUNDS}", "--local_epochs=2", "--batch_size=10", "--lr=0.02",
         "--rho=0.1", "--server_lr=0.5", "--delay_fraction=0.3", "--max_delay=2",
-        "--rounds_per_call=10", "--seed=3"]
+        "--rounds_per_call=10", "--seed=8"]
 # The keys every metrics.jsonl row has (documented in docs/experiments.md).
 ROW_KEYS = {"round", "online", "delayed", "dropped", "mean_staleness", "max_staleness",
             "train_loss", "client_steps", "nonfinite", "test_accuracy", "test_loss",
@@ -38,8 +43,8 @@ def test_every_algorithm_learns(all_algorithms):
   for alg in ALGS:
     with open(out / alg / "summary.json") as f:
       summary = json.load(f)
-    # 10 classes: chance is 0.1 and round 0 is at 0.01-0.07. Measured: average best
-    # 0.59 (FedADMM, slowest start) to 0.90, final 0.79-0.88; the bounds leave margin.
+    # 10 classes: chance is 0.1. Measured: average best 0.62 (PAFed) to 0.77 (FedADMM),
+    # final 0.69-0.86; the bounds leave margin.
     assert summary["average_best_accuracy"] > 0.35, (alg, summary["average_best_accuracy"])
     assert summary["final_accuracy"] > 0.5, (alg, summary["final_accuracy"])
     assert summary["algorithm"] == alg and summary["rounds"] == ROUNDS
