@@ -13,8 +13,9 @@ ROUNDS = 20
 # Tiny but real: Synthetic(1,1), 30 clients, 10 per round, a third of them delayed.
 # rho 0.1 and server lr 0.5: with rho 0.01 / eta 1 FedADMM (and PAFed) stay near chance
 # for the first ~20 rounds on this data (measured with experiments/sweep.py).
-# Seed 8: its largest client has 1,267 examples (seed 3's had 42,074, whose 4,200 local
-# steps were most of each round's time; 2 local epochs make up for the smaller clients).
+# Seed 8: its largest client has 1,014 training rows (seed 3's had 33,659, whose 3,366
+# local steps were most of each round's time; 2 local epochs make up for the smaller
+# clients).
 # lr 0.02: at 0.05 on this seed the runs are chaotic (the 4-device run's different
 # summation order, 1e-7 in round 0, grew to 1e-1 in the loss by round 18); at 0.02 the
 # two stay within 5e-7 over all 20 rounds.
