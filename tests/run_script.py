@@ -23,6 +23,12 @@ def env():
   return e
 
 
+def xla_flags(*flags):
+  """``XLA_FLAGS`` for a subprocess: ``flags`` after the test run's own (``conftest.py``'s
+  compile-for-size option), not instead of them."""
+  return " ".join([os.environ.get("XLA_FLAGS", "")] + list(flags)).strip()
+
+
 def run(args, timeout=900):
   """experiments/run.py with ``args``; returns the CompletedProcess (text output).
 

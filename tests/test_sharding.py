@@ -17,6 +17,7 @@ import pytest
 
 from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
+import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,7 +106,7 @@ CHILD = textwrap.dedent("""
 
 @functools.lru_cache(maxsize=None)
 def child_result():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  env = dict(os.environ, XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)

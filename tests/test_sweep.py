@@ -175,7 +175,7 @@ SHARDED = textwrap.dedent("""
 
 def test_sharded_over_four_host_devices():
   """3 runs padded to 4 and split over a 4-device mesh match separate runs."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  env = dict(os.environ, XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   code = SHARDED.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
