@@ -106,8 +106,8 @@ CHILD = textwrap.dedent("""
 
 @functools.lru_cache(maxsize=None)
 def child_result():
-  env = dict(os.environ, XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"),
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"))
   proc = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]

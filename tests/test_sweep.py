@@ -175,8 +175,8 @@ SHARDED = textwrap.dedent("""
 
 def test_sharded_over_four_host_devices():
   """3 runs padded to 4 and split over a 4-device mesh match separate runs."""
-  env = dict(os.environ, XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"),
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"))
   code = SHARDED.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                        text=True, timeout=240)
