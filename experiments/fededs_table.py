@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
 from fedjax_async import data as data_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
+from fedjax_async import experiment  # noqa: E402
 from fedjax_async import fededs  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 
@@ -213,8 +214,10 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, jsonl):
       alg = fededs.wrap(algorithms.get(b), model, split, shared if share else None,
                         batch=cfg.transfer_batch, mode=FLAGS.transfer_mode, seed=FLAGS.seed)
       t0 = time.perf_counter()
+      progress = experiment.Progress(f"fededs alpha={alpha} K={k} {b}/{v}", FLAGS.rounds)
       _, rows = fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal,
-                           share=share, fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed)
+                           share=share, fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed,
+                           on_chunk=lambda state, rows: progress(rows))
       accs = [r["test_accuracy"] for r in rows]
       res = {"alpha": alpha, "num_clients": k, "base": b, "variant": v,
              "final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),

@@ -280,13 +280,20 @@ def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Call
   return finish_round(state, phase, new_w, server_state, slots, alg_metrics)
 
 
-def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, *, apply_flat,
-              algorithm, cfg: EngineConfig):
-  """Several rounds in one ``lax.scan``; evaluates where ``eval_mask`` is set."""
+def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=None, *,
+              apply_flat, algorithm, cfg: EngineConfig):
+  """Several rounds in one ``lax.scan``; evaluates where ``eval_mask`` is set.
+
+  ``round_hp`` (optional): a dict of ``[L]`` arrays, one value per round of the chunk,
+  that override the same keys of ``hp`` round by round (schedules such as FedEDS's E_t,
+  Eq. 5, and lambda_c / lambda_dis, Eqs. 9-10), scanned with the rounds so that a schedule
+  needs no recompilation.
+  """
 
   def body(s, inputs):
-    row, do_eval = inputs
-    s, metrics = round_step(s, row, hp, data, apply_flat=apply_flat, algorithm=algorithm,
+    row, do_eval, hp_t = inputs
+    hp_r = {**hp, **hp_t}
+    s, metrics = round_step(s, row, hp_r, data, apply_flat=apply_flat, algorithm=algorithm,
                             cfg=cfg)
     acc, loss = jax.lax.cond(
         do_eval,
@@ -295,7 +302,7 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, *, apply_
     metrics["test_accuracy"], metrics["test_loss"] = acc, loss
     return s, metrics
 
-  return jax.lax.scan(body, state, (slots, eval_mask))
+  return jax.lax.scan(body, state, (slots, eval_mask, {} if round_hp is None else round_hp))
 
 
 def make_runner(apply_flat: Callable, algorithm: base.Algorithm, cfg: EngineConfig):
@@ -339,24 +346,36 @@ class Diverged(RuntimeError):
 def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
              *, eval_every: int = 1, rounds_per_call: int = 10,
              on_chunk: Optional[Callable[[SimState, List[dict]], None]] = None,
-             stop_round: Optional[int] = None) -> tuple:
+             stop_round: Optional[int] = None,
+             round_hp: Optional[Dict[str, Any]] = None) -> tuple:
   """Runs rounds ``state.round .. stop_round`` (default: the whole timeline).
 
   ``on_chunk(state, rows)`` is called after every jitted chunk (progress printing,
   metrics files, checkpoints). Raises ``Diverged`` naming the round when the global model
   turns non-finite; the state passed to the last ``on_chunk`` is the last good one.
+  ``round_hp``: per-round values ``{key: [num_rounds]}`` (0-based engine rounds) that
+  override ``hp[key]`` in each round, traced like ``hp`` (a schedule does not recompile).
   """
   total = timeline.num_rounds
   stop = total if stop_round is None else min(stop_round, total)
   schedule = eval_schedule(total, eval_every)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
+  if round_hp is not None:
+    round_hp = {k: np.asarray(v, np.float32) for k, v in round_hp.items()}
+    for k, v in round_hp.items():
+      if v.shape != (total,):
+        raise ValueError(f"round_hp[{k!r}]: expected one value per round, shape "
+                         f"({total},), got {v.shape}")
   all_rows = []
   start = int(state.round)
   while start < stop:
     end = min(start + rounds_per_call, stop)
     t0 = time.perf_counter()
     slots = jax.tree.map(jnp.asarray, timeline.slice(start, end))
-    new_state, metrics = runner(state, slots, jnp.asarray(schedule[start:end]), hp, data)
+    args = (state, slots, jnp.asarray(schedule[start:end]), hp, data)
+    if round_hp is not None:
+      args += ({k: jnp.asarray(v[start:end]) for k, v in round_hp.items()},)
+    new_state, metrics = runner(*args)
     rows = metrics_to_rows(metrics)
     elapsed = time.perf_counter() - t0
     bad = [r for r in rows if r["nonfinite"] or (r["test_loss"] is not None

@@ -624,49 +624,45 @@ def install_client_ids(state):
 # ------------------------------------------------------------------------- driver
 
 
-def hp_segments(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, share: bool,
+def hp_schedule(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, share: bool,
                 fixed_epochs: int = 1):
-  """[(start, stop, hp)] over 0-based engine rounds: maximal runs of equal ``hp``
-  (paper round t = engine round + 1)."""
-  segs = []
-  for r in range(num_rounds):
-    hp = round_hparams(base_hp, r + 1, cfg, anneal=anneal, share=share,
-                       fixed_epochs=fixed_epochs)
-    if segs and segs[-1][2] == hp:
-      segs[-1] = (segs[-1][0], r + 1, hp)
-    else:
-      segs.append((r, r + 1, hp))
-  return segs
+  """(hp, round_hp): the hp of round 1 and, for the keys that change from round to round,
+  their values over engine rounds 0 .. num_rounds - 1 (paper round t = engine round + 1):
+  E_t (Eq. 5), lambda_c, lambda_dis (Eqs. 9-10) and lr * lambda_c (``round_hparams``)."""
+  per_round = [round_hparams(base_hp, r + 1, cfg, anneal=anneal, share=share,
+                             fixed_epochs=fixed_epochs) for r in range(num_rounds)]
+  keys = ("local_epochs", "fededs_lambda_c", "fededs_lambda_dis", "lr")
+  return per_round[0], {k: np.asarray([hp[k] for hp in per_round], np.float32)
+                        for k in keys}
 
 
 def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
         cfg: FedEDSConfig, *, anneal: bool, share: bool, fixed_epochs: int = 1,
-        ring_size: int = 2, seed: int = 0, eval_every: int = 1, on_chunk=None):
-  """Runs the round engine with per-round hp (Eq. 5, Eqs. 9-10): one ``engine.simulate``
-  call per segment of equal hp, a runner compiled per distinct epoch count (so the static
-  local loop is never longer than E_t). Returns (state, rows)."""
+        ring_size: int = 2, seed: int = 0, eval_every: int = 1, rounds_per_call: int = 10,
+        on_chunk=None):
+  """Runs the round engine with per-round hp (Eq. 5, Eqs. 9-10) passed as
+  ``engine.simulate``'s ``round_hp``: one runner, compiled for the largest E_t (the
+  local loop runs each round's traced E_t * ceil(n_i / B) steps, not the largest), so
+  the schedule does not recompile. Returns (state, rows)."""
   from fedjax_async import engine  # pylint: disable=g-import-not-at-top
   num_clients = int(data.counts.shape[0])
   max_examples = int(data.x.shape[1])
   state = engine.init_state(algorithm, w0, num_clients, ring_size, seed)
   if ID_KEY in state.client_state:
     state = install_client_ids(state)
-  runners, rows = {}, []
-  for start, stop, hp in hp_segments(base_hp, timeline.num_rounds, cfg, anneal=anneal,
-                                     share=share, fixed_epochs=fixed_epochs):
-    e = int(hp["local_epochs"])
-    if e not in runners:
-      ecfg = engine.EngineConfig(
-          local=client_lib.LocalConfig(batch_size=cfg.batch_size, max_epochs=e,
-                                       max_examples=max_examples), ring_size=ring_size)
-      runners[e] = engine.make_runner(apply_flat, algorithm, ecfg)
-    state, seg_rows = engine.simulate(runners[e], state, timeline, hp, data,
-                                      eval_every=eval_every, rounds_per_call=stop - start,
-                                      stop_round=stop, on_chunk=on_chunk)
-    for r in seg_rows:
-      r["local_epochs"] = e
-      r["lambda_dis"] = hp["fededs_lambda_dis"]
-    rows.extend(seg_rows)
+  hp, round_hp = hp_schedule(base_hp, timeline.num_rounds, cfg, anneal=anneal, share=share,
+                             fixed_epochs=fixed_epochs)
+  ecfg = engine.EngineConfig(
+      local=client_lib.LocalConfig(batch_size=cfg.batch_size,
+                                   max_epochs=int(round_hp["local_epochs"].max()),
+                                   max_examples=max_examples), ring_size=ring_size)
+  runner = engine.make_runner(apply_flat, algorithm, ecfg)
+  state, rows = engine.simulate(runner, state, timeline, hp, data, eval_every=eval_every,
+                                rounds_per_call=rounds_per_call, on_chunk=on_chunk,
+                                round_hp=round_hp)
+  for r in rows:
+    r["local_epochs"] = int(round_hp["local_epochs"][r["round"]])
+    r["lambda_dis"] = float(round_hp["fededs_lambda_dis"][r["round"]])
   return state, rows
 
 

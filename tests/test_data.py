@@ -149,6 +149,7 @@ def fmnist():
 
 
 @needs_fmnist
+@pytest.mark.xdist_group("fmnist")  # its module fixture computed once
 def test_fashion_mnist_real_files(fmnist):
   train_x, train_y, test_x, test_y = fmnist
   assert train_x.shape == (60000, 28, 28, 1) and test_x.shape == (10000, 28, 28, 1)
@@ -289,6 +290,7 @@ def test_partition_shards_two_labels_per_client():
 
 
 @needs_fmnist
+@pytest.mark.xdist_group("fmnist")  # its module fixture computed once
 def test_partition_shards_on_fashion_mnist_labels():
   labels = data.read_idx(os.path.join(FMNIST_DIR, "train-labels-idx1-ubyte.gz"))
   parts = data.partition_shards(labels, 100, 2, seed=0)

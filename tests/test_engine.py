@@ -237,8 +237,9 @@ def test_engine_equals_sequential_reference(name, delay):
   cfg = make_cfg(ring=4)
   alg = get(name)
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+  # Two calls of 3 rounds: one compiled chunk length (a ragged 4 + 2 compiled twice).
   state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
-                                device_data(), rounds_per_call=4)
+                                device_data(), rounds_per_call=3)
   history = reference_run(name, tl, cfg)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
   assert [r["delayed"] for r in rows] == list((tl.valid & ~tl.online).sum(1))
@@ -266,6 +267,40 @@ def test_chunked_clients_equal_the_sequential_reference(chunk):
   np.testing.assert_allclose(np.asarray(state.client_state["dual"]),
                              np.asarray(ref.client_state["dual"]), rtol=1e-5, atol=1e-6)
   assert np.any(np.asarray(ref.client_state["dual"]) != 0)
+
+
+def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
+  # simulate(round_hp=...) scans per-round lr, mu and local_epochs inside one chunk; the
+  # reference calls the engine once per round with that round's values as plain hp.
+  rounds = 4
+  tl = timeline_lib.build(N, rounds, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 2),
+                          seed=6)
+  sched = {"lr": [0.1, 0.05, 0.2, 0.1], "mu": [0.3, 0.0, 0.3, 1.0],
+           "local_epochs": [2, 1, 2, 1]}
+  alg = get("fedprox")
+  runner = engine.make_runner(apply_flat, alg, make_cfg(epochs=2, ring=4))
+  state = engine.init_state(alg, W0, N, 4, 0)
+  state, rows = engine.simulate(runner, state, tl, HP, device_data(), rounds_per_call=4,
+                                round_hp=sched)
+  ref = engine.init_state(alg, W0, N, 4, 0)
+  ref_rows = []
+  for t in range(rounds):
+    hp_t = dict(HP, **{k: v[t] for k, v in sched.items()})
+    ref, r = engine.simulate(runner, ref, tl, hp_t, device_data(), rounds_per_call=1,
+                             stop_round=t + 1)
+    ref_rows += r
+  np.testing.assert_allclose(np.asarray(state.w), np.asarray(ref.w), rtol=1e-5, atol=1e-6)
+  assert [r["client_steps"] for r in rows] == [r["client_steps"] for r in ref_rows]
+  # local_epochs 1 halves the steps of the clients that trained (same counts both rounds
+  # would not show it): each client's budget is E * ceil(n_i / 4)
+  counts = toy_data()[2]
+  spe = -(-counts // 4)
+  for t, row in enumerate(rows):
+    trained = tl.client[t][tl.valid[t]]
+    assert row["client_steps"] == sched["local_epochs"][t] * int(spe[trained].sum())
+  with pytest.raises(ValueError, match="round_hp\\['lr'\\].*\\(4,\\)"):
+    engine.simulate(runner, engine.init_state(alg, W0, N, 4, 0), tl, HP, device_data(),
+                    round_hp={"lr": [0.1, 0.1]})
 
 
 # ------------------------------------------------------------ staleness and ring buffer

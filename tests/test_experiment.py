@@ -218,6 +218,9 @@ def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
   assert res.returncode == 0, res.stderr[-3000:]
   table = open(tmp_path / "table.md").read()
   assert "FedEDS + fedavg" in table and "| fedavg |" in table  # with the base beside it
+  # a progress line per round (the quick preset: alpha 0.1, K = 5)
+  progress = "[fededs alpha=0.1 K=5 fedavg/fededs] round    2/2 acc"
+  assert progress in res.stdout, res.stdout[-3000:]
   res = run(["--algorithm=pafed", "--fededs", f"--output_dir={tmp_path}"])
   assert res.returncode != 0 and "--algorithm" in res.stderr
   res = run(["--algorithm=fedavg", "--fededs_ablation=s3", f"--output_dir={tmp_path}"])

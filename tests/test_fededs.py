@@ -76,16 +76,26 @@ def test_transfer_weights_eqs_9_10():
   assert fededs.transfer_weights(3) == (1.0, 0.0)
 
 
-def test_round_hparams_scale_lr_and_segments():
+def test_round_hparams_scale_lr_and_schedule():
   base_hp = {"lr": 0.01, "momentum": 0.9, "server_lr": 1.0}
   hp1 = fededs.round_hparams(base_hp, 1, fededs.FedEDSConfig(), anneal=True, share=True)
   assert hp1["local_epochs"] == 5 and hp1["lr"] == pytest.approx(0.005)
   hp_s1 = fededs.round_hparams(base_hp, 1, fededs.FedEDSConfig(), anneal=True, share=False)
   assert hp_s1["fededs_lambda_dis"] == 0.0 and hp_s1["lr"] == 0.01
-  segs = fededs.hp_segments(base_hp, 6, fededs.FedEDSConfig(), anneal=True, share=True)
-  # engine rounds 0,1,2 = paper t=1,2,3 each differ (E 5,3,1; lambda_dis 0.5,0.047,0);
-  # from t=3 on everything is constant
-  assert [(a, b) for a, b, _ in segs] == [(0, 1), (1, 2), (2, 6)]
+  hp, sched = fededs.hp_schedule(base_hp, 6, fededs.FedEDSConfig(), anneal=True,
+                                 share=True)
+  assert hp == hp1
+  # engine rounds 0..5 = paper t=1..6: E 5, 5 - floor(4 * 1 / 2) = 3, then E_min = 1;
+  # lambda_dis = 1 / (1 + e^{3(t-1)}): 0.5, 0.0474, then 0 (below eps = 0.01)
+  np.testing.assert_array_equal(sched["local_epochs"], [5, 3, 1, 1, 1, 1])
+  np.testing.assert_allclose(sched["fededs_lambda_dis"], [0.5, 0.0474259, 0, 0, 0, 0],
+                             atol=1e-6)
+  np.testing.assert_allclose(sched["fededs_lambda_c"] + sched["fededs_lambda_dis"], 1.0)
+  np.testing.assert_allclose(sched["lr"], 0.01 * sched["fededs_lambda_c"], rtol=1e-6)
+  _, s1 = fededs.hp_schedule(base_hp, 3, fededs.FedEDSConfig(), anneal=False, share=False,
+                             fixed_epochs=2)
+  np.testing.assert_array_equal(s1["local_epochs"], [2, 2, 2])
+  np.testing.assert_array_equal(s1["fededs_lambda_dis"], [0, 0, 0])
 
 
 def test_config_validation_names_field():
@@ -243,12 +253,13 @@ def test_transfer_excludes_own_encrypted_data():
   ids = fededs.client_id_rows(3, w0.shape[0])
   for mode in ("sample", "all"):
     alg = fededs.wrap(fedavg.ALGORITHM, MODEL, split, poisoned, batch=4, mode=mode)
+    penalty = jax.jit(alg.local_penalty)  # compiled once, not op by op
     for step in range(5):  # several parameter vectors -> several step keys
       w = w0 + 0.01 * step
-      assert np.isfinite(float(alg.local_penalty(w, w0, {fededs.ID_KEY: ids[2]}, hp)))
+      assert np.isfinite(float(penalty(w, w0, {fededs.ID_KEY: ids[2]}, hp)))
     # client 0 in "all" mode sums over senders 1 and 2, so it sees the poison
     if mode == "all":
-      assert np.isnan(float(alg.local_penalty(w0, w0, {fededs.ID_KEY: ids[0]}, hp)))
+      assert np.isnan(float(penalty(w0, w0, {fededs.ID_KEY: ids[0]}, hp)))
 
 
 def test_penalty_scaling_with_fedprox_and_weight_decay():
@@ -313,13 +324,20 @@ def test_privacy_report_and_grid(generation, tmp_path):
 
 
 def test_resnet18_split_model_is_the_paper_model_without_batch_norm():
+  # Shapes only: jax.eval_shape traces init and forward without running them (running the
+  # 11M-parameter ResNet op by op cost ~50 s on 2 CPU cores and checked nothing more).
   model = fededs.SplitModel("resnet18", 10, (28, 28, 1))
-  theta_g, theta_c = model.init(jax.random.key(0))
+  theta_g, theta_c = jax.eval_shape(model.init, jax.random.key(0))
   names = " ".join(jax.tree_util.keystr(p) for p, _ in
                    jax.tree_util.tree_flatten_with_path(theta_g)[0])
   assert "layer4_1" in names and "norm" not in names.lower()  # no normalisation layers
-  x = jnp.ones((2, 28, 28, 1))
-  assert model.features(theta_g, x).shape == (2, 512)
-  assert model.forward(theta_g, theta_c, x).shape == (2, 10)
+  # Convs without bias or norm, counted by hand: stem 3*3*1*64 = 576; layer1 4 * 3*3*64*64
+  # = 147,456; layer2 3*3*64*128 + 3*3*128*128 * 3 + 64*128 (shortcut) = 524,288; layer3
+  # 2,097,152 and layer4 8,388,608 likewise; head 512*10 + 10 = 5,130
+  n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves((theta_g, theta_c)))
+  assert n_params == 576 + 147_456 + 524_288 + 2_097_152 + 8_388_608 + 5_130
+  x = jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)
+  assert jax.eval_shape(model.features, theta_g, x).shape == (2, 512)
+  assert jax.eval_shape(model.forward, theta_g, theta_c, x).shape == (2, 10)
   with pytest.raises(ValueError, match="512"):
     fededs.SplitModel("resnet18", 10, (28, 28, 1), hidden=64)

@@ -115,6 +115,7 @@ def child_result():
   return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.xdist_group("sharding_child")  # one child process, cached
 def test_sharded_round_equals_unsharded():
   r = child_result()
   assert r["devices"] == 4
@@ -125,6 +126,7 @@ def test_sharded_round_equals_unsharded():
   assert r["steps_sharded"] == r["steps_ref"]
 
 
+@pytest.mark.xdist_group("sharding_child")  # one child process, cached
 def test_client_axis_is_actually_split_over_the_devices():
   r = child_result()
   assert r["upload_spec_is_clients"], r["upload_spec"]
@@ -134,6 +136,7 @@ def test_client_axis_is_actually_split_over_the_devices():
   assert r["w_fully_replicated"]
 
 
+@pytest.mark.xdist_group("sharding_child")  # one child process, cached
 def test_shard_clients_places_a_run_on_all_devices():
   r = child_result()["shard_clients"]
   assert r["k_padded"] == child_result()["k_padded"] and r["mesh_size"] == 4

@@ -1,6 +1,7 @@
 """Vmapped sweeps against separate runs, padding of timelines, grids, sharding, aggregation."""
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -38,15 +39,19 @@ def tiny_data(seed=0):
 
 BASE = experiment.RunConfig(
     algorithm="pafed", dataset="synthetic", num_clients=N, participation=0.34,
-    delay=timeline_lib.DelayConfig(0.3, "uniform", 2), rounds=7, local_epochs=1,
+    delay=timeline_lib.DelayConfig(0.3, "uniform", 2), rounds=6, local_epochs=1,
     batch_size=5, rounds_per_call=3, eval_every=2, checkpoint_every=0, tensorboard=False)
 
 
 _RUNNERS = {}
 
 
-def separate_run(cfg, name, fed):
-  """One run through the plain engine (the reference); one jitted runner per algorithm."""
+@functools.lru_cache(maxsize=None)
+def separate_run(cfg, name):
+  """One run on ``tiny_data()`` through the plain engine (the reference); one jitted runner
+  per algorithm. Cached: the two tests below that compare with the same runs share them
+  (one xdist group, so one worker)."""
+  fed = tiny_data()
   _, w0, apply_flat = experiment.build_model(cfg, fed)
   alg = algorithms.get(name)
   ecfg = engine.EngineConfig(client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, M),
@@ -60,6 +65,7 @@ def separate_run(cfg, name, fed):
                          eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call)
 
 
+@pytest.mark.xdist_group("sweep_reference")  # shares separate_run's cached runs
 def test_vmapped_sweep_equals_separate_runs():
   name = "pafed"  # server with DUCC, ADMM client state: the most state to get right
   fed = tiny_data()
@@ -73,7 +79,7 @@ def test_vmapped_sweep_equals_separate_runs():
                              num_rounds=BASE.rounds, eval_every=BASE.eval_every,
                              rounds_per_call=BASE.rounds_per_call)
   for i, c in enumerate(cfgs):
-    state, rows = separate_run(c, name, fed)
+    state, rows = separate_run(c, name)
     np.testing.assert_allclose(res.states.w[i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(res.states.ring[i], np.asarray(state.ring), rtol=2e-5,
                                atol=2e-6)
@@ -147,7 +153,7 @@ def test_diverging_run_does_not_stop_the_others():
                     {"server_lr": [1.0, 1e38]}, 1)
   prep = sweep.prepare(cfgs, "fedavg", fed)
   res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                             num_rounds=BASE.rounds, eval_every=1, rounds_per_call=4)
+                             num_rounds=BASE.rounds, eval_every=1, rounds_per_call=3)
   assert res.diverged_round[0] is None
   assert res.diverged_round[1] is not None
   assert np.isfinite(res.states.w[0]).all()
@@ -173,6 +179,7 @@ SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.xdist_group("sweep_reference")  # shares separate_run's cached runs
 def test_sharded_over_four_host_devices():
   """3 runs padded to 4 and split over a 4-device mesh match separate runs."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
@@ -184,9 +191,8 @@ def test_sharded_over_four_host_devices():
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result["runs"] == 3 and result["mesh"] == 4
   cfgs = sweep.grid(BASE, {"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]})[:3]
-  fed = tiny_data()
   for i, c in enumerate(cfgs):
-    state, _ = separate_run(c, "pafed", fed)
+    state, _ = separate_run(c, "pafed")
     np.testing.assert_allclose(result["w"][i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
 
 
