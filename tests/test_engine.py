@@ -291,8 +291,8 @@ def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
     ref_rows += r
   np.testing.assert_allclose(np.asarray(state.w), np.asarray(ref.w), rtol=1e-5, atol=1e-6)
   assert [r["client_steps"] for r in rows] == [r["client_steps"] for r in ref_rows]
-  # local_epochs 1 halves the steps of the clients that trained (same counts both rounds
-  # would not show it): each client's budget is E * ceil(n_i / 4)
+  # Each client that trained in round t took E_t * ceil(n_i / 4) steps (the scheduled E_t,
+  # not the runner's largest E = 2)
   counts = toy_data()[2]
   spe = -(-counts // 4)
   for t, row in enumerate(rows):
