@@ -89,6 +89,17 @@ class EngineConfig:
   client_sharding: Optional[Any] = None
   client_chunk: Optional[int] = None
 
+  def __post_init__(self):
+    if self.ring_size < 1:
+      raise ValueError(f"EngineConfig.ring_size must be >= 1 (one slot per round of delay "
+                       f"kept), got {self.ring_size}")
+    if self.eval_batch < 1:
+      raise ValueError(f"EngineConfig.eval_batch must be >= 1, got {self.eval_batch}")
+    if self.client_chunk is not None and self.client_chunk < 1:
+      raise ValueError(f"EngineConfig.client_chunk must be None (one vmap over all K "
+                       f"clients) or >= 1 (clients per lax.map chunk), got "
+                       f"{self.client_chunk}")
+
 
 # Models at least this large train one client at a time (``client_chunk=1``) on CPU by
 # default: measured on the 2-core CPU (docs/performance.md section 2a), the
@@ -206,25 +217,28 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   ids = jnp.where(valid, slots["client"], num_clients)  # out of bounds for padding
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
-  w_start = state.ring[dispatch % ring_size]  # the model each client was dispatched with
+  ring_row = dispatch % ring_size  # the ring slot holding the model each client started from
   cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
   client_ids, n_local = gather_ids, n
   if cfg.client_sharding is not None:  # split the client-slot axis K over the devices
-    w_start, cstate, client_ids, n_local, keys = jax.lax.with_sharding_constraint(
-        (w_start, cstate, client_ids, n, keys), cfg.client_sharding)
+    ring_row, cstate, client_ids, n_local, keys = jax.lax.with_sharding_constraint(
+        (ring_row, cstate, client_ids, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
-  def train_and_final(w0, cs, ci, ni, ki):
+  def train_and_final(ri, cs, ci, ni, ki):
+    # The start model is read from its ring slot here, not gathered into a [K, d] block
+    # first (with client_chunk, one write and one read of d floats less per client).
     # Each local step reads its minibatch rows from data.x[ci]: the round's clients' data
     # is never copied out as a [K, M, ...] block (gigabytes with a large padded M, and
     # the slowest part of a round's first run on CPU: fresh pages).
+    w0 = state.ring[ri]
     res = train(w0, cs, data.x, data.y, ni, ki, client_index=ci)
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
     return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
-  res, out = chunked_vmap(train_and_final, cfg.client_chunk, w_start, cstate, client_ids,
+  res, out = chunked_vmap(train_and_final, cfg.client_chunk, ring_row, cstate, client_ids,
                           n_local, keys)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
@@ -232,7 +246,8 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
                            delayed=valid & ~slots["online"],
                            staleness=jnp.where(valid, t - dispatch, 0),
                            num_examples=n.astype(jnp.float32),
-                           num_steps=res.num_steps.astype(jnp.float32), start_params=w_start)
+                           num_steps=res.num_steps.astype(jnp.float32),
+                           start_params=state.ring[ring_row])
   mean_loss = res.mean_loss
   if cfg.client_sharding is not None:
     # The per-client [K] scalars replicated (like the slot arrays above): the round's

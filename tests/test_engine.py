@@ -506,3 +506,14 @@ def test_auto_client_chunk_trains_large_models_one_client_at_a_time_on_cpu():
   assert engine.auto_client_chunk(1_663_370, "cpu") == 1
   assert engine.auto_client_chunk(610, "cpu") is None
   assert engine.auto_client_chunk(1_663_370, "gpu") is None
+
+
+@pytest.mark.parametrize("field,value", [("client_chunk", 0), ("client_chunk", -2),
+                                         ("ring_size", 0), ("eval_batch", 0)])
+def test_engine_config_rejects_bad_values_naming_the_field(field, value):
+  local = client_lib.LocalConfig(4, 1, 8)
+  kw = {"ring_size": 2, field: value}
+  with pytest.raises(ValueError, match=rf"EngineConfig\.{field} must be .*got {value}"):
+    engine.EngineConfig(local, **kw)
+  engine.EngineConfig(local, ring_size=2, client_chunk=None)  # the default stays valid
+  engine.EngineConfig(local, ring_size=1, client_chunk=1, eval_batch=1)
