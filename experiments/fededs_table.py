@@ -63,6 +63,8 @@ flags.DEFINE_integer("unet_width", 16, "Channels of the UNet's first level.")
 flags.DEFINE_integer("share_rows", 0, "Share at most n encrypted rows per client (0 = all).")
 flags.DEFINE_string("transfer_mode", "sample", "sample (Eq. 8) | all (Eq. 7).")
 flags.DEFINE_integer("seed", 0, "Seed of partition, model, layers and training.")
+flags.DEFINE_integer("rounds_per_call", 1, "Rounds per jitted call (one progress line "
+                     "with rounds/s and ETA after each call; same results for any value).")
 flags.DEFINE_string("data_dir", None, "Fashion-MNIST IDX directory (default: the system one).")
 flags.DEFINE_boolean("privacy", True, "Save the encryption grid and privacy report "
                      "(trains a second set of encryptors without the layer, first setting).")
@@ -121,7 +123,8 @@ def validate():
             ("mu", FLAGS.mu >= 0), ("base_epochs", FLAGS.base_epochs >= 1),
             ("batch_size", FLAGS.batch_size >= 1), ("pretrain_epochs", FLAGS.pretrain_epochs >= 1),
             ("encryptor_epochs", FLAGS.encryptor_epochs >= 1),
-            ("unet_width", FLAGS.unet_width >= 1), ("share_rows", FLAGS.share_rows >= 0)]
+            ("unet_width", FLAGS.unet_width >= 1), ("share_rows", FLAGS.share_rows >= 0),
+            ("rounds_per_call", FLAGS.rounds_per_call >= 1)]
   for name, ok in checks:
     if not ok:
       raise app.UsageError(f"--{name} out of range: {getattr(FLAGS, name)!r}")
@@ -217,6 +220,7 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, jsonl):
       progress = experiment.Progress(f"fededs alpha={alpha} K={k} {b}/{v}", FLAGS.rounds)
       _, rows = fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal,
                            share=share, fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed,
+                           rounds_per_call=FLAGS.rounds_per_call,
                            on_chunk=lambda state, rows: progress(rows))
       accs = [r["test_accuracy"] for r in rows]
       res = {"alpha": alpha, "num_clients": k, "base": b, "variant": v,

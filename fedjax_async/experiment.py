@@ -254,7 +254,9 @@ def build_model(cfg: RunConfig, fed_data):
 
 
 class Progress:
-  """One line per round: accuracy, arrivals, staleness, rounds/s and ETA."""
+  """One line per round: accuracy, arrivals, staleness; the last line of each jitted chunk
+  of rounds also gives rounds/s and the ETA (measured when the chunk came back: the
+  chunk's earlier rounds were not timed one by one)."""
 
   def __init__(self, name: str, total: int, start: int = 0, stream=sys.stdout):
     self.name, self.total, self.stream = name, total, stream
@@ -264,12 +266,13 @@ class Progress:
     done = rows[-1]["round"] + 1
     rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
     eta = (self.total - done) / max(rate, 1e-9)
-    for r in rows:
+    for i, r in enumerate(rows):
       acc = "  -   " if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
+      timing = f" | {rate:.2f} rounds/s ETA {eta:.0f}s" if i == len(rows) - 1 else ""
       print(f"[{self.name}] round {r['round'] + 1:4d}/{self.total} acc {acc} "
             f"train_loss {r['train_loss']:.4f} online {r['online']} delayed {r['delayed']} "
-            f"dropped {r['dropped']} staleness {r['mean_staleness']:.2f} | "
-            f"{rate:.2f} rounds/s ETA {eta:.0f}s", file=self.stream)
+            f"dropped {r['dropped']} staleness {r['mean_staleness']:.2f}{timing}",
+            file=self.stream)
     self.stream.flush()
 
 

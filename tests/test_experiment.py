@@ -1,12 +1,14 @@
 """experiments/run.py end to end on Synthetic(1,1): learning, determinism, outputs, flags."""
 
 import glob
+import io
 import json
 import os
 import shutil
 
 import pytest
 
+from fedjax_async import experiment
 from run_script import RUN, read_rows, run, without_wall
 ALGS = ("fedavg", "fedprox", "fednova", "fedadmm", "pafed")
 ROUNDS = 20
@@ -221,6 +223,11 @@ def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
   # a progress line per round (the quick preset: alpha 0.1, K = 5)
   progress = "[fededs alpha=0.1 K=5 fedavg/fededs] round    2/2 acc"
   assert progress in res.stdout, res.stdout[-3000:]
+  # --rounds_per_call=1 (fededs_table's default): round 1's line is printed when round 1
+  # came back, with its own rate and ETA
+  first = [l for l in res.stdout.splitlines()
+           if l.startswith("[fededs alpha=0.1 K=5 fedavg/fededs] round    1/2")]
+  assert len(first) == 1 and "rounds/s ETA" in first[0], res.stdout[-3000:]
   res = run(["--algorithm=pafed", "--fededs", f"--output_dir={tmp_path}"])
   assert res.returncode != 0 and "--algorithm" in res.stderr
   res = run(["--algorithm=fedavg", "--fededs_ablation=s3", f"--output_dir={tmp_path}"])
@@ -231,3 +238,19 @@ def test_unreadable_flagfile_names_the_file(tmp_path):
   res = run([f"--flagfile={tmp_path / 'missing.flags'}"])
   assert res.returncode != 0
   assert "--flagfile" in res.stderr and "missing.flags" in res.stderr
+
+
+def test_progress_gives_rate_and_eta_once_per_chunk_on_its_last_round(monkeypatch):
+  clock = iter([100.0, 106.0])  # the run starts at 100 s; the 3-round chunk is back at 106 s
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  progress = experiment.Progress("run", total=6, stream=out)
+  row = lambda t: {"round": t, "test_accuracy": None if t % 2 else 0.5, "train_loss": 1.0,
+                   "online": 3, "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
+  progress([row(0), row(1), row(2)])  # one jitted chunk of 3 rounds
+  lines = out.getvalue().splitlines()
+  assert [l.split(" acc")[0] for l in lines] == [f"[run] round    {t}/6" for t in (1, 2, 3)]
+  assert "acc 0.5000" in lines[0] and "acc   -   " in lines[1]
+  assert ["rounds/s" in l for l in lines] == [False, False, True]
+  # 3 rounds in 6 s: 0.50 rounds/s; 3 rounds left: ETA 6 s
+  assert lines[2].endswith("staleness 0.25 | 0.50 rounds/s ETA 6s"), lines[2]
