@@ -64,7 +64,7 @@ flags.DEFINE_integer("share_rows", 0, "Share at most n encrypted rows per client
 flags.DEFINE_string("transfer_mode", "sample", "sample (Eq. 8) | all (Eq. 7).")
 flags.DEFINE_integer("seed", 0, "Seed of partition, model, layers and training.")
 flags.DEFINE_integer("rounds_per_call", 1, "Rounds per jitted call (one progress line "
-                     "with rounds/s and ETA after each call; same results for any value).")
+                     "with rounds/s and ETA after each call; the same run to float rounding).")
 flags.DEFINE_string("data_dir", None, "Fashion-MNIST IDX directory (default: the system one).")
 flags.DEFINE_boolean("privacy", True, "Save the encryption grid and privacy report "
                      "(trains a second set of encryptors without the layer, first setting).")
