@@ -2,6 +2,7 @@
 
 import glob
 import io
+import itertools
 import json
 import os
 import shutil
@@ -241,7 +242,8 @@ def test_unreadable_flagfile_names_the_file(tmp_path):
 
 
 def test_progress_gives_rate_and_eta_once_per_chunk_on_its_last_round(monkeypatch):
-  clock = iter([100.0, 106.0])  # the run starts at 100 s; the 3-round chunk is back at 106 s
+  # the run starts at 100 s; the 3-round chunk is back at 106 s (and any later reading)
+  clock = itertools.chain([100.0], itertools.repeat(106.0))
   monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   progress = experiment.Progress("run", total=6, stream=out)
