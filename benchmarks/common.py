@@ -13,7 +13,10 @@
   by a per-client jit loop (one jitted call trains a whole client, then a jitted server
   step), and by fedjax's own ``ForEachClientJitBackend`` pattern (jitted ``client_init``,
   one jitted ``client_step`` call per minibatch, jitted ``client_final``);
-* ``write_rows``: JSON lines and a CSV under ``benchmarks/results/``.
+* ``write_rows``: JSON lines and a CSV under ``benchmarks/results/`` (or the folder named
+  by ``FEDJAX_ASYNC_BENCH_RESULTS``: ``run_all.py --results_dir`` sets it);
+* ``child_env``: the environment of a benchmark's child process, on the same platform as
+  its parent (a GPU run's children run on the GPU).
 
 Every benchmark prints its figures; none of them asserts a timing.
 """
@@ -23,24 +26,32 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
+import datetime
 import json
+import logging
 import os
 import platform
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# The benchmarks run on JAX's default platform (the GPU where there is one); on a machine
+# without a TPU its INFO line "Unable to initialize backend 'tpu'" is noise.
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
-from fedjax_async import client as client_lib
-from fedjax_async import engine
-from fedjax_async import models
-from fedjax_async import sharding
-from fedjax_async import timeline as timeline_lib
-from fedjax_async.algorithms import get as get_algorithm
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async import engine  # noqa: E402
+from fedjax_async import models  # noqa: E402
+from fedjax_async import sharding  # noqa: E402
+from fedjax_async import timeline as timeline_lib  # noqa: E402
+from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.environ.get("FEDJAX_ASYNC_BENCH_RESULTS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results")
 
 HP = dict(lr=0.05, momentum=0.0, rho=0.1, mu=0.01, alpha0=1.0, alpha1=0.5, alpha2=0.5,
           server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
@@ -72,11 +83,65 @@ def cpu_model() -> str:
 
 
 def machine() -> Dict[str, Any]:
-  """What the figures were measured on (and how busy it was when the run started)."""
+  """What the figures were measured on (and how busy it was when the run started).
+
+  ``device_kind`` names the accelerator (``"NVIDIA H100 80GB HBM3"``; ``"cpu"`` on CPU);
+  ``time`` (UTC) lets ``report.py`` keep the newest row of a configuration.
+  """
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
   return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
           "jax": jax.__version__, "backend": jax.default_backend(),
-          "devices": len(jax.devices())}
+          "devices": len(jax.devices()), "device_kind": jax.devices()[0].device_kind,
+          # float32 dots and convolutions: JAX's "default" is TF32 on recent NVIDIA GPUs
+          "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
+          "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def child_env(**extra: str) -> Dict[str, str]:
+  """Environment of a benchmark's child process: this checkout on ``PYTHONPATH`` and the
+  parent's platform (``JAX_PLATFORMS`` passed on when set, never forced to CPU), plus
+  ``extra``."""
+  return dict(os.environ, PYTHONPATH=ROOT, **extra)
+
+
+def device_peak_bytes() -> Optional[int]:
+  """Peak bytes allocated on the first device (``memory_stats()['peak_bytes_in_use']``),
+  or None where the backend does not report it (XLA:CPU: use ``peak_rss_bytes``)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return int(peak) if peak is not None else None
+
+
+def peak_memory(row: Dict[str, Any]) -> int:
+  """The memory a configuration used, from its row: the device's peak
+  (``peak_device_bytes``) on an accelerator, the process's peak RSS on CPU (where the
+  device memory is the host's)."""
+  dev = row.get("peak_device_bytes")
+  return int(dev) if dev is not None else int(row["peak_rss"])
+
+
+def scaling_efficiency(kind: str, d0: int, t0: float, d: int, t: float) -> float:
+  """Efficiency of D devices taking ``t`` s per round against D0 devices taking ``t0``:
+  strong scaling (K fixed) ideally takes ``t0 * D0 / D``, weak scaling (K per device
+  fixed) ``t0``; efficiency = ideal / measured."""
+  ideal = t0 * d0 / d if kind == "strong" else t0
+  return ideal / t
+
+
+def device_memory_bytes() -> Optional[int]:
+  """Memory JAX may allocate on the first device (``bytes_limit``), or the host's RAM
+  (``MemTotal``) on CPU; None if neither is known."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
 
 
 def best_time(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
@@ -397,13 +462,20 @@ def take_turns(turns: Dict[str, Callable[[], Optional[float]]], reps: int = 3,
 
 
 def clocked(prepare: Callable, run: Callable) -> Callable[[], float]:
-  """A turn for ``take_turns``: ``prepare()`` off the clock, then the wall time of ``run()``."""
+  """A turn for ``take_turns``: ``prepare()`` off the clock, then the wall time of ``run()``.
+
+  What ``run()`` returns is freed after the clock stops: an experiment passes the state on
+  to its next call, and freeing (unmapping) a large ``[N, d]`` client state is not a round's
+  work (it made the logreg round at N = 1,000,000 look 12x slower with 2 rounds per call).
+  """
 
   def turn():
     prepare()
     t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
+    out = run()
+    elapsed = time.perf_counter() - t0
+    del out
+    return elapsed
 
   return turn
 

@@ -187,6 +187,17 @@ def run_flower(args, rounds):
   return total, [end - start for _, start, end in marks if end is not None]
 
 
+def seconds_per_round(t_warm: float, t_all: float, rounds: int) -> float:
+  """Seconds per round from a run of set-up + 1 round (``t_warm``) and one of set-up +
+  1 + ``rounds`` rounds (``t_all``); ValueError when the second was not the longer (the
+  timed rounds vanished in the run-to-run noise of the set-up)."""
+  if t_all <= t_warm:
+    raise ValueError(f"the run with {rounds} more round(s) took {t_all:.3g} s, no longer "
+                     f"than set-up and one round ({t_warm:.3g} s): too short to time; use "
+                     "more --rounds")
+  return (t_all - t_warm) / rounds
+
+
 def peer_main(argv):
   p = argparse.ArgumentParser()
   p.add_argument("--child", required=True)
@@ -207,7 +218,10 @@ def peer_main(argv):
   else:
     t_warm = fn(args, 1)  # set-up and one round
     t_all = fn(args, 1 + args.rounds)
-    per_round = max(t_all - t_warm, 1e-9) / args.rounds
+    try:
+      per_round = seconds_per_round(t_warm, t_all, args.rounds)
+    except ValueError as e:
+      sys.exit(str(e))
   print("RESULT " + json.dumps(dict(
       s_per_round=per_round, t_warmup=t_warm, t_run=t_all,
       torch=torch.__version__, torch_threads=torch.get_num_threads(),
@@ -257,6 +271,8 @@ def main_driver(argv):
   p.add_argument("--client_chunk", type=int, default=-1,
                  help="engine: clients per vmapped chunk (0: all; -1: engine's auto rule)")
   p.add_argument("--tag", default="")
+  p.add_argument("--only_check_args", action="store_true",
+                 help="check the flags and exit (as absl's flag of that name)")
   args = p.parse_args(argv)
   for flag in ("clients", "examples", "batch", "rounds", "engine_rounds", "reps",
                "peer_timeout"):
@@ -268,6 +284,8 @@ def main_driver(argv):
   unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
   if unknown:
     p.error(f"--systems: unknown {','.join(unknown)}; choose from {','.join(SYSTEMS)}")
+  if args.only_check_args:
+    sys.exit(0)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, ROOT)
   from benchmarks import common  # pylint: disable=g-import-not-at-top

@@ -19,6 +19,12 @@ The round runs as the engine would run it by default (``--client_chunk=-1``: the
 client at a time on CPU, logistic regression in one vmap of K); ``--client_chunk=0``
 forces one vmap of all K.
 
+The children run on the parent's platform (JAX's default, or ``JAX_PLATFORMS``). On an
+accelerator the memory that counts is the device's: each row also has
+``peak_device_bytes`` (``memory_stats()['peak_bytes_in_use']``), the N fit uses it instead
+of the host's peak RSS, and ``--budget_gib=0`` means the device's ``bytes_limit`` (the
+host's RAM on CPU).
+
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scaling.py --sweep=k,n
 """
 
@@ -28,7 +34,6 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -43,21 +48,47 @@ flagcheck.int_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N 
 flagcheck.int_list("k_cnn", ["10", "50", "200", "1000"], "K for the CNN (N = K).")
 flagcheck.int_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
 flagcheck.int_list("n_cnn", ["20", "100", "300"], "N for the CNN.")
-flags.DEFINE_integer("k_fixed_logreg", 100, "K in the N sweep (logreg).")
-flags.DEFINE_integer("k_fixed_cnn", 10, "K in the N sweep (CNN).")
+flags.DEFINE_integer("k_fixed_logreg", 100, "K in the N sweep (logreg).", lower_bound=1)
+flags.DEFINE_integer("k_fixed_cnn", 10, "K in the N sweep (CNN).", lower_bound=1)
 flagcheck.choice_list("models", ["logreg", "cnn"], ["logreg", "cnn"], "Models.")
-flags.DEFINE_integer("examples", 60, "Examples per client M.")
-flags.DEFINE_integer("batch", 10, "Local minibatch size.")
-flags.DEFINE_integer("cnn_examples_big_k", 20, "M for the CNN when K >= 1000 (fewer steps).")
-flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.")
-flags.DEFINE_float("budget_gib", 24.0, "Memory to fit in.")
+flags.DEFINE_integer("examples", 60, "Examples per client M.", lower_bound=1)
+flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_integer("cnn_examples_big_k", 20, "M for the CNN when K >= 1000 (fewer steps).",
+                     lower_bound=1)
+flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.", lower_bound=1)
+flags.DEFINE_float("budget_gib", 24.0, "Memory to fit in (0: the device's memory; the "
+                   "host's RAM on CPU).", lower_bound=0.0)
 flags.DEFINE_string("verify", "", "model:N:K to run once near the limit, e.g. logreg:500000:100.")
+
+
+def parse_verify(spec: str):
+  """``--verify``'s ``model:N:K`` as (model, N, K); ValueError naming the flag."""
+  parts = spec.split(":")
+  ok = (len(parts) == 3 and parts[0] in ("logreg", "cnn")
+        and all(p.isdigit() and int(p) >= 1 for p in parts[1:]))
+  if not ok:
+    raise ValueError(f"--verify: expected model:N:K with model logreg or cnn and N, K "
+                     f"integers >= 1 (e.g. logreg:500000:100), got {spec!r}")
+  return parts[0], int(parts[1]), int(parts[2])
+
+
+flags.register_validator("verify", lambda v: not v or bool(_try(parse_verify, v)),
+                         message="--verify: expected model:N:K with model logreg or cnn and "
+                         "N, K integers >= 1 (e.g. logreg:500000:100)")
 flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this process.")
 flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
                      "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
                      "0: all K in one vmap).", lower_bound=-1)
-flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).")
+flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).",
+                     lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
+
+
+def _try(fn, *args):
+  try:
+    return fn(*args)
+  except ValueError:
+    return None
 
 
 def child(spec):
@@ -79,6 +110,7 @@ def child(spec):
   prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
   t = common.timed(prep, run, reps=FLAGS.reps)
   rss = common.peak_rss_bytes()
+  device_peak = common.device_peak_bytes()  # None on CPU
   feat = 1
   for s in wl.input_shape:
     feat *= s
@@ -88,12 +120,14 @@ def child(spec):
       model=model, clients_per_round=k, num_clients=n, examples=m, params=wl.dim,
       local_steps=wl.steps, client_chunk=chunk, s_per_round=t / FLAGS.rounds, build_s=build_s,
       rss_base=rss0, rss_after_build=rss_built, peak_rss=rss,
+      peak_device_bytes=device_peak,
       strict_bytes_per_client=strict_state + strict_data,
       strict_state_bytes_per_client=strict_state)), flush=True)
 
 
 def run_child(model, k, n, m, alg):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  env = common.child_env()  # the parent's platform: a GPU run measures the GPU
   cmd = [sys.executable, os.path.abspath(__file__), f"--child={model}:{k}:{n}:{m}:{alg}",
          f"--rounds={FLAGS.rounds}", f"--batch={FLAGS.batch}", f"--reps={FLAGS.reps}",
          f"--client_chunk={FLAGS.client_chunk}"]
@@ -104,9 +138,13 @@ def run_child(model, k, n, m, alg):
     print(f"[scaling] {model} K={k} N={n}: FAILED rc={proc.returncode}: {msg}", flush=True)
     return dict(model=model, clients_per_round=k, num_clients=n, failed=msg)
   r = json.loads(lines[-1][len("RESULT "):])
+  dev = ("" if r.get("peak_device_bytes") is None
+         else f", peak device memory {r['peak_device_bytes'] / 2**20:.0f} MiB")
   print(f"[scaling] {model} {alg} K={k} N={n} M={m}: {r['s_per_round']:.4g} s/round, peak RSS "
-        f"{r['peak_rss'] / 2**20:.0f} MiB (base {r['rss_base'] / 2**20:.0f} MiB)", flush=True)
+        f"{r['peak_rss'] / 2**20:.0f} MiB (base {r['rss_base'] / 2**20:.0f} MiB){dev}",
+        flush=True)
   return r
+
 
 
 def m_for(model, k):
@@ -120,7 +158,11 @@ def main(_):
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   mach = common.machine()
   rows = []
-  budget = FLAGS.budget_gib * 2**30
+  budget = FLAGS.budget_gib * 2**30 or common.device_memory_bytes()
+  if not budget:
+    sys.exit("error: --budget_gib=0 asks for the device's memory, which JAX does not report "
+             "here; give the budget in GiB")
+  budget_gib = budget / 2**30
   if "k" in FLAGS.sweep:
     for model in FLAGS.models:
       for k in map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn):
@@ -135,7 +177,8 @@ def main(_):
         r = run_child(model, k, n, FLAGS.examples, "pafed")
         rows.append(dict(bench="scaling", sweep="n", tag=FLAGS.tag, **mach, **r))
         if "failed" not in r:
-          pts.append((n, r["peak_rss"], r["strict_bytes_per_client"]))
+          pts.append((n, common.peak_memory(r), r["strict_bytes_per_client"],
+                      r.get("peak_device_bytes") is not None))
       if len(pts) >= 2:
         ns = np.array([p[0] for p in pts], float)
         rss = np.array([p[1] for p in pts], float)
@@ -145,15 +188,15 @@ def main(_):
         fit = dict(bench="scaling", sweep="n_fit", model=model, clients_per_round=k,
                    bytes_per_client=slope, intercept_bytes=icpt,
                    strict_bytes_per_client=strict, ratio_to_strict=slope / strict,
-                   max_clients_in_budget=n_max, budget_gib=FLAGS.budget_gib, tag=FLAGS.tag,
-                   **mach)
+                   max_clients_in_budget=n_max, budget_gib=budget_gib, tag=FLAGS.tag,
+                   memory="device peak" if pts[-1][3] else "process peak RSS", **mach)
         rows.append(fit)
         print(f"[scaling] {model}: {slope:.0f} B/client measured vs {strict} B strict "
               f"(x{slope / strict:.2f}); intercept {icpt / 2**20:.0f} MiB; largest N in "
-              f"{FLAGS.budget_gib:g} GiB ~ {n_max}", flush=True)
+              f"{budget_gib:.3g} GiB ~ {n_max}", flush=True)
   if FLAGS.verify:
-    model, n, k = FLAGS.verify.split(":")
-    r = run_child(model, int(k), int(n), FLAGS.examples, "pafed")
+    model, n, k = parse_verify(FLAGS.verify)
+    r = run_child(model, k, n, FLAGS.examples, "pafed")
     rows.append(dict(bench="scaling", sweep="verify", tag=FLAGS.tag, **mach, **r))
   common.write_rows("scaling", rows)
 

@@ -25,6 +25,11 @@ engine/loop and engine/fedjax_loop.
 One JSON line per row is appended to ``benchmarks/results/throughput.jsonl`` (and a CSV
 rewritten).
 
+Runs on JAX's default platform: the GPU where there is one (``JAX_PLATFORMS=cpu`` pins the
+CPU). On recent NVIDIA GPUs JAX computes float32 dots and convolutions in TF32 by default
+(``JAX_DEFAULT_MATMUL_PRECISION=highest`` for full float32); each row records
+``matmul_precision`` and ``device_kind``.
+
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/throughput.py
   ... --models=logreg --clients=10,50,200,1000 --rounds=20
   ... --models=logreg --clients=10,50,200,1000 --engine_devices=2
@@ -33,7 +38,6 @@ rewritten).
 import os
 import sys
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402

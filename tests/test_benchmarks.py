@@ -6,6 +6,12 @@ vmapped engine. Each runner here trains the same rounds from the same initial mo
 the final global models must agree (up to float reassociation under vmap).
 """
 
+import json
+import os
+import re
+import subprocess
+import sys
+
 from absl import flags
 import numpy as np
 import pytest
@@ -138,3 +144,161 @@ def test_client_sizes_mix_flag_parses_and_rejects_naming_the_flag():
   for bad in ("200x", "a/b", "0x3", "2000x2", "x3"):
     with pytest.raises(app.UsageError, match="--mixes"):
       client_sizes.parse_mix(bad, 1000)
+
+
+# ------------------------------------------------------------- the suite's plumbing
+
+
+def test_scaling_efficiency_is_ideal_time_over_measured_time():
+  # strong: 1 device 1.0 s; 2 devices ideally 0.5 s, measured 0.8 s -> 0.625
+  assert common.scaling_efficiency("strong", 1, 1.0, 2, 0.8) == pytest.approx(0.625)
+  # against a first device count of 2 (0.5 s), 4 devices ideally 0.25 s, measured 0.5
+  assert common.scaling_efficiency("strong", 2, 0.5, 4, 0.5) == pytest.approx(0.5)
+  # weak: K grows with D, ideal time stays 0.5 s; measured 0.625 s -> 0.8
+  assert common.scaling_efficiency("weak", 2, 0.5, 4, 0.625) == pytest.approx(0.8)
+
+
+def test_peak_memory_is_the_devices_where_reported_else_the_process_rss():
+  assert common.peak_memory({"peak_rss": 100, "peak_device_bytes": None}) == 100
+  assert common.peak_memory({"peak_rss": 100}) == 100
+  assert common.peak_memory({"peak_rss": 100, "peak_device_bytes": 7}) == 7
+
+
+def test_child_processes_keep_the_parents_platform(monkeypatch):
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  assert "JAX_PLATFORMS" not in common.child_env()  # JAX's default: the GPU if any
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  env = common.child_env(XLA_FLAGS="--x")
+  assert env["JAX_PLATFORMS"] == "cuda" and env["XLA_FLAGS"] == "--x"
+  assert env["PYTHONPATH"] == common.ROOT
+
+
+def test_machine_names_the_device_and_the_time():
+  m = common.machine()
+  assert m["device_kind"] == "cpu" and m["backend"] == "cpu"
+  assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["time"])
+
+
+def test_peer_seconds_per_round_refuses_a_run_too_short_to_time():
+  from benchmarks import peers  # pylint: disable=g-import-not-at-top
+  # set-up + 1 round 2.0 s, set-up + 1 + 4 rounds 3.0 s: 0.25 s per round
+  assert peers.seconds_per_round(2.0, 3.0, 4) == pytest.approx(0.25)
+  with pytest.raises(ValueError, match="too short to time; use more --rounds"):
+    peers.seconds_per_round(2.0, 1.9, 1)
+
+
+def _check_args(script, *argv):
+  return subprocess.run([sys.executable, os.path.join(common.ROOT, "benchmarks", script),
+                         *argv, "--only_check_args"], env=common.child_env(),
+                        capture_output=True, text=True)
+
+
+def test_scaling_verify_flag_is_checked_naming_the_flag():
+  assert _check_args("scaling.py", "--verify=logreg:1000:10").returncode == 0
+  for bad in ("logreg:1000", "mlp:10:2", "logreg:0:10", "logreg:ten:10"):
+    proc = _check_args("scaling.py", f"--verify={bad}")
+    assert proc.returncode == 1 and "--verify: expected model:N:K" in proc.stderr, bad
+
+
+def _row(bench, tag, time, **kw):
+  return dict(bench=bench, tag=tag, time=time, cpu="Test CPU [avx2]", backend="cpu",
+              devices=1, **kw)
+
+
+def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figures(tmp_path):
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  rows = [
+      _row("fraction_of_peak", "a", "2026-01-02T00:00:00Z", model="cnn", clients_per_round=10,
+           local_steps=6, client_chunk=1, gflops=100.0, peak_gflops=400.0,
+           fraction_of_peak=0.25, speedup_vs_loop=1.5),
+      # an older row of the same configuration, later in the file: not shown
+      _row("fraction_of_peak", "a", "2026-01-01T00:00:00Z", model="cnn", clients_per_round=10,
+           local_steps=6, client_chunk=1, gflops=50.0, peak_gflops=400.0,
+           fraction_of_peak=0.125, speedup_vs_loop=0.9),
+      _row("fraction_of_peak", "a", "2026-01-01T00:00:00Z", model="cnn",
+           clients_per_round=1000, local_steps=6, client_chunk=1, gflops=120.0,
+           peak_gflops=400.0, fraction_of_peak=0.3, speedup_vs_loop=float("nan")),
+      _row("fraction_of_peak", "other", "2026-01-03T00:00:00Z", model="cnn",
+           clients_per_round=10, local_steps=6, client_chunk=1, gflops=1.0, peak_gflops=1.0,
+           fraction_of_peak=1.0, speedup_vs_loop=1.0),
+      dict(_row("throughput", "a", "2026-01-02T00:00:00Z", model="logreg",
+                clients_per_round=200, engine_steps_per_s=288043.7, speedup_vs_loop=7.3458,
+                speedup_vs_fedjax_loop=40.2), backend="gpu", devices=2,
+           device_kind="NVIDIA H100 80GB HBM3"),
+  ]
+  for r in rows:
+    with open(tmp_path / f"{r['bench']}.jsonl", "a") as f:
+      f.write(json.dumps(r) + "\n")
+  text = report.render(report.load(str(tmp_path)), tag="a")
+  assert ("| Test CPU [avx2] | a | cnn | 10 | 6 | 1 | 100 | 400 | 25.0 % | 1.50x |"
+          in text)
+  assert "12.5 %" not in text and "| other |" not in text
+  assert "| Test CPU [avx2] | a | cnn | 1,000 | 6 | 1 | 120 | 400 | 30.0 % | - |" in text
+  assert ("| NVIDIA H100 80GB HBM3 x2 (gpu) | a | logreg | 200 | 1 | 288,044 | 7.35x | 40.20x "
+          "| - |" in text)
+  assert "peers" not in text  # no rows, no table
+  only_gpu = report.render(report.load(str(tmp_path)), tags=["a"], machine="h100")
+  assert "Test CPU" not in only_gpu and "288,044" in only_gpu
+
+
+def test_report_names_the_file_and_line_of_a_bad_row(tmp_path):
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  (tmp_path / "peers.jsonl").write_text('{"system": "pfl"}\n{not json\n')
+  with pytest.raises(ValueError, match=r"peers.jsonl:2: not a JSON line"):
+    report.load(str(tmp_path))
+
+
+def test_run_all_plans_the_issue_sizes_for_each_platform():
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  cpu = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), False, "py")
+  args = {(s.name, i): s.args for i, s in enumerate(cpu)}
+  assert [s.name for s in cpu] == ["fraction_of_peak", "fraction_of_peak", "throughput",
+                                   "scaling", "scaling", "multidevice", "peers"]
+  assert "--clients=10,50,200" in cpu[0].args and "--client_chunk=1" in cpu[0].args
+  assert "--clients=1000" in cpu[1].args and "--loop=false" in cpu[1].args
+  assert "--engine_devices=2" in args[("throughput", 2)]  # both cores
+  one_gpu = run_all.plan(run_all.Platform("gpu", 1, "NVIDIA H100", 16), False, "py")
+  assert "multidevice" not in [s.name for s in one_gpu]  # one device: nothing to shard
+  assert "--client_chunk=0" in one_gpu[0].args  # one vmap of all K on an accelerator
+  assert "--clients=10,50,200,1000" in one_gpu[0].args
+  assert any("--clients=10000" in s.args for s in one_gpu)
+  scaling = [s for s in one_gpu if s.name == "scaling"]
+  assert [s.args[1] for s in scaling] == ["--models=logreg", "--models=cnn"]
+  assert all("--budget_gib=0" in s.args for s in scaling)  # the device's own memory
+  eight = run_all.plan(run_all.Platform("gpu", 8, "NVIDIA H100", 16), False, "py")
+  md = next(s for s in eight if s.name == "multidevice")
+  assert "--platform=default" in md.args and "--devices=1,2,4,8" in md.args
+  assert run_all.default_tag(run_all.Platform("gpu", 8, "NVIDIA H100 80GB HBM3", 16)
+                             ).startswith("nvidia_h100_80gb_hbm3_")
+
+
+def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  env = dict(common.child_env(), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  plan = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), False, "py")
+  assert run_all.check_flags(plan, "t", env) == []
+  bad = [run_all.Step("throughput", "throughput.py", ["--clients=10,x"]),
+         run_all.Step("peers", "peers.py", ["--reps=0"])]
+  errors = run_all.check_flags(bad, "t", env)
+  assert len(errors) == 2
+  assert errors[0].startswith("throughput:") and "--clients" in errors[0]
+  assert errors[1].startswith("peers:") and "--reps: must be >= 1" in errors[1]
+  assert list(tmp_path.iterdir()) == []  # nothing ran
+
+
+def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--quick",
+       "--skip=peers", f"--results_dir={tmp_path}", "--tag=smoke"],
+      env=common.child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  for step in ("fraction_of_peak", "throughput", "scaling", "multidevice"):
+    assert f"| {step} | ok |" in proc.stdout
+    assert (tmp_path / "logs" / "smoke" / f"{step}.log").exists()
+    assert all(json.loads(l)["tag"] == "smoke"
+               for l in open(tmp_path / f"{step}.jsonl"))
+  report_md = (tmp_path / "logs" / "smoke" / "report.md").read_text()
+  for title in ("fraction of the matmul peak", "Engine vs per-client loops",
+                "Time and peak memory", "largest N", "sharded over devices"):
+    assert title in report_md
+  assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md

@@ -1,0 +1,226 @@
+"""Markdown tables of the benchmarks' rows (``benchmarks/results/*.jsonl``), by machine.
+
+  PYTHONPATH=. .venv/bin/python benchmarks/report.py                       # every row
+  ... --tag=epyc_fast_ringslot,epyc_fast_ringslot_2dev --output=report.md  # some runs
+
+One table per benchmark (fraction of peak, throughput, scaling, multidevice, peers). For
+each machine, tag and configuration the newest row is shown (rows carry a UTC ``time``;
+older rows without one count in file order). The machine is the accelerator
+(``device_kind`` x devices) or, on CPU, the CPU model and its widest vector ISA. No JAX
+import: it reads files only.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from absl import app, flags
+
+RESULTS_DIR = os.environ.get("FEDJAX_ASYNC_BENCH_RESULTS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _num(v) -> Optional[float]:
+  try:
+    v = float(v)
+  except (TypeError, ValueError):
+    return None
+  return None if math.isnan(v) else v
+
+
+def fmt(kind: str) -> Callable[[Any], str]:
+  """A cell formatter: "pct" 0.285 -> "28.5 %", "x" 1.1 -> "1.10x", "int", "g3" (3
+  significant digits), "ms" seconds -> milliseconds, "mib" bytes -> MiB, "str"."""
+
+  def f(v):
+    if kind == "str":
+      return "" if v is None else str(v)
+    x = _num(v)
+    if x is None:
+      return "-"
+    if kind == "pct":
+      return f"{100 * x:.1f} %"
+    if kind == "x":
+      return f"{x:.2f}x"
+    if kind == "int":
+      return f"{x:,.0f}"
+    if kind == "ms":
+      return f"{1e3 * x:.3g}"
+    if kind == "mib":
+      return f"{x / 2**20:,.0f}"
+    return f"{x:.3g}"
+
+  return f
+
+
+def _peak_memory(r) -> Optional[float]:
+  dev = _num(r.get("peak_device_bytes"))
+  return dev if dev is not None else _num(r.get("peak_rss"))
+
+
+# benchmark -> (title, row filter, [(header, key or function, format)], number of leading
+# columns that identify a configuration)
+Column = Tuple[str, Any, str]
+SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
+    "fraction_of_peak": (
+        "A round's FLOP/s as a fraction of the matmul peak (`fraction_of_peak.py`)",
+        lambda r: True,
+        [("model", "model", "str"), ("K", "clients_per_round", "int"),
+         ("local steps", "local_steps", "int"), ("client_chunk", "client_chunk", "str"),
+         ("GFLOP/s", "gflops", "g3"), ("peak GFLOP/s", "peak_gflops", "g3"),
+         ("fraction of peak", "fraction_of_peak", "pct"),
+         ("engine / loop", "speedup_vs_loop", "x")], 4),
+    "throughput": (
+        "Engine vs per-client loops (`throughput.py`)",
+        lambda r: True,
+        [("model", "model", "str"), ("K", "clients_per_round", "int"),
+         ("engine devices", lambda r: r.get("engine_devices", 1), "int"),
+         ("engine client-steps/s", "engine_steps_per_s", "int"),
+         ("engine / jit loop", "speedup_vs_loop", "x"),
+         ("engine / fedjax loop", "speedup_vs_fedjax_loop", "x"),
+         ("sharded engine / jit loop", "speedup_sharded_vs_loop", "x")], 3),
+    "scaling": (
+        "Time and peak memory per round (`scaling.py`)",
+        lambda r: r.get("sweep") in ("k", "n", "verify") and "failed" not in r,
+        [("model", "model", "str"), ("sweep", "sweep", "str"),
+         ("K", "clients_per_round", "int"), ("N", "num_clients", "int"),
+         ("s/round", "s_per_round", "g3"), ("peak memory (MiB)", _peak_memory, "mib"),
+         ("memory", lambda r: "device" if _num(r.get("peak_device_bytes")) is not None
+          else "RSS", "str")], 4),
+    "scaling_fit": (
+        "Bytes per simulated client and the largest N that fits (`scaling.py --sweep=n`)",
+        lambda r: r.get("sweep") == "n_fit",
+        [("model", "model", "str"), ("K", "clients_per_round", "int"),
+         ("bytes/client", "bytes_per_client", "int"),
+         ("strict bytes/client", "strict_bytes_per_client", "int"),
+         ("measured / strict", "ratio_to_strict", "x"),
+         ("largest N", "max_clients_in_budget", "int"), ("budget GiB", "budget_gib", "g3")],
+        2),
+    "multidevice": (
+        "Client axis sharded over devices (`multidevice.py`)",
+        lambda r: True,
+        [("scaling", "scaling", "str"), ("model", "model", "str"),
+         ("devices", "devices", "int"),
+         ("forced host devices", lambda r: "yes" if r.get("forced_host_devices") else "no",
+          "str"),
+         ("K", "clients_per_round", "int"), ("ms/round", "s_per_round", "ms"),
+         ("efficiency", "efficiency", "g3"),
+         ("max abs diff vs unsharded", "max_abs_diff_vs_unsharded", "g3")], 4),
+    "peers": (
+        "pfl-research's CIFAR-10 workload, four systems in one run (`peers.py`)",
+        lambda r: True,
+        [("system", "system", "str"), ("K", "clients_per_round", "int"),
+         ("s/round", "s_per_round", "g3"), ("GFLOP/s", "gflops", "g3"),
+         ("fraction of peak", "fraction_of_peak", "pct"),
+         ("engine speed-up over it", "engine_speedup", "x")], 2),
+}
+SOURCE = {"scaling_fit": "scaling"}
+
+
+def machine_label(r: dict) -> str:
+  """``"NVIDIA H100 80GB HBM3 x1 (gpu)"``, or the CPU model on CPU."""
+  backend = r.get("backend", "cpu")
+  if backend != "cpu" and r.get("device_kind"):
+    return f"{r['device_kind']} x{r.get('devices', 1)} ({backend})"
+  return str(r.get("cpu", "?"))
+
+
+def load(results_dir: str = RESULTS_DIR) -> List[dict]:
+  """Every row of ``results_dir/*.jsonl``, in file order, each with ``bench`` set."""
+  rows = []
+  for path in sorted(glob.glob(os.path.join(results_dir, "*.jsonl"))):
+    bench = os.path.basename(path)[:-len(".jsonl")]
+    with open(path) as f:
+      for i, line in enumerate(f):
+        if not line.strip():
+          continue
+        try:
+          r = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{i + 1}: not a JSON line ({e})") from None
+        r.setdefault("bench", bench)
+        rows.append(r)
+  return rows
+
+
+def _cell(r: dict, key, kind: str) -> str:
+  return fmt(kind)(key(r) if callable(key) else r.get(key))
+
+
+def newest(rows: Sequence[dict], ident: Callable[[dict], tuple]) -> List[dict]:
+  """The newest row for each ``ident(row)``, in the order the identities first appear.
+  Newer: a later ``time`` (rows without one are older than rows with one), then a later
+  position."""
+  best: Dict[tuple, Tuple[tuple, dict]] = {}
+  order: List[tuple] = []
+  for pos, r in enumerate(rows):
+    k = ident(r)
+    rank = (r.get("time") or "", pos)
+    if k not in best:
+      order.append(k)
+    if k not in best or rank >= best[k][0]:
+      best[k] = (rank, r)
+  return [best[k][1] for k in order]
+
+
+def render(rows: Sequence[dict], tag: Optional[str] = None,
+           tags: Optional[Sequence[str]] = None, machine: str = "") -> str:
+  """The markdown report of ``rows``: only tag ``tag`` (or those in ``tags``) and
+  machines whose label contains ``machine`` when given."""
+  wanted = set(tags or ()) | ({tag} if tag is not None else set())
+  rows = [r for r in rows if (not wanted or r.get("tag", "") in wanted)
+          and machine.lower() in machine_label(r).lower()]
+  out = []
+  for name, (title, keep, cols, n_ident) in SPECS.items():
+    mine = [r for r in rows if r.get("bench") == SOURCE.get(name, name) and keep(r)]
+    if not mine:
+      continue
+
+    def ident(r, cols=cols, n_ident=n_ident):
+      return (machine_label(r), r.get("tag", "")) + tuple(
+          _cell(r, key, kind) for _, key, kind in cols[:n_ident])
+
+    heads = ["machine", "tag"] + [h for h, _, _ in cols]
+    out += [f"### {title}", "", "| " + " | ".join(heads) + " |",
+            "|" + "---|" * len(heads)]
+    for r in newest(mine, ident):
+      cells = [machine_label(r), r.get("tag", "")] + [_cell(r, k, kind) for _, k, kind in cols]
+      out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+  return "\n".join(out) if out else "(no rows)\n"
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line's flags (not defined on import: ``run_all.py`` imports this module
+  and has a ``--results_dir`` of its own)."""
+  flags.DEFINE_string("results_dir", RESULTS_DIR, "Folder of the benchmarks' *.jsonl rows.")
+  flags.DEFINE_list("tag", [], "Only rows with one of these tags.")
+  flags.DEFINE_string("machine", "", "Only machines whose label contains this (any case).")
+  flags.DEFINE_string("output", "", "Also write the report to this file.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not os.path.isdir(FLAGS.results_dir):
+    raise app.UsageError(f"--results_dir: {FLAGS.results_dir} is not a folder")
+  try:
+    text = render(load(FLAGS.results_dir), tags=FLAGS.tag, machine=FLAGS.machine)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  print(text)
+  if FLAGS.output:
+    with open(FLAGS.output, "w") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

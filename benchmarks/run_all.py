@@ -1,0 +1,267 @@
+"""The performance suite of the README's "Measured figures" in one command, on this machine.
+
+  PYTHONPATH=. .venv/bin/python benchmarks/run_all.py --tag=h100      # everything (hours on CPU)
+  ... --quick                      # every step at toy sizes: a few minutes, a smoke run
+  ... --only=fraction_of_peak,throughput      ... --skip=peers      ... --dry_run
+
+It asks JAX which platform this is (the GPU where there is one; ``JAX_PLATFORMS=cpu`` pins
+the CPU) and runs the steps below with the sizes for it, each in its own process, the
+output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
+
+* ``fraction_of_peak``: the Fashion-MNIST CNN round (6 local steps, batch 10) as a fraction
+  of a matmul timed in the same run, and against the per-client jit loop, K = 10, 50, 200
+  (then K = 1000 alone, engine only, on CPU);
+* ``throughput``: logistic regression, engine against the per-client jit loop and fedjax's
+  per-step pattern, K = 10 .. 1000 (with 2+ devices or cores, the engine over all of them
+  too); on an accelerator also the CNN, and logreg at K = 10,000 (engine only);
+* ``scaling``: time and peak memory per round as K and N grow (device memory on an
+  accelerator), and the largest N that fits;
+* ``multidevice``: weak and strong scaling of the client-sharded round (forced host devices
+  on CPU; the machine's own devices on an accelerator with several);
+* ``peers``: pfl-research's CIFAR-10 workload by the engine, the loop, pfl and Flower (peers
+  from ``--peers_python``; a peer that cannot run is reported as such);
+* then ``report.py`` over the rows this run wrote.
+
+Before anything runs, every step's flags are checked (``--only_check_args``), so that a
+typo stops the suite at once and not hours in. A step that fails is reported and the next
+one runs; Ctrl-C stops the running step and prints what ran. Each step appends its rows
+to ``<results_dir>/<benchmark>.jsonl`` when it finishes, so finished steps are never lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "benchmarks")
+sys.path.insert(0, ROOT)
+
+STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers")
+
+FLAGS = flags.FLAGS
+
+
+def _known_steps(value: Sequence[str]) -> bool:
+  return set(value) <= set(STEPS)
+
+
+def define_flags():
+  """The command line's flags (not defined on import, so that tests can import ``plan``
+  next to other benchmarks that define ``--tag``)."""
+  flags.DEFINE_string("tag", "", "Label stored with every row and naming the log folder "
+                      "(default: the device kind and today's date, e.g. cpu_2026-11-25).")
+  flags.DEFINE_bool("quick", False, "Every step at toy sizes (one repetition): a smoke run.")
+  flags.DEFINE_list("only", [], f"Run only these steps, from: {', '.join(STEPS)}.")
+  flags.DEFINE_list("skip", [], "Steps not to run.")
+  flags.DEFINE_bool("dry_run", False,
+                    "Check every step's flags, print the commands, run none.")
+  flags.DEFINE_string("results_dir", "", "Where the rows and logs go (default: "
+                      "benchmarks/results).")
+  flags.DEFINE_string("peers_python", os.path.join(ROOT, ".venv-peers", "bin", "python"),
+                      "The peers' Python (pfl, Flower); see "
+                      "benchmarks/requirements-peers.txt.")
+  for name in ("only", "skip"):
+    flags.register_validator(name, _known_steps,
+                             message=f"--{name}: each item must be one of {', '.join(STEPS)}")
+
+
+@dataclasses.dataclass
+class Platform:
+  """What the suite's sizes depend on."""
+  backend: str  # "cpu", "gpu", "tpu"
+  devices: int
+  device_kind: str
+  cores: int
+
+
+def detect_platform() -> Platform:
+  """This machine, as JAX sees it (on CPU the device kind is the CPU model and ISA)."""
+  from benchmarks import common  # pylint: disable=g-import-not-at-top  (quiets JAX's TPU probe)
+  import jax  # pylint: disable=g-import-not-at-top
+  devs = jax.devices()
+  kind = common.cpu_model() if devs[0].platform == "cpu" else devs[0].device_kind
+  return Platform(jax.default_backend(), len(devs), kind, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class Step:
+  name: str  # one of STEPS (a step may have several parts: name, then name_2 ...)
+  script: str  # file under benchmarks/
+  args: List[str]
+
+  def argv(self, tag: str, python: str = sys.executable) -> List[str]:
+    return [python, os.path.join(HERE, self.script)] + self.args + [f"--tag={tag}"]
+
+
+def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
+  """The suite for platform ``p``: the README's commands on CPU, larger K and one vmap of
+  all K on an accelerator, toy sizes with ``quick``."""
+  cpu = p.backend == "cpu"
+  peers = [f"--peers_python={peers_python}"]
+  if quick:
+    return [
+        Step("fraction_of_peak", "fraction_of_peak.py",
+             ["--model=logreg", "--clients=4", "--examples=20", "--rounds=1", "--reps=1"]),
+        Step("throughput", "throughput.py",
+             ["--models=logreg", "--clients=4", "--rounds=2", "--reps=1"]),
+        Step("scaling", "scaling.py",
+             ["--sweep=k,n", "--models=logreg", "--k_logreg=4", "--n_logreg=100,200",
+              "--k_fixed_logreg=4", "--rounds=1"]),
+        Step("multidevice", "multidevice.py",
+             ["--devices=1,2", "--k_strong=4", "--k_per_device=2", "--rounds=1", "--reps=1"]
+             + (["--platform=default"] if not cpu and p.devices > 1 else [])),
+        Step("peers", "peers.py",
+             ["--clients=2", "--examples=10", "--rounds=2", "--engine_rounds=1", "--reps=1",
+              "--systems=engine,loop,pfl,flower"] + peers),
+    ]
+  if cpu:
+    engine_devices = min(p.cores, 8)
+    return [
+        Step("fraction_of_peak", "fraction_of_peak.py",
+             ["--clients=10,50,200", "--examples=60", "--rounds=1", "--reps=2",
+              "--client_chunk=1"]),
+        Step("fraction_of_peak", "fraction_of_peak.py",
+             ["--clients=1000", "--examples=60", "--rounds=1", "--reps=1", "--client_chunk=1",
+              "--loop=false"]),
+        Step("throughput", "throughput.py",
+             ["--models=logreg", "--clients=10,50,200,1000", "--reps=3"]
+             + ([f"--engine_devices={engine_devices}"] if engine_devices > 1 else [])),
+        # 20 rounds per call, as in an experiment: with 2, the per-call cost shows up as a
+        # growth with N (docs/performance.md section 3)
+        Step("scaling", "scaling.py",
+             ["--sweep=k,n", "--models=logreg", "--rounds=20", "--reps=3"]),
+        Step("scaling", "scaling.py",
+             ["--sweep=k,n", "--models=cnn", "--n_cnn=20,60,120", "--rounds=1",
+              "--examples=20"]),
+        Step("multidevice", "multidevice.py", ["--reps=2"]),
+        Step("peers", "peers.py", ["--reps=2", "--engine_rounds=2"] + peers),
+    ]
+  device_counts = [d for d in (1, 2, 4, 8, 16) if d <= p.devices]
+  many = p.devices > 1
+  return [
+      Step("fraction_of_peak", "fraction_of_peak.py",
+           ["--clients=10,50,200,1000", "--examples=60", "--rounds=2", "--reps=3",
+            "--client_chunk=0"]),
+      Step("throughput", "throughput.py",
+           ["--models=logreg,cnn", "--clients=10,50,200,1000", "--reps=3"]
+           + ([f"--engine_devices={p.devices}"] if many else [])),
+      Step("throughput", "throughput.py",
+           ["--models=logreg", "--clients=10000", "--reps=3", "--loop=false",
+            "--fedjax_loop=false"]),
+      Step("scaling", "scaling.py",
+           ["--sweep=k,n", "--models=logreg", "--rounds=20", "--reps=3", "--budget_gib=0",
+            "--client_chunk=0"]),
+      Step("scaling", "scaling.py",
+           ["--sweep=k,n", "--models=cnn", "--rounds=2", "--reps=2", "--budget_gib=0",
+            "--client_chunk=0"]),
+  ] + ([Step("multidevice", "multidevice.py",
+             ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
+              "--reps=3"])] if many else []) + [
+      Step("peers", "peers.py", ["--reps=2", "--engine_rounds=2"] + peers),
+  ]
+
+
+def default_tag(p: Platform) -> str:
+  kind = re.sub(r"[^A-Za-z0-9]+", "_", p.device_kind).strip("_").lower() or p.backend
+  return f"{kind}_{time.strftime('%Y-%m-%d')}"
+
+
+def check_flags(steps: Sequence[Step], tag: str, env: Dict[str, str]) -> List[str]:
+  """Each step's command with ``--only_check_args``: the messages of those that fail."""
+  errors = []
+  for step in steps:
+    proc = subprocess.run(step.argv(tag) + ["--only_check_args"], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+      lines = [l for l in proc.stderr.strip().splitlines() if "error" in l.lower()]
+      errors.append(f"{step.name}: {(lines or proc.stderr.strip().splitlines() or ['?'])[-1]}")
+  return errors
+
+
+def run_step(step: Step, tag: str, env: Dict[str, str], log_path: str) -> int:
+  """Runs one step, its output shown and written to ``log_path`` as it comes."""
+  with open(log_path, "a") as log:
+    log.write(f"$ {shlex.join(step.argv(tag))}\n")
+    log.flush()
+    proc = subprocess.Popen(step.argv(tag), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    try:
+      for line in proc.stdout:
+        sys.stdout.write(line)
+        log.write(line)
+        log.flush()
+      return proc.wait()
+    except KeyboardInterrupt:
+      proc.terminate()
+      proc.wait()
+      raise
+
+
+def summary(done: List[tuple]) -> str:
+  lines = ["| step | result | seconds | log |", "|---|---|---|---|"]
+  for name, rc, secs, log in done:
+    rel = os.path.relpath(log, ROOT)
+    lines.append(f"| {name} | {'ok' if rc == 0 else f'FAILED (exit {rc})'} | "
+                 f"{secs:.0f} | {log if rel.startswith('..') else rel} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  results = os.path.abspath(FLAGS.results_dir or os.path.join(HERE, "results"))
+  env = dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results)
+  p = detect_platform()
+  tag = FLAGS.tag or default_tag(p)
+  steps = [s for s in plan(p, FLAGS.quick, FLAGS.peers_python)
+           if (not FLAGS.only or s.name in FLAGS.only) and s.name not in FLAGS.skip]
+  print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
+        f"{tag!r}; {len(steps)} step(s); rows to {results}", flush=True)
+  errors = check_flags(steps, tag, env)
+  if errors:
+    sys.exit("error: these steps' flags were refused, nothing was run:\n  "
+             + "\n  ".join(errors))
+  if FLAGS.dry_run:
+    for s in steps:
+      print(shlex.join(s.argv(tag)))
+    return
+  log_dir = os.path.join(results, "logs", tag)
+  os.makedirs(log_dir, exist_ok=True)
+  done, seen = [], {}
+  try:
+    for s in steps:
+      seen[s.name] = seen.get(s.name, 0) + 1
+      part = s.name if seen[s.name] == 1 else f"{s.name}_{seen[s.name]}"
+      log = os.path.join(log_dir, f"{part}.log")
+      print(f"[run_all] {part}: {shlex.join(s.argv(tag)[1:])}", flush=True)
+      t0 = time.perf_counter()
+      rc = run_step(s, tag, env, log)
+      done.append((part, rc, time.perf_counter() - t0, log))
+  except KeyboardInterrupt:
+    print("[run_all] interrupted; the rows of the steps that finished are written",
+          flush=True)
+  print(summary(done), flush=True)
+  if done:
+    report_md = os.path.join(log_dir, "report.md")
+    from benchmarks import report  # pylint: disable=g-import-not-at-top
+    text = report.render(report.load(results), tag=tag)
+    with open(report_md, "w") as f:
+      f.write(text)
+    print(text)
+    print(f"[run_all] report: {report_md}", flush=True)
+  if any(rc for _, rc, _, _ in done):
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
