@@ -57,6 +57,16 @@ def fmt(kind: str) -> Callable[[Any], str]:
   return f
 
 
+def _clients_per_s(r) -> Optional[float]:
+  """Clients trained per second: K x rounds per timed call / seconds (fraction_of_peak's
+  rows), or client-steps/s / local steps (throughput's)."""
+  steps_per_s, steps = _num(r.get("engine_steps_per_s")), _num(r.get("local_steps"))
+  if steps_per_s is not None and steps:
+    return steps_per_s / steps
+  k, rounds, secs = (_num(r.get(f)) for f in ("clients_per_round", "rounds", "engine_s"))
+  return k * rounds / secs if k and rounds and secs else None
+
+
 def _peak_memory(r) -> Optional[float]:
   dev = _num(r.get("peak_device_bytes"))
   return dev if dev is not None else _num(r.get("peak_rss"))
@@ -71,6 +81,7 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
         lambda r: True,
         [("model", "model", "str"), ("K", "clients_per_round", "int"),
          ("local steps", "local_steps", "int"), ("client_chunk", "client_chunk", "str"),
+         ("clients/s", _clients_per_s, "g3"),
          ("GFLOP/s", "gflops", "g3"), ("peak GFLOP/s", "peak_gflops", "g3"),
          ("fraction of peak", "fraction_of_peak", "pct"),
          ("engine / loop", "speedup_vs_loop", "x")], 4),
@@ -80,6 +91,7 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
         [("model", "model", "str"), ("K", "clients_per_round", "int"),
          ("engine devices", lambda r: r.get("engine_devices", 1), "int"),
          ("engine client-steps/s", "engine_steps_per_s", "int"),
+         ("engine clients/s", _clients_per_s, "int"),
          ("engine / jit loop", "speedup_vs_loop", "x"),
          ("engine / fedjax loop", "speedup_vs_fedjax_loop", "x"),
          ("sharded engine / jit loop", "speedup_sharded_vs_loop", "x")], 3),

@@ -210,7 +210,7 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
   rows = [
       _row("fraction_of_peak", "a", "2026-01-02T00:00:00Z", model="cnn", clients_per_round=10,
            local_steps=6, client_chunk=1, gflops=100.0, peak_gflops=400.0,
-           fraction_of_peak=0.25, speedup_vs_loop=1.5),
+           fraction_of_peak=0.25, speedup_vs_loop=1.5, rounds=2, engine_s=0.5),
       # an older row of the same configuration, later in the file: not shown
       _row("fraction_of_peak", "a", "2026-01-01T00:00:00Z", model="cnn", clients_per_round=10,
            local_steps=6, client_chunk=1, gflops=50.0, peak_gflops=400.0,
@@ -222,7 +222,8 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
            clients_per_round=10, local_steps=6, client_chunk=1, gflops=1.0, peak_gflops=1.0,
            fraction_of_peak=1.0, speedup_vs_loop=1.0),
       dict(_row("throughput", "a", "2026-01-02T00:00:00Z", model="logreg",
-                clients_per_round=200, engine_steps_per_s=288043.7, speedup_vs_loop=7.3458,
+                clients_per_round=200, local_steps=6, engine_steps_per_s=288043.7,
+                speedup_vs_loop=7.3458,
                 speedup_vs_fedjax_loop=40.2), backend="gpu", devices=2,
            device_kind="NVIDIA H100 80GB HBM3"),
   ]
@@ -230,12 +231,14 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
     with open(tmp_path / f"{r['bench']}.jsonl", "a") as f:
       f.write(json.dumps(r) + "\n")
   text = report.render(report.load(str(tmp_path)), tag="a")
-  assert ("| Test CPU [avx2] | a | cnn | 10 | 6 | 1 | 100 | 400 | 25.0 % | 1.50x |"
+  # 10 clients x 2 rounds in 0.5 s: 40 clients/s
+  assert ("| Test CPU [avx2] | a | cnn | 10 | 6 | 1 | 40 | 100 | 400 | 25.0 % | 1.50x |"
           in text)
   assert "12.5 %" not in text and "| other |" not in text
-  assert "| Test CPU [avx2] | a | cnn | 1,000 | 6 | 1 | 120 | 400 | 30.0 % | - |" in text
-  assert ("| NVIDIA H100 80GB HBM3 x2 (gpu) | a | logreg | 200 | 1 | 288,044 | 7.35x | 40.20x "
-          "| - |" in text)
+  assert "| Test CPU [avx2] | a | cnn | 1,000 | 6 | 1 | - | 120 | 400 | 30.0 % | - |" in text
+  # 288,043.7 client-steps/s at 6 local steps: 48,007 clients/s
+  assert ("| NVIDIA H100 80GB HBM3 x2 (gpu) | a | logreg | 200 | 1 | 288,044 | 48,007 | 7.35x "
+          "| 40.20x | - |" in text)
   assert "peers" not in text  # no rows, no table
   only_gpu = report.render(report.load(str(tmp_path)), tags=["a"], machine="h100")
   assert "Test CPU" not in only_gpu and "288,044" in only_gpu
@@ -275,8 +278,11 @@ def test_run_all_plans_the_issue_sizes_for_each_platform():
 def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
   from benchmarks import run_all  # pylint: disable=g-import-not-at-top
   env = dict(common.child_env(), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
-  plan = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), False, "py")
-  assert run_all.check_flags(plan, "t", env) == []
+  for platform in (run_all.Platform("cpu", 1, "cpu", 2),
+                   run_all.Platform("gpu", 8, "NVIDIA H100", 16)):
+    for quick in (False, True):
+      plan = run_all.plan(platform, quick, "py")
+      assert run_all.check_flags(plan, "t", env) == [], (platform, quick)
   bad = [run_all.Step("throughput", "throughput.py", ["--clients=10,x"]),
          run_all.Step("peers", "peers.py", ["--reps=0"])]
   errors = run_all.check_flags(bad, "t", env)
@@ -302,3 +308,28 @@ def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
                 "Time and peak memory", "largest N", "sharded over devices"):
     assert title in report_md
   assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
+
+
+def test_multidevice_on_the_machines_own_devices(tmp_path):
+  # a machine with two devices of its own (here: two host devices made by XLA_FLAGS in the
+  # parent's environment, which --platform=default passes on untouched); D = 4 > 2 is
+  # reported as not run, with the reason
+  env = common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path),
+                         XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "multidevice.py"),
+       "--platform=default", "--devices=1,2,4", "--k_strong=4", "--k_per_device=2",
+       "--rounds=1", "--reps=1", "--tag=own"], env=env, capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "strong D=4: NOT RUN (rc 1): error: --devices: D = 4, but JAX sees 2" in proc.stdout
+  rows = [json.loads(l) for l in open(tmp_path / "multidevice.jsonl")]
+  assert [(r["scaling"], r["devices"]) for r in rows] == [
+      ("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
+  assert all(not r["forced_host_devices"] and r["max_abs_diff_vs_unsharded"] < 1e-6
+             for r in rows)
+  for r in rows:  # efficiencies against D = 1 of the same kind
+    base = next(b for b in rows if b["scaling"] == r["scaling"] and b["devices"] == 1)
+    ideal = base["s_per_round"] / r["devices"] if r["scaling"] == "strong" else base[
+        "s_per_round"]
+    assert r["efficiency"] == pytest.approx(ideal / r["s_per_round"])
