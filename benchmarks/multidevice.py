@@ -75,7 +75,8 @@ def child(spec):
   prep0()
   w_ref = np.asarray(run0()[0].w)
   print("RESULT " + json.dumps(dict(
-      devices=len(devices), device_kind=devices[0].device_kind, clients_per_round=k, s_per_round=t / FLAGS.rounds,
+      devices=len(devices), device_kind=devices[0].device_kind, clients_per_round=k,
+      s_per_round=t / FLAGS.rounds,
       max_abs_diff_vs_unsharded=float(np.max(np.abs(w_sharded - w_ref))))), flush=True)
 
 
