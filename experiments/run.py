@@ -59,6 +59,11 @@ def mode_of(argv) -> str:
   if names is None:
     return "rounds"
   listed = [n for n in names.split(",") if n]
+  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
+  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names()]
+  if unknown:  # name both families: the round engine's check alone would list one
+    sys.exit(f"error: --algorithm: unknown {', '.join(map(repr, unknown))}; on rounds: "
+             f"{', '.join(algorithms.names())}; on the virtual clock: {', '.join(ASYNC)}")
   in_async = [n for n in listed if n in ASYNC]
   if in_async and len(in_async) != len(listed):
     sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "

@@ -201,6 +201,12 @@ def test_mode_of_picks_the_driver_from_algorithm_and_fededs(tmp_path):
   assert mode_of(["run.py", f"--flagfile={flagfile}"]) == "async"
   with pytest.raises(SystemExit, match="--algorithm"):
     mode_of(["run.py", "--algorithm=fedasync,pafed"])
+  # a typo is named, with both families' names (not only the round engine's)
+  with pytest.raises(SystemExit) as exit_info:
+    mode_of(["run.py", "--algorithm=pafed,fedasyn"])
+  message = str(exit_info.value.code)
+  assert message.startswith("error: --algorithm: unknown 'fedasyn'; on rounds: fedavg")
+  assert "on the virtual clock: fedasync, fedbuff, double_compensation" in message
 
 
 def test_run_py_runs_the_virtual_clock_family(tmp_path):
