@@ -278,6 +278,8 @@ def main(argv):
     partitions = [p for p in FLAGS.partitions.split(",") if p]
     for p in partitions:
       experiment.check(p in deltas_of, "partitions", f"unknown partition {p!r}")
+      sweep.check_values(base, "delay_fraction", deltas_of[p],
+                         "iid_deltas" if p == "iid" else "deltas")
     experiment.check(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
     experiment.check(FLAGS.test_subset >= 0, "test_subset",
                      f"must be >= 0, got {FLAGS.test_subset}")

@@ -582,11 +582,17 @@ def main():
   def _run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    data = load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
-                alpha=fl.alpha, shards_per_client=fl.shards_per_client,
-                min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
-                data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
-                synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
+    folder = os.path.dirname(os.path.abspath(fl.png)) if fl.png else ""
+    if folder and not os.path.isdir(folder):  # say so before loading, not after
+      raise SystemExit(f"error: --png: cannot write {fl.png}: folder {folder} does not exist")
+    try:
+      data = load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
+                  alpha=fl.alpha, shards_per_client=fl.shards_per_client,
+                  min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
+                  data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
+                  synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
+    except (ValueError, OSError) as e:  # the loaders' messages name the file or the flag
+      raise SystemExit(f"error: {e}") from None
     hist = label_histogram(data)
     print(f"{data.name}: {data.num_clients} clients, {int(data.counts.sum())} train "
           f"examples (max {data.max_examples} per client), {len(data.test_y)} test, "

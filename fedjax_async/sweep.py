@@ -71,6 +71,18 @@ def with_value(cfg: experiment.RunConfig, name: str, value: float) -> experiment
   return dataclasses.replace(cfg, **{name: value})
 
 
+def check_values(base: experiment.RunConfig, name: str, values: Sequence[float],
+                 flag: str) -> None:
+  """Each of ``values`` is a valid ``name`` on top of ``base``; otherwise a ValueError
+  naming ``--flag``, the value and what the field requires (``--sweep_delay_fraction=2``
+  and pafed_table's ``--deltas=2`` are refused before any run, under their own names)."""
+  for v in values:
+    try:
+      experiment.validate(with_value(base, name, v))  # with_value checks the delay too
+    except ValueError as e:
+      raise ValueError(f"--{flag}: {v:g} is not a valid {name} ({e})") from None
+
+
 def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
          num_seeds: int = 1) -> List[experiment.RunConfig]:
   """The cartesian product of the swept values and seeds ``base.seed + 0..num_seeds-1``
@@ -78,6 +90,7 @@ def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
   for name in sweeps:
     if name not in SWEEPABLE:
       raise ValueError(f"--sweep_{name}: not sweepable; choices: {', '.join(SWEEPABLE)}")
+    check_values(base, name, sweeps[name], f"sweep_{name}")
   if num_seeds < 1:
     raise ValueError(f"--num_seeds: must be >= 1, got {num_seeds}")
   names = list(sweeps)

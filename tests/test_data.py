@@ -416,6 +416,21 @@ def test_cli_synthetic(tmp_path):
   assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--dataset=nope"], "error: unknown dataset 'nope'; choose from"),
+    (["--dataset=synthetic", "--png=/nonexistent_dir/h.png"],
+     "error: --png: cannot write /nonexistent_dir/h.png: folder /nonexistent_dir does not "
+     "exist"),
+])
+def test_cli_errors_are_one_line_naming_what_was_wrong(argv, message):
+  out = subprocess.run([sys.executable, "-m", "fedjax_async.data"] + argv, cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines()[-1].startswith(message)
+  assert "Traceback" not in out.stderr
+
+
 # ------------------------------------------------------------------------------- tfds
 
 

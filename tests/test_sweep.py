@@ -126,6 +126,13 @@ def test_grid_errors_name_the_flag():
     sweep.grid(BASE, {"rho": [0.0]})
   with pytest.raises(ValueError, match="--delay_fraction"):
     sweep.grid(BASE, {"delay_fraction": [1.5]})
+  # the swept flag is named first, with the value that was refused
+  with pytest.raises(ValueError, match=r"^--sweep_delay_fraction: 1.5 is not a valid "
+                     r"delay_fraction \(--delay_fraction must be in \[0, 1\]"):
+    sweep.grid(BASE, {"lr": [0.1], "delay_fraction": [0.5, 1.5]})
+  with pytest.raises(ValueError, match=r"^--deltas: 2 is not a valid delay_fraction"):
+    sweep.check_values(BASE, "delay_fraction", [0.0, 2.0], "deltas")
+  sweep.check_values(BASE, "delay_fraction", [0.0, 0.7], "deltas")  # valid: no error
   with pytest.raises(ValueError, match="--num_seeds"):
     sweep.grid(BASE, {}, num_seeds=0)
 
