@@ -29,9 +29,9 @@ from absl import app, flags  # noqa: E402
 from benchmarks import common  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
-flags.DEFINE_integer("clients", 50, "K, clients vmapped together.")
-flags.DEFINE_integer("batch", 10, "Local minibatch size.")
-flags.DEFINE_integer("reps", 3, "Timed repetitions (best reported).")
+flags.DEFINE_integer("clients", 50, "K, clients vmapped together.", lower_bound=1)
+flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_integer("reps", 3, "Timed repetitions (best reported).", lower_bound=1)
 flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
 flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
                   "Dense layers (the other choice is timed too, as a full step).")

@@ -37,9 +37,9 @@ FLAGS = flags.FLAGS
 flagcheck.int_list("clients", ["10", "50"], "Client counts C.")
 flags.DEFINE_list("impls", ["lax", "patches", "slices", "vjp"],
                   "Conv implementations (see fedjax_async.models.CONV_IMPLS).")
-flags.DEFINE_integer("batch", 10, "Local minibatch size.")
-flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).")
-flags.DEFINE_integer("matmul_n", 2048, "Size of the peak matmul.")
+flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
+flags.DEFINE_integer("matmul_n", 2048, "Size of the peak matmul.", lower_bound=1)
 flags.DEFINE_string("out", None, "Append JSON lines here too.")
 
 INPUT_SHAPE = (28, 28, 1)

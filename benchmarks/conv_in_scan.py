@@ -26,7 +26,7 @@ from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("impls", ["lax", "slices", "vjp"], "Conv implementations.")
-flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).")
+flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 flags.register_validator(
     "impls", lambda v: set(v) <= set(models.CONV_IMPLS),

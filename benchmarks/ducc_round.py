@@ -37,14 +37,16 @@ from fedjax_async.crypto import vectors
 
 FLAGS = flags.FLAGS
 flagcheck.int_list("dims", ["32768", "65536"], "Model sizes to measure.")
-flags.DEFINE_integer("target_dim", 1663370, "Extrapolate to this size (0: no).")
-flags.DEFINE_integer("online", 10, "Online uploads.")
-flags.DEFINE_integer("delayed", 10, "Delayed uploads.")
-flags.DEFINE_integer("num_clients", 20, "K: key pairs; key transformation recipients.")
-flags.DEFINE_integer("kt_recipients", 0, "Re-encrypt for this many clients (0: all K).")
-flags.DEFINE_integer("min_depth", 10, "Cheon Min iterations d.")
+flags.DEFINE_integer("target_dim", 1663370, "Extrapolate to this size (0: no).", lower_bound=0)
+flags.DEFINE_integer("online", 10, "Online uploads.", lower_bound=1)
+flags.DEFINE_integer("delayed", 10, "Delayed uploads.", lower_bound=0)
+flags.DEFINE_integer("num_clients", 20, "K: key pairs; key transformation recipients.",
+                     lower_bound=1)
+flags.DEFINE_integer("kt_recipients", 0, "Re-encrypt for this many clients (0: all K).",
+                     lower_bound=0)
+flags.DEFINE_integer("min_depth", 10, "Cheon Min iterations d.", lower_bound=1)
 flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
-flags.DEFINE_integer("ring_dim", 0, "Ring dimension (0: OpenFHE's choice).")
+flags.DEFINE_integer("ring_dim", 0, "Ring dimension (0: OpenFHE's choice).", lower_bound=0)
 flags.DEFINE_string("out_csv", "", "CSV output path.")
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "cpu: process CPU seconds (OpenFHE is single-threaded here, so this is "

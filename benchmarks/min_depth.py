@@ -44,7 +44,8 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("ring_dim", 0, "Ring dimension N (0: smallest secure for the depth).")
+flags.DEFINE_integer("ring_dim", 0, "Ring dimension N (0: smallest secure for the depth).",
+                     lower_bound=0)
 flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
 flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
 flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")

@@ -32,8 +32,8 @@ from fedjax_async import sweep  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 
 experiment.define_flags()
-flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.")
-flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.")
+flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
+flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 FLAGS = flags.FLAGS
 
 

@@ -333,3 +333,16 @@ def test_multidevice_on_the_machines_own_devices(tmp_path):
     ideal = base["s_per_round"] / r["devices"] if r["scaling"] == "strong" else base[
         "s_per_round"]
     assert r["efficiency"] == pytest.approx(ideal / r["s_per_round"])
+
+
+@pytest.mark.parametrize("script,flag", [
+    ("cnn_profile.py", "--clients=0"), ("conv_in_scan.py", "--reps=0"),
+    ("conv_formulation.py", "--batch=0"), ("sweep_vs_sequential.py", "--runs=0"),
+    ("ducc_round.py", "--online=0"), ("scaling.py", "--rounds=0"),
+    ("multidevice.py", "--k_strong=0"),
+])
+def test_benchmark_counts_below_one_are_refused_naming_the_flag(script, flag):
+  # they used to run (cnn_profile with K = 0 and conv_in_scan with no repetition wrote rows)
+  proc = _check_args(script, flag)
+  assert proc.returncode == 1
+  assert f"flag {flag}: 0 is not a positive integer" in proc.stderr
