@@ -89,7 +89,6 @@ def main(_):
     os.environ["JAX_PLATFORMS"] = "cpu"
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   mach = common.machine()
-  rows = []
   for kind in ("strong", "weak"):
     base = None  # (D0, seconds per round at D0): the first device count that ran
     for d in map(int, FLAGS.devices):
@@ -112,12 +111,11 @@ def main(_):
                  efficiency=common.scaling_efficiency(kind, *base, d, r["s_per_round"]),
                  baseline_devices=base[0], tag=FLAGS.tag, forced_host_devices=forced,
                  **{**mach, **r})
-      rows.append(row)
+      common.write_rows("multidevice", [row])  # each row as soon as it is measured
       print(f"[multidevice] {kind:6s} D={d} K={r['clients_per_round']:4d}: "
             f"{r['s_per_round'] * 1e3:.3f} ms/round, efficiency {row['efficiency']:.2f}, "
             f"max |w_sharded - w_unsharded| = {r['max_abs_diff_vs_unsharded']:.2e}",
             flush=True)
-  common.write_rows("multidevice", rows)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
 
 Before anything runs, every step's flags are checked (``--only_check_args``), so that a
 typo stops the suite at once and not hours in. A step that fails is reported and the next
-one runs; Ctrl-C stops the running step and prints what ran. Each step appends its rows
-to ``<results_dir>/<benchmark>.jsonl`` when it finishes, so finished steps are never lost.
+one runs; Ctrl-C stops the running step and prints what ran. The benchmarks append each row
+to ``<results_dir>/<benchmark>.jsonl`` as soon as it is measured (``peers.py``, whose
+ratios need every system's turns, at its end), so an interruption loses only the
+configuration it cut short.
 """
 
 from __future__ import annotations

@@ -157,7 +157,10 @@ def main(_):
     return
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   mach = common.machine()
-  rows = []
+
+  def keep(row):  # written as soon as it is measured: an interrupted sweep keeps its rows
+    common.write_rows("scaling", [row])
+
   budget = FLAGS.budget_gib * 2**30 or common.device_memory_bytes()
   if not budget:
     sys.exit("error: --budget_gib=0 asks for the device's memory, which JAX does not report "
@@ -167,7 +170,7 @@ def main(_):
     for model in FLAGS.models:
       for k in map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn):
         r = run_child(model, k, k, m_for(model, k), "fedavg")
-        rows.append(dict(bench="scaling", sweep="k", tag=FLAGS.tag, **mach, **r))
+        keep(dict(bench="scaling", sweep="k", tag=FLAGS.tag, **mach, **r))
   if "n" in FLAGS.sweep:
     import numpy as np  # pylint: disable=g-import-not-at-top
     for model in FLAGS.models:
@@ -175,7 +178,7 @@ def main(_):
       pts = []
       for n in map(int, FLAGS.n_logreg if model == "logreg" else FLAGS.n_cnn):
         r = run_child(model, k, n, FLAGS.examples, "pafed")
-        rows.append(dict(bench="scaling", sweep="n", tag=FLAGS.tag, **mach, **r))
+        keep(dict(bench="scaling", sweep="n", tag=FLAGS.tag, **mach, **r))
         if "failed" not in r:
           pts.append((n, common.peak_memory(r), r["strict_bytes_per_client"],
                       r.get("peak_device_bytes") is not None))
@@ -190,15 +193,14 @@ def main(_):
                    strict_bytes_per_client=strict, ratio_to_strict=slope / strict,
                    max_clients_in_budget=n_max, budget_gib=budget_gib, tag=FLAGS.tag,
                    memory="device peak" if pts[-1][3] else "process peak RSS", **mach)
-        rows.append(fit)
+        keep(fit)
         print(f"[scaling] {model}: {slope:.0f} B/client measured vs {strict} B strict "
               f"(x{slope / strict:.2f}); intercept {icpt / 2**20:.0f} MiB; largest N in "
               f"{budget_gib:.3g} GiB ~ {n_max}", flush=True)
   if FLAGS.verify:
     model, n, k = parse_verify(FLAGS.verify)
     r = run_child(model, k, n, FLAGS.examples, "pafed")
-    rows.append(dict(bench="scaling", sweep="verify", tag=FLAGS.tag, **mach, **r))
-  common.write_rows("scaling", rows)
+    keep(dict(bench="scaling", sweep="verify", tag=FLAGS.tag, **mach, **r))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,6 @@ def main(_):
       sharding.set_cpu_devices(FLAGS.engine_devices, "engine_devices")
     except ValueError as e:
       sys.exit(f"error: {e}")
-  rows = []
   mach = common.machine()
   print(f"[throughput] {mach}")
   for model in FLAGS.models:
@@ -107,7 +106,7 @@ def main(_):
                  engine_sharded_steps_per_s=steps / t_sharded,
                  speedup_sharded_vs_loop=t_loop / t_sharded,
                  speedup_sharded_vs_fedjax_loop=t_fedjax / t_sharded, tag=FLAGS.tag, **mach)
-      rows.append(row)
+      common.write_rows("throughput", [row])  # each row as soon as it is measured
       print("[throughput] " + common.fmt_row(row, (
           "model", "clients_per_round", "rounds", "engine_s", "loop_s",
           "engine_steps_per_s", "loop_steps_per_s", "engine_examples_per_s",
@@ -115,7 +114,6 @@ def main(_):
           + (("engine_devices", "engine_sharded_s", "engine_sharded_steps_per_s",
               "speedup_sharded_vs_loop", "speedup_sharded_vs_fedjax_loop")
              if FLAGS.engine_devices > 1 else ())), flush=True)
-  common.write_rows("throughput", rows)
 
 
 if __name__ == "__main__":
