@@ -179,13 +179,19 @@ def newest(rows: Sequence[dict], ident: Callable[[dict], tuple]) -> List[dict]:
   return [best[k][1] for k in order]
 
 
+def select(rows: Sequence[dict], tag: Optional[str] = None,
+           tags: Optional[Sequence[str]] = None, machine: str = "") -> List[dict]:
+  """Only tag ``tag`` (or those in ``tags``) and machines whose label contains
+  ``machine``, when given."""
+  wanted = set(tags or ()) | ({tag} if tag is not None else set())
+  return [r for r in rows if (not wanted or r.get("tag", "") in wanted)
+          and machine.lower() in machine_label(r).lower()]
+
+
 def render(rows: Sequence[dict], tag: Optional[str] = None,
            tags: Optional[Sequence[str]] = None, machine: str = "") -> str:
-  """The markdown report of ``rows``: only tag ``tag`` (or those in ``tags``) and
-  machines whose label contains ``machine`` when given."""
-  wanted = set(tags or ()) | ({tag} if tag is not None else set())
-  rows = [r for r in rows if (not wanted or r.get("tag", "") in wanted)
-          and machine.lower() in machine_label(r).lower()]
+  """The markdown report of ``rows`` (``select``ed by ``tag`` / ``tags`` / ``machine``)."""
+  rows = select(rows, tag, tags, machine)
   out = []
   for name, (title, keep, cols, n_ident) in SPECS.items():
     mine = [r for r in rows if r.get("bench") == SOURCE.get(name, name) and keep(r)]
@@ -206,6 +212,71 @@ def render(rows: Sequence[dict], tag: Optional[str] = None,
   return "\n".join(out) if out else "(no rows)\n"
 
 
+# Figures: (file, title, benchmark, row filter, x key, [(y label, y value, log y)], log x)
+PLOTS = (
+    ("fraction_of_peak.png", "A round's FLOP/s as a fraction of the matmul peak",
+     "fraction_of_peak", lambda r: True, "clients_per_round",
+     [("fraction of peak", lambda r: _num(r.get("fraction_of_peak")), False),
+      ("engine / per-client jit loop", lambda r: _num(r.get("speedup_vs_loop")), False)]),
+    ("throughput.png", "Logistic regression: engine vs the per-client jit loop",
+     "throughput", lambda r: r.get("model") == "logreg", "clients_per_round",
+     [("engine / jit loop, one device", lambda r: _num(r.get("speedup_vs_loop")), False),
+      ("engine over all devices / jit loop",
+       lambda r: _num(r.get("speedup_sharded_vs_loop")), False)]),
+    ("scaling_n.png", "PAFed: round time and peak memory vs total clients N", "scaling",
+     lambda r: r.get("sweep") == "n" and "failed" not in r, "num_clients",
+     [("seconds per round", lambda r: _num(r.get("s_per_round")), True),
+      ("peak memory (GiB)", lambda r: (_peak_memory(r) or 0) / 2**30 or None, True)]),
+    ("scaling_k.png", "FedAvg: round time and peak memory vs clients per round K",
+     "scaling", lambda r: r.get("sweep") == "k" and "failed" not in r, "clients_per_round",
+     [("seconds per round", lambda r: _num(r.get("s_per_round")), True),
+      ("peak memory (GiB)", lambda r: (_peak_memory(r) or 0) / 2**30 or None, True)]),
+)
+
+
+def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
+  """Line plots of ``rows`` (already filtered) into ``out_dir``: for each figure of
+  ``PLOTS`` with data, one panel per quantity, one line per (machine, tag, model), x on a
+  log scale. Returns {file: number of lines} for the figures written."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  written = {}
+  for fname, title, bench, keep, xkey, panels in PLOTS:
+    mine = [r for r in rows if r.get("bench") == bench and keep(r)]
+    series: Dict[tuple, Dict[float, dict]] = {}
+    for r in newest(mine, lambda r: (machine_label(r), r.get("tag", ""), r.get("model"),
+                                     r.get(xkey))):
+      x = _num(r.get(xkey))
+      if x:
+        series.setdefault((machine_label(r), r.get("tag", ""), r.get("model")), {})[x] = r
+    if not series:
+      continue
+    fig = Figure(figsize=(5.0 * len(panels), 3.8))
+    FigureCanvasAgg(fig)
+    lines = 0
+    for i, (ylabel, yfn, logy) in enumerate(panels):
+      ax = fig.add_subplot(1, len(panels), i + 1)
+      for (mach, tag, model), pts in series.items():
+        xy = [(x, yfn(r)) for x, r in sorted(pts.items()) if yfn(r) is not None]
+        if xy:
+          ax.plot(*zip(*xy), marker="o", label=f"{mach} {tag} {model}".strip())
+          lines += 1
+      ax.set_xscale("log")
+      if logy:
+        ax.set_yscale("log")
+      ax.set_xlabel(xkey.replace("_", " "))
+      ax.set_ylabel(ylabel)
+      ax.grid(True, alpha=0.3)
+      if ax.lines:
+        ax.legend(fontsize=6)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, fname), dpi=100)
+    written[fname] = lines
+  return written
+
+
 FLAGS = flags.FLAGS
 
 
@@ -216,6 +287,7 @@ def define_flags():
   flags.DEFINE_list("tag", [], "Only rows with one of these tags.")
   flags.DEFINE_string("machine", "", "Only machines whose label contains this (any case).")
   flags.DEFINE_string("output", "", "Also write the report to this file.")
+  flags.DEFINE_string("plots", "", "Also draw the figures (PNG) into this folder.")
 
 
 def main(argv):
@@ -224,13 +296,18 @@ def main(argv):
   if not os.path.isdir(FLAGS.results_dir):
     raise app.UsageError(f"--results_dir: {FLAGS.results_dir} is not a folder")
   try:
-    text = render(load(FLAGS.results_dir), tags=FLAGS.tag, machine=FLAGS.machine)
+    rows = load(FLAGS.results_dir)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  rows = select(rows, tags=FLAGS.tag, machine=FLAGS.machine)
+  text = render(rows)
   print(text)
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:
       f.write(text)
+  if FLAGS.plots:
+    for fname, lines in plot(rows, FLAGS.plots).items():
+      print(f"wrote {os.path.join(FLAGS.plots, fname)} ({lines} lines)")
 
 
 if __name__ == "__main__":

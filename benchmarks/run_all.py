@@ -20,7 +20,8 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
   on CPU; the machine's own devices on an accelerator with several);
 * ``peers``: pfl-research's CIFAR-10 workload by the engine, the loop, pfl and Flower (peers
   from ``--peers_python``; a peer that cannot run is reported as such);
-* then ``report.py`` over the rows this run wrote.
+* then ``report.py`` over the rows this run wrote: tables (``report.md``) and figures
+  (PNG) next to the logs.
 
 Before anything runs, every step's flags are checked (``--only_check_args``), so that a
 typo stops the suite at once and not hours in. A step that fails is reported and the next
@@ -255,11 +256,13 @@ def main(argv):
   if done:
     report_md = os.path.join(log_dir, "report.md")
     from benchmarks import report  # pylint: disable=g-import-not-at-top
-    text = report.render(report.load(results), tag=tag)
+    rows = report.select(report.load(results), tag=tag)
+    text = report.render(rows)
     with open(report_md, "w") as f:
       f.write(text)
     print(text)
-    print(f"[run_all] report: {report_md}", flush=True)
+    figures = report.plot(rows, log_dir)
+    print(f"[run_all] report: {report_md}; figures: {', '.join(sorted(figures))}", flush=True)
   if any(rc for _, rc, _, _ in done):
     sys.exit(1)
 

@@ -244,6 +244,22 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
   assert "Test CPU" not in only_gpu and "288,044" in only_gpu
 
 
+def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  rows = [_row("scaling", t, "2026-01-01T00:00:00Z", sweep="n", model="logreg",
+               clients_per_round=100, num_clients=n, s_per_round=0.003, peak_rss=n * 2e4)
+          for t in ("a", "b") for n in (1000, 10000, 100000)]
+  rows.append(_row("scaling", "a", "2026-01-01T00:00:00Z", sweep="n", model="logreg",
+                   clients_per_round=100, num_clients=10, failed="exit 1"))  # not drawn
+  rows.append(_row("throughput", "a", "2026-01-01T00:00:00Z", model="logreg",
+                   clients_per_round=10, speedup_vs_loop=4.0))  # one-device panel only
+  written = report.plot(rows, str(tmp_path))
+  # scaling_n: tags a and b, in each of its two panels; throughput: one line in one panel
+  assert written == {"scaling_n.png": 4, "throughput.png": 1}
+  for name in written:
+    assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
 def test_report_names_the_file_and_line_of_a_bad_row(tmp_path):
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   (tmp_path / "peers.jsonl").write_text('{"system": "pfl"}\n{not json\n')
@@ -308,6 +324,8 @@ def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
                 "Time and peak memory", "largest N", "sharded over devices"):
     assert title in report_md
   assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
+  for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
+    assert (tmp_path / "logs" / "smoke" / png).exists()
 
 
 def test_multidevice_on_the_machines_own_devices(tmp_path):
