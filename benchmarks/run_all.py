@@ -40,7 +40,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from absl import app, flags
 
@@ -138,8 +138,7 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         Step("throughput", "throughput.py",
              ["--models=logreg", "--clients=10,50,200,1000", "--reps=3"]
              + ([f"--engine_devices={engine_devices}"] if engine_devices > 1 else [])),
-        # 20 rounds per call, as in an experiment: with 2, the per-call cost shows up as a
-        # growth with N (docs/performance.md section 3)
+        # 20 rounds per call, as an experiment runs them (docs/performance.md section 3)
         Step("scaling", "scaling.py",
              ["--sweep=k,n", "--models=logreg", "--rounds=20", "--reps=3"]),
         Step("scaling", "scaling.py",
