@@ -491,6 +491,9 @@ def timed_interleaved(runners: Dict[str, tuple], reps: int = 3) -> Dict[str, flo
   return take_turns({name: clocked(*r) for name, r in runners.items()}, reps)
 
 
+_ANNOUNCED: set = set()
+
+
 def write_rows(name: str, rows: List[Dict[str, Any]]) -> None:
   """Appends ``rows`` to results/NAME.jsonl and rewrites results/NAME.csv from all of it."""
   os.makedirs(RESULTS_DIR, exist_ok=True)
@@ -508,7 +511,9 @@ def write_rows(name: str, rows: List[Dict[str, Any]]) -> None:
     w = csv.DictWriter(f, keys, extrasaction="ignore")
     w.writeheader()
     w.writerows(everything)
-  print(f"[{name}] wrote {jpath} and {cpath}")
+  if name not in _ANNOUNCED:  # benchmarks write row by row: say where once
+    _ANNOUNCED.add(name)
+    print(f"[{name}] rows go to {jpath} (and {os.path.basename(cpath)})")
 
 
 def fmt_row(r: Dict[str, Any], keys) -> str:
