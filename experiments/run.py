@@ -17,7 +17,8 @@ experiments/async_family.py and experiments/fededs_table.py):
 
 Each algorithm writes ``<output_dir>/<algorithm>/metrics.jsonl`` (one JSON object per
 round) and ``summary.json``; a comma-separated ``--algorithm`` ends with a comparison table
-(``comparison.md`` / ``comparison.csv``).
+(``comparison.md`` / ``comparison.csv``); ``curves.png`` plots test accuracy and train loss
+per round for every algorithm of the run.
 """
 
 from __future__ import annotations

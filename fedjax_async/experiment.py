@@ -480,6 +480,37 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
   return table
 
 
+def plot_curves(runs: Dict[str, List[dict]], path: str) -> int:
+  """``path`` (PNG): test accuracy (evaluated rounds) and train loss against the round, one
+  line per algorithm of ``runs`` (name -> its metrics.jsonl rows). Returns the number of
+  lines drawn."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(10.0, 3.8))
+  FigureCanvasAgg(fig)
+  lines = 0
+  for i, (key, label) in enumerate((("test_accuracy", "test accuracy"),
+                                    ("train_loss", "train loss"))):
+    ax = fig.add_subplot(1, 2, i + 1)
+    for name, rows in runs.items():
+      xy = [(r["round"] + 1, r[key]) for r in rows
+            if r.get(key) is not None and np.isfinite(r[key])]
+      if xy:
+        ax.plot(*zip(*xy), marker="." if len(xy) < 40 else None, label=name)
+        lines += 1
+    if key == "train_loss" and ax.lines and all(
+        min(line.get_ydata()) > 0 for line in ax.lines):
+      ax.set_yscale("log")  # FedADMM's loss can grow by orders of magnitude
+    ax.set_xlabel("round")
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return lines
+
+
 def quiet_library_logs(FLAGS):
   """orbax logs every checkpoint step at INFO through absl; keep the progress lines
   readable unless the user asked for a --verbosity."""
@@ -522,3 +553,11 @@ def main_from_flags(FLAGS):
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
   if len(names) > 1:
     print(write_comparison(summaries, cfg.output_dir))
+  runs = {}
+  for name in names:
+    out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+      runs[name] = [json.loads(line) for line in f if line.strip()]
+  figure = os.path.join(cfg.output_dir, "curves.png")
+  plot_curves(runs, figure)
+  print(f"figure: {figure}")

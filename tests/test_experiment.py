@@ -83,6 +83,19 @@ def test_comparison_table_lists_every_algorithm(all_algorithms):
     assert f"| {alg} |" in md
     assert any(line.startswith(alg + ",") for line in csv_lines)
   assert "| algorithm | average best accuracy |" in res.stdout
+  assert f"figure: {out / 'curves.png'}" in res.stdout
+  assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_curves_draws_accuracy_where_evaluated_and_every_loss(tmp_path):
+  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  rows = lambda accs: [dict(round=i, test_accuracy=a, train_loss=1.0 / (i + 1))
+                       for i, a in enumerate(accs)]
+  runs = {"a": rows([0.1, None, 0.3]), "b": rows([None, None, None]),
+          "c": rows([0.2, float("nan"), 0.4])}
+  # accuracy: a and c (b never evaluated; c's NaN round skipped); loss: all three
+  assert experiment.plot_curves(runs, str(tmp_path / "c.png")) == 5
+  assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
