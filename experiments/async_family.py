@@ -10,7 +10,8 @@ per value (``fedasync_a0.4`` ...), as in Guo et al.'s FedAsync-hinge baselines.
 Each run writes ``<output_dir>/<run>/metrics.jsonl`` (one row per kept arrival; test
 accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histogram,
 updates per virtual second, wall time, and for DP runs the epsilon spent); several runs end
-with ``comparison.md``.
+with ``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean
+of 10 arrivals) against the virtual clock.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from absl import flags  # noqa: E402
 from fedjax_async import async_engine  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
+from fedjax_async import experiment  # noqa: E402
 from fedjax_async import privacy  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
 from fedjax_async import virtual_clock as vc  # noqa: E402
@@ -330,6 +332,15 @@ def main(argv):
           f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
           f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
+  curves = {}
+  for s in summaries:
+    out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, s["run"])
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+      curves[s["run"]] = [json.loads(line) for line in f if line.strip()]
+  if curves:  # accuracy and loss against the virtual clock, one line per run
+    figure = os.path.join(FLAGS.output_dir, "curves.png")
+    experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)
+    print(f"figure: {figure}")
   if len(summaries) > 1:
     lines = ["| run | final acc | best acc | mean staleness | upd/virtual s | eps spent | "
              "wall s |", "|---|---|---|---|---|---|---|"]

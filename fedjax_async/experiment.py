@@ -480,10 +480,12 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
   return table
 
 
-def plot_curves(runs: Dict[str, List[dict]], path: str) -> int:
-  """``path`` (PNG): test accuracy (evaluated rounds) and train loss against the round, one
-  line per algorithm of ``runs`` (name -> its metrics.jsonl rows). Returns the number of
-  lines drawn."""
+def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
+                loss_window: int = 1) -> int:
+  """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key``
+  (the 1-based round, or the virtual clock's ``virtual_time``), one line per run of
+  ``runs`` (name -> its metrics.jsonl rows); the loss as a running mean over
+  ``loss_window`` rows (one arrival's loss is noisy). Returns the number of lines drawn."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(10.0, 3.8))
@@ -493,16 +495,22 @@ def plot_curves(runs: Dict[str, List[dict]], path: str) -> int:
                                     ("train_loss", "train loss"))):
     ax = fig.add_subplot(1, 2, i + 1)
     for name, rows in runs.items():
-      xy = [(r["round"] + 1, r[key]) for r in rows
+      xy = [(r[x_key] + (x_key == "round"), r[key]) for r in rows
             if r.get(key) is not None and np.isfinite(r[key])]
+      if key == "train_loss" and loss_window > 1:  # a running mean; none if too few rows
+        ys = [y for _, y in xy]
+        xy = [] if len(ys) < loss_window else list(zip(
+            [x for x, _ in xy][loss_window - 1:],
+            np.convolve(ys, np.ones(loss_window) / loss_window, "valid")))
       if xy:
         ax.plot(*zip(*xy), marker="." if len(xy) < 40 else None, label=name)
         lines += 1
     if key == "train_loss" and ax.lines and all(
         min(line.get_ydata()) > 0 for line in ax.lines):
       ax.set_yscale("log")  # FedADMM's loss can grow by orders of magnitude
-    ax.set_xlabel("round")
-    ax.set_ylabel(label)
+    ax.set_xlabel(x_key.replace("_", " "))
+    ax.set_ylabel(label if key != "train_loss" or loss_window == 1
+                  else f"{label} (mean of {loss_window})")
     ax.grid(True, alpha=0.3)
     if ax.lines:
       ax.legend(fontsize=7)

@@ -96,6 +96,10 @@ def test_plot_curves_draws_accuracy_where_evaluated_and_every_loss(tmp_path):
   # accuracy: a and c (b never evaluated; c's NaN round skipped); loss: all three
   assert experiment.plot_curves(runs, str(tmp_path / "c.png")) == 5
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+  # a running mean over 3 rows: "b" (3 losses) keeps one point, so still 5 lines; over 4,
+  # no run has enough losses and only the 2 accuracy lines are left
+  assert experiment.plot_curves(runs, str(tmp_path / "d.png"), loss_window=3) == 5
+  assert experiment.plot_curves(runs, str(tmp_path / "e.png"), loss_window=4) == 2
 
 
 @pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
@@ -230,6 +234,8 @@ def test_run_py_runs_the_virtual_clock_family(tmp_path):
     summary = json.load(open(tmp_path / name / "summary.json"))
     assert summary["run"] == name and "staleness_histogram" in json.dumps(summary)
   assert "| fedasync |" in res.stdout and "| fedbuff |" in res.stdout
+  assert f"figure: {tmp_path / 'curves.png'}" in res.stdout  # against the virtual clock
+  assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
   res = run(["--algorithm=fedbuff", "--concurrency=0", f"--output_dir={tmp_path}"])
   assert res.returncode != 0 and "--concurrency" in res.stderr
 
