@@ -9,7 +9,8 @@ whose cartesian product with the seeds ``--seed .. --seed+num_seeds-1`` is run, 
 algorithm, as one ``jit(vmap(run_chunk))`` (the run axis sharded over all devices when
 there are several). Writes ``<output_dir>/runs/<algorithm>/<setting>_seed=<s>/``
 (metrics.jsonl, summary.json), ``aggregate.csv`` / ``aggregate.md`` (mean and std over
-seeds of average best and final accuracy per setting) and ``sweep.json``.
+seeds of average best and final accuracy per setting), ``aggregate.png`` (that mean +- std
+against the first swept value) and ``sweep.json``.
 """
 
 from __future__ import annotations

@@ -394,6 +394,46 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
   return md
 
 
+def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
+  """``path`` (PNG): average best accuracy, mean +- std over seeds, against the first swept
+  value (log x when every value is positive and they span 10x or more), one line per
+  algorithm and setting of the other swept values; without swept values, one bar per
+  algorithm. Returns the number of lines (or bars) drawn."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(6.0, 4.0))
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot(1, 1, 1)
+  mean = lambda r: r["average_best_accuracy_mean"]
+  std = lambda r: r["average_best_accuracy_std"]
+  if not names:
+    ax.bar([r["algorithm"] for r in rows], [mean(r) for r in rows],
+           yerr=[std(r) for r in rows], capsize=4)
+    drawn = len(rows)
+  else:
+    x_name, others = names[0], list(names[1:])
+    lines: Dict[tuple, List[dict]] = {}
+    for r in rows:
+      lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
+    for key, pts in lines.items():
+      pts = sorted(pts, key=lambda r: r[x_name])
+      label = " ".join([key[0]] + [f"{n}={v:g}" for n, v in zip(others, key[1:])])
+      ax.errorbar([r[x_name] for r in pts], [mean(r) for r in pts],
+                  yerr=[std(r) for r in pts], marker="o", capsize=3, label=label)
+    xs = [r[x_name] for r in rows]
+    if min(xs) > 0 and max(xs) >= 10 * min(xs):
+      ax.set_xscale("log")
+    ax.set_xlabel(x_name)
+    ax.legend(fontsize=7)
+    drawn = len(lines)
+  seeds = sorted({r["num_seeds"] for r in rows})
+  ax.set_ylabel(f"average best accuracy (mean +- std, {'/'.join(map(str, seeds))} seeds)")
+  ax.grid(True, alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return drawn
+
+
 def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
@@ -487,3 +527,6 @@ def main_from_flags(FLAGS):
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   print(write_aggregate(agg, names, base.output_dir))
+  figure = os.path.join(base.output_dir, "aggregate.png")
+  plot_aggregate(agg, names, figure)
+  print(f"figure: {figure}")

@@ -154,6 +154,22 @@ def test_aggregate_mean_and_std_over_seeds():
   assert first["final_accuracy_mean"] == pytest.approx(0.5)
 
 
+def test_plot_aggregate_draws_one_line_per_algorithm_and_other_setting(tmp_path):
+  row = lambda alg, lr, rho: {"algorithm": alg, "lr": lr, "rho": rho, "num_seeds": 2,
+                              "average_best_accuracy_mean": 0.5,
+                              "average_best_accuracy_std": 0.1}
+  rows = [row(a, lr, rho) for a in ("pafed", "fedavg") for lr in (0.01, 0.1)
+          for rho in (0.1, 1.0)]
+  # x = lr; lines: 2 algorithms x 2 values of rho
+  assert sweep.plot_aggregate(rows, ["lr", "rho"], str(tmp_path / "a.png")) == 4
+  assert sweep.plot_aggregate(rows[:2], ["lr"], str(tmp_path / "b.png")) == 1
+  # seeds only: one bar per algorithm
+  bars = [{k: v for k, v in r.items() if k not in ("lr", "rho")} for r in rows[::4]]
+  assert sweep.plot_aggregate(bars, [], str(tmp_path / "c.png")) == 2
+  for name in ("a.png", "b.png", "c.png"):
+    assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
 def test_diverging_run_does_not_stop_the_others():
   fed = tiny_data()
   cfgs = sweep.grid(dataclasses.replace(BASE, algorithm="fedavg"),
@@ -228,3 +244,5 @@ def test_sweep_script_splits_runs_over_the_requested_cpu_devices(tmp_path, extra
   assert f"on {devices} device(s)" in out.stdout, out.stdout[-2000:]
   runs = json.load(open(tmp_path / "sweep.json"))["runs"]
   assert len(runs) == 2 and all(r["final_accuracy"] > 0 for r in runs)
+  assert f"figure: {tmp_path / 'aggregate.png'}" in out.stdout  # seeds only: one bar
+  assert (tmp_path / "aggregate.png").read_bytes()[:4] == b"\x89PNG"
