@@ -317,7 +317,7 @@ def main(argv):
         runs.append((n if len(alphas) == 1 else f"{n}_a{a:g}", n, a))
     else:
       runs.append((n, n, parse_floats(FLAGS.mix_alpha, "mix_alpha")[0]))
-  summaries = []
+  summaries, curves = [], {}
   for run_name, algo, alpha in runs:
     out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)
     try:
@@ -327,16 +327,12 @@ def main(argv):
       print(f"[{run_name}] diverged: {e}", flush=True)
       continue
     summaries.append(s)
+    curves[run_name] = experiment.read_metrics(out)
     eps = s.get("privacy", {}).get("epsilon_spent_max")
     print(f"[{run_name}] final accuracy {s['final_accuracy']:.4f}, "
           f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
           f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
-  curves = {}
-  for s in summaries:
-    out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, s["run"])
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-      curves[s["run"]] = [json.loads(line) for line in f if line.strip()]
   if curves:  # accuracy and loss against the virtual clock, one line per run
     figure = os.path.join(FLAGS.output_dir, "curves.png")
     experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)

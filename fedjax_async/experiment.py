@@ -480,6 +480,12 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
   return table
 
 
+def read_metrics(run_dir: str) -> List[dict]:
+  """The rows of ``run_dir/metrics.jsonl``."""
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
 def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
                 loss_window: int = 1) -> int:
   """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key``
@@ -547,7 +553,7 @@ def main_from_flags(FLAGS):
         f"parameters; jax devices: {jax.devices()}", flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
-  summaries = []
+  summaries, curves = [], {}
   for name in names:
     out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir
     try:
@@ -559,13 +565,9 @@ def main_from_flags(FLAGS):
     s = summaries[-1]
     print(f"[{name}] average best accuracy {s['average_best_accuracy']:.4f}, final "
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
+    curves[name] = read_metrics(out_dir)
   if len(names) > 1:
     print(write_comparison(summaries, cfg.output_dir))
-  runs = {}
-  for name in names:
-    out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-      runs[name] = [json.loads(line) for line in f if line.strip()]
   figure = os.path.join(cfg.output_dir, "curves.png")
-  plot_curves(runs, figure)
+  plot_curves(curves, figure)
   print(f"figure: {figure}")
