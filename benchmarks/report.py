@@ -295,6 +295,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not os.path.isdir(FLAGS.results_dir):
     raise app.UsageError(f"--results_dir: {FLAGS.results_dir} is not a folder")
+  folder = os.path.dirname(os.path.abspath(FLAGS.output)) if FLAGS.output else ""
+  if folder and not os.path.isdir(folder):
+    raise app.UsageError(f"--output: cannot write {FLAGS.output}: folder {folder} does not "
+                         "exist")
   try:
     rows = load(FLAGS.results_dir)
   except ValueError as e:

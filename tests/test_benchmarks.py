@@ -364,3 +364,15 @@ def test_benchmark_counts_below_one_are_refused_naming_the_flag(script, flag):
   proc = _check_args(script, flag)
   assert proc.returncode == 1
   assert f"flag {flag}: 0 is not a positive integer" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--results_dir=/nonexistent_dir"], "--results_dir: /nonexistent_dir is not a folder"),
+    (["--output=/nonexistent_dir/r.md"],
+     "--output: cannot write /nonexistent_dir/r.md: folder /nonexistent_dir does not exist"),
+])
+def test_report_cli_names_the_bad_path(argv, message):
+  proc = subprocess.run([sys.executable, os.path.join(common.ROOT, "benchmarks", "report.py"),
+                         *argv], env=common.child_env(), capture_output=True, text=True)
+  assert proc.returncode == 1 and message in proc.stderr
+  assert "Traceback" not in proc.stderr
