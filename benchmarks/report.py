@@ -67,6 +67,14 @@ def _clients_per_s(r) -> Optional[float]:
   return k * rounds / secs if k and rounds and secs else None
 
 
+def _not_run(r) -> str:
+  """Why a system has no time (peers.py's ``note``), else empty."""
+  if _num(r.get("s_per_round")) is not None:
+    return ""
+  note = str(r.get("note", "")).replace("|", "/")
+  return f"NOT RUN: {note[:160]}" if note else "NOT RUN"
+
+
 def _peak_memory(r) -> Optional[float]:
   dev = _num(r.get("peak_device_bytes"))
   return dev if dev is not None else _num(r.get("peak_rss"))
@@ -128,7 +136,7 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
         [("system", "system", "str"), ("K", "clients_per_round", "int"),
          ("s/round", "s_per_round", "g3"), ("GFLOP/s", "gflops", "g3"),
          ("fraction of peak", "fraction_of_peak", "pct"),
-         ("engine speed-up over it", "engine_speedup", "x")], 2),
+         ("engine speed-up over it", "engine_speedup", "x"), ("", _not_run, "str")], 2),
 }
 SOURCE = {"scaling_fit": "scaling"}
 

@@ -260,6 +260,17 @@ def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_report_says_why_a_peer_did_not_run():
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  rows = [_row("peers", "a", "2026-01-01T00:00:00Z", system="pfl", clients_per_round=50,
+               s_per_round=0.8, engine_speedup=1.25, note='{"torch": "2"}'),
+          _row("peers", "a", "2026-01-01T00:00:00Z", system="flower", clients_per_round=50,
+               s_per_round=float("nan"), note="exit 1: ray | failed")]
+  text = report.render(rows)
+  assert "| pfl | 50 | 0.8 | - | - | 1.25x |  |" in text
+  assert "| flower | 50 | - | - | - | - | NOT RUN: exit 1: ray / failed |" in text
+
+
 def test_report_names_the_file_and_line_of_a_bad_row(tmp_path):
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   (tmp_path / "peers.jsonl").write_text('{"system": "pfl"}\n{not json\n')
