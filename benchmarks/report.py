@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
+# As common.RESULTS_DIR (not imported from there: common imports JAX)
 RESULTS_DIR = os.environ.get("FEDJAX_ASYNC_BENCH_RESULTS") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -76,6 +77,7 @@ def _not_run(r) -> str:
 
 
 def _peak_memory(r) -> Optional[float]:
+  """``common.peak_memory`` without its JAX import (None where a row has neither)."""
   dev = _num(r.get("peak_device_bytes"))
   return dev if dev is not None else _num(r.get("peak_rss"))
 
@@ -220,7 +222,8 @@ def render(rows: Sequence[dict], tag: Optional[str] = None,
   return "\n".join(out) if out else "(no rows)\n"
 
 
-# Figures: (file, title, benchmark, row filter, x key, [(y label, y value, log y)], log x)
+# Figures: (file, title, benchmark, row filter, x key (log scale), [(y label, y value,
+# log y)])
 PLOTS = (
     ("fraction_of_peak.png", "A round's FLOP/s as a fraction of the matmul peak",
      "fraction_of_peak", lambda r: True, "clients_per_round",

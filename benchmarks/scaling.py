@@ -72,9 +72,16 @@ def parse_verify(spec: str):
   return parts[0], int(parts[1]), int(parts[2])
 
 
-flags.register_validator("verify", lambda v: not v or bool(_try(parse_verify, v)),
-                         message="--verify: expected model:N:K with model logreg or cnn and "
-                         "N, K integers >= 1 (e.g. logreg:500000:100)")
+def _check_verify(spec: str) -> bool:
+  if spec:
+    try:
+      parse_verify(spec)
+    except ValueError as e:
+      raise flags.ValidationError(str(e)) from None
+  return True
+
+
+flags.register_validator("verify", _check_verify)
 flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this process.")
 flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
                      "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
@@ -82,13 +89,6 @@ flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1:
 flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).",
                      lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
-
-
-def _try(fn, *args):
-  try:
-    return fn(*args)
-  except ValueError:
-    return None
 
 
 def child(spec):
@@ -144,7 +144,6 @@ def run_child(model, k, n, m, alg):
         f"{r['peak_rss'] / 2**20:.0f} MiB (base {r['rss_base'] / 2**20:.0f} MiB){dev}",
         flush=True)
   return r
-
 
 
 def m_for(model, k):

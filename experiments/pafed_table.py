@@ -120,9 +120,7 @@ def read_runs(dirs):
       return None
     with open(s_path) as f:
       summary = json.load(f)
-    with open(m_path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
-    out.append((summary, rows))
+    out.append((summary, experiment.read_metrics(d)))
   return out
 
 
