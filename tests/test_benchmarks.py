@@ -210,7 +210,8 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
   rows = [
       _row("fraction_of_peak", "a", "2026-01-02T00:00:00Z", model="cnn", clients_per_round=10,
            local_steps=6, client_chunk=1, gflops=100.0, peak_gflops=400.0,
-           fraction_of_peak=0.25, speedup_vs_loop=1.5, rounds=2, engine_s=0.5),
+           fraction_of_peak=0.25, fraction_of_peak_analytic=0.29, speedup_vs_loop=1.5,
+           rounds=2, engine_s=0.5),
       # an older row of the same configuration, later in the file: not shown
       _row("fraction_of_peak", "a", "2026-01-01T00:00:00Z", model="cnn", clients_per_round=10,
            local_steps=6, client_chunk=1, gflops=50.0, peak_gflops=400.0,
@@ -232,10 +233,12 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
       f.write(json.dumps(r) + "\n")
   text = report.render(report.load(str(tmp_path)), tag="a")
   # 10 clients x 2 rounds in 0.5 s: 40 clients/s
-  assert ("| Test CPU [avx2] | a | cnn | 10 | 6 | 1 | 40 | 100 | 400 | 25.0 % | 1.50x |"
+  assert ("| Test CPU [avx2] | a | cnn | 10 | 6 | 1 | 40 | 100 | 400 | 25.0 % | 29.0 % | 1.50x |"
           in text)
   assert "12.5 %" not in text and "| other |" not in text
-  assert "| Test CPU [avx2] | a | cnn | 1,000 | 6 | 1 | - | 120 | 400 | 30.0 % | - |" in text
+  # a row from before the model count: its column is a dash
+  assert ("| Test CPU [avx2] | a | cnn | 1,000 | 6 | 1 | - | 120 | 400 | 30.0 % | - | - |"
+          in text)
   # 288,043.7 client-steps/s at 6 local steps: 48,007 clients/s
   assert ("| NVIDIA H100 80GB HBM3 x2 (gpu) | a | logreg | 200 | 1 | 288,044 | 48,007 | 7.35x "
           "| 40.20x | - |" in text)

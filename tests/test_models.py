@@ -255,6 +255,40 @@ def test_flop_counts():
   assert abs(step_vjp - step) <= 0.05 * step
 
 
+def test_analytic_flops_count_every_tap_as_pytorchs_flop_counter_does():
+  # By hand: 2 x batch x multiply-adds, every output position against the whole kernel.
+  batch = 10
+  conv1, conv2 = 784 * 25 * 1 * 32, 196 * (25 * 32) * 64
+  fc1, fc2 = 3136 * 512, 512 * 10
+  fwd = models.count_flops(models.CNN(impl="lax"), (28, 28, 1), batch, count="analytic")
+  assert fwd == 2 * batch * (conv1 + conv2 + fc1 + fc2)
+  # The step: each layer's forward and kernel gradient, and the input gradient of every
+  # layer but the first (the images are not differentiated).
+  step = models.train_step_flops(models.CNN(impl="lax"), (28, 28, 1), batch,
+                                 count="analytic")
+  assert step == 2 * batch * (2 * conv1 + 3 * (conv2 + fc1 + fc2))
+  # torch.utils.flop_counter on the same CNN in PyTorch gives 245.46304 and 723.84512
+  # MFLOP (docs/performance.md section 6m): the same numbers.
+  assert (fwd, step) == (245_463_040, 723_845_120)
+  # XLA's count skips the taps that fall on SAME padding, so it is lower for the CNN ...
+  xla = models.train_step_flops(models.CNN(impl="lax"), (28, 28, 1), batch)
+  assert 0.8 * step < xla < step
+  # ... and, with no padding, agrees on a plain product; a scan counts its body per trip.
+  a, b = jnp.ones((64, 128)), jnp.ones((128, 32))
+  assert models.analytic_flops(jnp.dot, a, b) == models._flops(jnp.dot, a, b) == 2 * 64 * 128 * 32
+  scanned = lambda a, b: lax.scan(lambda c, _: (c, jnp.dot(a, b)), 0.0, None, length=3)[1]
+  assert models.analytic_flops(scanned, a, b) == 3 * 2 * 64 * 128 * 32
+
+
+def test_analytic_flops_refuse_what_they_cannot_count():
+  loop = lambda a: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]),
+                                  (0, a))[1]
+  with pytest.raises(ValueError, match="while loop"):
+    models.analytic_flops(loop, jnp.ones((4, 4)))
+  with pytest.raises(ValueError, match=r"unknown FLOP count 'hand'.*'xla', 'analytic'"):
+    models.train_step_flops(models.LogisticRegression(10), (60,), 10, count="hand")
+
+
 def test_max_pool2_equals_flax_max_pool_in_value_and_gradient():
   # As in the CNNs, pooling follows a ReLU: windows of zeros tie, and the two poolings
   # route those ties' gradient differently, but the ReLU's gradient at 0 is 0, so the
