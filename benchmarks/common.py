@@ -82,14 +82,44 @@ def cpu_model() -> str:
   return f"{name} [{isa}]" if isa else name
 
 
+# tcmalloc's shared library (Debian / Ubuntu package libtcmalloc-minimal4). Preloaded, it
+# keeps freed memory for reuse where glibc unmaps large blocks: an XLA:CPU call's buffers
+# (the CNN round's [K, d] uploads, 333 MB at K = 50) then come back without ~88k page
+# faults per call (docs/performance.md section 6m).
+TCMALLOC = "tcmalloc_minimal"
+
+
+def find_tcmalloc() -> Optional[str]:
+  """tcmalloc's library name for ``LD_PRELOAD`` (e.g. ``libtcmalloc_minimal.so.4``), or
+  None where it is not installed."""
+  import ctypes.util  # pylint: disable=g-import-not-at-top
+  return ctypes.util.find_library(TCMALLOC)
+
+
+def allocator() -> str:
+  """The malloc this process runs with: ``"tcmalloc"`` or ``"jemalloc"`` when one is
+  loaded (``LD_PRELOAD``), else ``"system"`` (glibc's on Linux)."""
+  try:
+    with open("/proc/self/maps") as f:
+      maps = f.read()
+  except OSError:
+    return "system"
+  for name in ("tcmalloc", "jemalloc"):
+    if f"lib{name}" in maps:
+      return name
+  return "system"
+
+
 def machine() -> Dict[str, Any]:
   """What the figures were measured on (and how busy it was when the run started).
 
   ``device_kind`` names the accelerator (``"NVIDIA H100 80GB HBM3"``; ``"cpu"`` on CPU);
-  ``time`` (UTC) lets ``report.py`` keep the newest row of a configuration.
+  ``allocator`` the malloc (``allocator()``); ``time`` (UTC) lets ``report.py`` keep the
+  newest row of a configuration.
   """
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
   return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
+          "allocator": allocator(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": len(jax.devices()), "device_kind": jax.devices()[0].device_kind,
           # float32 dots and convolutions: JAX's "default" is TF32 on recent NVIDIA GPUs

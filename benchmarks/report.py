@@ -145,11 +145,15 @@ SOURCE = {"scaling_fit": "scaling"}
 
 
 def machine_label(r: dict) -> str:
-  """``"NVIDIA H100 80GB HBM3 x1 (gpu)"``, or the CPU model on CPU."""
+  """``"NVIDIA H100 80GB HBM3 x1 (gpu)"``, or the CPU model on CPU; with the allocator
+  when it is not the system's (``"AMD EPYC [avx512f], tcmalloc"``)."""
   backend = r.get("backend", "cpu")
   if backend != "cpu" and r.get("device_kind"):
-    return f"{r['device_kind']} x{r.get('devices', 1)} ({backend})"
-  return str(r.get("cpu", "?"))
+    label = f"{r['device_kind']} x{r.get('devices', 1)} ({backend})"
+  else:
+    label = str(r.get("cpu", "?"))
+  alloc = r.get("allocator", "system")
+  return label if alloc == "system" else f"{label}, {alloc}"
 
 
 def load(results_dir: str = RESULTS_DIR) -> List[dict]:

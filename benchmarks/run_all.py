@@ -23,7 +23,9 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
 * then ``report.py`` over the rows this run wrote: tables (``report.md``) and figures
   (PNG) next to the logs.
 
-Before anything runs, every step's flags are checked (``--only_check_args``), so that a
+The steps run with tcmalloc preloaded where it is installed (``--allocator``; on CPU it
+spares each call the page faults of fresh large buffers, docs/performance.md section 6m);
+every row records the allocator. Before anything runs, every step's flags are checked (``--only_check_args``), so that a
 typo stops the suite at once and not hours in. A step that fails is reported and the next
 one runs; Ctrl-C stops the running step and prints what ran. The benchmarks append each row
 to ``<results_dir>/<benchmark>.jsonl`` as soon as it is measured (``peers.py``, whose
@@ -72,6 +74,10 @@ def define_flags():
   flags.DEFINE_string("peers_python", os.path.join(ROOT, ".venv-peers", "bin", "python"),
                       "The peers' Python (pfl, Flower); see "
                       "benchmarks/requirements-peers.txt.")
+  flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"],
+                    "malloc of the steps: tcmalloc preloaded (LD_PRELOAD; 'auto': when it "
+                    "is installed, Debian package libtcmalloc-minimal4) or the system's. "
+                    "Every row records it.")
   for name in ("only", "skip"):
     flags.register_validator(name, _known_steps,
                              message=f"--{name}: each item must be one of {', '.join(STEPS)}")
@@ -177,6 +183,24 @@ def default_tag(p: Platform) -> str:
   return f"{kind}_{time.strftime('%Y-%m-%d')}"
 
 
+def allocator_env(choice: str, env: Dict[str, str]) -> Dict[str, str]:
+  """``env`` with tcmalloc preloaded for ``--allocator`` ``"auto"`` (when installed) and
+  ``"tcmalloc"`` (an error naming the flag when it is not); ``"system"``: ``env``."""
+  if choice == "system":
+    return env
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  lib = common.find_tcmalloc()
+  if lib is None:
+    if choice == "tcmalloc":
+      raise app.UsageError(
+          "--allocator=tcmalloc: tcmalloc's library (libtcmalloc_minimal) is not "
+          "installed; install the Debian/Ubuntu package libtcmalloc-minimal4 (or "
+          "gperftools), or pass --allocator=system")
+    return env
+  preload = " ".join(p for p in (env.get("LD_PRELOAD", ""), lib) if p)
+  return dict(env, LD_PRELOAD=preload)
+
+
 def check_flags(steps: Sequence[Step], tag: str, env: Dict[str, str]) -> List[str]:
   """Each step's command with ``--only_check_args``: the messages of those that fail."""
   errors = []
@@ -221,13 +245,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   results = os.path.abspath(FLAGS.results_dir or os.path.join(HERE, "results"))
-  env = dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results)
+  env = allocator_env(FLAGS.allocator,
+                      dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results))
   p = detect_platform()
   tag = FLAGS.tag or default_tag(p)
   steps = [s for s in plan(p, FLAGS.quick, FLAGS.peers_python)
            if (not FLAGS.only or s.name in FLAGS.only) and s.name not in FLAGS.skip]
   print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
-        f"{tag!r}; {len(steps)} step(s); rows to {results}", flush=True)
+        f"{tag!r}; {len(steps)} step(s); rows to {results}; malloc: "
+        f"{env.get('LD_PRELOAD') or 'the system allocator'}", flush=True)
   errors = check_flags(steps, tag, env)
   if errors:
     sys.exit("error: these steps' flags were refused, nothing was run:\n  "

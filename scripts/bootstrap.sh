@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Python 3.10 virtual environment with the pinned packages, and the
-# Debian Fashion-MNIST data package. Safe to run again: each step is skipped when done.
+# Debian Fashion-MNIST data package (and tcmalloc, which the benchmark suite
+# preloads: docs/performance.md section 6m). Safe to run again: each step is skipped when done.
 # Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
-# (default "test"), FEDJAX_SKIP_APT=1 to skip the Debian package.
+# (default "test"), FEDJAX_SKIP_APT=1 to skip the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*"; }
@@ -50,4 +51,15 @@ else
     $sudo apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
       || say "could not install dataset-fashion-mnist; Fashion-MNIST tests will skip (see BUILD.md)"
   fi
+fi
+
+if ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+  say "tcmalloc present (benchmarks/run_all.py preloads it)"
+elif [ "${FEDJAX_SKIP_APT:-0}" = 1 ]; then
+  say "FEDJAX_SKIP_APT=1: not installing libtcmalloc-minimal4 (the benchmarks use the system malloc)"
+else
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  say "installing Debian package libtcmalloc-minimal4 (tcmalloc, for the benchmark suite)"
+  $sudo apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
+    || say "could not install libtcmalloc-minimal4; the benchmarks will use the system malloc"
 fi

@@ -247,6 +247,16 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
   assert "Test CPU" not in only_gpu and "288,044" in only_gpu
 
 
+def test_report_labels_a_machine_with_its_allocator_when_not_the_systems():
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  cpu = _row("throughput", "a", "t")
+  assert report.machine_label(cpu) == "Test CPU [avx2]"  # rows from before: the system's
+  assert report.machine_label(dict(cpu, allocator="system")) == "Test CPU [avx2]"
+  assert report.machine_label(dict(cpu, allocator="tcmalloc")) == "Test CPU [avx2], tcmalloc"
+  gpu = dict(cpu, backend="gpu", device_kind="NVIDIA H100", allocator="tcmalloc")
+  assert report.machine_label(gpu) == "NVIDIA H100 x1 (gpu), tcmalloc"
+
+
 def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   rows = [_row("scaling", t, "2026-01-01T00:00:00Z", sweep="n", model="logreg",
@@ -340,6 +350,38 @@ def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
   assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
   for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
     assert (tmp_path / "logs" / "smoke" / png).exists()
+  # --allocator=auto: tcmalloc preloaded where it is installed, and every row says which
+  expected = "tcmalloc" if common.find_tcmalloc() else "system"
+  assert {json.loads(l)["allocator"] for step in ("fraction_of_peak", "throughput")
+          for l in open(tmp_path / f"{step}.jsonl")} == {expected}
+
+
+def test_run_all_allocator_preloads_tcmalloc_or_names_the_flag(monkeypatch):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  env = {"LD_PRELOAD": "libother.so", "PATH": "/bin"}
+  assert run_all.allocator_env("system", env) is env
+  monkeypatch.setattr(common, "find_tcmalloc", lambda: "libtcmalloc_minimal.so.4")
+  for choice in ("auto", "tcmalloc"):
+    assert run_all.allocator_env(choice, env) == {
+        "LD_PRELOAD": "libother.so libtcmalloc_minimal.so.4", "PATH": "/bin"}
+  assert run_all.allocator_env("auto", {})["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
+  monkeypatch.setattr(common, "find_tcmalloc", lambda: None)
+  assert run_all.allocator_env("auto", env) is env  # not installed: the system's
+  with pytest.raises(app.UsageError, match="--allocator=tcmalloc: .*libtcmalloc-minimal4"):
+    run_all.allocator_env("tcmalloc", env)
+
+
+def test_rows_name_the_allocator_the_process_runs_with():
+  code = "from benchmarks import common; print(common.machine()['allocator'])"
+  run = lambda **env: subprocess.run(
+      [sys.executable, "-c", code], env=common.child_env(JAX_PLATFORMS="cpu", **env),
+      capture_output=True, text=True, timeout=120).stdout.strip()
+  assert run(LD_PRELOAD="") == "system"
+  lib = common.find_tcmalloc()
+  if lib is None:
+    pytest.skip("tcmalloc is not installed (Debian package libtcmalloc-minimal4)")
+  assert run(LD_PRELOAD=lib) == "tcmalloc"
 
 
 def test_multidevice_on_the_machines_own_devices(tmp_path):
