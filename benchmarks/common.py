@@ -316,15 +316,25 @@ def engine_runner(wl: Workload, cfg: Optional[engine.EngineConfig] = None,
   return prepare, run, compiled
 
 
-def sharded_engine_runner(wl: Workload, devices):
-  """``engine_runner`` with each round's clients split over ``devices``.
+def client_chunk(flag: int, num_params: int) -> Optional[int]:
+  """``EngineConfig.client_chunk`` for a benchmark's ``--client_chunk``: -1 the engine's
+  automatic choice (``engine.auto_client_chunk``: 1 for models of >= 100k parameters on
+  CPU, as the experiments run them), 0 all K in one vmap, G >= 1 chunks of G."""
+  if flag < 0:
+    return engine.auto_client_chunk(num_params)
+  return flag or None
+
+
+def sharded_engine_runner(wl: Workload, devices, chunk: Optional[int] = None):
+  """``engine_runner`` with each round's clients split over ``devices`` (each device's
+  share in chunks of ``chunk``, as ``EngineConfig.client_chunk``).
 
   ``sharding.shard_clients``: K padded to a multiple of the device count, data and state
   replicated, the client-slot axis constrained to a ``("clients",)`` mesh.
   """
   swl = copy.copy(wl)
-  cfg, swl.timeline, _, swl.data = sharding.shard_clients(wl.engine_config(), wl.timeline,
-                                                          (), wl.data, devices)
+  cfg, swl.timeline, _, swl.data = sharding.shard_clients(
+      wl.engine_config(client_chunk=chunk), wl.timeline, (), wl.data, devices)
   if cfg.client_sharding is None:
     return engine_runner(swl, cfg)
   mesh = cfg.client_sharding.mesh

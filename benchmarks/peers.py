@@ -301,9 +301,7 @@ def main_driver(argv):
     wl = common.Workload("simple_cnn", args.clients, num_clients=args.clients,
                          examples=args.examples, batch=args.batch,
                          rounds=args.engine_rounds)
-    from fedjax_async import engine  # pylint: disable=g-import-not-at-top
-    chunk = (engine.auto_client_chunk(wl.dim) if args.client_chunk < 0
-             else args.client_chunk or None)
+    chunk = common.client_chunk(args.client_chunk, wl.dim)
     runners = {}
     # "engine_flax_dense": the engine with flax's nn.Dense (autodiff backward) instead of
     # models.Dense, the before/after of docs/performance.md section 6d in the same run.

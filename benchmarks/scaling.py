@@ -94,7 +94,6 @@ flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 def child(spec):
   """Runs one configuration; prints a RESULT json line."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   model, k, n, m, alg = spec.split(":")
   k, n, m = int(k), int(n), int(m)
@@ -105,8 +104,7 @@ def child(spec):
                        rounds=FLAGS.rounds, algorithm=alg, jax_data=True)
   build_s = time.perf_counter() - t0
   rss_built = common.peak_rss_bytes()
-  chunk = (engine.auto_client_chunk(wl.dim) if FLAGS.client_chunk < 0
-           else FLAGS.client_chunk or None)
+  chunk = common.client_chunk(FLAGS.client_chunk, wl.dim)
   prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
   t = common.timed(prep, run, reps=FLAGS.reps)
   rss = common.peak_rss_bytes()

@@ -5,7 +5,9 @@ per round, every client with ``--examples`` examples, batch ``--batch``, one loc
 ``examples / batch`` local steps), then times, in this one process:
 
 * ``engine``: ``engine.make_runner`` (all ``--rounds`` rounds fused in one ``lax.scan``,
-  all K clients of a round in one ``jax.vmap``);
+  the K clients of a round as the engine trains them by default, ``--client_chunk=-1``:
+  one ``jax.vmap`` of all K, or for models of >= 100k parameters on CPU (the CNN) one
+  client per ``lax.map`` step; ``--client_chunk=0`` forces one vmap of all K);
 * ``loop``: one jitted per-client ``train`` + ``client_final`` (all of a client's local
   steps in one call) in a Python loop over the arrivals of each round, then a jitted
   server step: the stronger of the two loop baselines, and the one the targets use;
@@ -62,6 +64,9 @@ flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.
 flags.DEFINE_integer("engine_devices", 1, "D > 1: also time the engine with each round's "
                      "clients split over D CPU devices (made here with jax_num_cpu_devices; "
                      "they share the machine's cores).", lower_bound=1)
+flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
+                     "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
+                     "0: all K in one vmap).", lower_bound=-1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 
 
@@ -78,11 +83,12 @@ def main(_):
       rounds = FLAGS.rounds or (20 if model == "logreg" else 2)
       wl = common.Workload(model, k, num_clients=k, examples=FLAGS.examples,
                            batch=FLAGS.batch, rounds=rounds, algorithm=FLAGS.algorithm)
-      prep, run, _ = common.engine_runner(wl)
+      chunk = common.client_chunk(FLAGS.client_chunk, wl.dim)
+      prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
       runners = {"engine": (prep, run)}
       if FLAGS.engine_devices > 1:
         prep_s, run_s, _ = common.sharded_engine_runner(
-            wl, sharding.select_devices(FLAGS.engine_devices, "engine_devices"))
+            wl, sharding.select_devices(FLAGS.engine_devices, "engine_devices"), chunk)
         runners["engine_sharded"] = (prep_s, run_s)
       if FLAGS.loop:
         runners["loop"] = common.loop_runner(wl)
@@ -96,7 +102,8 @@ def main(_):
       ex = wl.examples_per_round * rounds
       row = dict(bench="throughput", model=model, params=wl.dim, clients_per_round=k,
                  rounds=rounds, local_steps=wl.steps, batch=wl.batch,
-                 algorithm=FLAGS.algorithm, engine_s=t_engine, loop_s=t_loop,
+                 algorithm=FLAGS.algorithm, client_chunk=chunk or 0, engine_s=t_engine,
+                 loop_s=t_loop,
                  engine_steps_per_s=steps / t_engine, loop_steps_per_s=steps / t_loop,
                  engine_examples_per_s=ex / t_engine, loop_examples_per_s=ex / t_loop,
                  speedup_vs_loop=t_loop / t_engine, fedjax_loop_s=t_fedjax,
