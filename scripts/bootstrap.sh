@@ -38,28 +38,33 @@ else
   say "packages already installed in $venv (delete $stamp to reinstall)"
 fi
 
+# apt_install PACKAGE WHAT IF_MISSING: installs a Debian package (via sudo when not root;
+# after an apt-get update if the first try fails), unless FEDJAX_SKIP_APT=1.
+apt_install() {
+  local pkg=$1 what=$2 if_missing=$3 sudo=""
+  if [ "${FEDJAX_SKIP_APT:-0}" = 1 ]; then
+    say "FEDJAX_SKIP_APT=1: not installing $pkg ($if_missing)"
+    return
+  fi
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  say "installing Debian package $pkg ($what)"
+  if ! $sudo apt-get install -y -q "$pkg" >/dev/null 2>&1; then
+    $sudo apt-get update -q >/dev/null 2>&1 || true
+    $sudo apt-get install -y -q "$pkg" >/dev/null 2>&1 || say "could not install $pkg; $if_missing"
+  fi
+}
+
 fm=/usr/share/datasets/fashion-mnist
 if [ -f "$fm/train-images-idx3-ubyte.gz" ] || [ -f "$fm/train-images-idx3-ubyte" ]; then
   say "Fashion-MNIST present in $fm"
-elif [ "${FEDJAX_SKIP_APT:-0}" = 1 ]; then
-  say "FEDJAX_SKIP_APT=1: not installing dataset-fashion-mnist (tests that need it skip)"
 else
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  say "installing Debian package dataset-fashion-mnist (real Fashion-MNIST IDX files)"
-  if ! $sudo apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; then
-    $sudo apt-get update -q >/dev/null 2>&1 || true
-    $sudo apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
-      || say "could not install dataset-fashion-mnist; Fashion-MNIST tests will skip (see BUILD.md)"
-  fi
+  apt_install dataset-fashion-mnist "real Fashion-MNIST IDX files" \
+    "the Fashion-MNIST tests skip, see BUILD.md"
 fi
 
 if ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
   say "tcmalloc present (benchmarks/run_all.py preloads it)"
-elif [ "${FEDJAX_SKIP_APT:-0}" = 1 ]; then
-  say "FEDJAX_SKIP_APT=1: not installing libtcmalloc-minimal4 (the benchmarks use the system malloc)"
 else
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  say "installing Debian package libtcmalloc-minimal4 (tcmalloc, for the benchmark suite)"
-  $sudo apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
-    || say "could not install libtcmalloc-minimal4; the benchmarks will use the system malloc"
+  apt_install libtcmalloc-minimal4 "tcmalloc, for the benchmark suite" \
+    "the benchmarks use the system malloc"
 fi
