@@ -228,20 +228,22 @@ def render(rows: Sequence[dict], tag: Optional[str] = None,
 
 
 # Figures: (file, title, benchmark, row filter, x key (log scale), [(y label, y value,
-# log y)])
+# log y[, the target: a dashed line])])
 PLOTS = (
     ("fraction_of_peak.png", "A round's FLOP/s as a fraction of the matmul peak",
      "fraction_of_peak", lambda r: True, "clients_per_round",
      [("fraction of peak (XLA's FLOP count)", lambda r: _num(r.get("fraction_of_peak")),
-       False),
+       False, 0.40),
       ("fraction of peak (counted from the model)",
-       lambda r: _num(r.get("fraction_of_peak_analytic")), False),
-      ("engine / per-client jit loop", lambda r: _num(r.get("speedup_vs_loop")), False)]),
+       lambda r: _num(r.get("fraction_of_peak_analytic")), False, 0.40),
+      ("engine / per-client jit loop", lambda r: _num(r.get("speedup_vs_loop")), False,
+       1.0)]),
     ("throughput.png", "Logistic regression: engine vs the per-client jit loop",
      "throughput", lambda r: r.get("model") == "logreg", "clients_per_round",
-     [("engine / jit loop, one device", lambda r: _num(r.get("speedup_vs_loop")), False),
+     [("engine / jit loop, one device", lambda r: _num(r.get("speedup_vs_loop")), False,
+       10.0),
       ("engine over all devices / jit loop",
-       lambda r: _num(r.get("speedup_sharded_vs_loop")), False)]),
+       lambda r: _num(r.get("speedup_sharded_vs_loop")), False, 10.0)]),
     ("scaling_n.png", "PAFed: round time and peak memory vs total clients N", "scaling",
      lambda r: r.get("sweep") == "n" and "failed" not in r, "num_clients",
      [("seconds per round", lambda r: _num(r.get("s_per_round")), True),
@@ -274,13 +276,16 @@ def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
     fig = Figure(figsize=(5.0 * len(panels), 3.8))
     FigureCanvasAgg(fig)
     lines = 0
-    for i, (ylabel, yfn, logy) in enumerate(panels):
+    for i, (ylabel, yfn, logy, *target) in enumerate(panels):
       ax = fig.add_subplot(1, len(panels), i + 1)
       for (mach, tag, model), pts in series.items():
         xy = [(x, yfn(r)) for x, r in sorted(pts.items()) if yfn(r) is not None]
         if xy:
           ax.plot(*zip(*xy), marker="o", label=f"{mach} {tag} {model}".strip())
           lines += 1
+      if target and ax.lines:
+        ax.axhline(target[0], color="gray", linestyle="--", linewidth=1,
+                   label=f"the issue's target ({target[0]:g})")
       ax.set_xscale("log")
       if logy:
         ax.set_yscale("log")

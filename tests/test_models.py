@@ -278,6 +278,9 @@ def test_analytic_flops_count_every_tap_as_pytorchs_flop_counter_does():
   assert models.analytic_flops(jnp.dot, a, b) == models._flops(jnp.dot, a, b) == 2 * 64 * 128 * 32
   scanned = lambda a, b: lax.scan(lambda c, _: (c, jnp.dot(a, b)), 0.0, None, length=3)[1]
   assert models.analytic_flops(scanned, a, b) == 3 * 2 * 64 * 128 * 32
+  # a cond runs one branch: the dearer one is counted
+  branchy = lambda p, a, b: lax.cond(p, lambda: jnp.dot(a, b), lambda: jnp.dot(a, b) @ b.T @ b)
+  assert models.analytic_flops(branchy, True, a, b) == 3 * 2 * 64 * 128 * 32
 
 
 def test_analytic_flops_refuse_what_they_cannot_count():
