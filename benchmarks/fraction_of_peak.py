@@ -6,9 +6,10 @@ formulation is not credited for its patch extraction. Both of the issue's counts
 reported: ``fraction_of_peak`` by XLA's cost analysis (taps on SAME padding left out,
 element-wise ops in: 630 MFLOP for the CNN at batch 10) and ``fraction_of_peak_analytic``
 counted from the model (every product, every tap: 724 MFLOP, what PyTorch's
-``torch.utils.flop_counter`` gives for the same CNN; ``models.analytic_flops``). Peak = a 2048^3 float32 matmul measured in the same process: best of 3 at
-start, and again as one more runner taking turns with the engine and the loop in every
-repetition; the larger of the two is the peak (a VM that slows down mid-run then lowers
+``torch.utils.flop_counter`` gives for the same CNN; ``models.analytic_flops``).
+Peak = a 2048^3 float32 matmul measured in the same process: best of 3 at start, and
+again as one more runner taking turns with the engine and the loop in every repetition;
+the larger of the two is the peak (a VM that slows down mid-run then lowers
 the engine's figure, never the peak's). The default 60 examples per client at batch 10
 are the 6 local steps of the issue's starting point.
 Also times the sequential per-client jit loop on the same workload (``--loop``) so that

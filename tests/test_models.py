@@ -275,12 +275,14 @@ def test_analytic_flops_count_every_tap_as_pytorchs_flop_counter_does():
   assert 0.8 * step < xla < step
   # ... and, with no padding, agrees on a plain product; a scan counts its body per trip.
   a, b = jnp.ones((64, 128)), jnp.ones((128, 32))
-  assert models.analytic_flops(jnp.dot, a, b) == models._flops(jnp.dot, a, b) == 2 * 64 * 128 * 32
+  product = 2 * 64 * 128 * 32
+  assert models.analytic_flops(jnp.dot, a, b) == models._flops(jnp.dot, a, b) == product
   scanned = lambda a, b: lax.scan(lambda c, _: (c, jnp.dot(a, b)), 0.0, None, length=3)[1]
-  assert models.analytic_flops(scanned, a, b) == 3 * 2 * 64 * 128 * 32
-  # a cond runs one branch: the dearer one is counted
-  branchy = lambda p, a, b: lax.cond(p, lambda: jnp.dot(a, b), lambda: jnp.dot(a, b) @ b.T @ b)
-  assert models.analytic_flops(branchy, True, a, b) == 3 * 2 * 64 * 128 * 32
+  assert models.analytic_flops(scanned, a, b) == 3 * product
+  # a cond runs one branch: the dearer one (three products) is counted
+  branchy = lambda p, a, b: lax.cond(p, lambda: jnp.dot(a, b),
+                                     lambda: jnp.dot(a, b) @ b.T @ b)
+  assert models.analytic_flops(branchy, True, a, b) == 3 * product
 
 
 def test_analytic_flops_refuse_what_they_cannot_count():
