@@ -27,10 +27,10 @@ The steps run with tcmalloc preloaded where it is installed (``--allocator``; on
 spares each call the page faults of fresh large buffers, docs/performance.md section 6m);
 every row records the allocator. Before anything runs, every step's flags are checked
 (``--only_check_args``), so that a typo stops the suite at once and not hours in. A step
-that fails is reported and the next one runs; Ctrl-C stops the running step and prints what ran. The benchmarks append each row
-to ``<results_dir>/<benchmark>.jsonl`` as soon as it is measured (``peers.py``, whose
-ratios need every system's turns, at its end), so an interruption loses only the
-configuration it cut short.
+that fails is reported and the next one runs; Ctrl-C stops the running step and prints
+what ran. The benchmarks append each row to ``<results_dir>/<benchmark>.jsonl`` as soon as
+it is measured (``peers.py``, whose ratios need every system's turns, at its end), so an
+interruption loses only the configuration it cut short.
 """
 
 from __future__ import annotations
