@@ -35,7 +35,8 @@ def _num(v) -> Optional[float]:
 
 def fmt(kind: str) -> Callable[[Any], str]:
   """A cell formatter: "pct" 0.285 -> "28.5 %", "x" 1.1 -> "1.10x", "int", "g3" (3
-  significant digits), "ms" seconds -> milliseconds, "mib" bytes -> MiB, "str"."""
+  significant digits), "ms" seconds -> milliseconds, "mib" bytes -> MiB ("mib3": 3
+  significant digits), "str"."""
 
   def f(v):
     if kind == "str":
@@ -53,6 +54,8 @@ def fmt(kind: str) -> Callable[[Any], str]:
       return f"{1e3 * x:.3g}"
     if kind == "mib":
       return f"{x / 2**20:,.0f}"
+    if kind == "mib3":
+      return f"{x / 2**20:.3g}"
     return f"{x:.3g}"
 
   return f
@@ -74,6 +77,14 @@ def _not_run(r) -> str:
     return ""
   note = str(r.get("note", "")).replace("|", "/")
   return f"NOT RUN: {note[:160]}" if note else "NOT RUN"
+
+
+def _uploads(r) -> str:
+  """How a row's round held its uploads: "summed" chunk by chunk (``stream_uploads``),
+  "[K, d]", or "" where the row does not say (rows before the field)."""
+  if "stream_uploads" not in r:
+    return ""
+  return "summed" if r["stream_uploads"] else "[K, d]"
 
 
 def _peak_memory(r) -> Optional[float]:
@@ -108,12 +119,13 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("sharded engine / jit loop", "speedup_sharded_vs_loop", "x")], 3),
     "scaling": (
         "Time and peak memory per round (`scaling.py`)",
-        lambda r: r.get("sweep") in ("k", "n", "verify") and "failed" not in r,
+        lambda r: r.get("sweep") in ("k", "k_kept", "n", "verify") and "failed" not in r,
         [("model", "model", "str"), ("sweep", "sweep", "str"),
          ("K", "clients_per_round", "int"), ("N", "num_clients", "int"),
+         ("uploads", _uploads, "str"),
          ("s/round", "s_per_round", "g3"), ("peak memory (MiB)", _peak_memory, "mib"),
          ("memory", lambda r: "device" if _num(r.get("peak_device_bytes")) is not None
-          else "RSS", "str")], 4),
+          else "RSS", "str")], 5),
     "scaling_fit": (
         "Bytes per simulated client and the largest N that fits (`scaling.py --sweep=n`)",
         lambda r: r.get("sweep") == "n_fit",
@@ -123,6 +135,15 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("measured / strict", "ratio_to_strict", "x"),
          ("largest N", "max_clients_in_budget", "int"), ("budget GiB", "budget_gib", "g3")],
         2),
+    "scaling_k_fit": (
+        "Memory per client slot and the largest K per round that fits "
+        "(`scaling.py --sweep=k_fit`)",
+        lambda r: r.get("sweep") == "k_fit",
+        [("model", "model", "str"), ("uploads", _uploads, "str"),
+         ("MiB per client slot", "bytes_per_slot", "mib3"),
+         ("one upload (MiB)", "upload_bytes", "mib3"),
+         ("intercept (MiB)", "intercept_bytes", "mib"),
+         ("largest K", "max_k_in_budget", "int"), ("budget GiB", "budget_gib", "g3")], 2),
     "multidevice": (
         "Client axis sharded over devices (`multidevice.py`)",
         lambda r: True,
@@ -141,7 +162,7 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("fraction of peak", "fraction_of_peak", "pct"),
          ("engine speed-up over it", "engine_speedup", "x"), ("", _not_run, "str")], 2),
 }
-SOURCE = {"scaling_fit": "scaling"}
+SOURCE = {"scaling_fit": "scaling", "scaling_k_fit": "scaling"}
 
 
 def machine_label(r: dict) -> str:
@@ -249,16 +270,24 @@ PLOTS = (
      [("seconds per round", lambda r: _num(r.get("s_per_round")), True),
       ("peak memory (GiB)", lambda r: (_peak_memory(r) or 0) / 2**30 or None, True)]),
     ("scaling_k.png", "FedAvg: round time and peak memory vs clients per round K",
-     "scaling", lambda r: r.get("sweep") == "k" and "failed" not in r, "clients_per_round",
+     "scaling", lambda r: r.get("sweep") in ("k", "k_kept") and "failed" not in r,
+     "clients_per_round",
      [("seconds per round", lambda r: _num(r.get("s_per_round")), True),
       ("peak memory (GiB)", lambda r: (_peak_memory(r) or 0) / 2**30 or None, True)]),
 )
 
 
+def _series(r: dict) -> str:
+  """A figure line's name after machine and tag: the model, and how the round held its
+  uploads where the K sweep ran both ways (``scaling.py --sweep=k_fit``)."""
+  return f"{r.get('model')}, uploads [K, d]" if r.get("sweep") == "k_kept" else str(
+      r.get("model"))
+
+
 def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
   """Line plots of ``rows`` (already filtered) into ``out_dir``: for each figure of
-  ``PLOTS`` with data, one panel per quantity, one line per (machine, tag, model), x on a
-  log scale. Returns {file: number of lines} for the figures written."""
+  ``PLOTS`` with data, one panel per quantity, one line per (machine, tag, ``_series``),
+  x on a log scale. Returns {file: number of lines} for the figures written."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
@@ -266,11 +295,11 @@ def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
   for fname, title, bench, keep, xkey, panels in PLOTS:
     mine = [r for r in rows if r.get("bench") == bench and keep(r)]
     series: Dict[tuple, Dict[float, dict]] = {}
-    for r in newest(mine, lambda r: (machine_label(r), r.get("tag", ""), r.get("model"),
+    for r in newest(mine, lambda r: (machine_label(r), r.get("tag", ""), _series(r),
                                      r.get(xkey))):
       x = _num(r.get(xkey))
       if x:
-        series.setdefault((machine_label(r), r.get("tag", ""), r.get("model")), {})[x] = r
+        series.setdefault((machine_label(r), r.get("tag", ""), _series(r)), {})[x] = r
     if not series:
       continue
     fig = Figure(figsize=(5.0 * len(panels), 3.8))

@@ -147,8 +147,9 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         # 20 rounds per call, as an experiment runs them (docs/performance.md section 3)
         Step("scaling", "scaling.py",
              ["--sweep=k,n", "--models=logreg", "--rounds=20", "--reps=3"]),
+        # k_fit: the CNN's K also with its uploads kept as [K, d], for the memory they cost
         Step("scaling", "scaling.py",
-             ["--sweep=k,n", "--models=cnn", "--n_cnn=20,60,120", "--rounds=1",
+             ["--sweep=k_fit,n", "--models=cnn", "--n_cnn=20,60,120", "--rounds=1",
               "--examples=20"]),
         Step("multidevice", "multidevice.py", ["--reps=2"]),
         Step("peers", "peers.py", ["--reps=2", "--engine_rounds=2"] + peers),

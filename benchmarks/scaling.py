@@ -7,8 +7,9 @@ dual y_i and the last local model w_i) kept in ``SimState.client_state`` on the 
 (host RAM on CPU), next to the padded client data ``[N, M, ...]``.
 
 * ``--sweep=k``: N = K, K in ``--k_logreg`` / ``--k_cnn``, FedAvg (no per-client state,
-  so the growth is the per-slot cost of a round: K copies of the start model, local model,
-  optimiser trace and gradient, and the gathered data): seconds per round, peak RSS;
+  so the growth is the per-slot cost of a round: with one vmap of K, K copies of the start
+  model, local model, optimiser trace, gradient and upload; in chunks, the clients' data
+  and a chunk's copies): seconds per round, peak RSS;
 * ``--sweep=n``: K fixed, N in ``--n_logreg`` / ``--n_cnn``: a least-squares slope of
   peak RSS over N gives the measured bytes per simulated client, compared with what its
   state strictly needs: 2 d x 4 B (dual, last local) + M x (features + 1) x 4 B (data,
@@ -17,7 +18,13 @@ dual y_i and the last local model w_i) kept in ``SimState.client_state`` on the 
 
 The round runs as the engine would run it by default (``--client_chunk=-1``: the CNN one
 client at a time on CPU, logistic regression in one vmap of K); ``--client_chunk=0``
-forces one vmap of all K.
+forces one vmap of all K. With chunks, FedAvg's uploads are summed chunk by chunk
+(``EngineConfig.stream_uploads``, the default), so the K sweep's memory does not hold a
+``[K, d]`` uploads block; ``--nostream_uploads`` keeps it (the layout before), and
+``--sweep=k_fit`` runs the K sweep both ways, fits peak memory over K for each and
+reports the largest K per round that fits in ``--budget_gib``. (On an
+accelerator the CNN's default is one vmap of K, which keeps the block: give
+``--client_chunk`` to stream there.)
 
 The children run on the parent's platform (JAX's default, or ``JAX_PLATFORMS``). On an
 accelerator the memory that counts is the device's: each row also has
@@ -42,8 +49,10 @@ from absl import app, flags  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
 
 FLAGS = flags.FLAGS
-flagcheck.choice_list("sweep", ["k", "n"], ["k", "n"],
-                       "k: grow clients per round; n: grow total clients.")
+flagcheck.choice_list("sweep", ["k", "n"], ["k", "n", "k_fit"],
+                       "k: grow clients per round; n: grow total clients; k_fit: k, and "
+                       "again with the uploads kept as [K, d], each fitted for the largest "
+                       "K per round in the budget.")
 flagcheck.int_list("k_logreg", ["10", "100", "1000", "10000"], "K for logreg (N = K).")
 flagcheck.int_list("k_cnn", ["10", "50", "200", "1000"], "K for the CNN (N = K).")
 flagcheck.int_list("n_logreg", ["1000", "10000", "100000", "1000000"], "N for logreg.")
@@ -86,6 +95,8 @@ flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this
 flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
                      "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
                      "0: all K in one vmap).", lower_bound=-1)
+flags.DEFINE_boolean("stream_uploads", True, "Engine: with client chunks, sum FedAvg's "
+                     "uploads chunk by chunk (no [K, d] block).")
 flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).",
                      lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
@@ -94,6 +105,7 @@ flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 def child(spec):
   """Runs one configuration; prints a RESULT json line."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
+  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   model, k, n, m, alg = spec.split(":")
   k, n, m = int(k), int(n), int(m)
@@ -105,7 +117,8 @@ def child(spec):
   build_s = time.perf_counter() - t0
   rss_built = common.peak_rss_bytes()
   chunk = common.client_chunk(FLAGS.client_chunk, wl.dim)
-  prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
+  cfg = wl.engine_config(client_chunk=chunk, stream_uploads=FLAGS.stream_uploads)
+  prep, run, _ = common.engine_runner(wl, cfg)
   t = common.timed(prep, run, reps=FLAGS.reps)
   rss = common.peak_rss_bytes()
   device_peak = common.device_peak_bytes()  # None on CPU
@@ -116,19 +129,22 @@ def child(spec):
   strict_data = m * (feat + 1) * 4
   print("RESULT " + json.dumps(dict(
       model=model, clients_per_round=k, num_clients=n, examples=m, params=wl.dim,
-      local_steps=wl.steps, client_chunk=chunk, s_per_round=t / FLAGS.rounds, build_s=build_s,
+      local_steps=wl.steps, client_chunk=chunk,
+      stream_uploads=engine.streams_uploads(wl.alg, cfg, k), s_per_round=t / FLAGS.rounds, build_s=build_s,
       rss_base=rss0, rss_after_build=rss_built, peak_rss=rss,
       peak_device_bytes=device_peak,
       strict_bytes_per_client=strict_state + strict_data,
       strict_state_bytes_per_client=strict_state)), flush=True)
 
 
-def run_child(model, k, n, m, alg):
+def run_child(model, k, n, m, alg, stream=None):
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   env = common.child_env()  # the parent's platform: a GPU run measures the GPU
+  stream = FLAGS.stream_uploads if stream is None else stream
   cmd = [sys.executable, os.path.abspath(__file__), f"--child={model}:{k}:{n}:{m}:{alg}",
          f"--rounds={FLAGS.rounds}", f"--batch={FLAGS.batch}", f"--reps={FLAGS.reps}",
-         f"--client_chunk={FLAGS.client_chunk}"]
+         f"--client_chunk={FLAGS.client_chunk}",
+         "--stream_uploads" if stream else "--nostream_uploads"]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   if proc.returncode or not lines:
@@ -138,7 +154,8 @@ def run_child(model, k, n, m, alg):
   r = json.loads(lines[-1][len("RESULT "):])
   dev = ("" if r.get("peak_device_bytes") is None
          else f", peak device memory {r['peak_device_bytes'] / 2**20:.0f} MiB")
-  print(f"[scaling] {model} {alg} K={k} N={n} M={m}: {r['s_per_round']:.4g} s/round, peak RSS "
+  how = " streamed" if r.get("stream_uploads") else ""
+  print(f"[scaling] {model} {alg}{how} K={k} N={n} M={m}: {r['s_per_round']:.4g} s/round, peak RSS "
         f"{r['peak_rss'] / 2**20:.0f} MiB (base {r['rss_base'] / 2**20:.0f} MiB){dev}",
         flush=True)
   return r
@@ -146,6 +163,41 @@ def run_child(model, k, n, m, alg):
 
 def m_for(model, k):
   return FLAGS.cnn_examples_big_k if model == "cnn" and k >= 1000 else FLAGS.examples
+
+
+def k_sweep(model, mach, keep, budget, budget_gib, fit):
+  """N = K, FedAvg, K in ``--k_logreg`` / ``--k_cnn``; with ``fit`` (``--sweep=k_fit``) the
+  same K also with the uploads kept as ``[K, d]`` (``sweep: k_kept`` rows), and for each
+  way a fit peak memory = intercept + slope x K and the largest K per round in the budget
+  (the two ways differ only where the round runs in chunks: the CNN on CPU by default)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  ks = list(map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn))
+  both = fit
+  for stream in ((True, False) if both else (FLAGS.stream_uploads,)):
+    pts = []
+    for k in ks:
+      r = run_child(model, k, k, m_for(model, k), "fedavg", stream=stream)
+      keep(dict(bench="scaling", sweep="k" if stream or not both else "k_kept",
+                tag=FLAGS.tag, **mach, **r))
+      if "failed" not in r:
+        pts.append((k, common.peak_memory(r), r["params"], bool(r["stream_uploads"])))
+    if not both or len(pts) < 2:
+      continue
+    kk = np.array([p[0] for p in pts], float)
+    mem = np.array([p[1] for p in pts], float)
+    slope, icpt = np.polyfit(kk, mem, 1)
+    k_max = int((budget - icpt) / slope) if slope > 0 else None
+    streamed = pts[-1][3]
+    keep(dict(bench="scaling", sweep="k_fit", model=model, stream_uploads=streamed,
+              bytes_per_slot=slope, intercept_bytes=icpt, upload_bytes=pts[-1][2] * 4,
+              max_k_in_budget=k_max, budget_gib=budget_gib, ks=[p[0] for p in pts],
+              tag=FLAGS.tag, **mach))
+    how = "summed chunk by chunk" if streamed else "kept as [K, d]"
+    print(f"[scaling] {model}, uploads {how}: {slope / 2**20:.3f} MiB per client slot "
+          f"(an upload is {pts[-1][2] * 4 / 2**20:.2f} MiB); intercept "
+          f"{icpt / 2**20:.0f} MiB; largest K per round in {budget_gib:.3g} GiB ~ "
+          f"{k_max if k_max is not None else 'unbounded by memory'}", flush=True)
 
 
 def main(_):
@@ -163,11 +215,9 @@ def main(_):
     sys.exit("error: --budget_gib=0 asks for the device's memory, which JAX does not report "
              "here; give the budget in GiB")
   budget_gib = budget / 2**30
-  if "k" in FLAGS.sweep:
+  if "k" in FLAGS.sweep or "k_fit" in FLAGS.sweep:
     for model in FLAGS.models:
-      for k in map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn):
-        r = run_child(model, k, k, m_for(model, k), "fedavg")
-        keep(dict(bench="scaling", sweep="k", tag=FLAGS.tag, **mach, **r))
+      k_sweep(model, mach, keep, budget, budget_gib, fit="k_fit" in FLAGS.sweep)
   if "n" in FLAGS.sweep:
     import numpy as np  # pylint: disable=g-import-not-at-top
     for model in FLAGS.models:

@@ -11,7 +11,9 @@ One round t (``round_step``), all inside one jitted function:
    minibatch rows from the ``[N, M, ...]`` data in place; with ``client_sharding`` the K
    clients are split over the devices);
 4. ``algorithm.client_final`` (vmapped) -> uploads and new per-client state, scattered back
-   by client id (padding slots scatter out of bounds and are dropped);
+   by client id (padding slots scatter out of bounds and are dropped); with
+   ``client_chunk`` and a linear server rule the uploads are summed chunk by chunk
+   (``EngineConfig.stream_uploads``);
 5. ``algorithm.server_update`` folds the arrivals into the global model;
 6. write the new global model into the ring buffer at ``(t + 1) % R``.
 
@@ -81,6 +83,12 @@ class EngineConfig:
   training intermediates (activations, gradients, momentum) exist for G clients at a
   time, so large models at large K fit in memory and a chunk's parameters stay in cache
   (docs/performance.md). ``None`` (default): one vmap over all K.
+
+  ``stream_uploads`` (default True): with ``client_chunk`` and an algorithm whose server
+  reads the uploads only through one weighted sum (``Algorithm.linear_server``: FedAvg,
+  FedProx, FedNova, FedADMM), each chunk's weighted uploads are added into that sum as the
+  chunk is trained, a ``lax.scan`` carry, so the round's ``[K, d]`` uploads never exist
+  (the same sum in a different order of additions). False keeps the ``[K, d]`` block.
   """
 
   local: client_lib.LocalConfig
@@ -88,6 +96,7 @@ class EngineConfig:
   eval_batch: int = 1000
   client_sharding: Optional[Any] = None
   client_chunk: Optional[int] = None
+  stream_uploads: bool = True
 
   def __post_init__(self):
     if self.ring_size < 1:
@@ -115,13 +124,10 @@ def auto_client_chunk(num_params: int, backend: Optional[str] = None) -> Optiona
   return 1 if backend == "cpu" and num_params >= AUTO_CHUNK_MIN_PARAMS else None
 
 
-def chunked_vmap(fn: Callable, chunk: Optional[int], *args):
-  """``jax.vmap(fn)(*args)``, or the same as ``lax.map`` over chunks of ``chunk`` rows
-  (the leading axis is padded to a multiple of ``chunk`` with copies of row 0, whose
-  results are dropped)."""
+def _chunks(chunk: int, args):
+  """Splits the leading axis K of ``args`` into ceil(K / chunk) chunks of ``chunk`` rows
+  (padded with copies of row 0); also returns K and a [chunks, chunk] mask of real rows."""
   k = jax.tree.leaves(args)[0].shape[0]
-  if chunk is None or chunk >= k:
-    return jax.vmap(fn)(*args)
   num = -(-k // chunk)
   pad = num * chunk - k
 
@@ -130,8 +136,40 @@ def chunked_vmap(fn: Callable, chunk: Optional[int], *args):
       a = jnp.concatenate([a, jnp.broadcast_to(a[:1], (pad,) + a.shape[1:])])
     return a.reshape((num, chunk) + a.shape[1:])
 
-  out = jax.lax.map(lambda xs: jax.vmap(fn)(*xs), jax.tree.map(split, args))
-  return jax.tree.map(lambda a: a.reshape((num * chunk,) + a.shape[2:])[:k], out)
+  real = (jnp.arange(num * chunk) < k).reshape(num, chunk)
+  return jax.tree.map(split, args), k, real
+
+
+def _unchunk(tree, k: int):
+  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:k], tree)
+
+
+def chunked_vmap(fn: Callable, chunk: Optional[int], *args):
+  """``jax.vmap(fn)(*args)``, or the same as ``lax.map`` over chunks of ``chunk`` rows
+  (the leading axis is padded to a multiple of ``chunk`` with copies of row 0, whose
+  results are dropped)."""
+  k = jax.tree.leaves(args)[0].shape[0]
+  if chunk is None or chunk >= k:
+    return jax.vmap(fn)(*args)
+  split, k, _ = _chunks(chunk, args)
+  return _unchunk(jax.lax.map(lambda xs: jax.vmap(fn)(*xs), split), k)
+
+
+def chunked_map_sum(fn: Callable, chunk: int, *args):
+  """``fn(real [G], *rows) -> (per-row outputs, partial sums)`` over chunks of ``chunk``
+  rows in one ``lax.scan``: the per-row outputs are stacked (padding rows dropped), the
+  partial sums added up in the carry. ``real`` is False for a chunk's padding rows."""
+  split, k, real = _chunks(chunk, args)
+  first = jax.tree.map(lambda a: a[0], (real, split))
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                       jax.eval_shape(lambda xs: fn(xs[0], *xs[1])[1], first))
+
+  def body(total, xs):
+    out, part = fn(xs[0], *xs[1])
+    return jax.tree.map(jnp.add, total, part), out
+
+  total, out = jax.lax.scan(body, zeros, (real, split))
+  return _unchunk(out, k), total
 
 
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
@@ -195,10 +233,17 @@ def materialized(tree, always_true):
 class ClientPhase(NamedTuple):
   """Steps 1-4 of a round: what the server receives, and the updated client state."""
 
-  uploads: jax.Array  # [K, d]
+  uploads: Optional[jax.Array]  # [K, d]; None when streamed (upload_sum instead)
   arrivals: base.Arrivals
   client_state: Dict[str, jax.Array]  # [N, d] each, already scattered
   mean_loss: jax.Array  # [K]
+  upload_sum: Optional[jax.Array] = None  # [d] sum_k weight_k upload_k, when streamed
+
+
+def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> bool:
+  """Whether a round of K slots sums its uploads chunk by chunk (``stream_uploads``)."""
+  return (cfg.stream_uploads and algorithm.linear_server is not None
+          and cfg.client_chunk is not None and cfg.client_chunk < k)
 
 
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
@@ -238,13 +283,33 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
     return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
-  res, out = chunked_vmap(train_and_final, cfg.client_chunk, ring_row, cstate, client_ids,
-                          n_local, keys)
+  online = valid & slots["online"]
+  staleness = jnp.where(valid, t - dispatch, 0)
+  upload_sum = None
+  if streams_uploads(algorithm, cfg, valid.shape[0]):
+    rule = algorithm.linear_server
+
+    def train_chunk(real, ri, cs, ci, ni, ki, v, on, st):
+      # One chunk's weighted uploads summed here: the round keeps [d], not [K, d].
+      res, out = jax.vmap(train_and_final)(ri, cs, ci, ni, ki)
+      v = v & real
+      rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
+                           num_examples=ni.astype(jnp.float32),
+                           num_steps=res.num_steps.astype(jnp.float32), start_params=None)
+      part = jnp.einsum("g,gd->d", rule.weight(rows, hp), out.upload)
+      return (res, out.state), part
+
+    (res, new_rows), upload_sum = chunked_map_sum(
+        train_chunk, cfg.client_chunk, ring_row, cstate, client_ids, n_local, keys, valid,
+        online, staleness)
+    out = base.ClientOutput(upload=None, state=new_rows)
+  else:
+    res, out = chunked_vmap(train_and_final, cfg.client_chunk, ring_row, cstate,
+                            client_ids, n_local, keys)
   new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
                 for k in state.client_state}
-  arrivals = base.Arrivals(valid=valid, online=valid & slots["online"],
-                           delayed=valid & ~slots["online"],
-                           staleness=jnp.where(valid, t - dispatch, 0),
+  arrivals = base.Arrivals(valid=valid, online=online, delayed=valid & ~slots["online"],
+                           staleness=staleness,
                            num_examples=n.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32),
                            start_params=state.ring[ring_row])
@@ -257,7 +322,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     small, mean_loss = jax.lax.with_sharding_constraint(
         ({f: getattr(arrivals, f) for f in fields}, mean_loss), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(out.upload, arrivals, new_cstate, mean_loss)
+  return ClientPhase(out.upload, arrivals, new_cstate, mean_loss, upload_sum)
 
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
@@ -290,8 +355,14 @@ def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Call
   """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline."""
   phase = client_phase(state, slots, hp, data, apply_flat=apply_flat, algorithm=algorithm,
                        cfg=cfg)
-  new_w, server_state, alg_metrics = algorithm.server_update(
-      state.w, state.server_state, phase.uploads, phase.arrivals, state.round, hp)
+  if phase.upload_sum is not None:  # streamed: the linear rule applied to its sum
+    rule = algorithm.linear_server
+    new_w, server_state, alg_metrics = rule.apply(
+        state.w, state.server_state, phase.upload_sum, rule.weight(phase.arrivals, hp),
+        phase.arrivals, state.round, hp)
+  else:
+    new_w, server_state, alg_metrics = algorithm.server_update(
+        state.w, state.server_state, phase.uploads, phase.arrivals, state.round, hp)
   return finish_round(state, phase, new_w, server_state, slots, alg_metrics)
 
 

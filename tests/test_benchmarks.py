@@ -282,6 +282,57 @@ def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_scaling_k_fit_runs_the_k_sweep_both_ways_and_fits_each(tmp_path):
+  # Logistic regression in chunks of 2 (so its round streams): each K once with the
+  # uploads summed chunk by chunk (sweep "k") and once kept as [K, d] ("k_kept"), then one
+  # least-squares fit per way over K with the largest K in the budget.
+  env = common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "scaling.py"),
+       "--sweep=k_fit", "--models=logreg", "--k_logreg=4,8", "--client_chunk=2",
+       "--rounds=1", "--examples=20", "--budget_gib=4", "--tag=kfit"], env=env,
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(l) for l in open(tmp_path / "scaling.jsonl")]
+  runs = [(r["sweep"], r["clients_per_round"], r["stream_uploads"]) for r in rows
+          if r["sweep"] != "k_fit"]
+  assert runs == [("k", 4, True), ("k", 8, True), ("k_kept", 4, False),
+                  ("k_kept", 8, False)]
+  fits = [r for r in rows if r["sweep"] == "k_fit"]
+  assert [f["stream_uploads"] for f in fits] == [True, False]
+  for f in fits:
+    pts = [(r["clients_per_round"], r["peak_rss"]) for r in rows
+           if r["sweep"] != "k_fit" and r["stream_uploads"] == f["stream_uploads"]]
+    slope = (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])  # two points: the line
+    assert f["bytes_per_slot"] == pytest.approx(slope, rel=1e-6, abs=1e-3)
+    assert f["upload_bytes"] == 610 * 4 and f["ks"] == [4, 8]
+    if slope > 0:
+      assert f["max_k_in_budget"] == int((4 * 2**30 - f["intercept_bytes"]) / slope)
+  assert "logreg, uploads summed chunk by chunk:" in proc.stdout
+  assert "logreg, uploads kept as [K, d]:" in proc.stdout
+
+
+def test_report_shows_the_k_fit_and_draws_both_ways_of_holding_uploads(tmp_path):
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  rows = [_row("scaling", "a", "2026-01-01T00:00:00Z", sweep=sweep, model="cnn",
+               clients_per_round=k, num_clients=k, s_per_round=0.1 * k,
+               peak_rss=3e8 + k * per, stream_uploads=sweep == "k")
+          for sweep, per in (("k", 1.3e5), ("k_kept", 6.7e6)) for k in (10, 100)]
+  rows += [_row("scaling", "a", "2026-01-01T00:00:01Z", sweep="k_fit", model="cnn",
+                stream_uploads=True, bytes_per_slot=1.3e5, upload_bytes=6653480,
+                intercept_bytes=3e8, max_k_in_budget=195_920, budget_gib=24.0),
+           _row("scaling", "a", "2026-01-01T00:00:01Z", sweep="k_fit", model="cnn",
+                stream_uploads=False, bytes_per_slot=6.7e6, upload_bytes=6653480,
+                intercept_bytes=3e8, max_k_in_budget=3_801, budget_gib=24.0)]
+  text = report.render(rows)
+  assert "| cnn | k | 100 | 100 | summed | 10 | 299 | RSS |" in text
+  assert "| cnn | k_kept | 100 | 100 | [K, d] | 10 | 925 | RSS |" in text
+  assert "| cnn | summed | 0.124 | 6.35 | 286 | 195,920 | 24 |" in text
+  assert "| cnn | [K, d] | 6.39 | 6.35 | 286 | 3,801 | 24 |" in text
+  # scaling_k: one line per way of holding the uploads, in each of its two panels
+  assert report.plot(rows, str(tmp_path)) == {"scaling_k.png": 4}
+
+
 def test_report_says_why_a_peer_did_not_run():
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   rows = [_row("peers", "a", "2026-01-01T00:00:00Z", system="pfl", clients_per_round=50,
@@ -309,6 +360,8 @@ def test_run_all_plans_the_issue_sizes_for_each_platform():
   assert "--clients=10,50,200" in cpu[0].args and "--client_chunk=1" in cpu[0].args
   assert "--clients=1000" in cpu[1].args and "--loop=false" in cpu[1].args
   assert "--engine_devices=2" in args[("throughput", 2)]  # both cores
+  # the CNN's K sweep also with its uploads kept as [K, d], for what streaming saves
+  assert "--sweep=k_fit,n" in args[("scaling", 4)] and "--models=cnn" in args[("scaling", 4)]
   one_gpu = run_all.plan(run_all.Platform("gpu", 1, "NVIDIA H100", 16), False, "py")
   assert "multidevice" not in [s.name for s in one_gpu]  # one device: nothing to shard
   assert "--client_chunk=0" in one_gpu[0].args  # one vmap of all K on an accelerator

@@ -75,6 +75,16 @@ CHILD = textwrap.dedent("""
   cfg4, tl4, st4, dt4 = sharding.shard_clients(cfg, tl, engine.init_state(alg, w0, N, 3, 0),
                                                (data, big), jax.devices())
   placed = jax.tree.leaves((st4, dt4))
+  # FedAvg with client_chunk over the mesh: the uploads summed chunk by chunk
+  # (stream_uploads) on each device, against the unsharded one-vmap engine.
+  fa = get("fedavg")
+  fcfg = dataclasses.replace(scfg, client_chunk=2)
+  fa_runner = engine.make_runner(apply_flat, fa, fcfg)
+  fa_state, _ = engine.simulate(fa_runner, sharding.replicate(
+      engine.init_state(fa, w0, N, 3, 0), mesh), stl, HP, sdata, rounds_per_call=3)
+  fa_ref, _ = engine.simulate(engine.make_runner(apply_flat, fa, cfg),
+                              engine.init_state(fa, w0, N, 3, 0), tl, HP, data,
+                              rounds_per_call=3)
   out = {
       "shard_clients": {
           "k_padded": int(tl4.client.shape[1]),
@@ -99,6 +109,9 @@ CHILD = textwrap.dedent("""
       "upload_shard_devices": sorted(str(s.device) for s in up.addressable_shards),
       "upload_shape": list(up.shape),
       "w_fully_replicated": bool(s_state.w.sharding.is_fully_replicated),
+      "fedavg_streams": engine.streams_uploads(fa, fcfg, int(stl.client.shape[1])),
+      "w_fedavg_streamed_sharded": np.asarray(fa_state.w).tolist(),
+      "w_fedavg_ref": np.asarray(fa_ref.w).tolist(),
   }
   print("RESULT " + json.dumps(out))
 """)
@@ -124,6 +137,14 @@ def test_sharded_round_equals_unsharded():
   np.testing.assert_allclose(r["dual_sharded"], r["dual_ref"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(r["loss_sharded"], r["loss_ref"], rtol=1e-5, atol=1e-6)
   assert r["steps_sharded"] == r["steps_ref"]
+
+
+@pytest.mark.xdist_group("sharding_child")  # one child process, cached
+def test_streamed_uploads_over_the_mesh_equal_unsharded():
+  r = child_result()
+  assert r["fedavg_streams"]
+  np.testing.assert_allclose(r["w_fedavg_streamed_sharded"], r["w_fedavg_ref"], rtol=1e-5,
+                             atol=1e-6)
 
 
 @pytest.mark.xdist_group("sharding_child")  # one child process, cached

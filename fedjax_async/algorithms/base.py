@@ -7,7 +7,11 @@ ring buffer of past global models and the vmap over clients; an algorithm only s
 
 * what the client adds to its minibatch loss (``local_penalty``),
 * what the client uploads and keeps after local training (``client_final``),
-* how the server folds the arrivals of one round into the global model (``server_update``).
+* how the server folds the arrivals of one round into the global model (``server_update``),
+  and, for rules that read the uploads only through one weighted sum (FedAvg, FedProx,
+  FedNova, FedADMM), that sum's weights and what the server does with it
+  (``linear_server``: the engine can then add up each chunk of clients as it trains them
+  and never hold a round's ``[K, d]`` uploads).
 
 Hyperparameters travel as a dict of scalars (``hp``) so that sweeps can ``vmap`` over them.
 """
@@ -15,7 +19,7 @@ Hyperparameters travel as a dict of scalars (``hp``) so that sweeps can ``vmap``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +43,31 @@ class Arrivals(NamedTuple):
   start_params: Array  # float32 [K, d]: the global model the client trained from
 
 
+class LinearServer(NamedTuple):
+  """A server rule that reads the round's uploads only through S = sum_k weight_k upload_k.
+
+  ``weight(arrivals, hp) -> [K]``: each arrival's weight, zero for padding slots, from the
+  per-client scalar fields of ``arrivals`` only (not ``start_params``; it is also called
+  on a chunk of G clients, with ``start_params=None``).
+  ``apply(w, server_state, upload_sum [d], weights [K], arrivals, round, hp)
+  -> (new_w, new_server_state, metrics dict)``.
+  """
+
+  weight: Callable[..., Array]
+  apply: Callable[..., Any]
+
+
+def linear_server_update(rule: LinearServer) -> Callable[..., Any]:
+  """The ``server_update`` of a linear rule: S = sum_k weight_k upload_k, then ``apply``."""
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    weights = rule.weight(arrivals, hp)
+    upload_sum = jnp.einsum("k,kd->d", weights, uploads)
+    return rule.apply(w, server_state, upload_sum, weights, arrivals, round_index, hp)
+
+  return server_update
+
+
 class ClientOutput(NamedTuple):
   upload: Array  # [d] what is sent to the server
   state: Dict[str, Array]  # new persistent per-client state (same keys as the input)
@@ -58,6 +87,8 @@ class Algorithm:
     init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
     server_update: ``(w, server_state, uploads [K, d], arrivals, round, hp)
       -> (new_w, new_server_state, metrics dict)``.
+    linear_server: optional ``LinearServer`` for rules that read the uploads only through
+      one weighted sum; ``server_update`` must then be ``linear_server_update`` of it.
   """
 
   name: str
@@ -67,6 +98,7 @@ class Algorithm:
   client_state_keys: tuple = ()
   init_client_state: Callable[[Array], Dict[str, Array]] = lambda w0: {}
   init_server_state: Callable[[Array], Any] = lambda w0: ()
+  linear_server: Optional[LinearServer] = None
 
 
 def no_penalty(w, w_start, client_state, hp):
@@ -84,8 +116,12 @@ def weighted_mean(vectors: Array, weights: Array, tol: float = 0.0) -> Array:
   """sum_k weights_k vectors_k / sum_k weights_k, zero when |sum of weights| <= tol.
 
   The weights may all be negative (DUCC's conflicting class, whose total n2 < 0)."""
+  return mean_from_sum(jnp.einsum("k,kd->d", weights, vectors), weights, tol)
+
+
+def mean_from_sum(summed: Array, weights: Array, tol: float = 0.0) -> Array:
+  """``weighted_mean`` given the weighted sum sum_k weights_k vectors_k already formed."""
   total = jnp.sum(weights)
-  summed = jnp.einsum("k,kd->d", weights, vectors)
   nonzero = jnp.abs(total) > tol
   return jnp.where(nonzero, summed / jnp.where(nonzero, total, 1.0), 0.0)
 

@@ -42,11 +42,21 @@ def admm_client_final(w_start, w_end, client_state, num_steps, hp):
   return base.ClientOutput(upload=upload, state={"dual": new_dual, "last_local": w_end})
 
 
-def server_update(w, server_state, uploads, arrivals, round_index, hp):
-  weights = arrivals.valid.astype(jnp.float32)
-  mean_upload = base.weighted_mean(uploads, weights)  # Eq. 11: plain mean over arrivals
+def arrival_weights(arrivals, hp):
+  """1 for every valid arrival (Eq. 11 is a plain mean), 0 for padding slots."""
+  del hp
+  return arrivals.valid.astype(jnp.float32)
+
+
+def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
+  """w + eta * mean_k(upload_k) (Eq. 11)."""
+  del arrivals
   eta = base.server_lr(hp, round_index)
-  return w + eta * mean_upload, server_state, {"server_lr": eta}
+  return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {"server_lr": eta}
+
+
+LINEAR = base.LinearServer(weight=arrival_weights, apply=apply_sum)
+server_update = base.linear_server_update(LINEAR)
 
 
 ALGORITHM = base.Algorithm(
@@ -56,4 +66,5 @@ ALGORITHM = base.Algorithm(
     server_update=server_update,
     client_state_keys=STATE_KEYS,
     init_client_state=init_client_state,
+    linear_server=LINEAR,
 )

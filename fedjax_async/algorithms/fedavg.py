@@ -13,15 +13,21 @@ import jax.numpy as jnp
 from fedjax_async.algorithms import base
 
 
-def example_weighted_step(w, uploads, arrivals, round_index, hp):
+def example_weights(arrivals, hp):
+  """n_k for valid arrivals, 0 for padding slots."""
+  del hp
+  return jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+
+
+def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
   """w + eta * sum_k n_k upload_k / sum_k n_k over valid arrivals."""
-  weights = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+  del arrivals
   eta = base.server_lr(hp, round_index)
-  return w + eta * base.weighted_mean(uploads, weights)
+  return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {}
 
 
-def server_update(w, server_state, uploads, arrivals, round_index, hp):
-  return example_weighted_step(w, uploads, arrivals, round_index, hp), server_state, {}
+LINEAR = base.LinearServer(weight=example_weights, apply=apply_sum)
+server_update = base.linear_server_update(LINEAR)
 
 
 ALGORITHM = base.Algorithm(
@@ -29,4 +35,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=base.no_penalty,
     client_final=base.delta_upload,
     server_update=server_update,
+    linear_server=LINEAR,
 )

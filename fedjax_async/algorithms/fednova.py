@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedavg
 
 
 def momentum_a_norm(num_steps, rho):
@@ -31,14 +32,18 @@ def client_final(w_start, w_end, client_state, num_steps, hp):
   return base.ClientOutput(upload=(w_start - w_end) / a, state=client_state)
 
 
-def server_update(w, server_state, uploads, arrivals, round_index, hp):
-  p = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
-  p = p / jnp.maximum(jnp.sum(p), 1e-12)
+def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
+  """Eq. 6 from S = sum_i n_i d_i: p_i = n_i / n, sum_i p_i d_i = S / n."""
+  n = jnp.maximum(jnp.sum(weights), 1e-12)
   a = momentum_a_norm(arrivals.num_steps, hp["momentum"])
-  tau_eff = jnp.sum(p * a)
+  tau_eff = jnp.sum(weights * a) / n
   eta = base.server_lr(hp, round_index)
-  return w - eta * tau_eff * jnp.einsum("k,kd->d", p, uploads), server_state, {
-      "tau_eff": tau_eff}
+  return w - eta * tau_eff * (upload_sum / n), server_state, {"tau_eff": tau_eff}
+
+
+# The weights are FedAvg's (n_i for valid arrivals), normalised in apply_sum.
+LINEAR = base.LinearServer(weight=fedavg.example_weights, apply=apply_sum)
+server_update = base.linear_server_update(LINEAR)
 
 
 ALGORITHM = base.Algorithm(
@@ -46,4 +51,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=base.no_penalty,
     client_final=client_final,
     server_update=server_update,
+    linear_server=LINEAR,
 )

@@ -20,4 +20,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=proximal_penalty,
     client_final=base.delta_upload,
     server_update=fedavg.server_update,
+    linear_server=fedavg.LINEAR,
 )
