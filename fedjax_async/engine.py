@@ -9,7 +9,8 @@ One round t (``round_step``), all inside one jitted function:
    by client id;
 3. train all K clients in one ``jax.vmap`` of ``client.train`` (each step reads its
    minibatch rows from the ``[N, M, ...]`` data in place; with ``client_sharding`` the K
-   clients are split over the devices);
+   clients are split over the devices; with ``client_chunk`` a ``lax.scan`` over chunks
+   of vmapped clients does steps 2-4 chunk by chunk);
 4. ``algorithm.client_final`` (vmapped) -> uploads and new per-client state, scattered back
    by client id (padding slots scatter out of bounds and are dropped); with
    ``client_chunk`` and a linear server rule the uploads are summed chunk by chunk
@@ -78,10 +79,11 @@ class EngineConfig:
   split over the mesh's devices (K must be a multiple of the device count; see
   ``fedjax_async.sharding.pad_timeline``). ``None`` (default) leaves the round unchanged.
 
-  ``client_chunk`` (optional, G): train the round's K clients as ``lax.map`` over
+  ``client_chunk`` (optional, G): train the round's K clients as a ``lax.scan`` over
   ceil(K / G) chunks of G vmapped clients instead of one vmap of K. Same results; the
   training intermediates (activations, gradients, momentum) exist for G clients at a
-  time, so large models at large K fit in memory and a chunk's parameters stay in cache
+  time, and each chunk gathers and scatters its own rows of the ``[N, d]`` client state,
+  so large models at large K fit in memory and a chunk's parameters stay in cache
   (docs/performance.md). ``None`` (default): one vmap over all K.
 
   ``stream_uploads`` (default True): with ``client_chunk`` and an algorithm whose server
@@ -124,9 +126,11 @@ def auto_client_chunk(num_params: int, backend: Optional[str] = None) -> Optiona
   return 1 if backend == "cpu" and num_params >= AUTO_CHUNK_MIN_PARAMS else None
 
 
-def _chunks(chunk: int, args):
-  """Splits the leading axis K of ``args`` into ceil(K / chunk) chunks of ``chunk`` rows
-  (padded with copies of row 0); also returns K and a [chunks, chunk] mask of real rows."""
+def scan_chunks(fn: Callable, chunk: int, carry, *args):
+  """``fn(carry, real [G], *rows) -> (carry, per-row outputs)`` over the rows of ``args``
+  in chunks of ``chunk``, one ``lax.scan`` step per chunk; returns the final carry and the
+  per-row outputs stacked back to the leading axis K. The last chunk is padded with copies
+  of row 0, marked by ``real`` False; their outputs are dropped."""
   k = jax.tree.leaves(args)[0].shape[0]
   num = -(-k // chunk)
   pad = num * chunk - k
@@ -137,39 +141,9 @@ def _chunks(chunk: int, args):
     return a.reshape((num, chunk) + a.shape[1:])
 
   real = (jnp.arange(num * chunk) < k).reshape(num, chunk)
-  return jax.tree.map(split, args), k, real
-
-
-def _unchunk(tree, k: int):
-  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:k], tree)
-
-
-def chunked_vmap(fn: Callable, chunk: Optional[int], *args):
-  """``jax.vmap(fn)(*args)``, or the same as ``lax.map`` over chunks of ``chunk`` rows
-  (the leading axis is padded to a multiple of ``chunk`` with copies of row 0, whose
-  results are dropped)."""
-  k = jax.tree.leaves(args)[0].shape[0]
-  if chunk is None or chunk >= k:
-    return jax.vmap(fn)(*args)
-  split, k, _ = _chunks(chunk, args)
-  return _unchunk(jax.lax.map(lambda xs: jax.vmap(fn)(*xs), split), k)
-
-
-def chunked_map_sum(fn: Callable, chunk: int, *args):
-  """``fn(real [G], *rows) -> (per-row outputs, partial sums)`` over chunks of ``chunk``
-  rows in one ``lax.scan``: the per-row outputs are stacked (padding rows dropped), the
-  partial sums added up in the carry. ``real`` is False for a chunk's padding rows."""
-  split, k, real = _chunks(chunk, args)
-  first = jax.tree.map(lambda a: a[0], (real, split))
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                       jax.eval_shape(lambda xs: fn(xs[0], *xs[1])[1], first))
-
-  def body(total, xs):
-    out, part = fn(xs[0], *xs[1])
-    return jax.tree.map(jnp.add, total, part), out
-
-  total, out = jax.lax.scan(body, zeros, (real, split))
-  return _unchunk(out, k), total
+  carry, out = jax.lax.scan(lambda c, xs: fn(c, xs[0], *xs[1]), carry,
+                            (real, jax.tree.map(split, args)))
+  return carry, jax.tree.map(lambda a: a.reshape((num * chunk,) + a.shape[2:])[:k], out)
 
 
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
@@ -240,10 +214,53 @@ class ClientPhase(NamedTuple):
   upload_sum: Optional[jax.Array] = None  # [d] sum_k weight_k upload_k, when streamed
 
 
+def trains_in_chunks(cfg: EngineConfig, k: int) -> bool:
+  """Whether a round of K slots trains its clients in ``client_chunk`` chunks."""
+  return cfg.client_chunk is not None and cfg.client_chunk < k
+
+
 def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> bool:
   """Whether a round of K slots sums its uploads chunk by chunk (``stream_uploads``)."""
   return (cfg.stream_uploads and algorithm.linear_server is not None
-          and cfg.client_chunk is not None and cfg.client_chunk < k)
+          and trains_in_chunks(cfg, k))
+
+
+def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, cfg,
+                     always_true, ring_row, ids, client_ids, n_local, keys, valid, online,
+                     staleness):
+  """The round's clients in chunks of ``cfg.client_chunk``, one ``lax.scan`` step each.
+
+  Each chunk gathers its own rows of the ``[N, d]`` client state and scatters its new rows
+  back (the arrays are the scan's carry, updated in place), so no ``[K, d]`` block of
+  gathered or new state exists; with a linear server rule (``streams_uploads``) its
+  weighted uploads are added into the carried sum, else they are stacked ``[K, d]``.
+  Returns (training results [K], uploads [K, d] or None, upload sum [d] or None, the
+  new client state).
+  """
+  num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
+  stream = streams_uploads(algorithm, cfg, valid.shape[0])
+  rule = algorithm.linear_server
+
+  def body(carry, real, ri, si, ci, ni, ki, v, on, st):
+    cstate, total = carry
+    cs = materialized({k: a[ci] for k, a in cstate.items()}, always_true)
+    res, out = jax.vmap(train_and_final)(ri, cs, ci, ni, ki)
+    si = jnp.where(real, si, num_clients)  # padding rows scatter out of bounds
+    cstate = {k: a.at[si].set(out.state[k], mode="drop") for k, a in cstate.items()}
+    if stream:  # the chunk's weighted uploads summed here: [d], not [K, d]
+      v = v & real
+      rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
+                           num_examples=ni.astype(jnp.float32),
+                           num_steps=res.num_steps.astype(jnp.float32), start_params=None)
+      total = total + jnp.einsum("g,gd->d", rule.weight(rows, hp), out.upload)
+      return (cstate, total), (res, ())
+    return (cstate, total), (res, out.upload)
+
+  zero = jnp.zeros_like(upload_like) if stream else None  # an upload is a [d] vector
+  (new_state, total), (res, uploads) = scan_chunks(
+      body, cfg.client_chunk, (client_state, zero), ring_row, ids, client_ids, n_local, keys,
+      valid, online, staleness)
+  return res, (None if stream else uploads), total, new_state
 
 
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
@@ -263,13 +280,12 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
   ring_row = dispatch % ring_size  # the ring slot holding the model each client started from
-  cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
   client_ids, n_local = gather_ids, n
   if cfg.client_sharding is not None:  # split the client-slot axis K over the devices
-    ring_row, cstate, client_ids, n_local, keys = jax.lax.with_sharding_constraint(
-        (ring_row, cstate, client_ids, n, keys), cfg.client_sharding)
+    ring_row, client_ids, n_local, keys = jax.lax.with_sharding_constraint(
+        (ring_row, client_ids, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
   def train_and_final(ri, cs, ci, ni, ki):
@@ -286,28 +302,18 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   online = valid & slots["online"]
   staleness = jnp.where(valid, t - dispatch, 0)
   upload_sum = None
-  if streams_uploads(algorithm, cfg, valid.shape[0]):
-    rule = algorithm.linear_server
-
-    def train_chunk(real, ri, cs, ci, ni, ki, v, on, st):
-      # One chunk's weighted uploads summed here: the round keeps [d], not [K, d].
-      res, out = jax.vmap(train_and_final)(ri, cs, ci, ni, ki)
-      v = v & real
-      rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
-                           num_examples=ni.astype(jnp.float32),
-                           num_steps=res.num_steps.astype(jnp.float32), start_params=None)
-      part = jnp.einsum("g,gd->d", rule.weight(rows, hp), out.upload)
-      return (res, out.state), part
-
-    (res, new_rows), upload_sum = chunked_map_sum(
-        train_chunk, cfg.client_chunk, ring_row, cstate, client_ids, n_local, keys, valid,
-        online, staleness)
-    out = base.ClientOutput(upload=None, state=new_rows)
+  if trains_in_chunks(cfg, valid.shape[0]):
+    res, uploads, upload_sum, new_cstate = _train_in_chunks(
+        train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
+        ids, client_ids, n_local, keys, valid, online, staleness)
   else:
-    res, out = chunked_vmap(train_and_final, cfg.client_chunk, ring_row, cstate,
-                            client_ids, n_local, keys)
-  new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
-                for k in state.client_state}
+    cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
+    if cfg.client_sharding is not None:
+      cstate = jax.lax.with_sharding_constraint(cstate, cfg.client_sharding)
+    res, out = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
+    uploads = out.upload
+    new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
+                  for k in state.client_state}
   arrivals = base.Arrivals(valid=valid, online=online, delayed=valid & ~slots["online"],
                            staleness=staleness,
                            num_examples=n.astype(jnp.float32),
@@ -322,7 +328,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     small, mean_loss = jax.lax.with_sharding_constraint(
         ({f: getattr(arrivals, f) for f in fields}, mean_loss), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(out.upload, arrivals, new_cstate, mean_loss, upload_sum)
+  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_sum)
 
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
