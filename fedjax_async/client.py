@@ -196,16 +196,29 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
 
   ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces;
   ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w,
-  w_start, state) over the minibatch (the penalty sees ``w`` flat, like ``w_start``; with
-  no penalty the concatenation is dead code); a step with ``s >= budget`` (past
-  E_i * ceil(n_i / B)) leaves the carry unchanged.
+  w_start, state) over the minibatch; a step with ``s >= budget`` (past
+  E_i * ceil(n_i / B)) leaves the carry unchanged. With pieces the penalty sees ``w``
+  flat (a concatenation per step, dead code when there is no penalty), or, for a
+  ``separable_penalty``, is summed over the pieces of ``w``, of ``w_start`` and of the
+  ``[d]`` client state, split once per client.
   """
   opt = local_optimizer(hp, cfg)
+  split = getattr(apply_flat, "split", None)
+  pieces = None
+  if algorithm.separable_penalty and split is not None:  # split once, not every step
+    start_pieces = split(w_start)
+    state_pieces = [dict(zip(client_state, p))
+                    for p in zip(*(split(v) for v in client_state.values()))]
+    pieces = list(zip(start_pieces, state_pieces or [{}] * len(start_pieces)))
+
+  def penalty(w):
+    if pieces is not None and isinstance(w, tuple):
+      return sum(algorithm.local_penalty(wp, sp, cp, hp) for wp, (sp, cp) in zip(w, pieces))
+    return algorithm.local_penalty(flat_params(w), w_start, client_state, hp)
 
   def loss_fn(w, xb, yb, mask, rng):
     logits = apply_flat(w, xb, train=True, rng=rng)
-    return masked_cross_entropy(logits, yb, mask) + algorithm.local_penalty(
-        flat_params(w), w_start, client_state, hp)
+    return masked_cross_entropy(logits, yb, mask) + penalty(w)
 
   grad_fn = jax.value_and_grad(loss_fn)
 

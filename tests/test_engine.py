@@ -104,22 +104,50 @@ def test_local_training_matches_hand_written_sgd(momentum, pieces):
   np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["fedprox", "fedadmm"])
-def test_local_penalty_sees_the_pieces_flat(name):
-  """FedProx's and FedADMM's penalties (flat w_start, flat duals) with the pieces carried:
-  the same end model as the flat path."""
+def _loop_primitives(jaxpr):
+  """Names of the primitives inside the while loops of ``jaxpr`` (nested jaxprs too)."""
+  names = []
+
+  def walk(jx, inside):
+    for eqn in jx.eqns:
+      if inside:
+        names.append(eqn.primitive.name)
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        walk(sub, inside or eqn.primitive.name == "while")
+
+  walk(jaxpr.jaxpr, False)
+  return names
+
+
+@pytest.mark.parametrize("separable", [True, False])
+@pytest.mark.parametrize("name", ["fedprox", "fedadmm", "pafed"])
+def test_local_penalty_on_the_pieces_equals_the_flat_path(name, separable):
+  """FedProx's and FedADMM's penalties (w_start, duals) with the per-leaf pieces carried:
+  summed over the pieces (``separable_penalty``, split once per client: no concatenation
+  inside the local steps) or on the concatenated flat ``w``, the end model is the flat
+  path's."""
   x, y, counts, _, _ = toy_data()
   cfg = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M)
   hp = {k: jnp.float32(v) for k, v in HP.items()}
   alg = get(name)
+  assert alg.separable_penalty
+  alg = dataclasses.replace(alg, separable_penalty=separable)
   w_start = jnp.asarray(W0)
-  state = {k: 0.3 * jnp.ones_like(w_start) for k in alg.init_client_state(w_start)}
+  state = {k: 0.3 * jnp.ones_like(w_start) + 0.01 * jnp.arange(W0.size)
+           for k in alg.init_client_state(w_start)}
   i, key = 5, jax.random.PRNGKey(3)
-  flat, split = (client_lib.train(m, alg, w_start, state, x[i], y[i], jnp.int32(counts[i]),
-                                  key, hp, cfg) for m in (apply_flat, PiecesApply()))
+
+  def run(model):
+    return client_lib.train(model, alg, w_start, state, x[i], y[i], jnp.int32(counts[i]),
+                            key, hp, cfg)
+
+  flat, split = run(apply_flat), run(PiecesApply())
   assert float(jnp.max(jnp.abs(flat.w_end - W0))) > 1e-3  # it trained
   np.testing.assert_allclose(split.w_end, flat.w_end, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(split.mean_loss, flat.mean_loss, rtol=1e-6)
+  in_loop = _loop_primitives(jax.make_jaxpr(lambda: run(PiecesApply()))())
+  assert "dot_general" in in_loop  # the local steps are in the loop that was walked
+  assert ("concatenate" in in_loop) == (not separable)
 
 
 def test_plain_sgd_config_refuses_a_nonzero_momentum():

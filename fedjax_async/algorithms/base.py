@@ -89,6 +89,10 @@ class Algorithm:
       -> (new_w, new_server_state, metrics dict)``.
     linear_server: optional ``LinearServer`` for rules that read the uploads only through
       one weighted sum; ``server_update`` must then be ``linear_server_update`` of it.
+    separable_penalty: ``local_penalty`` is a sum over coordinates (FedProx's and ADMM's
+      are), so it may be evaluated on pieces of ``w``, ``w_start`` and the ``[d]`` client
+      state and summed: the local steps then never concatenate their per-leaf pieces
+      into ``[d]`` for it (``client.make_client_step``).
   """
 
   name: str
@@ -99,6 +103,7 @@ class Algorithm:
   init_client_state: Callable[[Array], Dict[str, Array]] = lambda w0: {}
   init_server_state: Callable[[Array], Any] = lambda w0: ()
   linear_server: Optional[LinearServer] = None
+  separable_penalty: bool = False
 
 
 def no_penalty(w, w_start, client_state, hp):

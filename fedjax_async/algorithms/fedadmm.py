@@ -67,4 +67,5 @@ ALGORITHM = base.Algorithm(
     client_state_keys=STATE_KEYS,
     init_client_state=init_client_state,
     linear_server=LINEAR,
+    separable_penalty=True,  # sum_j y_j (w_j - w_g,j) + rho/2 (w_j - w_g,j)^2
 )

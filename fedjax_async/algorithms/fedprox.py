@@ -21,4 +21,5 @@ ALGORITHM = base.Algorithm(
     client_final=base.delta_upload,
     server_update=fedavg.server_update,
     linear_server=fedavg.LINEAR,
+    separable_penalty=True,  # mu/2 sum_j (w_j - w_g,j)^2
 )

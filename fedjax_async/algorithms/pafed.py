@@ -101,6 +101,7 @@ def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.
       server_update=make_server_update(min_fn, empty_class_tol_per_update),
       client_state_keys=fedadmm.STATE_KEYS,
       init_client_state=fedadmm.init_client_state,
+      separable_penalty=True,  # FedADMM's (Eq. 8)
   )
 
 
