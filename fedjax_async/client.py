@@ -58,7 +58,7 @@ class LocalConfig:
 class ClientResult(NamedTuple):
   w_end: jax.Array  # [d]
   num_steps: jax.Array  # int32: optimiser steps actually taken (tau_i)
-  mean_loss: jax.Array  # mean minibatch loss over those steps
+  mean_loss: jax.Array  # mean minibatch data loss (cross-entropy, without the penalty)
 
 
 def local_optimizer(hp, cfg: LocalConfig) -> optax.GradientTransformation:
@@ -196,7 +196,8 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
 
   ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces;
   ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w,
-  w_start, state) over the minibatch; a step with ``s >= budget`` (past
+  w_start, state) over the minibatch, ``loss_sum`` adding f_i (the data loss: a metric
+  comparable across algorithms); a step with ``s >= budget`` (past
   E_i * ceil(n_i / B)) leaves the carry unchanged. With pieces the penalty sees ``w``
   flat (a concatenation per step, dead code when there is no penalty), or, for a
   ``separable_penalty``, is summed over the pieces of ``w``, of ``w_start`` and of the
@@ -218,14 +219,17 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
 
   def loss_fn(w, xb, yb, mask, rng):
     logits = apply_flat(w, xb, train=True, rng=rng)
-    return masked_cross_entropy(logits, yb, mask) + penalty(w)
+    data_loss = masked_cross_entropy(logits, yb, mask)
+    return data_loss + penalty(w), data_loss
 
-  grad_fn = jax.value_and_grad(loss_fn)
+  # The step reports the data loss: the penalty's value is never needed (only its
+  # gradient), so XLA drops its pass over the parameters (docs/performance.md §6n).
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def client_step(carry, batch):
     w, opt_state, loss_sum = carry
     s, xb, yb, mask = batch
-    loss, g = grad_fn(w, xb, yb, mask, jax.random.fold_in(dropout_key, s))
+    (_, loss), g = grad_fn(w, xb, yb, mask, jax.random.fold_in(dropout_key, s))
     updates, new_opt_state = opt.update(g, opt_state, w)
     active = s < budget
     w = jax.tree.map(lambda n, o: jnp.where(active, n, o), optax.apply_updates(w, updates), w)

@@ -225,6 +225,20 @@ def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> boo
           and trains_in_chunks(cfg, k))
 
 
+def _vmap_rows(fn: Callable) -> Callable:
+  """``jax.vmap(fn)``, except that a chunk of one row calls ``fn`` on the row itself (and
+  adds the axis back): the per-client program then has no batch dimension of size 1,
+  which XLA:CPU compiles into slower batched dots and gathers (docs/performance.md §6n)."""
+
+  def run(*args):
+    if jax.tree.leaves(args)[0].shape[0] != 1:
+      return jax.vmap(fn)(*args)
+    out = fn(*jax.tree.map(lambda a: a[0], args))
+    return jax.tree.map(lambda a: a[None], out)
+
+  return run
+
+
 def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, cfg,
                      always_true, ring_row, ids, client_ids, n_local, keys, valid, online,
                      staleness):
@@ -244,7 +258,7 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   def body(carry, real, ri, si, ci, ni, ki, v, on, st):
     cstate, total = carry
     cs = materialized({k: a[ci] for k, a in cstate.items()}, always_true)
-    res, out = jax.vmap(train_and_final)(ri, cs, ci, ni, ki)
+    res, out = _vmap_rows(train_and_final)(ri, cs, ci, ni, ki)
     si = jnp.where(real, si, num_clients)  # padding rows scatter out of bounds
     cstate = {k: a.at[si].set(out.state[k], mode="drop") for k, a in cstate.items()}
     if stream:  # the chunk's weighted uploads summed here: [d], not [K, d]

@@ -104,6 +104,39 @@ def test_local_training_matches_hand_written_sgd(momentum, pieces):
   np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
 
 
+def test_reported_loss_is_the_data_loss_without_the_penalty():
+  """FedProx with a large mu and a start far from w_start's optimum: ``mean_loss`` is the
+  mean cross-entropy of the minibatches before each step (what FedAvg reports too), not
+  the local objective with mu/2 ||w - w_g||^2; the steps still descend the objective."""
+  x, y, counts, _, _ = toy_data()
+  cfg = client_lib.LocalConfig(batch_size=4, max_epochs=1, max_examples=M, momentum=False)
+  hp = {k: jnp.float32(v) for k, v in dict(HP, momentum=0.0, mu=5.0).items()}
+  i, key = 2, jax.random.PRNGKey(11)
+  w_g = jnp.asarray(W0)
+  res = client_lib.train(apply_flat, get("fedprox"), w_g, {}, x[i], y[i],
+                         jnp.int32(counts[i]), key, hp, cfg)
+  init = client_lib.client_init(jax.random.split(key)[0], counts[i], cfg)
+  n = int(counts[i])
+
+  def ce(w, xb, yb):
+    logits = xb @ w[:D * C].reshape(D, C) + w[D * C:]
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(yb)), yb])
+
+  def objective(w, xb, yb):
+    return ce(w, xb, yb) + 0.5 * 5.0 * jnp.vdot(w - w_g, w - w_g)
+
+  w, data_losses, objectives = w_g, [], []
+  order = list(np.asarray(client_lib.index_shuffle(jnp.arange(n), init.shuffle_keys[0], n)))
+  for b in range(0, n, 4):
+    rows = order[b:b + 4]
+    data_losses.append(float(ce(w, x[i][rows], y[i][rows])))
+    objectives.append(float(objective(w, x[i][rows], y[i][rows])))
+    w = w - HP["lr"] * jax.grad(objective)(w, x[i][rows], y[i][rows])
+  np.testing.assert_allclose(res.w_end, w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(res.mean_loss), np.mean(data_losses), rtol=1e-5)
+  assert np.mean(objectives) > np.mean(data_losses) + 1e-3  # the penalty was not zero
+
+
 def _loop_primitives(jaxpr):
   """Names of the primitives inside the while loops of ``jaxpr`` (nested jaxprs too)."""
   names = []
