@@ -130,7 +130,8 @@ def child(spec):
   print("RESULT " + json.dumps(dict(
       model=model, clients_per_round=k, num_clients=n, examples=m, params=wl.dim,
       local_steps=wl.steps, client_chunk=chunk,
-      stream_uploads=engine.streams_uploads(wl.alg, cfg, k), s_per_round=t / FLAGS.rounds, build_s=build_s,
+      stream_uploads=engine.streams_uploads(wl.alg, cfg, k), s_per_round=t / FLAGS.rounds,
+      build_s=build_s,
       rss_base=rss0, rss_after_build=rss_built, peak_rss=rss,
       peak_device_bytes=device_peak,
       strict_bytes_per_client=strict_state + strict_data,
@@ -173,16 +174,15 @@ def k_sweep(model, mach, keep, budget, budget_gib, fit):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   ks = list(map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn))
-  both = fit
-  for stream in ((True, False) if both else (FLAGS.stream_uploads,)):
+  for stream in ((True, False) if fit else (FLAGS.stream_uploads,)):
     pts = []
     for k in ks:
       r = run_child(model, k, k, m_for(model, k), "fedavg", stream=stream)
-      keep(dict(bench="scaling", sweep="k" if stream or not both else "k_kept",
+      keep(dict(bench="scaling", sweep="k_kept" if fit and not stream else "k",
                 tag=FLAGS.tag, **mach, **r))
       if "failed" not in r:
         pts.append((k, common.peak_memory(r), r["params"], bool(r["stream_uploads"])))
-    if not both or len(pts) < 2:
+    if not fit or len(pts) < 2:
       continue
     kk = np.array([p[0] for p in pts], float)
     mem = np.array([p[1] for p in pts], float)

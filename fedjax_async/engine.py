@@ -228,7 +228,7 @@ def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> boo
 def _vmap_rows(fn: Callable) -> Callable:
   """``jax.vmap(fn)``, except that a chunk of one row calls ``fn`` on the row itself (and
   adds the axis back): the per-client program then has no batch dimension of size 1,
-  which XLA:CPU compiles into slower batched dots and gathers (docs/performance.md §6n)."""
+  which XLA:CPU compiles into slower code (docs/performance.md §6o)."""
 
   def run(*args):
     if jax.tree.leaves(args)[0].shape[0] != 1:
