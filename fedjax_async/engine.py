@@ -13,8 +13,8 @@ One round t (``round_step``), all inside one jitted function:
    of vmapped clients does steps 2-4 chunk by chunk);
 4. ``algorithm.client_final`` (vmapped) -> uploads and new per-client state, scattered back
    by client id (padding slots scatter out of bounds and are dropped); with
-   ``client_chunk`` and a linear server rule the uploads are summed chunk by chunk
-   (``EngineConfig.stream_uploads``);
+   ``client_chunk`` and a server rule that reads the uploads in one pass the uploads are
+   folded in chunk by chunk (``EngineConfig.stream_uploads``);
 5. ``algorithm.server_update`` folds the arrivals into the global model;
 6. write the new global model into the ring buffer at ``(t + 1) % R``.
 
@@ -87,10 +87,11 @@ class EngineConfig:
   (docs/performance.md). ``None`` (default): one vmap over all K.
 
   ``stream_uploads`` (default True): with ``client_chunk`` and an algorithm whose server
-  reads the uploads only through one weighted sum (``Algorithm.linear_server``: FedAvg,
-  FedProx, FedNova, FedADMM), each chunk's weighted uploads are added into that sum as the
-  chunk is trained, a ``lax.scan`` carry, so the round's ``[K, d]`` uploads never exist
-  (the same sum in a different order of additions). False keeps the ``[K, d]`` block.
+  reads the uploads in one pass (``Algorithm.streamed_server``: FedAvg, FedProx, FedNova
+  and FedADMM through one weighted sum, PAFed through DUCC's running sums), each chunk's
+  uploads are folded into the rule's carry as the chunk is trained, a ``lax.scan`` carry,
+  so the round's ``[K, d]`` uploads never exist (the same sums in a different order of
+  additions). False keeps the ``[K, d]`` block.
   """
 
   local: client_lib.LocalConfig
@@ -207,11 +208,11 @@ def materialized(tree, always_true):
 class ClientPhase(NamedTuple):
   """Steps 1-4 of a round: what the server receives, and the updated client state."""
 
-  uploads: Optional[jax.Array]  # [K, d]; None when streamed (upload_sum instead)
+  uploads: Optional[jax.Array]  # [K, d]; None when streamed (upload_carry instead)
   arrivals: base.Arrivals
   client_state: Dict[str, jax.Array]  # [N, d] each, already scattered
   mean_loss: jax.Array  # [K]
-  upload_sum: Optional[jax.Array] = None  # [d] sum_k weight_k upload_k, when streamed
+  upload_carry: Any = None  # the streamed server rule's carry after all K uploads
 
 
 def trains_in_chunks(cfg: EngineConfig, k: int) -> bool:
@@ -220,8 +221,8 @@ def trains_in_chunks(cfg: EngineConfig, k: int) -> bool:
 
 
 def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> bool:
-  """Whether a round of K slots sums its uploads chunk by chunk (``stream_uploads``)."""
-  return (cfg.stream_uploads and algorithm.linear_server is not None
+  """Whether a round of K slots folds its uploads in chunk by chunk (``stream_uploads``)."""
+  return (cfg.stream_uploads and algorithm.streamed_server is not None
           and trains_in_chunks(cfg, k))
 
 
@@ -246,14 +247,14 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
 
   Each chunk gathers its own rows of the ``[N, d]`` client state and scatters its new rows
   back (the arrays are the scan's carry, updated in place), so no ``[K, d]`` block of
-  gathered or new state exists; with a linear server rule (``streams_uploads``) its
-  weighted uploads are added into the carried sum, else they are stacked ``[K, d]``.
-  Returns (training results [K], uploads [K, d] or None, upload sum [d] or None, the
+  gathered or new state exists; with a streamed server rule (``streams_uploads``) its
+  uploads are folded into the rule's carry, else they are stacked ``[K, d]``.
+  Returns (training results [K], uploads [K, d] or None, the rule's carry or None, the
   new client state).
   """
   num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
   stream = streams_uploads(algorithm, cfg, valid.shape[0])
-  rule = algorithm.linear_server
+  rule = algorithm.streamed_server
 
   def body(carry, real, ri, si, ci, ni, ki, v, on, st):
     cstate, total = carry
@@ -261,16 +262,16 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
     res, out = _vmap_rows(train_and_final)(ri, cs, ci, ni, ki)
     si = jnp.where(real, si, num_clients)  # padding rows scatter out of bounds
     cstate = {k: a.at[si].set(out.state[k], mode="drop") for k, a in cstate.items()}
-    if stream:  # the chunk's weighted uploads summed here: [d], not [K, d]
+    if stream:  # the chunk's uploads folded in here (e.g. a [d] sum), not kept [K, d]
       v = v & real
       rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
                            num_examples=ni.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32), start_params=None)
-      total = total + jnp.einsum("g,gd->d", rule.weight(rows, hp), out.upload)
+      total = rule.add(total, out.upload, rows, hp)
       return (cstate, total), (res, ())
     return (cstate, total), (res, out.upload)
 
-  zero = jnp.zeros_like(upload_like) if stream else None  # an upload is a [d] vector
+  zero = rule.init(upload_like) if stream else None  # an upload is shaped like w
   (new_state, total), (res, uploads) = scan_chunks(
       body, cfg.client_chunk, (client_state, zero), ring_row, ids, client_ids, n_local, keys,
       valid, online, staleness)
@@ -283,6 +284,14 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   t = state.round
   num_clients = data.counts.shape[0]
   ring_size = state.ring.shape[0]
+  k = slots["valid"].shape[0]
+  if streams_uploads(algorithm, cfg, k) and algorithm.streamed_server.online_first:
+    # The rule folds in every online upload before any delayed one (PAFed's DUCC weighs
+    # a delayed upload against the online mean): the round's online slots first. The
+    # timeline already orders them so (``timeline.build``); other timelines need not.
+    order = jnp.argsort(~(slots["valid"] & slots["online"]), stable=True)
+    slots = dict(slots, **{f: slots[f][order] for f in ("valid", "client", "dispatch",
+                                                          "online")})
   if cfg.client_sharding is not None:
     # The slot arrays replicated: without this GSPMD splits them like the clients, and
     # every sum over K in the metrics becomes a cross-device all-reduce.
@@ -315,9 +324,9 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
 
   online = valid & slots["online"]
   staleness = jnp.where(valid, t - dispatch, 0)
-  upload_sum = None
-  if trains_in_chunks(cfg, valid.shape[0]):
-    res, uploads, upload_sum, new_cstate = _train_in_chunks(
+  upload_carry = None
+  if trains_in_chunks(cfg, k):
+    res, uploads, upload_carry, new_cstate = _train_in_chunks(
         train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
         ids, client_ids, n_local, keys, valid, online, staleness)
   else:
@@ -342,7 +351,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     small, mean_loss = jax.lax.with_sharding_constraint(
         ({f: getattr(arrivals, f) for f in fields}, mean_loss), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_sum)
+  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_carry)
 
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
@@ -375,11 +384,9 @@ def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Call
   """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline."""
   phase = client_phase(state, slots, hp, data, apply_flat=apply_flat, algorithm=algorithm,
                        cfg=cfg)
-  if phase.upload_sum is not None:  # streamed: the linear rule applied to its sum
-    rule = algorithm.linear_server
-    new_w, server_state, alg_metrics = rule.apply(
-        state.w, state.server_state, phase.upload_sum, rule.weight(phase.arrivals, hp),
-        phase.arrivals, state.round, hp)
+  if phase.upload_carry is not None:  # streamed: the rule finished from its carry
+    new_w, server_state, alg_metrics = algorithm.streamed_server.finish(
+        state.w, state.server_state, phase.upload_carry, phase.arrivals, state.round, hp)
   else:
     new_w, server_state, alg_metrics = algorithm.server_update(
         state.w, state.server_state, phase.uploads, phase.arrivals, state.round, hp)

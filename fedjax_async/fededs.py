@@ -602,7 +602,7 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
       client_state_keys=base_keys + (ID_KEY,),
       init_client_state=init_client_state,
       init_server_state=base_algorithm.init_server_state,
-      linear_server=base_algorithm.linear_server,
+      streamed_server=base_algorithm.streamed_server,
   )
 
 

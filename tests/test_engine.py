@@ -230,8 +230,9 @@ def np_ducc(online, delayed):
   return m, m1, m2
 
 
-def reference_run(name, tl, cfg):
+def reference_run(name, tl, cfg, hp_values=HP):
   """Plain loop: rounds, then clients one at a time; numpy server rules."""
+  HP = hp_values  # noqa: N806 (the server rules below read it)
   x, y, counts, _, _ = toy_data()
   alg = get(name)
   hp = {k: jnp.float32(v) for k, v in HP.items()}
@@ -330,39 +331,67 @@ def test_chunked_clients_equal_the_sequential_reference(chunk):
   assert np.any(np.asarray(ref.client_state["dual"]) != 0)
 
 
-@pytest.mark.parametrize("name,chunk", [("fedavg", 3), ("fedprox", 1), ("fednova", 3),
-                                        ("fedadmm", 1)])
-def test_streamed_uploads_equal_the_sequential_reference(name, chunk):
-  # Linear server rules with client_chunk: each chunk's weighted uploads are summed as it
-  # is trained (no [K, d] block); the result is the reference loop's, padded chunk too.
+def shuffled_slots(tl: timeline_lib.Timeline, seed: int) -> timeline_lib.Timeline:
+  """``tl`` with each round's slots in a random order (delayed before online ones too)."""
+  rng = np.random.default_rng(seed)
+  perm = np.stack([rng.permutation(tl.client.shape[1]) for _ in range(tl.num_rounds)])
+  take = lambda a: np.take_along_axis(a, perm, axis=1)
+  return tl._replace(client=take(tl.client), dispatch=take(tl.dispatch),
+                     online=take(tl.online), valid=take(tl.valid))
+
+
+@pytest.mark.parametrize("name,chunk,shuffle", [
+    ("fedavg", 3, False), ("fedprox", 1, False), ("fednova", 3, False), ("fedadmm", 1, False),
+    ("pafed", 1, False), ("pafed", 2, False), ("pafed", 3, True)])
+def test_streamed_uploads_equal_the_sequential_reference(name, chunk, shuffle):
+  # With client_chunk, each chunk's uploads are folded into the server rule's carry as it
+  # is trained (no [K, d] block): one weighted sum for the linear rules, DUCC's running
+  # sums for PAFed (online rows first; a chunk that holds both kinds weighs its delayed
+  # rows against the full online mean). The result is the reference loop's, padded chunk
+  # too; with the slots of each round shuffled, the engine puts the online ones first.
   rounds = 5
   tl = timeline_lib.build(N, rounds, 0.4, timeline_lib.DelayConfig(0.5, "uniform", 3),
                           seed=4)
+  real_online = (tl.valid & tl.online).sum(1)
+  if name == "pafed" and chunk == 2:  # some chunk holds online and delayed rows
+    assert np.any((real_online % 2 != 0) & ((tl.valid & ~tl.online).sum(1) > 0))
+  if shuffle:
+    tl = shuffled_slots(tl, seed=5)
+    first_delayed = np.argmax(tl.valid & ~tl.online, axis=1)
+    last_online = tl.client.shape[1] - 1 - np.argmax((tl.valid & tl.online)[:, ::-1], axis=1)
+    assert np.any(first_delayed < last_online)  # delayed slots before online ones
   cfg = dataclasses.replace(make_cfg(ring=4), client_chunk=chunk)
   alg = get(name)
   assert engine.streams_uploads(alg, cfg, tl.client.shape[1])
   assert not engine.streams_uploads(alg, dataclasses.replace(cfg, stream_uploads=False),
                                     tl.client.shape[1])
-  assert not engine.streams_uploads(get("pafed"), cfg, tl.client.shape[1])  # DUCC: not linear
+  # PAFed with a local learning rate large enough that some delayed updates conflict.
+  hp = dict(HP, lr=1.0) if name == "pafed" else HP
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, hp,
                                 device_data(), rounds_per_call=5)
-  history = reference_run(name, tl, cfg)
+  history = reference_run(name, tl, cfg, hp)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
   if name == "fednova":  # the metric apply_sum derives from the weights: sum_i p_i a_i
     assert all(r["tau_eff"] > 1.0 for r in rows)
+  if name == "pafed":  # DUCC's count of conflicting delayed uploads, from its running sums
+    ref_state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+    _, ref_rows = engine.simulate(engine.make_runner(apply_flat, alg, make_cfg(ring=4)),
+                                  ref_state, tl, hp, device_data(), rounds_per_call=5)
+    assert [r["conflicting"] for r in rows] == [r["conflicting"] for r in ref_rows]
+    assert sum(r["conflicting"] for r in rows) > 0
 
 
 @pytest.mark.parametrize("name,stream,per_slot", [
-    ("fedavg", True, 0), ("fedadmm", True, 0), ("fedavg", False, 1), ("pafed", True, 1)])
-def test_chunked_rounds_hold_no_per_client_block_but_the_uploads_they_need(
-    name, stream, per_slot):
+    ("fedavg", True, 0), ("fedadmm", True, 0), ("pafed", True, 0), ("fedavg", False, 1),
+    ("pafed", False, 1)])
+def test_chunked_rounds_hold_no_per_client_block(name, stream, per_slot):
   # A model with d ~ 50k (a dead tail of parameters), in chunks of 2 clients. XLA's own
   # buffer plan of the jitted rounds (temp bytes) at K = 6 and K = 12: its growth per
-  # client slot, in d-vectors, is 0 when the uploads are summed chunk by chunk (FedAvg;
-  # FedADMM, whose two state rows per client are gathered and scattered chunk by chunk
-  # too), and 1 (the [K, d] uploads) when they are kept or the rule needs them all (PAFed:
-  # not linear). Before the chunks gathered their own state rows, PAFed's round grew by 6-7.
+  # client slot, in d-vectors, is 0 when the uploads are folded in chunk by chunk (FedAvg;
+  # FedADMM and PAFed, whose two state rows per client are gathered and scattered chunk by
+  # chunk too), and 1 (the [K, d] uploads) when they are kept. Before the chunks gathered
+  # their own state rows, PAFed's round grew by 6-7; before DUCC's running sums, by 1.
   tail = 50_000
   w0 = np.concatenate([W0, np.zeros(tail, np.float32)])
 
@@ -378,7 +407,7 @@ def test_chunked_rounds_hold_no_per_client_block_but_the_uploads_they_need(
     tl = timeline_lib.build(N, 2, participation, timeline_lib.DelayConfig(0.0, "uniform", 1),
                             seed=4)
     k = tl.client.shape[1]
-    assert engine.streams_uploads(get(name), cfg, k) == (stream and name != "pafed")
+    assert engine.streams_uploads(get(name), cfg, k) == stream
     slots = jax.tree.map(jnp.asarray, tl.slice(0, 2))
     state = engine.init_state(get(name), w0, N, 2, 0)
     compiled = runner.lower(state, slots, jnp.ones(2, bool), hp, device_data()).compile()

@@ -8,10 +8,10 @@ ring buffer of past global models and the vmap over clients; an algorithm only s
 * what the client adds to its minibatch loss (``local_penalty``),
 * what the client uploads and keeps after local training (``client_final``),
 * how the server folds the arrivals of one round into the global model (``server_update``),
-  and, for rules that read the uploads only through one weighted sum (FedAvg, FedProx,
-  FedNova, FedADMM), that sum's weights and what the server does with it
-  (``linear_server``: the engine can then add up each chunk of clients as it trains them
-  and never hold a round's ``[K, d]`` uploads).
+  and, for rules that can read the uploads in one pass (FedAvg, FedProx, FedNova and
+  FedADMM through one weighted sum, PAFed through DUCC's running sums), how to fold them
+  in chunk by chunk (``streamed_server``: the engine then folds in each chunk of clients
+  as it trains them and never holds a round's ``[K, d]`` uploads).
 
 Hyperparameters travel as a dict of scalars (``hp``) so that sweeps can ``vmap`` over them.
 """
@@ -43,6 +43,36 @@ class Arrivals(NamedTuple):
   start_params: Array  # float32 [K, d]: the global model the client trained from
 
 
+class StreamedServer(NamedTuple):
+  """A server rule that reads a round's uploads in one pass, a chunk of G rows at a time.
+
+  ``init(w) -> carry`` (``w``: the global model, for its shape);
+  ``add(carry, uploads [G, d], rows, hp) -> carry``, where ``rows`` is the chunk's
+  ``Arrivals`` (``start_params=None``; padding rows have ``valid`` False);
+  ``finish(w, server_state, carry, arrivals [K], round, hp)
+  -> (new_w, new_server_state, metrics dict)``.
+  ``online_first``: across calls of ``add``, every online upload must come before any
+  delayed one (PAFed: DUCC weighs a delayed update by its inner product with the mean of
+  all online ones); the engine then orders each round's slots online first. Within one
+  call ``add`` orders the rows itself.
+  """
+
+  init: Callable[[Array], Any]
+  add: Callable[..., Any]
+  finish: Callable[..., Any]
+  online_first: bool = False
+
+
+def streamed_server_update(rule: StreamedServer) -> Callable[..., Any]:
+  """The ``server_update`` of a streamed rule: the K uploads folded in as one chunk."""
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    carry = rule.add(rule.init(w), uploads, arrivals, hp)
+    return rule.finish(w, server_state, carry, arrivals, round_index, hp)
+
+  return server_update
+
+
 class LinearServer(NamedTuple):
   """A server rule that reads the round's uploads only through S = sum_k weight_k upload_k.
 
@@ -57,15 +87,17 @@ class LinearServer(NamedTuple):
   apply: Callable[..., Any]
 
 
-def linear_server_update(rule: LinearServer) -> Callable[..., Any]:
-  """The ``server_update`` of a linear rule: S = sum_k weight_k upload_k, then ``apply``."""
+def streamed_linear(rule: LinearServer) -> StreamedServer:
+  """A linear rule as a streamed one: the carry is the running weighted sum S [d]."""
 
-  def server_update(w, server_state, uploads, arrivals, round_index, hp):
-    weights = rule.weight(arrivals, hp)
-    upload_sum = jnp.einsum("k,kd->d", weights, uploads)
-    return rule.apply(w, server_state, upload_sum, weights, arrivals, round_index, hp)
+  def add(upload_sum, uploads, rows, hp):
+    return upload_sum + jnp.einsum("g,gd->d", rule.weight(rows, hp), uploads)
 
-  return server_update
+  def finish(w, server_state, upload_sum, arrivals, round_index, hp):
+    return rule.apply(w, server_state, upload_sum, rule.weight(arrivals, hp), arrivals,
+                      round_index, hp)
+
+  return StreamedServer(init=jnp.zeros_like, add=add, finish=finish)
 
 
 class ClientOutput(NamedTuple):
@@ -87,8 +119,9 @@ class Algorithm:
     init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
     server_update: ``(w, server_state, uploads [K, d], arrivals, round, hp)
       -> (new_w, new_server_state, metrics dict)``.
-    linear_server: optional ``LinearServer`` for rules that read the uploads only through
-      one weighted sum; ``server_update`` must then be ``linear_server_update`` of it.
+    streamed_server: optional ``StreamedServer`` for rules that can read the uploads in
+      one pass, chunk by chunk; ``server_update`` must then be ``streamed_server_update``
+      of it (``streamed_linear`` turns a ``LinearServer`` into one).
     separable_penalty: ``local_penalty`` is a sum over coordinates (FedProx's and ADMM's
       are), so it may be evaluated on pieces of ``w``, ``w_start`` and the ``[d]`` client
       state and summed: the local steps then never concatenate their per-leaf pieces
@@ -102,7 +135,7 @@ class Algorithm:
   client_state_keys: tuple = ()
   init_client_state: Callable[[Array], Dict[str, Array]] = lambda w0: {}
   init_server_state: Callable[[Array], Any] = lambda w0: ()
-  linear_server: Optional[LinearServer] = None
+  streamed_server: Optional[StreamedServer] = None
   separable_penalty: bool = False
 
 

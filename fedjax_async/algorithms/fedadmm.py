@@ -55,8 +55,8 @@ def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
   return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {"server_lr": eta}
 
 
-LINEAR = base.LinearServer(weight=arrival_weights, apply=apply_sum)
-server_update = base.linear_server_update(LINEAR)
+STREAMED = base.streamed_linear(base.LinearServer(weight=arrival_weights, apply=apply_sum))
+server_update = base.streamed_server_update(STREAMED)
 
 
 ALGORITHM = base.Algorithm(
@@ -66,6 +66,6 @@ ALGORITHM = base.Algorithm(
     server_update=server_update,
     client_state_keys=STATE_KEYS,
     init_client_state=init_client_state,
-    linear_server=LINEAR,
+    streamed_server=STREAMED,
     separable_penalty=True,  # sum_j y_j (w_j - w_g,j) + rho/2 (w_j - w_g,j)^2
 )

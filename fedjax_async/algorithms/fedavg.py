@@ -26,8 +26,8 @@ def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
   return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {}
 
 
-LINEAR = base.LinearServer(weight=example_weights, apply=apply_sum)
-server_update = base.linear_server_update(LINEAR)
+STREAMED = base.streamed_linear(base.LinearServer(weight=example_weights, apply=apply_sum))
+server_update = base.streamed_server_update(STREAMED)
 
 
 ALGORITHM = base.Algorithm(
@@ -35,5 +35,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=base.no_penalty,
     client_final=base.delta_upload,
     server_update=server_update,
-    linear_server=LINEAR,
+    streamed_server=STREAMED,
 )

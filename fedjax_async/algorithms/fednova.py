@@ -42,8 +42,9 @@ def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
 
 
 # The weights are FedAvg's (n_i for valid arrivals), normalised in apply_sum.
-LINEAR = base.LinearServer(weight=fedavg.example_weights, apply=apply_sum)
-server_update = base.linear_server_update(LINEAR)
+STREAMED = base.streamed_linear(base.LinearServer(weight=fedavg.example_weights,
+                                                  apply=apply_sum))
+server_update = base.streamed_server_update(STREAMED)
 
 
 ALGORITHM = base.Algorithm(
@@ -51,5 +52,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=base.no_penalty,
     client_final=client_final,
     server_update=server_update,
-    linear_server=LINEAR,
+    streamed_server=STREAMED,
 )

@@ -20,6 +20,6 @@ ALGORITHM = base.Algorithm(
     local_penalty=proximal_penalty,
     client_final=base.delta_upload,
     server_update=fedavg.server_update,
-    linear_server=fedavg.LINEAR,
+    streamed_server=fedavg.STREAMED,
     separable_penalty=True,  # mu/2 sum_j (w_j - w_g,j)^2
 )

@@ -6,13 +6,17 @@ uploads that arrived this round (Alg. 4, Eqs. 12-14), then Eq. 17:
 
   w <- w + alpha_0 m + alpha_1 m1 + alpha_2 m2.
 
+The server reads the uploads in one pass, as running sums (``DuccSums``): the online rows
+first, then each delayed row weighed against their mean, so a chunked round folds each
+chunk in as it is trained and never holds the round's ``[K, d]`` uploads.
+
 ``ducc`` is public so that the CKKS implementation (``fedjax_async.crypto``) can be checked
 against it with the same Min function (exact ``jnp.minimum`` or Cheon et al.'s polynomial).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +31,57 @@ def normalise(v, eps=1e-12):
   """v / ||v|| (Alg. 3 line 8); a zero vector stays zero."""
   norm = jnp.linalg.norm(v)
   return v / jnp.maximum(norm, eps)
+
+
+class DuccSums(NamedTuple):
+  """DUCC's running sums over a round's uploads (Alg. 4), folded in chunk by chunk."""
+
+  online_sum: jax.Array  # [d] sum of the online uploads
+  online_count: jax.Array  # n, the number of online uploads
+  sum1: jax.Array  # [d] sum_j w1_j u_j over delayed uploads (non-conflicting class)
+  weight1: jax.Array  # n1 = sum_j w1_j
+  sum2: jax.Array  # [d] sum_j w2_j u_j (conflicting class)
+  weight2: jax.Array  # n2 = sum_j w2_j (<= 0)
+  conflicting: jax.Array  # int32: delayed uploads with m . u_j < 0
+
+
+def ducc_init(w) -> DuccSums:
+  """Empty sums for uploads shaped like ``w``."""
+  zero, d = jnp.float32(0.0), jnp.zeros(jnp.shape(w), jnp.float32)
+  return DuccSums(d, zero, d, zero, d, zero, jnp.int32(0))
+
+
+def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
+             min_fn: MinFn = jnp.minimum) -> DuccSums:
+  """Folds in a chunk of unit-vector uploads [G, d]: its online rows first, then its
+  delayed rows, weighed against the mean m of the online rows folded in so far. That m is
+  the round's online mean once every online row is in: the caller folds in all online
+  rows before any delayed one (one call with all rows does)."""
+  updates = jnp.asarray(updates, jnp.float32)
+  om, dm = jnp.asarray(online_mask, bool), jnp.asarray(delayed_mask, bool)
+  online_sum = sums.online_sum + jnp.einsum("g,gd->d", om.astype(jnp.float32), updates)
+  online_count = sums.online_count + jnp.sum(om)
+  m = base.mean_from_sum(online_sum, online_count)  # Alg. 4 line 3
+  dots = updates @ m
+  s = (dots + 1.0) / 2.0  # (m . u_j + 1) / 2, in [0, 1] for unit vectors
+  x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
+  w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
+  w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
+  return DuccSums(online_sum, online_count,
+                  sums.sum1 + jnp.einsum("g,gd->d", w1, updates), sums.weight1 + jnp.sum(w1),
+                  sums.sum2 + jnp.einsum("g,gd->d", w2, updates), sums.weight2 + jnp.sum(w2),
+                  sums.conflicting + jnp.sum(dm & (dots < 0)).astype(jnp.int32))
+
+
+def ducc_result(sums: DuccSums, empty_class_tol: float = 0.0):
+  """(m, m1, m2) from the running sums (Alg. 4 lines 3, 11; Eq. 12)."""
+  m = base.mean_from_sum(sums.online_sum, sums.online_count)
+  m1 = base.mean_from_sum(sums.sum1, sums.weight1, empty_class_tol)  # Alg. 4 lines 5-6, 11
+  m2 = base.mean_from_sum(sums.sum2, sums.weight2, empty_class_tol)  # Alg. 4 lines 7-8, 11
+  m_sq = jnp.vdot(m, m)
+  # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
+  m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
+  return m, m1, m2
 
 
 def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
@@ -52,20 +107,10 @@ def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
   n, k = online_updates.shape[0], delayed_updates.shape[0]
   om = jnp.ones((n,), bool) if online_mask is None else jnp.asarray(online_mask, bool)
   dm = jnp.ones((k,), bool) if delayed_mask is None else jnp.asarray(delayed_mask, bool)
-  m = base.weighted_mean(online_updates, om.astype(jnp.float32))  # Alg. 4 line 3
-  if k == 0:
-    zero = jnp.zeros_like(m)
-    return m, zero, zero
-  s = (delayed_updates @ m + 1.0) / 2.0  # (m . u_j + 1) / 2, in [0, 1] for unit vectors
-  x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
-  w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
-  w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
-  m1 = base.weighted_mean(delayed_updates, w1, empty_class_tol)  # Alg. 4 lines 5-6, 11
-  m2 = base.weighted_mean(delayed_updates, w2, empty_class_tol)  # Alg. 4 lines 7-8, 11
-  m_sq = jnp.vdot(m, m)
-  # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
-  m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
-  return m, m1, m2
+  sums = ducc_init(jnp.zeros(online_updates.shape[1:], jnp.float32))
+  sums = ducc_add(sums, online_updates, om, jnp.zeros((n,), bool), min_fn)
+  sums = ducc_add(sums, delayed_updates, jnp.zeros((k,), bool), dm, min_fn)
+  return ducc_result(sums, empty_class_tol)
 
 
 def client_final(w_start, w_end, client_state, num_steps, hp):
@@ -73,32 +118,38 @@ def client_final(w_start, w_end, client_state, num_steps, hp):
   return base.ClientOutput(upload=normalise(out.upload), state=out.state)
 
 
-def make_server_update(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0):
-  """The plaintext server; ``min_fn`` / ``empty_class_tol_per_update`` (times the number
-  of delayed arrivals gives ``ducc``'s ``empty_class_tol``) reproduce the encrypted
-  server's arithmetic in plaintext (``make_algorithm``)."""
+def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0
+                         ) -> base.StreamedServer:
+  """The plaintext server, folding the uploads in chunk by chunk (online ones first);
+  ``min_fn`` / ``empty_class_tol_per_update`` (times the number of delayed arrivals gives
+  ``ducc``'s ``empty_class_tol``) reproduce the encrypted server's arithmetic in
+  plaintext (``make_algorithm``)."""
   min_fn = jnp.minimum if min_fn is None else min_fn
 
-  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+  def add(sums, uploads, rows, hp):
+    del hp
+    return ducc_add(sums, uploads, rows.online, rows.delayed, min_fn)
+
+  def finish(w, server_state, sums, arrivals, round_index, hp):
     del round_index
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
-    m, m1, m2 = ducc(uploads, uploads, min_fn, online_mask=arrivals.online,
-                     delayed_mask=arrivals.delayed, empty_class_tol=tol)
+    m, m1, m2 = ducc_result(sums, tol)
     new_w = w + hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2  # Eq. 17
-    n_conflict = jnp.sum(arrivals.delayed & ((uploads @ m) < 0))
-    return new_w, server_state, {"conflicting": n_conflict}
+    return new_w, server_state, {"conflicting": sums.conflicting}
 
-  return server_update
+  return base.StreamedServer(init=ducc_init, add=add, finish=finish, online_first=True)
 
 
 def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0,
                    name: str = "pafed") -> base.Algorithm:
   """PAFed with the given Min (default exact) and empty-class tolerance (default 0)."""
+  streamed = make_streamed_server(min_fn, empty_class_tol_per_update)
   return base.Algorithm(
       name=name,
       local_penalty=fedadmm.admm_penalty,
       client_final=client_final,
-      server_update=make_server_update(min_fn, empty_class_tol_per_update),
+      server_update=base.streamed_server_update(streamed),
+      streamed_server=streamed,
       client_state_keys=fedadmm.STATE_KEYS,
       init_client_state=fedadmm.init_client_state,
       separable_penalty=True,  # FedADMM's (Eq. 8)

@@ -20,6 +20,7 @@ encryption, DUCC, key transformation and decryption, and printed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
@@ -79,6 +80,9 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   eps_d = cheon.max_min_error(protocol.min_iterations)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
+  # The clients encrypt their own uploads, so the round's [K, d] uploads are kept (not
+  # folded into the plaintext server's running sums chunk by chunk).
+  ecfg = dataclasses.replace(ecfg, stream_uploads=False)
   phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
                                        algorithm=algorithm, cfg=ecfg))
   finish_fn = jax.jit(engine.finish_round)
