@@ -190,7 +190,9 @@ def hparams(fl, mix_alpha):
           "dp_clip": fl.dp_clip, "dp_delta": fl.dp_delta, "dp_noise_multiplier": 0.0}
 
 
-def load(fl):
+def load(fl, pruned: bool = False):
+  """The data, the model (name, w0, apply_flat, params) and, when ``pruned``
+  (PrivaAsyncFed), its layers in call order for the sub-model masks."""
   from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   fed = data_lib.load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
@@ -202,13 +204,17 @@ def load(fl):
   key = jax.random.PRNGKey(fl.seed)
   w0, apply_flat = models.flat_model(model, input_shape, key)
   params = models.init_params(model, input_shape, key)
-  return fed, name, w0, apply_flat, params
+  order = None
+  if pruned:
+    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
+    order = privaasyncfed.call_order(model, input_shape)
+  return fed, name, w0, apply_flat, params, order
 
 
 def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   import importlib  # pylint: disable=g-import-not-at-top
   algorithm = importlib.import_module(ALGORITHMS[algo_name]).ALGORITHM
-  model_name, w0, apply_flat, params = model
+  model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
   clock = dataclasses.replace(clock, buffer_k=fl.buffer_k) if algorithm.buffered else clock
   if algorithm.pruned and fl.prune_speedup:
@@ -228,7 +234,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
       client_sharding=sharding.client_sharding(mesh) if mesh is not None else None)
   if algorithm.pruned:
     from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
-    masks = privaasyncfed.scale_masks(params, scales)
+    masks = privaasyncfed.scale_masks(params, order, scales)
     scale_index = schedule.clients.scale_index
   else:
     masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
@@ -303,8 +309,11 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"error: {e}")
   print(f"loading {FLAGS.dataset} ...", flush=True)
-  fed, model_name, w0, apply_flat, params = load(FLAGS)
-  model = (model_name, w0, apply_flat, params)
+  try:
+    fed, model_name, w0, apply_flat, params, order = load(FLAGS, "privaasyncfed" in names)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  model = (model_name, w0, apply_flat, params, order)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
         f"{model_name} with {np.size(w0)} parameters; devices {jax.devices()}", flush=True)
   if len(devices) > 1:

@@ -299,6 +299,9 @@ def mlp_params(key, hidden=(8, 6)):
           for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:]))}
 
 
+MLP_ORDER = [("Dense_0",), ("Dense_1",), ("Dense_2",)]  # the layers in call order
+
+
 def mlp_apply_fn(unravel):
   def apply(w, x, train=False, rng=None):
     p = unravel(w)
@@ -313,8 +316,8 @@ def mlp_apply_fn(unravel):
 
 def test_scale_masks_keep_the_leading_units():
   params = mlp_params(jax.random.PRNGKey(0))
-  masks = privaasyncfed.scale_masks(params)
-  tree = privaasyncfed.layer_masks(params, 0.5)
+  masks = privaasyncfed.scale_masks(params, MLP_ORDER)
+  tree = privaasyncfed.layer_masks(params, MLP_ORDER, 0.5)
   # Dense_0 [5, 8]: all 5 inputs, first 4 units; Dense_1 [8, 6]: rows < 4, cols < 3;
   # Dense_2 [6, 3]: rows < 3, all classes
   np.testing.assert_array_equal(tree["Dense_0"]["kernel"].sum(0), [5] * 4 + [0] * 4)
@@ -333,7 +336,7 @@ def test_scale_masks_keep_the_leading_units():
 def test_masked_full_model_computes_the_pruned_model():
   params = mlp_params(jax.random.PRNGKey(1))
   w, unravel = jax.flatten_util.ravel_pytree(params)
-  mask = privaasyncfed.scale_masks(params)[2]
+  mask = privaasyncfed.scale_masks(params, MLP_ORDER)[2]
   x = jax.random.normal(jax.random.PRNGKey(2), (4, D_IN))
   masked = mlp_apply_fn(unravel)(w * mask, x)
   p = params
@@ -343,12 +346,68 @@ def test_masked_full_model_computes_the_pruned_model():
   np.testing.assert_allclose(masked, small, rtol=1e-5, atol=1e-6)
 
 
+def test_sub_model_masks_follow_the_call_order_not_the_sorted_keys():
+  # A flax MLP of 11 dense layers: its params come back from models.init_params (a jit)
+  # with sorted keys, Dense_10 (the output layer) between Dense_1 and Dense_2. The masks
+  # must follow the call order: the masked full network equals the pruned network
+  # computed by hand (first floor(s * units) units of each hidden layer kept).
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+
+  class Deep(nn.Module):  # tanh(0) = 0 like ReLU, but no unit dies; biases non-zero
+    @nn.compact
+    def __call__(self, x, train=False):
+      bias = nn.initializers.normal(0.5)
+      for _ in range(10):
+        x = jnp.tanh(nn.Dense(6, bias_init=bias)(x))
+      return nn.Dense(NUM_CLASSES, bias_init=bias)(x)
+
+  model = Deep()
+  params = models.init_params(model, (D_IN,), jax.random.PRNGKey(4))
+  assert list(params)[:3] == ["Dense_0", "Dense_1", "Dense_10"]
+  order = privaasyncfed.call_order(model, (D_IN,))
+  assert order == [()] + [(f"Dense_{i}",) for i in range(11)]
+  w, unravel = jax.flatten_util.ravel_pytree(params)
+  mask = privaasyncfed.scale_masks(params, order, (1.0, 0.5))[1]
+  x = jax.random.normal(jax.random.PRNGKey(5), (4, D_IN))
+  masked = model.apply({"params": unravel(w * mask)}, x)
+  h, width = x, D_IN
+  for i in range(11):
+    p = params[f"Dense_{i}"]
+    out = NUM_CLASSES if i == 10 else 3
+    h = h[:, :width] @ p["kernel"][:width, :out] + p["bias"][:out]
+    h, width = (h if i == 10 else jnp.tanh(h)), out
+  assert np.abs(np.asarray(h)).min() > 1e-3
+  np.testing.assert_allclose(masked, h, rtol=1e-5, atol=1e-6)
+
+
+def test_sub_model_masks_of_a_residual_network_and_groupnorm_refused():
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  shape = (8, 8, 3)
+  with pytest.raises(ValueError, match="--model.*GroupNorm"):
+    privaasyncfed.call_order(models.get_model("resnet18", 10, shape), shape)
+  model = models.ResNet18(num_classes=10, norm="none")
+  params = models.init_params(model, shape, jax.random.PRNGKey(0))
+  order = privaasyncfed.call_order(model, shape)
+  tree = privaasyncfed.layer_masks(params, order, 0.5)
+  assert tree["stem"]["kernel"].shape == (3, 3, 3, 64)
+  # The input layer keeps all 3 colour channels, the output layer all 10 classes.
+  np.testing.assert_array_equal(tree["stem"]["kernel"].sum((0, 1, 3)), [9 * 32] * 3)
+  np.testing.assert_array_equal(tree["fc"]["kernel"].sum(0), [256] * 10)
+  np.testing.assert_array_equal(tree["fc"]["bias"], 1)
+  # A skip connection's projection keeps its leading input and output channels.
+  sc = tree["layer2_0"]["shortcut"]["kernel"]  # [1, 1, 64, 128]
+  np.testing.assert_array_equal(sc[0, 0].sum(1), [64] * 32 + [0] * 32)
+  assert privaasyncfed.scale_masks(params, order, (0.5,)).shape == (
+      1, jax.flatten_util.ravel_pytree(params)[0].size)
+
+
 def test_pruned_client_updates_only_its_submodel():
   data = tiny_data()
   params = mlp_params(jax.random.PRNGKey(3))
   w0, unravel = jax.flatten_util.ravel_pytree(params)
   apply = mlp_apply_fn(unravel)
-  masks = privaasyncfed.scale_masks(params)
+  masks = privaasyncfed.scale_masks(params, MLP_ORDER)
   scale_index = np.full(N_CLIENTS, 2)  # every client trains the 0.5 sub-model
   hp = {"lr": 0.1, "momentum": 0.0, "beta": 0.7, "hinge_a": 1.0, "hinge_b": 1.0,
         "dp_epsilon": 5.0, "dp_clip": 1.0, "dp_delta": 1e-5}

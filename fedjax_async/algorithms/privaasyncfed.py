@@ -29,6 +29,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
@@ -43,39 +46,80 @@ def kept(size: int, scale: float) -> int:
   return max(1, int(math.floor(scale * size + 1e-9)))
 
 
-def _layers(params) -> list:
-  """Leaf dicts of the param tree in call order (flax keeps creation order)."""
+def call_order(model, input_shape: Sequence[int]) -> list:
+  """The paths of ``model``'s submodules (tuples of names, as in its params tree) in the
+  order its forward pass calls them: the order of the layers, which the params tree does
+  not keep (``models.init_params`` returns it with its keys sorted, so ``fc`` would come
+  before ``stem``). Traced abstractly (no FLOPs).
+
+  Raises ValueError for a model with GroupNorm: a group's statistics would mix the zeroed
+  channels in, so the masked layer would not compute the pruned one.
+  """
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if context.method_name == "__call__":
+      if isinstance(context.module, nn.GroupNorm):
+        raise ValueError(
+            f"--model: PrivaAsyncFed prunes channels by masking (HeteroFL, Eq. 10), which "
+            f"equals the pruned network only for conv / dense layers, ReLU, pooling and "
+            f"per-channel norms; layer {'/'.join(context.module.path)} is a GroupNorm "
+            f"(use a model without it, e.g. --model=cnn or mlp)")
+      calls.append(tuple(context.module.path))
+    return next_fun(*args, **kwargs)
+
+  x = jnp.zeros((1, *input_shape), jnp.float32)
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)}, x, train=False))
+  return list(dict.fromkeys(calls))  # first call of each module
+
+
+def _is_layer(node) -> bool:
+  return hasattr(node, "items") and not any(hasattr(v, "items") for v in node.values())
+
+
+def _layer_paths(params, prefix=()) -> list:
   out = []
   for name, sub in params.items():
-    if any(isinstance(v, dict) or hasattr(v, "items") for v in sub.values()):
-      out.extend(_layers(sub))
-    else:
-      out.append((name, sub))
+    path = prefix + (name,)
+    out.extend([path] if _is_layer(sub) else _layer_paths(sub, path))
   return out
 
 
-def layer_masks(params, scale: float) -> Any:
+def _at(params, path):
+  for name in path:
+    params = params[name]
+  return params
+
+
+def layer_masks(params, order: Sequence[tuple], scale: float) -> Any:
   """The 0/1 mask pytree of the sub-model at ``scale`` (same structure as ``params``).
 
-  A layer with a ``kernel`` [..., in, out] keeps inputs < floor(s in) unless it is the
-  first layer (data inputs) and outputs < floor(s out) unless it is the last (classes);
-  its bias follows the outputs. A dense layer fed by a flattened conv output (in a multiple
-  of the previous layer's channels) keeps the rows whose channel (row % C) is kept. Other
-  1-D leaves (norm scale/bias) follow the previous layer's outputs.
+  ``order``: the layers' paths in call order (``call_order``). A layer with a ``kernel``
+  [..., in, out] keeps inputs < floor(s in) unless it is the first layer (data inputs)
+  and outputs < floor(s out) unless it is the last (classes); its bias follows the
+  outputs. A dense layer fed by a flattened conv output (its in a multiple of that conv's
+  channels) keeps the rows whose channel (row % C) is kept. Other 1-D leaves (norm
+  scale/bias) follow the previous layer's outputs. In a residual network every layer
+  keeps its leading channels, so a skip connection adds kept channels to kept ones.
   """
-  layers = _layers(params)
+  paths = set(_layer_paths(params))
+  layers = [(p, _at(params, p)) for p in order if p in paths]
+  missing = paths - {p for p, _ in layers}
+  if missing:
+    raise ValueError(f"layers {sorted(missing)} are not in the call order {list(order)}")
   kernel_layers = [i for i, (_, leaves) in enumerate(layers) if "kernel" in leaves]
   first, last = kernel_layers[0], kernel_layers[-1]
   masks = {}
-  prev_out, prev_kept = None, None
-  for i, (name, leaves) in enumerate(layers):
+  prev_out, prev_kept, prev_conv = None, None, False
+  for i, (path, leaves) in enumerate(layers):
     m = {}
     if "kernel" in leaves:
       k = np.asarray(leaves["kernel"])
       cin, cout = k.shape[-2], k.shape[-1]
       rows = np.ones(cin, bool)
       if i != first:
-        if prev_out is not None and cin != prev_out and cin % prev_out == 0:
+        if k.ndim == 2 and prev_conv and cin != prev_out and cin % prev_out == 0:
           rows = (np.arange(cin) % prev_out) < prev_kept  # NHWC flatten: channel fastest
         else:
           rows = np.arange(cin) < kept(cin, scale)
@@ -85,31 +129,28 @@ def layer_masks(params, scale: float) -> Any:
       for leaf in leaves:
         if leaf != "kernel":
           m[leaf] = np.broadcast_to(cols, np.shape(leaves[leaf])).astype(np.float32)
-      prev_out, prev_kept = cout, out_keep
+      prev_out, prev_kept, prev_conv = cout, out_keep, k.ndim > 2
     else:
       for leaf, v in leaves.items():
         size = np.shape(v)[-1]
         keep = prev_kept if prev_out == size else kept(size, scale)
         m[leaf] = np.broadcast_to(np.arange(size) < keep, np.shape(v)).astype(np.float32)
-    masks[name] = m
+    masks[path] = m
   return _rebuild(params, masks)
 
 
-def _rebuild(params, flat_masks):
-  out = {}
-  for name, sub in params.items():
-    if any(isinstance(v, dict) or hasattr(v, "items") for v in sub.values()):
-      out[name] = _rebuild(sub, flat_masks)
-    else:
-      out[name] = flat_masks[name]
-  return out
+def _rebuild(params, masks, prefix=()):
+  return {name: masks[prefix + (name,)] if _is_layer(sub) else
+          _rebuild(sub, masks, prefix + (name,)) for name, sub in params.items()}
 
 
-def scale_masks(params, scales: Sequence[float] = SCALES) -> np.ndarray:
-  """Flat masks ``[len(scales), d]`` aligned with ``ravel_pytree(params)``."""
+def scale_masks(params, order: Sequence[tuple], scales: Sequence[float] = SCALES
+                ) -> np.ndarray:
+  """Flat masks ``[len(scales), d]`` aligned with ``ravel_pytree(params)``; ``order``: the
+  layers' paths in call order (``call_order``)."""
   rows = []
   for s in scales:
-    flat, _ = ravel_pytree(layer_masks(params, s))
+    flat, _ = ravel_pytree(layer_masks(params, order, s))
     rows.append(np.asarray(flat, np.float32))
   return np.stack(rows)
 
