@@ -40,12 +40,17 @@ STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
-  """Clients dispatched in round t + 1: they need Enc_pk_i(w^{t+1}) (Alg. 5 line 8)."""
+  """Clients dispatched in round t + 1: they need Enc_pk_i(w^{t+1}) (Alg. 5 line 8).
+
+  Those online in round t + 1 and the delayed ones dispatched then, whose updates arrive
+  in later rounds. A client dispatched in t + 1 whose update is dropped (older than the
+  ring buffer) or still in flight after the last round has no slot in the timeline and
+  is not counted (its update never reaches the server)."""
   if t + 1 >= tl.num_rounds:
     return ()
-  row = tl.slice(t + 1, t + 2)
-  sel = row["valid"][0] & (row["dispatch"][0] == t + 1)
-  return tuple(int(i) for i in np.unique(row["client"][0][sel]))
+  later = np.s_[t + 1:]
+  sel = tl.valid[later] & (tl.dispatch[later] == t + 1)
+  return tuple(int(i) for i in np.unique(tl.client[later][sel]))
 
 
 def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
