@@ -182,7 +182,7 @@ def test_fedasync_batched_equals_event_loop(ring_size):
   assert len(rows) == s.kept().sum()
 
   def rule(w, state, w_new, w_tau, staleness):
-    st = staleness
+    st = staleness + 1  # FedAsync Alg. 1: t - tau, t the version this mix produces
     a = 0.6 * (1.0 if st <= 1 else 1.0 / (1.0 * (st - 1) + 1.0))
     return (1 - a) * w + a * w_new, state, True
 
