@@ -10,7 +10,7 @@ Every stage except Min and the division exchange is linear in the number of ciph
 chunks ceil(dim / (N/2)). With several --dims the script fits t = a + b * chunks per stage
 and extrapolates to --target_dim (default: the Fashion-MNIST CNN, 1,663,370 parameters).
 
-Default (about 5-10 min on 2 cores): 128-bit, d=10 (depth 27, N=2^16), 1 and 2 chunks,
+Default (about 5-10 min on 2 cores): 128-bit, d=10 (depth 28, N=2^16), 1 and 2 chunks,
 extrapolated to 51 chunks:
   python benchmarks/ducc_round.py --dims=32768,65536 --out_csv=/tmp/ducc_round.csv
 """

@@ -194,7 +194,7 @@ def define_flags():
   f.DEFINE_string("ckks_preset", d.ckks_preset, "secure (128-bit, HEStd_128_classic) | "
                   "insecure_test (ring 2^11, NOT secure: tests and quick looks only).")
   f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
-                   "Min polynomial; the context depth is 2d + 7.")
+                   "Min polynomial; the context depth is 2d + 8.")
   f.DEFINE_integer("checkpoint_every", d.checkpoint_every,
                    "Checkpoint the simulation every k rounds (at the first chunk boundary "
                    "at or past each multiple of k, and at the end) under "

@@ -20,7 +20,7 @@ from fedjax_async.crypto import vectors
 PRESET = "insecure_test"
 DIM = 1500  # two ciphertexts of 1024 slots: exercises chunking
 D_SMALL = 5  # Cheon iterations for the fast protocol (depth 2*5 + 7 = 17)
-D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth 27)
+D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth 28)
 ALPHAS = (0.7, 0.5, 0.3)
 
 
@@ -115,9 +115,10 @@ def test_secure_ducc_components_and_depth(protocol, round_data):
   s0 = protocol.s0
   cts = [c.encrypt_update(u) for c, u in zip(protocol.clients, online)]
   dcts = [protocol.clients[0].encrypt_update(u) for u in delayed]
-  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS))
+  inv_norm = protocol.s1.masked_inverse_sqrt(s0.ducc_norm(cts, len(dcts)))
+  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS, 0.0, inv_norm))
   new = s0.ducc_finish(inv, s0.encrypt_global(w))
-  assert max(ckks.depth_used(c) for c in new) == ckks.ducc_depth(D_SMALL) == 17
+  assert max(ckks.depth_used(c) for c in new) == ckks.ducc_depth(D_SMALL) == 18
 
 
 def test_secure_ducc_matches_exact_min():
@@ -167,19 +168,21 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
     assert np.linalg.norm(wrong - want) > 100 * np.linalg.norm(want)
   except entities.DecryptionError:
     pass
-  # What S1 decrypted: 3 blinded scalars (r1 n1, r2 n2, r3 ||m||^2), then w + r chunks.
+  # What S1 decrypted: 4 blinded scalars (r0^2 ||n m||^2 for the normalisation, r1 n1,
+  # r2 n2, r3 ||m||^2), then w + r chunks.
   log = s1.decryption_log
   n_chunks = ckks.num_chunks(DIM, protocol.s0.ev.slots)
-  assert len(log) == 3 + n_chunks
+  assert len(log) == 4 + n_chunks
   m = online.mean(0)
-  s = (delayed @ m + 1) / 2
+  s = (delayed @ (m / np.linalg.norm(m)) + 1) / 2
   x = cheon.cheon_min(s, 0.5, D_SMALL)
-  true_scalars = [np.sum(s - x), np.sum(x - 0.5), m @ m]
-  for v, t in zip(log[:3], true_scalars):
+  true_scalars = [len(online) ** 2 * (m @ m), np.sum(s - x), np.sum(x - 0.5), m @ m]
+  for i, (v, t) in enumerate(zip(log[:4], true_scalars)):
     assert np.ptp(v) < 1e-4 * abs(v[0])  # a replicated scalar, nothing else
     ratio = v[0] / t
-    assert 2 ** -4 - 1e-6 <= ratio <= 2 ** 4 + 1e-6 and abs(ratio - 1) > 1e-3
-  masked = ckks.unchunk(log[3:], DIM)
+    blind = 8 if i == 0 else 4  # r0^2 for the norm, r for the others
+    assert 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
+  masked = ckks.unchunk(log[4:], DIM)
   assert np.linalg.norm(masked - want) > 100 * np.linalg.norm(want)
   assert abs(np.corrcoef(masked, want)[0, 1]) < 0.1
   # S1 never saw an upload: no logged vector correlates with any client's update.
@@ -241,7 +244,7 @@ def test_s0_holds_no_secret_key(protocol, round_data):
 def test_ducc_depth_error_names_needed_depth(round_data):
   rng, online, m_hat = round_data
   proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10, seed=0)
-  with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 15"):
+  with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 16"):
     secure_ducc.secure_pafed_step(proto, np.zeros(64), online[:, :64],
                                   vectors.unit(rng.normal(size=(2, 64))), ALPHAS)
 
@@ -263,7 +266,7 @@ def test_min_depth_error_names_needed_depth():
 
 @pytest.mark.slow
 def test_secure_preset_128_bit_round_matches_plaintext():
-  """The default 128-bit preset (HEStd_128_classic, ring 2^16 at depth 27) end to end:
+  """The default 128-bit preset (HEStd_128_classic, ring 2^16 at depth 28) end to end:
   one full round equals the plaintext DUCC with the same Min (slow: ~45 s)."""
   rng = np.random.default_rng(11)
   dim = 256

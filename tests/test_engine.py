@@ -580,6 +580,31 @@ def test_ducc_mixed_matches_independent_numpy():
   assert abs(float(jnp.dot(m2, m))) < 1e-6
 
 
+def test_ducc_classifies_by_the_direction_of_the_online_mean():
+  # The paper normalises the online mean before the Min (Sec. V-A), so with Cheon's
+  # approximate Min the classes depend on cos(m, u_j), not on ||m|| cos(m, u_j): four
+  # spread-out online updates (||m|| ~ 0.5) give the classes that their mean's unit
+  # vector alone, as the only online update, gives.
+  from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)
+  online = unit(rng.normal(size=(4, 16)) + 0.6 * rng.normal(size=16))
+  m_hat = unit(online.mean(0))
+  assert np.linalg.norm(online.mean(0)) < 0.7
+  delayed = []
+  for c in (0.3, -0.2, 0.15, -0.35):  # unit vectors at cos c to m_hat
+    r = rng.normal(size=16)
+    r = unit(r - (r @ m_hat) * m_hat)
+    delayed.append(c * m_hat + np.sqrt(1 - c * c) * r)
+  delayed = np.array(delayed)
+  np.testing.assert_allclose(delayed @ m_hat, [0.3, -0.2, 0.15, -0.35], atol=1e-12)
+  cheon4 = cheon.make_cheon_min(4)
+  _, m1, m2 = pafed.ducc(jnp.asarray(online), jnp.asarray(delayed), cheon4)
+  _, r1, r2 = pafed.ducc(jnp.asarray(m_hat[None]), jnp.asarray(delayed), cheon4)
+  np.testing.assert_allclose(m1, r1, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m2, r2, rtol=1e-5, atol=1e-6)
+
+
 def test_admm_client_on_a_quadratic_solved_by_hand():
   # f(w) = 1/2 ||w - c||^2; the local problem f(w) + y^T(w - g) + rho/2 ||w - g||^2 has
   # the minimiser w* = (c - y + rho g) / (1 + rho) (set the gradient to zero).

@@ -61,9 +61,13 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
   om, dm = jnp.asarray(online_mask, bool), jnp.asarray(delayed_mask, bool)
   online_sum = sums.online_sum + jnp.einsum("g,gd->d", om.astype(jnp.float32), updates)
   online_count = sums.online_count + jnp.sum(om)
-  m = base.mean_from_sum(online_sum, online_count)  # Alg. 4 line 3
-  dots = updates @ m
-  s = (dots + 1.0) / 2.0  # (m . u_j + 1) / 2, in [0, 1] for unit vectors
+  # Alg. 4 line 3 gives the mean m; the Min's input uses m / ||m|| ("We first normalize
+  # w_m and w_j", Sec. V-A): the mean of unit vectors is shorter than 1, and the class
+  # weights would shrink with it (the exact Min's m1, m2 do not change; Cheon's would).
+  norm = jnp.sqrt(jnp.vdot(online_sum, online_sum))
+  m_unit = jnp.where(norm > 0, online_sum / jnp.where(norm > 0, norm, 1.0), 0.0)
+  dots = updates @ m_unit
+  s = (dots + 1.0) / 2.0  # (m . u_j / ||m|| + 1) / 2, in [0, 1] for unit vectors
   x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
   w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
   w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)

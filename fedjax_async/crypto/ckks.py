@@ -78,7 +78,9 @@ def ducc_depth_breakdown(min_iterations: int) -> Dict[str, int]:
 
   Stages on the critical path (fresh client ciphertexts at depth 0):
     inner_product: sum_c m_c * u_jc (Alg. 4 line 5, m . u_j), then EvalSum (free).
-    pack: each replicated inner product times a one-hot mask (1/(4 n sqrt 2) folded in).
+    pack: each replicated inner product times a one-hot mask (1/(4 sqrt 2) folded in).
+    normalise: the packed inner products times Enc(1 / ||m||) from S1 (the paper
+      normalises the online mean before the Min, Sec. V-A).
     min: z^2 then 2 per Cheon iteration (Alg. 1 lines 2-6), the last n_d unused.
     broadcast: w_j's slot times a one-hot mask (r * alpha folded in), EvalSum (free).
     weight: W_j * u_j (Alg. 4 lines 5, 7).
@@ -87,12 +89,12 @@ def ducc_depth_breakdown(min_iterations: int) -> Dict[str, int]:
   Eq. 17 itself is additions only (alpha's are folded into masks).
   """
   d = int(min_iterations)
-  return {"inner_product": 1, "pack": 1, "min": 2 * d if d > 0 else 1, "broadcast": 1,
-          "weight": 1, "inverse": 1, "projection": 2}
+  return {"inner_product": 1, "pack": 1, "normalise": 1, "min": 2 * d if d > 0 else 1,
+          "broadcast": 1, "weight": 1, "inverse": 1, "projection": 2}
 
 
 def ducc_depth(min_iterations: int) -> int:
-  """Total multiplicative depth of encrypted DUCC + Eq. 17: 2d + 7 for d Min iterations."""
+  """Total multiplicative depth of encrypted DUCC + Eq. 17: 2d + 8 for d Min iterations."""
   return sum(ducc_depth_breakdown(min_iterations).values())
 
 

@@ -16,6 +16,7 @@ Key separation (Sec. V-B "System initialization"):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -91,6 +92,17 @@ class HelperServer:
     for ct, thr in zip(cts, thresholds):
       v = float(self._decrypt(ct)[0])
       inv = 1.0 / v if abs(v) > max(INVERSE_EPS, thr) else 0.0
+      out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
+    return out
+
+  def masked_inverse_sqrt(self, cts: Sequence[object]) -> List[object]:
+    """For each Enc(r^2 v) (v >= 0) return Enc_pk_s(1 / (r sqrt(v))), or Enc(0) when
+    r^2 v <= eps: S0's normalisation of the online mean (PAFed Sec. V-A), S1 seeing the
+    blinded r^2 ||m||^2 only. Slot 0 of the replicated value is used."""
+    out = []
+    for ct in cts:
+      v = float(self._decrypt(ct)[0])
+      inv = 1.0 / math.sqrt(v) if v > INVERSE_EPS else 0.0
       out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
     return out
 

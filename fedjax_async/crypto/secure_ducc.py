@@ -4,8 +4,10 @@
 sk_s + public keys). It never holds a secret key nor a reference to S1: the two divisions
 of Alg. 4 line 11 / Eq. 12 and the key transformation are message exchanges that the
 orchestrator (``secure_pafed_step``) ferries between S0 and S1, so S0's work is split in
-phases (``ducc_begin`` -> S1 ``masked_inverse`` -> ``ducc_finish`` -> ``kt_mask`` -> S1
-``key_transform`` -> ``kt_unmask``).
+phases (``ducc_norm`` -> S1 ``masked_inverse_sqrt`` -> ``ducc_begin`` -> S1
+``masked_inverse`` -> ``ducc_finish`` -> ``kt_mask`` -> S1 ``key_transform`` ->
+``kt_unmask``). The first exchange gives S0 Enc(1 / ||m||): the paper normalises the
+online mean m before the Min (Sec. V-A: "We first normalize ...").
 
 Data layout: a [d] vector is ceil(d / (N/2)) ciphertexts of N/2 slots. Scalars derived
 from vectors (inner products, class totals) are *replicated* in every slot by EvalSum.
@@ -14,7 +16,7 @@ Cheon's Min (Alg. 1) runs once for every delayed client at the same time.
 
 Constants are folded into plaintext masks wherever a mask multiplication happens anyway
 (1/n of the mean, 1/4 and 1/sqrt 2 of Alg. 1's y, the blinding factors r and the alphas
-of Eq. 17), so the total depth is 2d + 7 (``ckks.ducc_depth``).
+of Eq. 17), so the total depth is 2d + 8 (``ckks.ducc_depth``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class AggregationServer:
     return float(2.0 ** self.rng.uniform(-BLIND_LOG2_RANGE, BLIND_LOG2_RANGE))
 
   def check_depth(self):
-    """Raise ``DepthError`` unless the context can hold 2d + 7 levels (Alg. 4 + Eq. 17)."""
+    """Raise ``DepthError`` unless the context can hold 2d + 8 levels (Alg. 4 + Eq. 17)."""
     need = ckks.ducc_depth(self.min_iterations)
     if self.ev.depth < need:
       parts = ", ".join(f"{k}={v}" for k, v in
@@ -87,17 +89,35 @@ class AggregationServer:
 
   # ------------------------------------------------------------------ Alg. 4
 
+  def ducc_norm(self, online: Sequence[List[object]], num_delayed: int) -> List[object]:
+    """The blinded squared norm of the online sum for S1: [Enc(r0^2 ||sum_i u_i||^2)]
+    (empty when no delayed update needs the Min). S1 returns Enc(1 / (r0 ||sum||)),
+    which ``ducc_begin`` turns into the normalised inner products m . u_j / ||m||."""
+    self.timings = {}
+    self._norm_blind = None
+    if not online or num_delayed == 0:
+      return []
+    t = _now()
+    msum = [self.ev.add_many([u[c] for u in online]) for c in range(len(online[0]))]
+    r0 = self._blind()
+    self._norm_blind = r0
+    scaled = [self.ev.mult_const(x, r0 * r0, what="r0^2 m") for x in msum]
+    out = [self._dot_replicated(msum, scaled, "||m||^2 for the normalisation")]
+    self._tick("normalise", t)
+    return out
+
   def ducc_begin(self, online: Sequence[List[object]], delayed: Sequence[List[object]],
                  alphas: Tuple[float, float, float],
-                 empty_class_tol: float = 0.0) -> List[object]:
+                 empty_class_tol: float = 0.0,
+                 inverse_norm: Sequence[object] = ()) -> List[object]:
     """Alg. 4 lines 3-10 (+ the numerators of line 11 and Eq. 12).
 
-    Returns the blinded denominators [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1
-    (empty when no division is needed). ``self.inverse_thresholds`` holds the blinded
-    empty-class tolerances [r1 tol, r2 tol, 0] that go with them (``pafed.ducc``'s
-    ``empty_class_tol``).
+    ``inverse_norm``: S1's answer to ``ducc_norm`` ([Enc(1 / (r0 ||sum||))]; needed when
+    there are online and delayed updates). Returns the blinded denominators
+    [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1 (empty when no division is needed).
+    ``self.inverse_thresholds`` holds the blinded empty-class tolerances [r1 tol, r2 tol,
+    0] that go with them (``pafed.ducc``'s ``empty_class_tol``).
     """
-    self.timings = {}
     self.inverse_thresholds = []
     self.check_depth()
     a0, a1, a2 = (float(a) for a in alphas)
@@ -106,6 +126,9 @@ class AggregationServer:
     t = _now()
     if n == 0:  # m = 0: s_j = 1/2, both classes have zero weight (plaintext reference).
       return []
+    if k > 0 and (not inverse_norm or self._norm_blind is None):
+      raise ValueError("ducc_begin: the delayed updates' Min needs S1's answer to "
+                       "ducc_norm (inverse_norm)")
     msum = [self.ev.add_many([u[c] for u in online]) for c in range(len(online[0]))]
     st["m_term"] = [self.ev.mult_const(c, a0 / n, what="Eq. 17: alpha0 * m") for c in msum]
     if k == 0:
@@ -113,13 +136,15 @@ class AggregationServer:
     slots = self.ev.slots
     if k > slots:
       raise ValueError(f"{k} delayed uploads exceed the {slots} slots of one ciphertext")
-    # Alg. 4 line 5: m . u_j (m = msum / n; the 1/n is folded into the packing mask).
+    # Alg. 4 line 5: msum . u_j; normalised below (m / ||m|| = msum / ||msum||).
     ips = [self._dot_replicated(msum, u, "inner product m . u_j") for u in delayed]
     t = self._tick("inner_products", t)
-    # Pack all z_j = (m . u_j)/(4 sqrt 2) = y_j / sqrt 2 into one ciphertext.
+    # Pack all z_j = (m . u_j)/(4 sqrt 2 ||m||) = y_j / sqrt 2 into one ciphertext: r0
+    # folded into the packing mask, times S1's Enc(1 / (r0 ||msum||)).
     z = self.ev.add_many([
-        self.ev.mult_plain(ip, ckks.one_hot(slots, j, 1.0 / (4.0 * n * SQRT2)),
+        self.ev.mult_plain(ip, ckks.one_hot(slots, j, self._norm_blind / (4.0 * SQRT2)),
                            what="packing inner products") for j, ip in enumerate(ips)])
+    z = self.ev.mult(z, inverse_norm[0], what="normalise: times 1 / ||m||")
     y = self.ev.mult_const(z, SQRT2, what="Alg. 1: y")
     # Eq. 13 with Alg. 1: Min(s, 1/2) = x - m_d, s = 2y + 1/2, x = y + 1/2, so
     # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d.
@@ -235,7 +260,7 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
     preset: "secure" (128-bit, HEStd_128_classic) or "insecure_test" (tests only).
     min_depth: d, the number of iterations of Alg. 1.
     ring_dim: override the preset's ring dimension.
-    depth: override the context depth (default ``ckks.ducc_depth(min_depth)`` = 2d + 7).
+    depth: override the context depth (default ``ckks.ducc_depth(min_depth)`` = 2d + 8).
     recipients: clients the key transformation re-encrypts for (default: all).
     seed: S0's randomness (masks, blinding factors); None draws from the OS.
   """
@@ -279,7 +304,11 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
     w_ct = s0.global_ct
   else:
     w_ct = s0.encrypt_global(np.asarray(w_global, np.float64))
-  requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol)
+  norm_request = s0.ducc_norm(on_cts, len(de_cts))
+  t1 = _now()
+  inverse_norm = s1.masked_inverse_sqrt(norm_request) if norm_request else []
+  t_norm = _now() - t1
+  requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
   t1 = _now()
   inverses = s1.masked_inverse(requests, s0.inverse_thresholds) if requests else []
   t_s1 = _now() - t1
@@ -287,6 +316,8 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   timings["ducc"] = _now() - t
   breakdown = dict(s0.timings)
   breakdown["division"] = breakdown.get("division", 0.0) + t_s1
+  if norm_request:
+    breakdown["normalise"] = breakdown.get("normalise", 0.0) + t_norm
   t = _now()
   recipients = protocol.recipients
   if recipients is None:
