@@ -18,7 +18,10 @@ experiments/async_family.py and experiments/fededs_table.py):
 Each algorithm writes ``<output_dir>/<algorithm>/metrics.jsonl`` (one JSON object per
 round) and ``summary.json``; a comma-separated ``--algorithm`` ends with a comparison table
 (``comparison.md`` / ``comparison.csv``); ``curves.png`` plots test accuracy and train loss
-per round for every algorithm of the run.
+per round for every algorithm of the run. An ``--output_dir`` that holds a run is refused
+unless ``--resume`` (continue from its checkpoint) or ``--overwrite`` (start over). Ctrl-C
+or SIGTERM stops a run with one line naming the checkpoint that ``--resume`` continues
+from (exit status 130 / 143).
 """
 
 from __future__ import annotations
@@ -97,13 +100,23 @@ def main_fededs(argv, driver):
   driver.main(argv)
 
 
+def accept_overwrite():
+  """--overwrite for the drivers that do not define it (./run.sh passes it to any mode):
+  they write over --output_dir anyway."""
+  if "overwrite" not in flags.FLAGS:
+    flags.DEFINE_boolean("overwrite", True, "Accepted for ./run.sh: this driver writes "
+                         "over --output_dir in any case.")
+
+
 def main():
   mode = mode_of(sys.argv)
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
+    accept_overwrite()
     app.run(async_family.main)
   elif mode == "fededs":
     import fededs_table  # pylint: disable=g-import-not-at-top
+    accept_overwrite()
     flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
     flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")
     flags.DEFINE_string("fededs_ablation", "", "s1 (annealing only) | s2 (sharing only).")

@@ -10,8 +10,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import itertools
 import json
 import os
+import shutil
+import signal
 import sys
 import time
 from typing import Dict, List, Optional
@@ -74,6 +77,7 @@ class RunConfig:
   checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
   keep_checkpoints: int = 2
   resume: bool = False
+  overwrite: bool = False  # delete the output directory's previous run first
   tensorboard: bool = True
 
   def hparams(self) -> Dict[str, float]:
@@ -106,7 +110,13 @@ def validate(cfg: RunConfig):
   check(0.0 <= cfg.momentum < 1.0, "momentum", f"must be in [0, 1), got {cfg.momentum}")
   check(cfg.rho > 0, "rho", f"must be > 0, got {cfg.rho}")
   check(cfg.mu >= 0, "mu", f"must be >= 0, got {cfg.mu}")
+  for k in ("alpha0", "alpha1", "alpha2"):  # PAFed's non-negative weights (Eq. 17)
+    check(getattr(cfg, k) >= 0, k, f"must be >= 0 (a weight of PAFed's Eq. 17), got "
+          f"{getattr(cfg, k)}")
   check(cfg.server_lr > 0, "server_lr", f"must be > 0, got {cfg.server_lr}")
+  check(cfg.server_lr_switch_round == -1 or 0 <= cfg.server_lr_switch_round < cfg.rounds,
+        "server_lr_switch_round", f"must be -1 (never) or a round in 0..{cfg.rounds - 1} "
+        f"(--rounds={cfg.rounds}), got {cfg.server_lr_switch_round}")
   check(cfg.dirichlet_alpha > 0, "dirichlet_alpha", f"must be > 0, got {cfg.dirichlet_alpha}")
   check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
   check(cfg.rounds_per_call >= 1, "rounds_per_call",
@@ -129,6 +139,12 @@ def validate(cfg: RunConfig):
         f"must be 'secure' or 'insecure_test', got {cfg.ckks_preset!r}")
   check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
         f"must be in 1..30, got {cfg.ckks_min_depth}")
+  check(not (cfg.resume and cfg.overwrite), "overwrite",
+        "cannot be combined with --resume (--resume continues the run in --output_dir, "
+        "--overwrite deletes it)")
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  check(cfg.model == "auto" or cfg.model in models.MODEL_NAMES, "model",
+        f"unknown model {cfg.model!r}; choices: auto, {', '.join(models.MODEL_NAMES)}")
 
 
 # ---------------------------------------------------------------------------- flags
@@ -202,6 +218,10 @@ def define_flags():
   f.DEFINE_integer("keep_checkpoints", d.keep_checkpoints, "Checkpoints kept (max_to_keep).")
   f.DEFINE_boolean("resume", d.resume, "Continue from the latest checkpoint in the output "
                    "directory (fresh start when there is none).")
+  f.DEFINE_boolean("overwrite", d.overwrite, "Delete the previous run's outputs in the "
+                   "output directory (metrics.jsonl, summary.json, checkpoints, tb, "
+                   "comparison and curves) and start over; without it (or --resume) a run "
+                   "refuses a directory that holds one.")
   f.DEFINE_boolean("tensorboard", d.tensorboard, "Write TensorBoard scalars under "
                    "<output_dir>/tb.")
 
@@ -229,7 +249,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
-      resume=FLAGS.resume, tensorboard=FLAGS.tensorboard)
+      resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard)
   validate(cfg)
   return cfg
 
@@ -245,31 +265,73 @@ def load_data(cfg: RunConfig):
 
 
 def build_model(cfg: RunConfig, fed_data):
+  """(name, flat initial weights, apply); a ValueError names --model."""
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  name = models.default_model_for(cfg.dataset) if cfg.model == "auto" else cfg.model
   input_shape = tuple(fed_data.x.shape[2:])
-  model = models.get_model(name, fed_data.num_classes, input_shape)
+  try:
+    name = models.default_model_for(cfg.dataset) if cfg.model == "auto" else cfg.model
+    model = models.get_model(name, fed_data.num_classes, input_shape)
+  except ValueError as e:
+    raise ValueError(f"--model: {e} (--dataset={cfg.dataset})") from None
   w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.seed))
   return name, w0, apply_flat
+
+
+class Overall:
+  """The rounds still to run over the algorithms of one invocation, for an ETA over all of
+  them: the current run's ETA plus the later runs' rounds at the rate of every round run
+  so far (their compilations included, as the later algorithms compile too)."""
+
+  def __init__(self, count: int, rounds: int):
+    self.count, self.left, self.done = count, count * rounds, 0
+    self.t0 = time.perf_counter()
+
+  def skip(self, rounds: int):
+    """Rounds a resumed run does not run again."""
+    self.left -= rounds
+
+  def advance(self, rounds: int):
+    self.done += rounds
+    self.left -= rounds
+
+  def eta(self, current_eta: float, current_left: int) -> float:
+    rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+    return current_eta + max(self.left - current_left, 0) / max(rate, 1e-9)
 
 
 class Progress:
   """One line per round: accuracy, arrivals, staleness; the last line of each jitted chunk
   of rounds also gives rounds/s and the ETA (measured when the chunk came back: the
-  chunk's earlier rounds were not timed one by one)."""
+  chunk's earlier rounds were not timed one by one). With ``position`` = (i, n), i.e.
+  algorithm i of n in one invocation, the lines say so and, with ``overall``, the ETA of
+  all n runs follows this run's."""
 
-  def __init__(self, name: str, total: int, start: int = 0, stream=sys.stdout):
+  def __init__(self, name: str, total: int, start: int = 0, stream=sys.stdout,
+               position: Optional[tuple] = None, overall: Optional[Overall] = None):
     self.name, self.total, self.stream = name, total, stream
     self.t0, self.start = time.perf_counter(), start
+    self.position, self.overall = position, overall
+    self.last = start
 
   def __call__(self, rows: List[dict]):
     done = rows[-1]["round"] + 1
     rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
     eta = (self.total - done) / max(rate, 1e-9)
+    where = ""
+    if self.position is not None and self.position[1] > 1:
+      where = f" algorithm {self.position[0]}/{self.position[1]}"
+    tail = ""
+    if self.overall is not None:
+      self.overall.advance(done - self.last)
+      if self.overall.count > 1:
+        tail = (f", all {self.overall.count} algorithms "
+                f"{self.overall.eta(eta, self.total - done):.0f}s")
+    self.last = done
     for i, r in enumerate(rows):
       acc = "  -   " if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
-      timing = f" | {rate:.2f} rounds/s ETA {eta:.0f}s" if i == len(rows) - 1 else ""
-      print(f"[{self.name}] round {r['round'] + 1:4d}/{self.total} acc {acc} "
+      timing = (f" | {rate:.2f} rounds/s ETA {eta:.0f}s{tail}" if i == len(rows) - 1
+                else "")
+      print(f"[{self.name}]{where} round {r['round'] + 1:4d}/{self.total} acc {acc} "
             f"train_loss {r['train_loss']:.4f} online {r['online']} delayed {r['delayed']} "
             f"dropped {r['dropped']} staleness {r['mean_staleness']:.2f}{timing}",
             file=self.stream)
@@ -279,8 +341,8 @@ class Progress:
 # Config fields that may differ between a run and its resumption. (With another --devices
 # the continuation equals the uninterrupted run to float rounding, not bit for bit: the
 # upload sums are split differently.)
-RESUME_FREE_FIELDS = ("output_dir", "resume", "checkpoint_every", "keep_checkpoints",
-                      "tensorboard", "devices")
+RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
+                      "keep_checkpoints", "tensorboard", "devices")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -301,41 +363,187 @@ def json_row(row: dict) -> str:
 
 
 class TensorBoard:
-  """Per-round scalars under ``<out_dir>/tb`` (tensorboardX); a no-op when disabled."""
+  """Per-round scalars under ``<out_dir>/tb`` (tensorboardX's event files); a no-op when
+  disabled.
+
+  Written synchronously (tensorboardX's ``EventsWriter``, not ``SummaryWriter``, whose
+  ``flush`` leaves the events still queued for its writer thread behind: a killed run lost
+  its last rounds). ``purge_step``: the file starts with a session restart at that step,
+  which makes TensorBoard discard the steps >= it of the earlier files (a resumed run
+  writes them again).
+  """
+
+  _files = itertools.count(1)  # event file names have 1 s resolution: a suffix each
 
   def __init__(self, out_dir: str, enabled: bool, purge_step: Optional[int] = None):
-    self.writer = None
-    if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.writer = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=purge_step)
+    self.directory = os.path.join(out_dir, "tb") if enabled else None
+    self.purge_step, self.writer = purge_step, None
+
+  def _open(self):
+    from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    os.makedirs(self.directory, exist_ok=True)
+    self.writer = event_file_writer.EventsWriter(
+        os.path.join(self.directory, "events"), f".{os.getpid()}.{next(self._files)}")
+    if self.purge_step is not None:
+      self.writer.write_event(event_pb2.Event(
+          wall_time=time.time(), step=self.purge_step,
+          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def write(self, rows: List[dict]):
-    if self.writer is None:
+    """Appends the rows' numeric fields (step = the 0-based round) and syncs the file."""
+    if self.directory is None or not rows:
       return
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    if self.writer is None:
+      self._open()
+    now = time.time()
     for r in rows:
       for k, v in r.items():
         if k != "round" and isinstance(v, (int, float)) and v is not None:
-          self.writer.add_scalar(k, float(v), r["round"])
-    self.writer.flush()
+          self.writer.write_event(event_pb2.Event(
+              wall_time=now, step=int(r["round"]), summary=summary.scalar(k, float(v))))
+    self.sync()
+
+  def sync(self):
+    """Puts every scalar written so far on disk (flush and fsync)."""
+    if self.writer is not None:
+      self.writer.flush()
 
   def close(self):
     if self.writer is not None:
       self.writer.close()
+      self.writer = None
+
+
+# What a run writes in its directory (``--overwrite`` deletes these and nothing else);
+# a multi-algorithm run also writes COMPARISON_OUTPUTS in --output_dir.
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png")
+COMPARISON_OUTPUTS = ("comparison.md", "comparison.csv", "curves.png")
+
+
+def previous_outputs(directory: str, outputs=RUN_OUTPUTS) -> List[str]:
+  return [n for n in outputs if os.path.lexists(os.path.join(directory, n))]
+
+
+def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
+                       outputs=RUN_OUTPUTS):
+  """Refuses (ValueError naming --output_dir) a directory that holds a previous run
+  unless ``resume``; with ``overwrite`` deletes that run's outputs first."""
+  found = previous_outputs(directory, outputs)
+  if not found or resume:
+    return
+  if not overwrite:
+    raise ValueError(f"--output_dir: {directory} already holds a run ({', '.join(found)}): "
+                     "pass --resume to continue it, --overwrite to start over, or another "
+                     "--output_dir")
+  for n in found:
+    path = os.path.join(directory, n)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    else:
+      os.remove(path)
+
+
+class Interrupted(KeyboardInterrupt):
+  """SIGINT (Ctrl-C) or SIGTERM during a run; ``str`` says where the run stopped and how
+  to continue it, ``exit_code`` is 128 + the signal's number (130, 143)."""
+
+  def __init__(self, message: str = "", signum: int = signal.SIGINT):
+    super().__init__(message)
+    self.signum = int(signum)
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum
+
+
+# Signals received (by ``handle_interrupts``'s handler): an exception raised in a garbage
+# collector callback or a __del__ is printed and dropped by Python, so ``run_one`` also
+# checks this list at every chunk boundary.
+_signals_received: List[int] = []
+
+
+def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
+  _signals_received.append(signum)
+  raise Interrupted("", signum)
+
+
+def check_interrupted():
+  """Raises the Interrupted of a signal whose exception Python dropped."""
+  if _signals_received:
+    raise Interrupted("", _signals_received[-1])
+
+
+class handle_interrupts:  # pylint: disable=invalid-name
+  """Within it SIGTERM (kill, a batch system's time limit) and SIGINT (Ctrl-C, unless it
+  is ignored, as in a shell's background job) raise ``Interrupted``, and Python's note on a
+  KeyboardInterrupt it had to drop (in a gc callback) is not printed."""
+
+  def __enter__(self):
+    del _signals_received[:]
+    self.previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+        continue
+      self.previous[sig] = signal.signal(sig, _raise_interrupted)
+    self.unraisablehook = sys.unraisablehook
+    sys.unraisablehook = lambda u: (None if isinstance(u.exc_value, KeyboardInterrupt)
+                                    else self.unraisablehook(u))
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self.previous.items():
+      signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    sys.unraisablehook = self.unraisablehook
+
+
+class CompileTimer:
+  """``runner`` (a jitted chunk) compiled ahead of its first call for each new argument
+  shape, saying so: the first chunk of a run is mostly compilation and would otherwise be
+  silent for seconds to minutes. The compiled program is the one ``jit`` would run."""
+
+  def __init__(self, runner, name: str, stream=sys.stdout):
+    self.runner, self.name, self.stream = runner, name, stream
+    self.compiled = {}
+
+  def __call__(self, *args):
+    key = jax.tree_util.tree_structure(args), tuple(
+        (np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "sharding", None))
+        for x in jax.tree_util.tree_leaves(args))
+    fn = self.compiled.get(key)
+    if fn is None:
+      rounds = np.shape(args[2])[0]  # the chunk's eval schedule: one entry per round
+      print(f"[{self.name}] compiling the round program ({rounds} rounds per call) ...",
+            file=self.stream, flush=True)
+      t0 = time.perf_counter()
+      fn = self.compiled[key] = self.runner.lower(*args).compile()
+      print(f"[{self.name}] compiled in {time.perf_counter() - t0:.1f} s", file=self.stream,
+            flush=True)
+    return fn(*args)
 
 
 def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
-            quiet: bool = False) -> dict:
+            quiet: bool = False, position: Optional[tuple] = None,
+            overall: Optional[Overall] = None) -> dict:
   """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl, summary.json, TensorBoard
   scalars and (``cfg.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``.
 
-  With ``cfg.resume`` it continues from the latest checkpoint: the restored state and
+  A directory that holds a previous run is refused (ValueError naming --output_dir) unless
+  ``cfg.resume`` or ``cfg.overwrite`` (which deletes that run's outputs first). With
+  ``cfg.resume`` it continues from the latest checkpoint: the restored state and
   metrics rows make the rest of the run, ``metrics.jsonl`` (rewritten from the restored
   rows, then appended) and the final state identical to an uninterrupted run's. Raises
-  ``engine.Diverged`` naming the round, the algorithm and the last good checkpoint.
+  ``engine.Diverged`` naming the round, the algorithm and the last good checkpoint, and
+  ``Interrupted`` (SIGINT, or SIGTERM once ``main_from_flags`` handles it) naming the
+  round and the checkpoint to resume from. ``position`` (i, n) and ``overall``: see
+  ``Progress``.
   """
+  out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
+  prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model_name, w0, apply_flat = build_model(cfg, fed_data) if model is None else model
-  out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
   os.makedirs(out_dir, exist_ok=True)
   algorithm = algorithms.get(name)
   tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
@@ -355,10 +563,12 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                                        cfg.keep_checkpoints)
   rows_so_far: List[dict] = []
   wall_before = 0.0
+  last_ckpt: List[Optional[int]] = [None]  # the round of the newest complete checkpoint
   if cfg.resume and ckpt.latest_round() is not None:
     restored = ckpt.restore(state)
     bad = config_mismatch(restored.config, run_cfg)
     if bad:
+      ckpt.close()
       raise ValueError("--resume: the checkpoint under " + ckpt.directory + " was made "
                        "with different flags: " + ", ".join(
                            f"--{k}={restored.config.get(k)!r} (now {run_cfg.get(k)!r})"
@@ -366,6 +576,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     state = jax.tree.map(jnp.asarray, restored.state)
     rows_so_far = restored.rows
     wall_before = float(restored.extra.get("wall_time_s", 0.0))
+    last_ckpt[0] = restored.round
     if not quiet:
       print(f"[{name}] resuming from the checkpoint of round {restored.round} "
             f"({ckpt.directory})", flush=True)
@@ -373,19 +584,24 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
           flush=True)
   start_round = int(state.round)
+  if overall is not None:
+    overall.skip(start_round)
   # The engine's view: clients split over the devices (K padded to a multiple of their
   # number); ``tl`` stays the unpadded timeline for the summary.
   run_ecfg, run_tl, state, data = sharding.shard_clients(
       ecfg, tl, state, data, sharding.select_devices(cfg.devices))
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
-  progress = Progress(name, cfg.rounds, start_round)
-  tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=start_round if cfg.resume else None)
+  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall)
+  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
+  # event files is purged (session restart at step 0), the restored rows written again.
+  tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=0 if cfg.resume else None)
   last_saved = [start_round]
   t0 = time.perf_counter()
   with open(metrics_path, "w") as mf:
     for r in rows_so_far:  # rewritten from the checkpoint: drops rows after it
       mf.write(json_row(r) + "\n")
     mf.flush()
+    tb.write(rows_so_far)
 
     def on_chunk(state, rows):
       rows_so_far.extend(rows)
@@ -396,11 +612,13 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       new_round = int(state.round)
       if ckpt is not None and checkpoint_lib.should_save(
           last_saved[0], new_round, cfg.checkpoint_every, cfg.rounds):
+        tb.sync()  # the checkpoint's rounds are on disk in TensorBoard before it exists
         ckpt.save(new_round, state, rows_so_far, run_cfg,
                   {"wall_time_s": wall_before + time.perf_counter() - t0})
-        last_saved[0] = new_round
+        last_saved[0] = last_ckpt[0] = new_round
       if not quiet:
         progress(rows)
+      check_interrupted()
 
     try:
       if cfg.secure_aggregation == "ckks":
@@ -412,14 +630,29 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             stream=io.StringIO() if quiet else sys.stdout)
       else:
         runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
+        if not quiet and start_round < cfg.rounds:
+          runner = CompileTimer(runner, name)
         state, _ = engine.simulate(runner, state, run_tl, cfg.hparams(), data,
                                    eval_every=cfg.eval_every,
                                    rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
     except engine.Diverged as e:
-      last = ckpt.latest_round() if ckpt is not None else None
+      last = last_ckpt[0]
       where = (f"; last good checkpoint: round {last} under {ckpt.directory}"
                if last is not None else "; no checkpoint was written")
       raise engine.Diverged(f"algorithm {name}: {e}{where}") from None
+    except KeyboardInterrupt as e:
+      signum = getattr(e, "signum", signal.SIGINT)
+      at = f"[{name}] interrupted at round {len(rows_so_far) + 1}/{cfg.rounds}"
+      if last_ckpt[0] is not None:
+        how = (f"the last checkpoint is round {last_ckpt[0]} in {ckpt.directory}: rerun "
+               "the same command with --resume to continue")
+      elif cfg.checkpoint_every > 0:
+        how = (f"no checkpoint yet (one every {cfg.checkpoint_every} rounds): rerun the "
+               "same command with --resume to start it again")
+      else:
+        how = ("no checkpoint (--checkpoint_every=0): rerun the same command with "
+               "--resume to start it again")
+      raise Interrupted(f"{at}; {how}", signum) from None
     finally:
       tb.close()
       if ckpt is not None:
@@ -541,27 +774,56 @@ def main_from_flags(FLAGS):
     devices = sharding.select_devices(cfg.devices)
   except ValueError as e:
     sys.exit(f"error: {e}")
+  # SIGTERM and Ctrl-C stop the run with one line naming the checkpoint to resume from
+  # (no traceback) and exit status 143 / 130.
+  try:
+    with handle_interrupts():
+      _main(cfg, devices)
+  except KeyboardInterrupt as e:  # Interrupted from run_one says where; else no round ran
+    e = e if isinstance(e, Interrupted) else Interrupted("", signal.SIGINT)
+    print(str(e) or f"interrupted ({signal.Signals(e.signum).name}) while no round was "
+          "running", file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
+
+
+def _main(cfg: RunConfig, devices):
   names = cfg.algorithm.split(",")
+  out_dirs = {n: os.path.join(cfg.output_dir, n) if len(names) > 1 else cfg.output_dir
+              for n in names}
+  try:  # before any work: a directory holding a previous run is refused or cleared
+    if len(names) > 1:
+      prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, COMPARISON_OUTPUTS)
+    for d in out_dirs.values():
+      prepare_output_dir(d, cfg.resume, cfg.overwrite)
+  except (ValueError, OSError) as e:
+    sys.exit(f"error: {e}")
   print(f"loading {cfg.dataset} ...", flush=True)
   try:
     fed_data = load_data(cfg)
+    model = build_model(cfg, fed_data)
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     sys.exit(f"error: {e}")
-  model = build_model(cfg, fed_data)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
+  warning = timeline_lib.dropped_warning(cfg.delay, timeline_lib.build(
+      fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay, cfg.seed))
+  if warning:
+    print(warning, file=sys.stderr, flush=True)
   summaries, curves = [], {}
-  for name in names:
-    out_dir = os.path.join(cfg.output_dir, name) if len(names) > 1 else cfg.output_dir
+  overall = Overall(len(names), cfg.rounds)
+  for i, name in enumerate(names):
+    out_dir = out_dirs[name]
     try:
-      summaries.append(run_one(cfg, name, fed_data, model, out_dir))
+      summaries.append(run_one(cfg, name, fed_data, model, out_dir,
+                               position=(i + 1, len(names)), overall=overall))
     except engine.Diverged as e:
       sys.exit(f"error: diverged: {e}")
     except ValueError as e:
       sys.exit(f"error: {e}")
+    check_interrupted()
     s = summaries[-1]
     print(f"[{name}] average best accuracy {s['average_best_accuracy']:.4f}, final "
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)

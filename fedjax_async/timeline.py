@@ -13,13 +13,14 @@ global model of its dispatch round and its update arrives D rounds later, D draw
 update from ``fixed`` (D = k), ``uniform`` on {1..Dmax} or ``geometric`` with mean m.
 Online clients report in the round they were sampled. A delayed client is not sampled
 again until its update has arrived. An update whose staleness exceeds what the ring buffer
-of R past models holds (staleness > R - 1) is dropped and counted in its arrival round.
+of R past models holds (staleness > R - 1) is dropped and counted in its arrival round
+(``dropped_warning`` says so before a run).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -137,3 +138,30 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
       client[t, j], dispatch[t, j], online[t, j], valid[t, j] = c, d, on, True
     dispatch[t, len(slots):] = t
   return Timeline(client, dispatch, online, valid, dropped, sampled_count, in_flight_at_end)
+
+
+def dropped_warning(delay: DelayConfig, tl: Timeline) -> Optional[str]:
+  """A warning line when the ring buffer of ``delay.ring_size`` past models is too short
+  for the delays drawn (their updates are dropped), else None. Dropping stale updates is a
+  legitimate setting (a bounded-staleness server), so this warns rather than refuses."""
+  if delay.fraction <= 0:
+    return None
+  ring = delay.ring_size
+  dropped = int(tl.dropped.sum())
+  arrived = int((tl.valid & ~tl.online).sum())  # delayed updates that reached the server
+  total = dropped + arrived
+  buffer = (f"--buffer_size={delay.buffer_size} keeps {ring} past global models"
+            if delay.buffer_size else f"--buffer_size=0 (auto) keeps {ring} past global models")
+  if delay.distribution in ("fixed", "uniform") and ring < delay.max_delay + 1:
+    law = ("every delayed update is" if delay.distribution == "fixed"
+           else f"delays of {ring}..{delay.max_delay} rounds are")
+    return (f"warning: {buffer} but --max_delay={delay.max_delay} needs "
+            f"{delay.max_delay + 1}: {law} dropped ({dropped} of the {total} delayed "
+            f"updates that arrive within --rounds); set --buffer_size >= "
+            f"{delay.max_delay + 1} (or 0) to keep them")
+  if dropped:
+    return (f"warning: {buffer} (staleness <= {ring - 1}); the timeline drops {dropped} of "
+            f"the {total} delayed updates that arrive within --rounds (--delay_distribution="
+            f"{delay.distribution}, --delay_mean={delay.mean}); raise --buffer_size to keep "
+            f"them")
+  return None

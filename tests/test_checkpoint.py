@@ -1,9 +1,12 @@
-"""Checkpoints: round trip, schedule, kill -9 + --resume == uninterrupted, divergence."""
+"""Checkpoints: round trip, schedule, kill -9 + --resume == uninterrupted, divergence,
+SIGTERM / SIGINT, TensorBoard steps across a resumption."""
 
+import glob
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ import pytest
 
 from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async import engine
+from fedjax_async import experiment
 from fedjax_async.algorithms import get
 
 from run_script import RUN, env, read_rows, run, without_wall
@@ -22,6 +26,53 @@ ARGS = ["--algorithm=pafed", "--dataset=synthetic", "--num_clients=30",
         "--participation=0.34", f"--rounds={ROUNDS}", "--local_epochs=1", "--batch_size=10",
         "--lr=0.05", "--delay_fraction=0.3", "--max_delay=2", "--rounds_per_call=2",
         "--checkpoint_every=4", "--keep_checkpoints=2", "--seed=5"]
+
+
+def tb_scalars(tb_dir, tag):
+  """[(step, value)] of ``tag`` as TensorBoard reads ``tb_dir``: event files in name order,
+  a session restart (SessionLog START) at step s discarding the steps >= s read before.
+  (tensorboard itself is not installed: the records are parsed here.)"""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  seen = []
+  for path in sorted(glob.glob(os.path.join(str(tb_dir), "events.out.tfevents.*"))):
+    with open(path, "rb") as f:
+      data = f.read()
+    i = 0
+    while i + 12 <= len(data):  # TFRecord: length u64, crc u32, data, crc u32
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      if i + 16 + n > len(data):
+        break  # a record cut short
+      ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 16 + n
+      if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
+        seen = [(s, v) for s, v in seen if s < ev.step]
+      seen += [(ev.step, v.simple_value) for v in ev.summary.value if v.tag == tag]
+  return seen
+
+
+def row(t):
+  return {"round": t, "train_loss": 1.0 / (t + 1), "test_accuracy": None, "nonfinite": False}
+
+
+def test_tensorboard_rounds_are_on_disk_when_written_and_a_resume_rewrites_them(tmp_path):
+  tb = experiment.TensorBoard(str(tmp_path), True)
+  tb.write([row(t) for t in range(6)])
+  # Read while the writer is still open (a run killed now, after its checkpoint): every
+  # step is there (tensorboardX's SummaryWriter left the last ones in its queue).
+  assert [s for s, _ in tb_scalars(tmp_path / "tb", "train_loss")] == list(range(6))
+  tb.write([row(t) for t in range(6, 9)])  # rounds after the checkpoint of round 6
+  tb.close()
+  # Resumed from the checkpoint of round 4 (say the file had lost rounds 4 and 5): the
+  # restored rows 0..3 are written again after a session restart at step 0, then the rest.
+  tb = experiment.TensorBoard(str(tmp_path), True, purge_step=0)
+  tb.write([row(t) for t in range(4)])
+  tb.write([row(t) for t in range(4, 10)])
+  tb.close()
+  got = tb_scalars(tmp_path / "tb", "train_loss")
+  assert [s for s, _ in got] == list(range(10))
+  np.testing.assert_allclose([v for _, v in got], [1.0 / (t + 1) for t in range(10)],
+                             rtol=1e-6)
+  assert len(glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))) == 2
 
 
 def test_round_trip_restores_every_array_and_the_rows(tmp_path):
@@ -107,6 +158,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   assert m and int(m.group(1)) == killed_at
 
   assert without_wall(read_rows(metrics)) == without_wall(read_rows(ref_dir / "metrics.jsonl"))
+  # TensorBoard has every round once, as metrics.jsonl (the killed process may have lost
+  # some of its last events; the resumed one rewrote the checkpoint's rounds)
+  for tag in ("train_loss", "test_accuracy"):
+    got = tb_scalars(cut_dir / "tb", tag)
+    want = [(r["round"], r[tag]) for r in read_rows(metrics) if r[tag] is not None]
+    assert [s for s, _ in got] == [s for s, _ in want], tag
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)
   final = {}
   for d in (ref_dir, cut_dir):
     c = ckpt_lib.Checkpointer(str(d / "checkpoints"))
@@ -148,3 +206,60 @@ def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path
   assert len(good.rows) == 4
   c.close()
   assert len(read_rows(tmp_path / "metrics.jsonl")) == 6  # rounds 0..5 were fine
+
+
+def _start(args):
+  """run.py with ``args`` in the background, Python's Ctrl-C handler installed (a shell's
+  background job ignores SIGINT, and a child inherits that: it would not be interrupted)."""
+  default_sigint = ("import runpy, signal, sys; "
+                    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+  return subprocess.Popen([sys.executable, "-c", default_sigint, RUN] + args, env=env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rows(metrics, at_least, proc, timeout=240):
+  deadline, seen = time.time() + timeout, 0
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(metrics):
+      with open(metrics) as f:
+        seen = f.read().count("\n")
+      if seen >= at_least:
+        break
+    time.sleep(0.01)
+  return seen
+
+
+def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
+  proc = _start(ARGS + [f"--output_dir={tmp_path}"])
+  seen = _wait_for_rows(tmp_path / "metrics.jsonl", 10, proc)
+  assert proc.poll() is None, f"the run finished before it could be stopped ({seen} rows)"
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 143, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  m = re.fullmatch(r"\[pafed\] interrupted at round (\d+)/40; the last checkpoint is round "
+                   r"(\d+) in (\S+): rerun the same command with --resume to continue",
+                   err.strip().splitlines()[-1])
+  assert m, err[-3000:]
+  at, last, where = int(m.group(1)), int(m.group(2)), m.group(3)
+  assert where == str(tmp_path / "checkpoints") and 8 <= last < at <= ROUNDS
+  ck = ckpt_lib.Checkpointer(where)
+  assert ck.latest_round() == last
+  ck.close()
+  # TensorBoard holds every round of the checkpoint (written before it, and synced)
+  steps = [s for s, _ in tb_scalars(tmp_path / "tb", "train_loss")]
+  assert steps[:last] == list(range(last))
+
+
+def test_sigint_exits_130_with_one_line_and_no_traceback(tmp_path):
+  proc = _start(ARGS + ["--checkpoint_every=0", f"--output_dir={tmp_path}"])  # Ctrl-C
+  seen = _wait_for_rows(tmp_path / "metrics.jsonl", 2, proc)
+  assert proc.poll() is None, f"the run finished before it could be stopped ({seen} rows)"
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  assert re.fullmatch(r"\[pafed\] interrupted at round \d+/40; no checkpoint "
+                      r"\(--checkpoint_every=0\): rerun the same command with --resume to "
+                      r"start it again", err.strip()), err[-3000:]

@@ -5,6 +5,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -189,12 +190,90 @@ def test_bad_device_flags_name_the_flag(tmp_path, args, flag, says):
 
 @pytest.mark.parametrize("flag,value", [("participation", "1.5"), ("algorithm", "nope"),
                                         ("rho", "0"), ("delay_fraction", "-0.1"),
-                                        ("checkpoint_every", "-1"), ("client_chunk", "-2")])
+                                        ("checkpoint_every", "-1"), ("client_chunk", "-2"),
+                                        ("alpha0", "-0.5"), ("alpha2", "-1"),
+                                        ("server_lr_switch_round", "2"),
+                                        ("server_lr_switch_round", "-3"),
+                                        ("model", "nope"), ("model", "cnn")])
 def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   res = run(["--rounds=2", f"--output_dir={tmp_path}", f"--{flag}={value}"], timeout=120)
   assert res.returncode != 0
-  assert f"--{flag}" in res.stderr, res.stderr[-2000:]
+  assert f"error: --{flag}" in res.stderr, res.stderr[-2000:]
+  assert "Traceback" not in res.stderr, res.stderr[-2000:]  # cnn: raised by models.py
   assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
+  base = experiment.RunConfig(rounds=10)
+  experiment.validate(experiment.dataclasses.replace(
+      base, alpha0=0.0, alpha1=0.0, alpha2=0.0, server_lr_switch_round=9))
+  experiment.validate(experiment.dataclasses.replace(base, server_lr_switch_round=0))
+  with pytest.raises(ValueError, match="--overwrite: cannot be combined with --resume"):
+    experiment.validate(experiment.dataclasses.replace(base, resume=True, overwrite=True))
+
+
+def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_path):
+  from fedjax_async import timeline  # pylint: disable=g-import-not-at-top
+  uniform = timeline.DelayConfig(0.3, "uniform", 3, buffer_size=2)
+  tl = timeline.build(30, 40, 0.34, uniform, seed=0)
+  dropped, arrived = int(tl.dropped.sum()), int((tl.valid & ~tl.online).sum())
+  assert dropped > 0
+  msg = timeline.dropped_warning(uniform, tl)
+  assert msg.startswith("warning: --buffer_size=2 keeps 2 past global models but "
+                        "--max_delay=3 needs 4: delays of 2..3 rounds are dropped")
+  assert f"({dropped} of the {dropped + arrived} delayed updates" in msg
+  fixed = timeline.DelayConfig(0.3, "fixed", 2, buffer_size=2)
+  assert "every delayed update is dropped" in timeline.dropped_warning(
+      fixed, timeline.build(30, 40, 0.34, fixed, seed=0))
+  # enough buffer, or no delays: nothing to say
+  for ok in (timeline.DelayConfig(0.3, "uniform", 3), timeline.DelayConfig(0.3, "uniform", 3,
+                                                                          buffer_size=4),
+             timeline.DelayConfig(0.0, "uniform", 3, buffer_size=1)):
+    assert timeline.dropped_warning(ok, timeline.build(30, 40, 0.34, ok, seed=0)) is None
+  # run.py prints it (once, before the runs)
+  res = run(TINY + ["--algorithm=fedavg", "--rounds=6", "--buffer_size=1", "--max_delay=2",
+                    "--checkpoint_every=0", "--notensorboard", f"--output_dir={tmp_path}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = [l for l in res.stderr.splitlines() if l.startswith("warning: --buffer_size=1")]
+  assert len(lines) == 1 and "--max_delay=2" in lines[0], res.stderr[-3000:]
+
+
+def test_rerun_into_a_run_directory_is_refused_before_any_work_unless_resume_or_overwrite(
+    tmp_path):
+  args = TINY + ["--algorithm=fedavg,pafed", "--rounds=4", "--rounds_per_call=2",
+                 "--checkpoint_every=2", f"--output_dir={tmp_path}"]
+  first = run(args)
+  assert first.returncode == 0, first.stderr[-3000:]
+  # each run says it is compiling (the first chunk is mostly compilation)
+  for name in ("fedavg", "pafed"):
+    assert f"[{name}] compiling the round program (2 rounds per call) ..." in first.stdout
+    assert re.search(rf"\[{name}\] compiled in \d+\.\d s", first.stdout)
+  before = {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "**"), recursive=True)}
+  again = run(args)
+  assert again.returncode != 0
+  assert again.stderr.strip() == (
+      f"error: --output_dir: {tmp_path} already holds a run (comparison.md, comparison.csv, "
+      "curves.png): pass --resume to continue it, --overwrite to start over, or another "
+      "--output_dir"), again.stderr[-3000:]
+  assert "loading" not in again.stdout  # refused before any work: nothing was touched
+  assert {p: os.path.getmtime(p)
+          for p in glob.glob(str(tmp_path / "**"), recursive=True)} == before
+  # one algorithm's directory is a run directory too
+  alone = run(TINY + ["--algorithm=fedavg", "--rounds=4", f"--output_dir={tmp_path / 'fedavg'}"])
+  assert alone.returncode != 0 and "fedavg already holds a run (metrics.jsonl" in alone.stderr
+  # --resume continues (every run is complete: its last checkpoint is its end)
+  resumed = run(args + ["--resume"])
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resuming from the checkpoint of round 4" in resumed.stdout
+  # --overwrite deletes the run's own outputs only, and starts over
+  (tmp_path / "notes.txt").write_text("mine")
+  (tmp_path / "fedavg" / "checkpoints" / "99").mkdir()  # would be "the latest" otherwise
+  over = run(args + ["--overwrite"])
+  assert over.returncode == 0, over.stderr[-3000:]
+  assert "resuming" not in over.stdout
+  assert (tmp_path / "notes.txt").read_text() == "mine"
+  assert sorted(os.listdir(tmp_path / "fedavg" / "checkpoints")) == ["2", "4"]
+  assert [r["round"] for r in read_rows(tmp_path / "fedavg" / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
 def _run_module():
@@ -281,3 +360,26 @@ def test_progress_gives_rate_and_eta_once_per_chunk_on_its_last_round(monkeypatc
   assert ["rounds/s" in l for l in lines] == [False, False, True]
   # 3 rounds in 6 s: 0.50 rounds/s; 3 rounds left: ETA 6 s
   assert lines[2].endswith("staleness 0.25 | 0.50 rounds/s ETA 6s"), lines[2]
+
+
+def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(monkeypatch):
+  # algorithm 1 of 4 runs from 100 s; its 3-round chunk comes back at 106 s
+  clock = itertools.chain([100.0, 100.0], itertools.repeat(106.0))
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  overall = experiment.Overall(count=4, rounds=6)
+  progress = experiment.Progress("pafed", total=6, stream=out, position=(1, 4),
+                                 overall=overall)
+  row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
+                   "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
+  progress([row(0), row(1), row(2)])
+  lines = out.getvalue().splitlines()
+  assert lines[0].startswith("[pafed] algorithm 1/4 round    1/6 acc 0.5000")
+  # 0.5 rounds/s: this run's 3 rounds left take 6 s, the 3 later runs' 18 rounds 36 s more
+  assert lines[2].endswith("| 0.50 rounds/s ETA 6s, all 4 algorithms 42s"), lines[2]
+  # one algorithm: the lines are as before
+  out = io.StringIO()
+  experiment.Progress("fedavg", total=6, stream=out, position=(1, 1),
+                      overall=experiment.Overall(1, 6))([row(0)])
+  assert out.getvalue().startswith("[fedavg] round    1/6 acc")
+  assert "all 1" not in out.getvalue()
