@@ -198,12 +198,19 @@ def load(fl, pruned: bool = False):
   (PrivaAsyncFed), its layers in call order for the sub-model masks."""
   from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  fed = data_lib.load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
-                      alpha=fl.dirichlet_alpha, shards_per_client=fl.shards_per_client,
-                      seed=fl.seed, data_dir=fl.data_dir, data_source=fl.data_source)
+  try:  # messages name the flag or the file
+    fed = data_lib.load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
+                        alpha=fl.dirichlet_alpha, shards_per_client=fl.shards_per_client,
+                        seed=fl.seed, data_dir=fl.data_dir, data_source=fl.data_source)
+  except (OSError, RuntimeError) as e:
+    raise ValueError(str(e)) from None
   name = models.default_model_for(fl.dataset) if fl.model == "auto" else fl.model
   input_shape = tuple(fed.x.shape[2:])
-  model = models.get_model(name, fed.num_classes, input_shape)
+  try:
+    model = models.get_model(name, fed.num_classes, input_shape)
+  except (ValueError, KeyError) as e:
+    msg = str(e).strip("'\"")
+    raise ValueError(msg if msg.startswith("--") else f"--model={fl.model}: {msg}") from None
   key = jax.random.PRNGKey(fl.seed)
   w0, apply_flat = models.flat_model(model, input_shape, key)
   params = models.init_params(model, input_shape, key)
@@ -267,12 +274,16 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
              if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
       if acc:
         last_acc[0] = acc[-1]
-      rate = done[0] / max(time.perf_counter() - t0, 1e-9)
-      print(f"[{run_name}] version {rows[-1]['arrival_version'] + 1}/{schedule.num_updates}"
+      elapsed = max(time.perf_counter() - t0, 1e-9)
+      rate = done[0] / elapsed
+      version = rows[-1]["arrival_version"] + 1
+      # ETA from the server versions still to come at the rate seen so far
+      eta = (schedule.num_updates - version) * elapsed / max(version, 1)
+      print(f"[{run_name}] version {version}/{schedule.num_updates}"
             f" arrivals {done[0]} acc {last_acc[0]:.4f} "
             f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
             f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
-            f"arrivals/s", flush=True)
+            f"arrivals/s ETA {eta:.0f}s", flush=True)
 
     state, rows = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
                                         scale_index, eval_every=fl.eval_every,
@@ -305,6 +316,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  experiment.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     names, scales, clock = validate(FLAGS)

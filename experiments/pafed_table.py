@@ -9,8 +9,10 @@ r"""Reproduces the PAFed paper's Table V and Figs. 5-8 (Fashion-MNIST) with vmap
   python experiments/pafed_table.py --config=reduced --output_dir=... --read_only
 
 For each partition (iid, shards) and algorithm, all deltas x seeds run as ONE vmapped
-computation (``fedjax_async.sweep``). A (partition, algorithm) whose run directories are
-complete is read back instead of re-run, so an interrupted driver continues where it was.
+computation (``fedjax_async.sweep``). Runs whose directories are complete and were made with
+the same flags are read back instead of re-run, so an interrupted driver continues where it
+was; runs stored with other flags are re-run (the driver names the flags that differ), and
+``--read_only`` refuses them.
 Outputs under ``--output_dir``: ``<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/``
 (metrics.jsonl, summary.json), ``table.md`` / ``table.csv`` (ours beside the paper's numbers
 and the difference) and ``figures/accuracy_<partition>_delta<d>.png`` (test accuracy versus
@@ -59,7 +61,7 @@ PAPER_SETTING = dict(dataset="fashion_mnist", model="cnn", num_clients=100,
                      momentum=0.5, rho=0.01, alpha0=0.8, alpha1=0.8, alpha2=0.8,
                      shards_per_client=2, delay_distribution="uniform", max_delay=3,
                      algorithm="fedadmm,fedavg,fedprox,pafed", eval_every=1,
-                     checkpoint_every=0)
+                     checkpoint_every=0, server_lr=1.0, mu=0.01)
 PRESETS = {
     "full": dict(PAPER_SETTING, rounds=100, num_seeds=5, rounds_per_call=10,
                  output_dir="runs/pafed_table_full"),
@@ -111,22 +113,41 @@ def run_dirs(out_dir: str, partition: str, alg: str, cfgs):
           for c in cfgs]
 
 
-def read_runs(dirs):
-  """(summary, rows) of each run directory; None when any is missing (not run yet)."""
-  out = []
-  for d in dirs:
-    s_path, m_path = os.path.join(d, "summary.json"), os.path.join(d, "metrics.jsonl")
-    if not (os.path.exists(s_path) and os.path.exists(m_path)):
+def extra_config():
+  """Settings outside RunConfig that change the results, stored in each run's config
+  (--test_subset only when set, so that runs stored before it was recorded still match)."""
+  return {"test_subset": FLAGS.test_subset} if FLAGS.test_subset else {}
+
+
+def read_runs(dirs, cfgs=None, alg=None):
+  """(summary, rows) of each run directory; None when any is missing (not run yet).
+
+  With ``cfgs`` (and ``alg``) each stored run's config is checked against them: a run made
+  with other flags raises ``sweep.SetupError`` naming the flags and the folder."""
+  out, stale = [], []
+  for i, d in enumerate(dirs):
+    config = ({} if cfgs is None else
+              sweep.stored_config(cfgs[i], alg, extra_config()))
+    stored = sweep.read_stored_run(d, config)
+    if stored is None:
       return None
-    with open(s_path) as f:
-      summary = json.load(f)
-    out.append((summary, experiment.read_metrics(d)))
+    if cfgs is not None and stored[2]:
+      stale.append((d, stored[2]))
+    out.append(stored[:2])
+  if stale:
+    diffs = sorted({x for _, ds in stale for x in ds})
+    raise sweep.SetupError(
+        f"--read_only: {len(stale)} stored run(s) under {os.path.dirname(stale[0][0])} were "
+        f"made with other flags: {', '.join(diffs)}; pass the flags they were made with, or "
+        "drop --read_only to re-run them")
   return out
 
 
 def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds: int,
              out_dir: str, read_only: bool, mesh=None) -> dict:
-  """{(partition, alg): [(summary, rows), ...]}: runs what is missing (unless read_only).
+  """{(partition, alg): [(summary, rows), ...]}: runs what is missing or was stored with
+  other flags (unless read_only: then a run stored with other flags is a SetupError, and a
+  missing (partition, alg) is left out of the table, saying so).
 
   ``mesh``: the ``('runs',)`` mesh the runs are split over (``sweep.run_mesh``)."""
   results = {}
@@ -136,17 +157,32 @@ def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds:
     for alg in algs:
       cfgs = sweep.grid(cfg, {"delay_fraction": deltas_of[part]}, num_seeds)
       dirs = run_dirs(out_dir, part, alg, cfgs)
+      if read_only:
+        done = read_runs(dirs, cfgs, alg)
+        if done is None:
+          missing = sum(not os.path.isfile(os.path.join(d, "summary.json")) for d in dirs)
+          print(f"[{part}/{alg}] --read_only: {missing} of {len(dirs)} runs missing under "
+                f"{os.path.join(out_dir, part, 'runs', alg)}: left out of the table",
+                flush=True)
+          continue
+        results[(part, alg)] = done
+        continue
+      summaries = [sweep.read_stored_run(d, sweep.stored_config(c, alg, extra_config()))
+                   for d, c in zip(dirs, cfgs)]
+      if all(s is not None and not s[2] for s in summaries):
+        results[(part, alg)] = [s[:2] for s in summaries]
+        continue
+      if fed_data is None:
+        print(f"loading {cfg.dataset} ({part}) ...", flush=True)
+        fed_data, _ = sweep.load_checked(cfg)
+        fed_data = subset_test(fed_data, FLAGS.test_subset)
+      t0 = time.perf_counter()
+      sweep.run_sweep(cfgs, alg, fed_data, ["delay_fraction"], os.path.join(out_dir, part),
+                      FLAGS.max_runs_per_computation, mesh, resume=True,
+                      extra_config=extra_config())
+      print(f"[{part}/{alg}] {len(cfgs)} runs in {time.perf_counter() - t0:.1f}s",
+            flush=True)
       done = read_runs(dirs)
-      if done is None and not read_only:
-        if fed_data is None:
-          print(f"loading {cfg.dataset} ({part}) ...", flush=True)
-          fed_data = subset_test(experiment.load_data(cfg), FLAGS.test_subset)
-        t0 = time.perf_counter()
-        sweep.run_sweep(cfgs, alg, fed_data, ["delay_fraction"], os.path.join(out_dir, part),
-                        FLAGS.max_runs_per_computation, mesh)
-        print(f"[{part}/{alg}] {len(cfgs)} runs in {time.perf_counter() - t0:.1f}s",
-              flush=True)
-        done = read_runs(dirs)
       if done is not None:
         results[(part, alg)] = done
   return results
@@ -287,8 +323,16 @@ def main(argv):
   out_dir = base.output_dir
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
-  results = run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
-                     FLAGS.read_only, mesh)
+  try:
+    results = run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
+                       FLAGS.read_only, mesh)
+  except sweep.SetupError as e:
+    sys.exit(f"error: {e}")
+  if not results:
+    sys.exit(f"error: --output_dir={out_dir}: no runs found (expected "
+             f"<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/summary.json for "
+             f"--partitions={','.join(partitions)} and --algorithm={base.algorithm}); "
+             "run without --read_only to make them")
   wall = time.perf_counter() - t0
   rows = table_rows(results, partitions, algs)
   md = markdown_table(rows, algs, header_for(base, FLAGS.config, FLAGS.num_seeds))

@@ -10,7 +10,14 @@ algorithm, as one ``jit(vmap(run_chunk))`` (the run axis sharded over all device
 there are several). Writes ``<output_dir>/runs/<algorithm>/<setting>_seed=<s>/``
 (metrics.jsonl, summary.json), ``aggregate.csv`` / ``aggregate.md`` (mean and std over
 seeds of average best and final accuracy per setting), ``aggregate.png`` (that mean +- std
-against the first swept value) and ``sweep.json``.
+against the first swept value) and ``sweep.json``. Diverged runs are left out of the means
+(counted in the ``diverged`` column).
+
+Each computation's runs are written as soon as it finishes: after an interruption,
+``--resume`` reads back the runs already stored under ``--output_dir`` with the same
+configuration and runs only the others (stored runs made with other flags are run again,
+naming the flags). ``--checkpoint_every``, ``--keep_checkpoints`` and ``--tensorboard`` are
+not supported by sweeps and are refused when given.
 """
 
 from __future__ import annotations

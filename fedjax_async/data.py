@@ -70,6 +70,63 @@ class FederatedData:
     return tuple(int(d) for d in self.x.shape[2:])
 
 
+# ------------------------------------------------------------------------ memory
+
+MAX_DATA_ENV = "FEDJAX_ASYNC_MAX_DATA_GIB"  # overrides the limit of check_padded_size
+_FALLBACK_MEMORY = 24 * 2 ** 30  # assumed available memory when it cannot be read
+
+
+def available_memory_bytes() -> int:
+  """The host memory available now (psutil, /proc/meminfo or sysconf; else 24 GiB)."""
+  try:
+    import psutil  # pylint: disable=g-import-not-at-top
+    return int(psutil.virtual_memory().available)
+  except Exception:  # pylint: disable=broad-except
+    pass
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return _FALLBACK_MEMORY
+
+
+def padded_data_limit_bytes() -> Tuple[int, str]:
+  """(limit, what it is): $FEDJAX_ASYNC_MAX_DATA_GIB, else half the available memory (the
+  engine makes a device copy of the padded arrays)."""
+  env = os.environ.get(MAX_DATA_ENV)
+  if env:
+    try:
+      return int(float(env) * 2 ** 30), f"${MAX_DATA_ENV}"
+    except ValueError:
+      raise ValueError(f"${MAX_DATA_ENV}: expected a number of GiB, got {env!r}") from None
+  avail = available_memory_bytes()
+  return avail // 2, f"half of the {avail / 2 ** 30:.1f} GiB of available memory"
+
+
+def check_padded_size(num_clients: int, max_examples: int, feature_shape: Sequence[int],
+                      partition: str = "") -> None:
+  """Raises ValueError naming --num_clients when the padded [N, M, ...] arrays would not
+  fit (see :func:`padded_data_limit_bytes`); M is the largest client's size."""
+  per_example = 4 * (int(np.prod(feature_shape, dtype=np.int64)) + 1)  # float32 x, int32 y
+  need = int(num_clients) * max(int(max_examples), 1) * per_example
+  limit, what = padded_data_limit_bytes()
+  if need <= limit:
+    return
+  dims = " x ".join(str(int(d)) for d in feature_shape)
+  part = f" of the {partition} partition" if partition else ""
+  raise ValueError(
+      f"--num_clients={num_clients}: the padded client data [{num_clients} clients x "
+      f"M={max_examples} x {dims or 1}] would take {need / 2 ** 30:.1f} GiB, more than "
+      f"{what} ({limit / 2 ** 30:.1f} GiB); M is the largest client's size{part}. Use "
+      f"fewer clients (or set ${MAX_DATA_ENV} to raise the limit)")
+
+
 # ------------------------------------------------------------------------- synthetic
 
 SYNTHETIC_DIM = 60
@@ -118,6 +175,9 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   rng = np.random.default_rng(seed)
   sizes = _draw_sizes(rng, num_clients)
   d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
+  # before the per-client loop, which would take minutes to fill memory first
+  check_padded_size(num_clients, _split_counts(int(sizes.max()), test_fraction)[0], (d,),
+                    "synthetic (lognormal client sizes)")
   std_x = np.sqrt(synthetic_covariance_diagonal(d))
   u = rng.normal(0.0, alpha, num_clients)
   big_b = rng.normal(0.0, beta, num_clients)
@@ -147,7 +207,8 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   parts = [np.arange(offsets[k], offsets[k + 1], dtype=np.int64) for k in range(num_clients)]
   name = "synthetic_iid" if iid else f"synthetic_{alpha:g}_{beta:g}"
   return federate(np.concatenate(train_x), np.concatenate(train_y), parts,
-                  np.concatenate(test_x), np.concatenate(test_y), c, name)
+                  np.concatenate(test_x), np.concatenate(test_y), c, name,
+                  partition="synthetic (lognormal client sizes)")
 
 
 # ------------------------------------------------------------------------------- IDX
@@ -296,7 +357,10 @@ def _tfds_hint(name: str, data_dir: Optional[str]) -> str:
     lines.append("  * put the MNIST IDX files in a directory and pass "
                  "--data_source=idx --data_dir=DIR;")
   lines.append("  * pass --data_dir pointing at a prepared tensorflow-datasets directory;")
-  lines.append("  * or go online with --tfds_download (downloads and prepares it).")
+  where = f", data_dir={data_dir!r}" if data_dir else ""
+  lines.append("  * or prepare it once, online: python -c \"import tensorflow_datasets as tfds; "
+               f"tfds.builder({name!r}{where}).download_and_prepare()\" (or python -m "
+               f"fedjax_async.data --dataset={name} --tfds_download).")
   return "\n".join(lines)
 
 
@@ -325,8 +389,8 @@ def load_tfds(name: str, data_dir: Optional[str] = None, download: bool = False)
                             data_dir=data_dir, download=download)
     (train_x, train_y), (test_x, test_y) = tfds.as_numpy(train), tfds.as_numpy(test)
   except tfds.core.registered.DatasetNotFoundError as e:
-    raise ValueError(f"unknown dataset {name!r}: neither one of {list(DATASETS)} nor a "
-                     "tensorflow-datasets name") from e
+    raise ValueError(f"--dataset: unknown dataset {name!r}: neither one of {list(DATASETS)} "
+                     "nor a tensorflow-datasets name") from e
   except ModuleNotFoundError as e:
     if "tensorflow" not in str(e):
       raise
@@ -427,11 +491,15 @@ def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
 
 def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarray],
              test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
-             name: str) -> FederatedData:
-  """Pads each client's examples (``train_x[parts[i]]``) with zeros to M = max part size."""
+             name: str, partition: str = "") -> FederatedData:
+  """Pads each client's examples (``train_x[parts[i]]``) with zeros to M = max part size.
+
+  Raises ValueError naming --num_clients (and ``partition``) when the padded arrays would
+  not fit in memory (:func:`check_padded_size`)."""
   train_x, train_y = np.asarray(train_x), np.asarray(train_y)
   counts = np.array([len(p) for p in parts], dtype=np.int32)
   m = max(int(counts.max(initial=0)), 1)
+  check_padded_size(len(parts), m, train_x.shape[1:], partition)
   x = np.zeros((len(parts), m) + train_x.shape[1:], np.float32)
   y = np.zeros((len(parts), m), np.int32)
   for i, p in enumerate(parts):
@@ -451,23 +519,61 @@ def make_partition(labels: np.ndarray, kind: str, num_clients: int, *, alpha: fl
     return partition_shards(labels, num_clients, shards_per_client, seed)
   if kind == "dirichlet":
     return partition_dirichlet(labels, num_clients, alpha, min_size, seed)
-  raise ValueError(f"unknown partition {kind!r}; choose from {list(PARTITIONS)}")
+  raise ValueError(f"--partition: unknown partition {kind!r}; choose from {list(PARTITIONS)}")
+
+
+def _missing_idx(data_dir: str) -> List[str]:
+  """The (Fashion-)MNIST IDX file names (without .gz) that ``data_dir`` lacks."""
+  missing = []
+  for stem in _IDX_STEMS:
+    try:
+      _find_idx(data_dir, stem)
+    except FileNotFoundError:
+      missing.append(stem)
+  return missing
+
+
+def _check_data_dir(dataset: str, data_dir: Optional[str], data_source: str,
+                    tfds_download: bool) -> None:
+  """A --data_dir that is not a directory: ValueError naming the flag and the path (unless
+  tensorflow-datasets may download into it)."""
+  if not data_dir or os.path.isdir(data_dir) or (data_source != "idx" and tfds_download):
+    return
+  what = "is not a directory" if os.path.exists(data_dir) else "no such directory"
+  idx = (f"the four IDX files ({', '.join(s + '[.gz]' for s in _IDX_STEMS)}) or "
+         if dataset in ("fashion_mnist", "mnist") and data_source != "tfds" else "")
+  raise ValueError(f"--data_dir={data_dir}: {what}; expected a directory with {idx}a "
+                   f"prepared tensorflow-datasets copy of {dataset}")
+
+
+def _load_idx_dir(data_dir: str, user_dir: bool):
+  """load_idx_dataset with the missing files named up front (``user_dir``: from --data_dir)."""
+  missing = _missing_idx(data_dir) if os.path.isdir(data_dir) else []
+  if missing and len(missing) < len(_IDX_STEMS):
+    flag = f"--data_dir={data_dir}" if user_dir else data_dir
+    raise FileNotFoundError(
+        f"{flag}: holds {len(_IDX_STEMS) - len(missing)} of the 4 IDX files but not "
+        f"{', '.join(m + '[.gz]' for m in missing)}")
+  return load_idx_dataset(data_dir) + (10,)
 
 
 def _load_pool(dataset: str, data_dir: Optional[str], data_source: str, tfds_download: bool):
   """(train_x, train_y, test_x, test_y, num_classes) of an image data set."""
   if data_source not in DATA_SOURCES:
-    raise ValueError(f"unknown data_source {data_source!r}; choose from {list(DATA_SOURCES)}")
+    raise ValueError(f"--data_source: unknown data source {data_source!r}; choose from "
+                     f"{list(DATA_SOURCES)}")
+  _check_data_dir(dataset, data_dir, data_source, tfds_download)
   idx_dir = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion_mnist" else None)
   if data_source == "idx":
     if dataset not in ("fashion_mnist", "mnist"):
-      raise ValueError(f"data_source='idx' reads only fashion_mnist or mnist, not {dataset!r}")
+      raise ValueError(f"--data_source=idx reads only fashion_mnist or mnist, not {dataset!r}")
     if idx_dir is None:
-      raise ValueError("data_source='idx' for mnist needs --data_dir with the IDX files")
-    return load_idx_dataset(idx_dir) + (10,)
-  if data_source == "auto" and dataset in ("fashion_mnist", "mnist") and idx_files_present(
-      idx_dir):
-    return load_idx_dataset(idx_dir) + (10,)
+      raise ValueError("--data_source=idx for mnist needs --data_dir with the IDX files")
+    return _load_idx_dir(idx_dir, bool(data_dir))
+  # auto: a directory with any of the IDX files is an IDX directory (missing ones named)
+  if (data_source == "auto" and dataset in ("fashion_mnist", "mnist") and idx_dir
+      and os.path.isdir(idx_dir) and len(_missing_idx(idx_dir)) < len(_IDX_STEMS)):
+    return _load_idx_dir(idx_dir, bool(data_dir))
   return load_tfds(dataset, data_dir=data_dir, download=tfds_download)
 
 
@@ -478,26 +584,40 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
          tfds_download: bool = False) -> FederatedData:
   """The federated data set named ``dataset`` (see module docstring); seeded.
 
-  synthetic / synthetic_iid use their natural partition (``partition`` is ignored);
-  image sets are partitioned by ``partition`` in {iid, shards, dirichlet}.
-  data_source 'auto' reads IDX files for fashion_mnist (mnist) when all four are in
-  data_dir (default /usr/share/datasets/fashion-mnist for fashion_mnist), else tfds.
+  synthetic / synthetic_iid use their natural partition (``partition`` is checked, then
+  ignored); image sets are partitioned by ``partition`` in {iid, shards, dirichlet}.
+  data_source 'auto' reads IDX files for fashion_mnist (mnist) when data_dir (default
+  /usr/share/datasets/fashion-mnist for fashion_mnist) holds any of the four (a missing
+  one is named), else tfds. Errors (ValueError, FileNotFoundError, RuntimeError for tfds)
+  name the flag or the file; more clients than examples, or padded arrays that would not
+  fit in memory (:func:`check_padded_size`), are refused naming --num_clients.
   """
   name = dataset.lower().replace("-", "_")
+  # checked for every data set (the synthetic ones ignore both, but a typo is a typo)
+  if partition not in PARTITIONS:
+    raise ValueError(f"--partition: unknown partition {partition!r}; choose from "
+                     f"{list(PARTITIONS)}")
+  if data_source not in DATA_SOURCES:
+    raise ValueError(f"--data_source: unknown data source {data_source!r}; choose from "
+                     f"{list(DATA_SOURCES)}")
+  if num_clients < 1:
+    raise ValueError(f"--num_clients: must be >= 1, got {num_clients}")
   if name == "synthetic":
     return synthetic(synthetic_alpha, synthetic_beta, num_clients, iid=False, seed=seed)
   if name == "synthetic_iid":
     return synthetic(num_clients=num_clients, iid=True, seed=seed)
-  if partition not in PARTITIONS:
-    raise ValueError(f"unknown partition {partition!r}; choose from {list(PARTITIONS)}")
   if name not in DATASETS and not _is_tfds_name(name):
-    raise ValueError(f"unknown dataset {dataset!r}; choose from {list(DATASETS)} or any "
-                     "tensorflow-datasets name")
+    raise ValueError(f"--dataset: unknown dataset {dataset!r}; choose from {list(DATASETS)} "
+                     "or any tensorflow-datasets name")
   train_x, train_y, test_x, test_y, num_classes = _load_pool(name, data_dir, data_source,
                                                              tfds_download)
+  if num_clients > len(train_y):
+    raise ValueError(f"--num_clients={num_clients}: more clients than the {len(train_y)} "
+                     f"training examples of {name}; some clients would have no data")
   parts = make_partition(train_y, partition, num_clients, alpha=alpha,
                          shards_per_client=shards_per_client, min_size=min_size, seed=seed)
-  return federate(train_x, train_y, parts, test_x, test_y, num_classes, name)
+  return federate(train_x, train_y, parts, test_x, test_y, num_classes, name,
+                  partition=f"{partition!r}")
 
 
 def _is_tfds_name(name: str) -> bool:
@@ -591,7 +711,7 @@ def main():
                   min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
                   data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
                   synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
-    except (ValueError, OSError) as e:  # the loaders' messages name the file or the flag
+    except (ValueError, OSError, RuntimeError) as e:  # messages name the file or the flag
       raise SystemExit(f"error: {e}") from None
     hist = label_histogram(data)
     print(f"{data.name}: {data.num_clients} clients, {int(data.counts.sum())} train "

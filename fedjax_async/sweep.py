@@ -18,6 +18,10 @@ device count with copies of the first run, whose results are dropped.
 The data partition comes from the base ``--seed`` (the data set is shared by all runs of
 one computation); a sweep's seeds vary the model initialisation, the round timeline (who is
 sampled and delayed) and the clients' shuffles.
+
+Each computation's runs are written (``runs/<algorithm>/<setting>_seed=<s>/``) as soon as it
+finishes; with ``resume`` (``--resume``) the runs found there with the same configuration
+are read back instead of run again (``read_stored_run``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,18 @@ from fedjax_async import timeline as timeline_lib
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
 SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "server_lr",
              "delay_fraction")
+# Config fields that do not change a stored run's results (beyond those a resumption may
+# change, experiment.RESUME_FREE_FIELDS): a run stored under other values is still reused.
+RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
+# Flags of experiments/run.py that sweeps do not support (refused when given).
+UNSUPPORTED_FLAGS = ("checkpoint_every", "keep_checkpoints", "tensorboard")
+# The delay's fields under their flag names (config differences are named by flag).
+_DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
+                "max_delay": "max_delay", "mean": "delay_mean", "buffer_size": "buffer_size"}
+
+
+class SetupError(ValueError):
+  """A sweep cannot start (data, model, stored runs): the message names the flag or file."""
 
 
 # ---------------------------------------------------------------------------- grid
@@ -346,24 +362,29 @@ def write_run(out_dir: str, rows: List[dict], summary: dict):
 
 
 def aggregate(summaries: List[dict], names: Sequence[str]) -> List[dict]:
-  """Mean and std over seeds of average best / final accuracy per (algorithm, setting)."""
+  """Mean and std over seeds of average best / final accuracy per (algorithm, setting).
+
+  Diverged runs (``diverged_round`` set) are left out of the means and stds and counted in
+  ``diverged``; a setting whose runs all diverged has NaN means and stds."""
   groups: Dict[tuple, List[dict]] = {}
   for s in summaries:
     key = (s["algorithm"],) + tuple(s["setting"][n] for n in names)
     groups.setdefault(key, []).append(s)
   out = []
+  stat = lambda f, v: float(f(v)) if len(v) else float("nan")
   for key, group in groups.items():
-    abest = np.array([g["average_best_accuracy"] for g in group], float)
-    final = np.array([g["final_accuracy"] for g in group], float)
+    ok = [g for g in group if g["diverged_round"] is None]
+    abest = np.array([g["average_best_accuracy"] for g in ok], float)
+    final = np.array([g["final_accuracy"] for g in ok], float)
     row = {"algorithm": key[0]}
     row.update(dict(zip(names, key[1:])))
     row.update({
         "num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
-        "average_best_accuracy_mean": float(np.mean(abest)),
-        "average_best_accuracy_std": float(np.std(abest)),
-        "final_accuracy_mean": float(np.mean(final)),
-        "final_accuracy_std": float(np.std(final)),
-        "diverged": sum(g["diverged_round"] is not None for g in group),
+        "average_best_accuracy_mean": stat(np.mean, abest),
+        "average_best_accuracy_std": stat(np.std, abest),
+        "final_accuracy_mean": stat(np.mean, final),
+        "final_accuracy_std": stat(np.std, final),
+        "diverged": len(group) - len(ok),
     })
     out.append(row)
   return out
@@ -379,15 +400,18 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
     w.writerow(cols)
     for r in rows:
       w.writerow([r[c] for c in cols])
-  header = ["algorithm", *names, "seeds", "average best accuracy", "final accuracy",
+  header = ["algorithm", *names, "seeds", "average best accuracy¹", "final accuracy¹",
             "diverged"]
   lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+  cell = lambda r, k: ("all diverged" if r["diverged"] >= r["num_seeds"] else
+                       f"{r[k + '_mean']:.4f} ± {r[k + '_std']:.4f}")
   for r in rows:
     cells = [r["algorithm"], *(f"{r[n]:g}" for n in names), str(r["num_seeds"]),
-             f"{r['average_best_accuracy_mean']:.4f} ± {r['average_best_accuracy_std']:.4f}",
-             f"{r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f}",
+             cell(r, "average_best_accuracy"), cell(r, "final_accuracy"),
              str(r["diverged"])]
     lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "¹ mean ± std over the seeds whose run did not diverge (a non-finite loss); "
+            "the diverged runs, counted in `diverged`, are left out."]
   md = "\n".join(lines)
   with open(os.path.join(out_dir, "aggregate.md"), "w") as f:
     f.write(md + "\n")
@@ -434,18 +458,84 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
   return drawn
 
 
+def _flat_config(config: dict) -> dict:
+  """A stored config with the delay's fields under their flag names."""
+  flat = {k: v for k, v in config.items() if k != "delay"}
+  for k, v in (config.get("delay") or {}).items():
+    flat[_DELAY_FLAGS.get(k, k)] = v
+  return flat
+
+
+def config_differences(saved: dict, current: dict) -> List[str]:
+  """``--flag=<stored> (now <current>)`` for each flag whose value differs between a stored
+  run's config and ``current`` (``experiment.config_mismatch``, by flag name, ignoring the
+  RESULT_FREE_FIELDS)."""
+  saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
+  bad = [k for k in experiment.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
+  return [f"--{k}={saved.get(k)!r} (now {current.get(k)!r})" for k in bad]
+
+
+def read_stored_run(run_dir: str, config: dict):
+  """``(summary, rows, differences)`` of the finished run under ``run_dir`` (summary.json is
+  written last), or None when there is none; ``differences``: ``config_differences``
+  against ``config`` (empty: the stored run is the one ``config`` asks for)."""
+  s_path = os.path.join(run_dir, "summary.json")
+  if not (os.path.isfile(s_path) and os.path.isfile(os.path.join(run_dir, "metrics.jsonl"))):
+    return None
+  try:
+    with open(s_path) as f:
+      summary = json.load(f)
+    rows = experiment.read_metrics(run_dir)
+  except (OSError, ValueError):  # unreadable: treated as not run
+    return None
+  if not isinstance(summary.get("config"), dict):
+    return summary, rows, ["(no configuration stored)"]
+  return summary, rows, config_differences(summary["config"], config)
+
+
+def stored_config(cfg: experiment.RunConfig, algorithm_name: str,
+                  extra_config: Optional[dict] = None) -> dict:
+  """The config a run of ``cfg`` stores in its summary.json (plus ``extra_config``)."""
+  return dict(experiment.run_config_for(cfg, algorithm_name), **(extra_config or {}))
+
+
 def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
-              quiet: bool = False) -> List[dict]:
+              quiet: bool = False, resume: bool = False,
+              extra_config: Optional[dict] = None) -> List[dict]:
   """Runs ``cfgs`` of one algorithm as vmapped computations (at most
   ``max_runs_per_computation`` runs each; 0 = all in one) and writes per-run outputs under
-  ``<out_dir>/runs/<algorithm>/<setting>_seed=<s>/``. Returns the run summaries."""
+  ``<out_dir>/runs/<algorithm>/<setting>_seed=<s>/`` as each computation finishes.
+
+  ``resume``: runs already stored there with the same configuration are read back, not
+  run; stored runs made with other flags are run again (and say which flags differ).
+  ``extra_config``: settings outside RunConfig that change the results (stored in and
+  compared with each summary's config). Returns the run summaries in ``cfgs``' order."""
   check_same_static(cfgs, names)
-  size = max_runs_per_computation or len(cfgs)
-  summaries = []
-  for g in range(0, len(cfgs), size):
-    group = list(cfgs[g:g + size])
+  run_dir = lambda c: os.path.join(out_dir, "runs", algorithm_name, run_name(c, names))
+  found: Dict[int, dict] = {}
+  if resume and out_dir is not None:
+    stale = []
+    for i, c in enumerate(cfgs):
+      stored = read_stored_run(run_dir(c), stored_config(c, algorithm_name, extra_config))
+      if stored is not None and not stored[2]:
+        found[i] = stored[0]
+      elif stored is not None:
+        stale.append((run_dir(c), stored[2]))
+    if not quiet and found:
+      print(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
+            f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)", flush=True)
+    if not quiet and stale:
+      diffs = sorted({d for _, ds in stale for d in ds})
+      print(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
+            f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
+            f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
+  todo = [c for i, c in enumerate(cfgs) if i not in found]
+  size = max_runs_per_computation or len(todo) or 1
+  done: List[dict] = []
+  for g in range(0, len(todo), size):
+    group = list(todo[g:g + size])
     prep = prepare(group, algorithm_name, fed_data)
 
     def report(done, seconds, n=len(group)):
@@ -464,16 +554,16 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
                                dataset=fed_data.name, model=prep.model_name,
                                num_params=prep.num_params, rounds=c.rounds,
                                wall=res.wall_time_s / len(group),
-                               config=experiment.run_config_for(c, algorithm_name))
+                               config=stored_config(c, algorithm_name, extra_config))
       s["setting"] = setting_of(c, names)
       s["diverged_round"] = res.diverged_round[i]
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
       if out_dir is not None:
-        write_run(os.path.join(out_dir, "runs", algorithm_name, run_name(c, names)),
-                  res.rows[i], s)
-      summaries.append(s)
-  return summaries
+        write_run(run_dir(c), res.rows[i], s)
+      done.append(s)
+  fresh = iter(done)
+  return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 
 
 # ---------------------------------------------------------------------------- flags
@@ -503,18 +593,46 @@ def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
   return out
 
 
+def check_unsupported_flags(FLAGS) -> None:
+  """--checkpoint_every, --keep_checkpoints and --tensorboard given to a sweep: ValueError
+  (sweeps write each computation's runs when it finishes; --resume reuses them)."""
+  for name in UNSUPPORTED_FLAGS:
+    if name in FLAGS and FLAGS[name].present and not (
+        name == "checkpoint_every" and FLAGS[name].value == 0) and not (
+            name == "tensorboard" and not FLAGS[name].value):
+      raise ValueError(f"--{name}: not supported by sweeps (no checkpoints or TensorBoard "
+                       "files; each computation's runs are written when it finishes, and "
+                       "--resume reads back the finished ones)")
+
+
+def load_checked(cfg: experiment.RunConfig):
+  """``(fed_data, model)`` of ``cfg`` (``experiment.load_data`` / ``build_model``); a
+  SetupError naming the flag or file instead of a traceback."""
+  try:
+    fed_data = experiment.load_data(cfg)
+  except (ValueError, OSError, RuntimeError) as e:
+    raise SetupError(str(e)) from None
+  try:
+    model = experiment.build_model(cfg, fed_data)
+  except (ValueError, KeyError, TypeError) as e:
+    msg = str(e).strip("'\"")
+    raise SetupError(msg if msg.startswith("--") else f"--model={cfg.model}: {msg}") from None
+  return fed_data, model
+
+
 def main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
+    check_unsupported_flags(FLAGS)
     base = experiment.config_from_flags(FLAGS)
     sweeps = sweeps_from_flags(FLAGS)
     names = list(sweeps)
     cfgs = grid(base, sweeps, FLAGS.num_seeds)
     devices = sharding.select_devices(base.devices)  # the run axis is split over them
+    fed_data, _ = load_checked(base)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
-  fed_data = experiment.load_data(base)
   mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
         f"{FLAGS.num_seeds} seeds) on {len(devices)} device(s)", flush=True)
@@ -522,7 +640,7 @@ def main_from_flags(FLAGS):
   summaries = []
   for alg in base.algorithm.split(","):
     summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
-                           FLAGS.max_runs_per_computation, mesh)
+                           FLAGS.max_runs_per_computation, mesh, resume=base.resume)
   agg = aggregate(summaries, names)
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)

@@ -417,7 +417,7 @@ def test_cli_synthetic(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--dataset=nope"], "error: unknown dataset 'nope'; choose from"),
+    (["--dataset=nope"], "error: --dataset: unknown dataset 'nope'; choose from"),
     (["--dataset=synthetic", "--png=/nonexistent_dir/h.png"],
      "error: --png: cannot write /nonexistent_dir/h.png: folder /nonexistent_dir does not "
      "exist"),
@@ -469,10 +469,85 @@ def test_load_tfds_not_prepared_offline(tmp_path):
     data.load_tfds("fashion_mnist", data_dir=str(tmp_path), download=False)
   msg = str(e.value)
   for hint in ("apt-get install dataset-fashion-mnist", "--data_source=idx", "--data_dir",
-               "--tfds_download"):
+               "tfds.builder('fashion_mnist', data_dir=", ").download_and_prepare()"):
     assert hint in msg
-  with pytest.raises(RuntimeError, match="--tfds_download"):
+  # the experiment scripts have no --tfds_download: it is named only as the data CLI's flag
+  assert "python -m fedjax_async.data --dataset=fashion_mnist --tfds_download" in msg
+  assert msg.count("--tfds_download") == 1
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(RuntimeError, match="download_and_prepare"):
     data.load("fashion_mnist", data_source="tfds", data_dir=str(tmp_path / "empty"))
   with pytest.raises(RuntimeError) as e:
     data.load("cifar10", data_dir=str(tmp_path))
   assert "--data_dir" in str(e.value) and "apt-get" not in str(e.value)
+
+
+# ------------------------------------------------------------- checks before loading
+
+
+def test_data_dir_missing_or_partial_names_the_flag_and_files(tmp_path):
+  missing = tmp_path / "nope"
+  for source in ("auto", "idx", "tfds"):  # not tensorflow-datasets' AssertionError
+    with pytest.raises(ValueError, match=f"^--data_dir={missing}: no such directory"):
+      data.load("fashion_mnist", data_dir=str(missing), data_source=source)
+  with pytest.raises(ValueError, match="--data_dir=.*no such directory.*cifar10"):
+    data.load("cifar10", data_dir=str(missing))
+  # 3 of the 4 IDX files: read as an IDX directory, the missing file named
+  write_tiny_idx_dir(tmp_path, gz=True)
+  os.remove(tmp_path / "t10k-labels-idx1-ubyte.gz")
+  for source in ("auto", "idx"):
+    with pytest.raises(FileNotFoundError, match=r"^--data_dir=.*: holds 3 of the 4 IDX files "
+                       r"but not t10k-labels-idx1-ubyte\[\.gz\]$"):
+      data.load("fashion_mnist", data_dir=str(tmp_path), data_source=source)
+
+
+def test_partition_and_data_source_checked_for_every_dataset():
+  for name in ("synthetic", "synthetic_iid", "fashion_mnist"):
+    with pytest.raises(ValueError, match=r"^--partition: unknown partition 'foo'; choose "
+                       r"from \['iid', 'shards', 'dirichlet'\]"):
+      data.load(name, partition="foo", num_clients=3)
+    with pytest.raises(ValueError, match=r"^--data_source: unknown data source 'foo'; "
+                       r"choose from \['auto', 'idx', 'tfds'\]"):
+      data.load(name, data_source="foo", num_clients=3)
+
+
+def test_more_clients_than_examples_is_refused(tmp_path):
+  write_tiny_idx_dir(tmp_path)  # 40 training examples
+  for partition in ("iid", "dirichlet"):
+    with pytest.raises(ValueError, match=r"^--num_clients=41: more clients than the 40 "
+                       "training examples of fashion_mnist"):
+      data.load("fashion_mnist", partition=partition, num_clients=41, data_dir=str(tmp_path))
+  fd = data.load("fashion_mnist", partition="iid", num_clients=40, data_dir=str(tmp_path))
+  assert fd.counts.min() == 1
+
+
+def test_padded_arrays_over_the_memory_limit_are_refused(monkeypatch):
+  monkeypatch.setenv(data.MAX_DATA_ENV, "0.001")  # ~1 MiB
+  sizes = data.synthetic_client_sizes(30)
+  with pytest.raises(ValueError, match=r"^--num_clients=30: the padded client data \[30 "
+                     r"clients x M=\d+ x 60\] would take .* GiB, more than "
+                     r"\$FEDJAX_ASYNC_MAX_DATA_GIB.*largest client's size of the synthetic"):
+    data.synthetic(num_clients=30)
+  train_x = np.zeros((2000, 28, 28, 1), np.float32)
+  parts = [np.arange(1000), np.arange(1000, 2000)]
+  with pytest.raises(ValueError, match="--num_clients=2: .*M=1000 x 28 x 28 x 1.*'iid'"):
+    data.federate(train_x, np.zeros(2000), parts, train_x[:1], np.zeros(1), 10, "t",
+                  partition="'iid'")
+  monkeypatch.setenv(data.MAX_DATA_ENV, "1")
+  assert data.synthetic(num_clients=30).max_examples <= sizes.max()  # under the limit
+  monkeypatch.delenv(data.MAX_DATA_ENV)
+  limit, what = data.padded_data_limit_bytes()
+  assert limit > 0 and "available memory" in what
+
+
+def test_too_many_synthetic_clients_fail_fast():
+  """100000 clients (M ~ 560000): refused before the per-client loop (it ran for minutes
+  to fill memory); 5000 (33 GiB) likewise instead of numpy's _ArrayMemoryError."""
+  import time  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  for n in (100000, 5000):
+    if n == 5000 and data.padded_data_limit_bytes()[0] > 33.5 * 2 ** 30:
+      continue  # a machine with > 67 GiB free can hold it
+    with pytest.raises(ValueError, match=f"^--num_clients={n}: the padded client data"):
+      data.load("synthetic", num_clients=n)
+  assert time.perf_counter() - t0 < 10

@@ -149,9 +149,33 @@ def test_aggregate_mean_and_std_over_seeds():
   agg = sweep.aggregate(summaries, ["lr"])
   first = next(r for r in agg if r["lr"] == 0.1)
   assert first["num_seeds"] == 2 and first["diverged"] == 1
-  assert first["average_best_accuracy_mean"] == pytest.approx(0.6)
-  assert first["average_best_accuracy_std"] == pytest.approx(0.1)
-  assert first["final_accuracy_mean"] == pytest.approx(0.5)
+  assert first["average_best_accuracy_mean"] == pytest.approx(0.5)  # seed 1 diverged
+  assert first["average_best_accuracy_std"] == pytest.approx(0.0)
+  assert first["final_accuracy_mean"] == pytest.approx(0.4)
+  agg = sweep.aggregate([summaries[0], dict(summaries[1], diverged_round=None)], ["lr"])
+  assert agg[0]["average_best_accuracy_mean"] == pytest.approx(0.6)  # no diverged run
+  assert agg[0]["average_best_accuracy_std"] == pytest.approx(0.1)
+
+
+def test_diverged_runs_are_left_out_of_the_means(tmp_path):
+  """A diverged run's accuracy (0.025: chance after the loss went non-finite) does not pull
+  the mean down; a setting whose runs all diverged says so instead of a number."""
+  run = lambda lr, seed, acc, bad: {
+      "algorithm": "fedadmm", "setting": {"lr": lr}, "average_best_accuracy": acc,
+      "final_accuracy": acc, "config": {"seed": seed}, "diverged_round": bad}
+  summaries = [run(0.1, 0, 0.8, None), run(0.1, 1, 0.025, 4), run(50.0, 0, 0.025, 4),
+               run(50.0, 1, 0.025, 3)]
+  agg = sweep.aggregate(summaries, ["lr"])
+  assert agg[0]["average_best_accuracy_mean"] == pytest.approx(0.8)
+  assert agg[0]["final_accuracy_mean"] == pytest.approx(0.8) and agg[0]["diverged"] == 1
+  assert np.isnan(agg[1]["average_best_accuracy_mean"]) and agg[1]["diverged"] == 2
+  md = sweep.write_aggregate(agg, ["lr"], str(tmp_path))
+  lines = md.splitlines()
+  assert "| fedadmm | 0.1 | 2 | 0.8000 ± 0.0000 | 0.8000 ± 0.0000 | 1 |" in lines
+  assert "| fedadmm | 50 | 2 | all diverged | all diverged | 2 |" in lines
+  assert "diverged runs, counted in `diverged`, are left out" in md
+  csv_text = (tmp_path / "aggregate.csv").read_text()
+  assert "fedadmm,50.0,2,nan,nan,nan,nan,2" in csv_text
 
 
 def test_plot_aggregate_draws_one_line_per_algorithm_and_other_setting(tmp_path):
@@ -225,7 +249,7 @@ def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
          "final_accuracy_mean": 0.4, "final_accuracy_std": 0.02, "diverged": 0}
   for names in ((), ("lr",)):
     md = sweep.write_aggregate([row], names, str(tmp_path))
-    counts = {line.count("|") for line in md.splitlines()}
+    counts = {line.count("|") for line in md.splitlines() if line.startswith("|")}
     assert counts == {len(names) + 6}, md
 
 
@@ -246,3 +270,46 @@ def test_sweep_script_splits_runs_over_the_requested_cpu_devices(tmp_path, extra
   assert len(runs) == 2 and all(r["final_accuracy"] > 0 for r in runs)
   assert f"figure: {tmp_path / 'aggregate.png'}" in out.stdout  # seeds only: one bar
   assert (tmp_path / "aggregate.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_config_differences_name_the_flags():
+  cfg = dataclasses.replace(BASE, rounds=8, lr=0.05,
+                            delay=timeline_lib.DelayConfig(0.5, "uniform", 2))
+  saved = json.loads(json.dumps(experiment.run_config_for(BASE, "fedavg")))
+  diffs = sweep.config_differences(saved, experiment.run_config_for(cfg, "fedavg"))
+  assert diffs == ["--delay_fraction=0.3 (now 0.5)", "--lr=0.1 (now 0.05)",
+                   "--rounds=6 (now 8)"]
+  # settings that do not change the results are not differences
+  same = dataclasses.replace(BASE, rounds_per_call=2, output_dir="elsewhere",
+                             tensorboard=True, client_chunk=4)
+  assert sweep.config_differences(saved, experiment.run_config_for(same, "fedavg")) == []
+
+
+def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
+    tmp_path, monkeypatch, capsys):
+  """Each computation's runs are on disk when it ends; --resume reads back those with the
+  same configuration and runs the others (naming the flags that differ)."""
+  fed = tiny_data()
+  base = dataclasses.replace(BASE, algorithm="fedavg", rounds=3)
+  cfgs = sweep.grid(base, {"lr": [0.05, 0.2]}, num_seeds=1)
+  first = sweep.run_sweep(cfgs, "fedavg", fed, ["lr"], str(tmp_path),
+                          max_runs_per_computation=1, quiet=True)
+  run_dir = tmp_path / "runs" / "fedavg" / "lr=0.05_seed=0"
+  assert (run_dir / "summary.json").is_file() and (run_dir / "metrics.jsonl").is_file()
+  prepared = []
+  real_prepare = sweep.prepare
+  monkeypatch.setattr(sweep, "prepare",
+                      lambda group, *a: prepared.append(len(group)) or real_prepare(group, *a))
+  again = sweep.run_sweep(cfgs, "fedavg", fed, ["lr"], str(tmp_path), resume=True)
+  assert prepared == [] and again == first  # nothing run: both read back
+  assert "2 of 2 runs read back" in capsys.readouterr().out
+  # one more value of lr: only that run is computed
+  more = sweep.grid(base, {"lr": [0.05, 0.2, 0.1]}, num_seeds=1)
+  out = sweep.run_sweep(more, "fedavg", fed, ["lr"], str(tmp_path), resume=True)
+  assert prepared == [1] and out[:2] == first and out[2]["setting"] == {"lr": 0.1}
+  # other --rounds: the stored runs are stale and run again
+  longer = [dataclasses.replace(c, rounds=4) for c in cfgs]
+  out = sweep.run_sweep(longer, "fedavg", fed, ["lr"], str(tmp_path), resume=True)
+  assert prepared == [1, 2] and all(s["rounds"] == 4 for s in out)
+  text = capsys.readouterr().out
+  assert "re-running 2 stored run(s) made with other flags (--rounds=3 (now 4))" in text

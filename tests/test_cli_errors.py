@@ -1,0 +1,149 @@
+"""The experiment scripts' errors: one "error: ..." line naming the flag or file, no traceback
+(sweep.py, pafed_table.py, async_family.py); pafed_table's stored runs against its flags;
+async_family's progress lines."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import run_script
+
+ROOT = run_script.ROOT
+SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
+TABLE = os.path.join(ROOT, "experiments", "pafed_table.py")
+ASYNC = os.path.join(ROOT, "experiments", "async_family.py")
+
+
+def script(path, args, env=None, timeout=300):
+  return subprocess.run([sys.executable, path] + list(args), env=env or run_script.env(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(out, message):
+  assert out.returncode != 0, out.stdout[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(message), out.stderr[-2000:]
+  if message == "error: --model":  # (validated with the flags or when the model is built)
+    assert "unknown model 'foo'" in last, last
+
+
+def missing_file_dir(tmp_path):
+  """A folder with 3 of the 4 Fashion-MNIST IDX files (tiny, hand-made)."""
+  from test_data import write_tiny_idx_dir  # pylint: disable=g-import-not-at-top
+  write_tiny_idx_dir(tmp_path)
+  os.remove(tmp_path / "t10k-labels-idx1-ubyte")
+  return tmp_path
+
+
+SWEEP_ARGS = ["--algorithm=fedavg", "--num_clients=5", "--rounds=2", "--checkpoint_every=0"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset=nosuch"], "error: --dataset: unknown dataset 'nosuch'"),
+    (["--model=foo"], "error: --model"),
+    (["--partition=foo"], "error: --partition: unknown partition 'foo'"),
+    (["--data_source=foo"], "error: --data_source: unknown data source 'foo'"),
+    (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
+     "error: --data_dir=/nonexistent_dir: no such directory"),
+    (["--num_clients=100000"], "error: --num_clients=100000: the padded client data"),
+    (["--checkpoint_every=5"], "error: --checkpoint_every: not supported by sweeps"),
+    (["--keep_checkpoints=3"], "error: --keep_checkpoints: not supported by sweeps"),
+    (["--tensorboard"], "error: --tensorboard: not supported by sweeps"),
+])
+def test_sweep_errors(tmp_path, args, message):
+  out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}"] + args)
+  assert_one_line_error(out, message)
+
+
+def test_sweep_missing_idx_file_is_named(tmp_path):
+  (tmp_path / "idx").mkdir()
+  d = missing_file_dir(tmp_path / "idx")
+  out = script(SWEEP, SWEEP_ARGS + ["--dataset=fashion_mnist", f"--data_dir={d}",
+                                    f"--output_dir={tmp_path / 'out'}"])
+  assert_one_line_error(out, f"error: --data_dir={d}: holds 3 of the 4 IDX files but not "
+                        "t10k-labels-idx1-ubyte[.gz]")
+
+
+ASYNC_ARGS = ["--num_clients=6", "--concurrency=2", "--num_updates=6", "--eval_every=3",
+              "--groups_per_call=3"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset=nosuch"], "error: --dataset: unknown dataset 'nosuch'"),
+    (["--partition=foo"], "error: --partition: unknown partition 'foo'"),
+    (["--model=foo"], "error: --model"),
+    (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
+     "error: --data_dir=/nonexistent_dir: no such directory"),
+])
+def test_async_family_errors(tmp_path, args, message):
+  out = script(ASYNC, ASYNC_ARGS + [f"--output_dir={tmp_path}"] + args)
+  assert_one_line_error(out, message)
+
+
+def test_async_family_truncated_gzip_is_named(tmp_path):
+  from test_data import write_tiny_idx_dir  # pylint: disable=g-import-not-at-top
+  write_tiny_idx_dir(tmp_path, gz=True)
+  bad = tmp_path / "train-images-idx3-ubyte.gz"
+  bad.write_bytes(bad.read_bytes()[:40])
+  out = script(ASYNC, ASYNC_ARGS + ["--dataset=fashion_mnist", f"--data_dir={tmp_path}",
+                                    f"--output_dir={tmp_path / 'out'}"])
+  assert_one_line_error(out, f"error: {bad}: not a readable gzip file")
+
+
+def test_async_family_progress_has_eta_and_no_backend_info_lines(tmp_path):
+  env = run_script.env()
+  env.pop("JAX_PLATFORMS")  # JAX probes its backends (and logs the missing TPU at INFO)
+  out = script(ASYNC, ASYNC_ARGS + [f"--output_dir={tmp_path}"], env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Unable to initialize backend" not in out.stderr + out.stdout
+  progress = [l for l in out.stdout.splitlines() if " version " in l]
+  assert progress and all(" arrivals/s ETA " in l for l in progress), out.stdout
+  assert progress[-1].endswith("ETA 0s")
+
+
+def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
+  out = script(TABLE, ["--config=reduced", "--read_only", f"--output_dir={tmp_path}"])
+  assert_one_line_error(out, f"error: --output_dir={tmp_path}: no runs found")
+  assert not (tmp_path / "table.md").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset=nosuch"], "error: --dataset: unknown dataset 'nosuch'"),
+    (["--model=foo"], "error: --model"),
+    (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
+     "error: --data_dir=/nonexistent_dir: no such directory"),
+])
+def test_pafed_table_errors(tmp_path, args, message):
+  out = script(TABLE, ["--config=reduced", "--dataset=synthetic", "--num_clients=6",
+                       "--rounds=2", "--algorithm=fedavg", "--partitions=iid",
+                       f"--output_dir={tmp_path}"] + args)
+  assert_one_line_error(out, message)
+
+
+def test_pafed_table_reruns_runs_stored_with_other_flags(tmp_path):
+  """A second driver run with other flags re-runs the stored runs (naming the flags);
+  --read_only refuses runs made with other flags instead of tabulating them."""
+  args = ["--config=reduced", "--dataset=synthetic", "--model=logreg", "--num_clients=6",
+          "--participation=0.5", "--local_epochs=1", "--batch_size=10", "--eval_every=1",
+          "--algorithm=fedavg", "--partitions=shards", "--deltas=0", "--num_seeds=1",
+          f"--output_dir={tmp_path}"]
+  first = script(TABLE, args + ["--rounds=2"])
+  assert first.returncode == 0, first.stderr[-3000:]
+  same = script(TABLE, args + ["--rounds=2"])  # same flags: read back, not run
+  assert same.returncode == 0 and "runs in" not in same.stdout, same.stdout[-2000:]
+  stale = script(TABLE, args + ["--rounds=3", "--read_only"])
+  assert_one_line_error(stale, f"error: --read_only: 1 stored run(s) under "
+                        f"{tmp_path}/shards/runs/fedavg were made with other flags: "
+                        "--rounds=2 (now 3)")
+  rerun = script(TABLE, args + ["--rounds=3"])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "re-running 1 stored run(s) made with other flags (--rounds=2 (now 3))" in rerun.stdout
+  assert "T=3" in (tmp_path / "table.md").read_text()
+  import json  # pylint: disable=g-import-not-at-top
+  summary = json.load(open(tmp_path / "shards/runs/fedavg/delay_fraction=0_seed=0/summary.json"))
+  assert summary["rounds"] == 3
+  again = script(TABLE, args + ["--rounds=3", "--read_only"])
+  assert again.returncode == 0, again.stderr[-3000:]
