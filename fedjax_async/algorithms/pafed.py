@@ -37,18 +37,19 @@ class DuccSums(NamedTuple):
   """DUCC's running sums over a round's uploads (Alg. 4), folded in chunk by chunk."""
 
   online_sum: jax.Array  # [d] sum of the online uploads
+  online_sq: jax.Array  # ||online_sum||^2 (for m / ||m||)
   online_count: jax.Array  # n, the number of online uploads
-  sum1: jax.Array  # [d] sum_j w1_j u_j over delayed uploads (non-conflicting class)
-  weight1: jax.Array  # n1 = sum_j w1_j
-  sum2: jax.Array  # [d] sum_j w2_j u_j (conflicting class)
-  weight2: jax.Array  # n2 = sum_j w2_j (<= 0)
+  class_sums: jax.Array  # [2, d] sum_j w1_j u_j, sum_j w2_j u_j over delayed uploads
+  class_weights: jax.Array  # [2] n1 = sum_j w1_j, n2 = sum_j w2_j (<= 0)
   conflicting: jax.Array  # int32: delayed uploads with m . u_j < 0
 
 
 def ducc_init(w) -> DuccSums:
   """Empty sums for uploads shaped like ``w``."""
-  zero, d = jnp.float32(0.0), jnp.zeros(jnp.shape(w), jnp.float32)
-  return DuccSums(d, zero, d, zero, d, zero, jnp.int32(0))
+  d = jnp.zeros(jnp.shape(w), jnp.float32)
+  zero = jnp.float32(0.0)
+  return DuccSums(d, zero, zero, jnp.zeros((2,) + d.shape, jnp.float32),
+                  jnp.zeros(2, jnp.float32), jnp.int32(0))
 
 
 def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
@@ -56,32 +57,46 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
   """Folds in a chunk of unit-vector uploads [G, d]: its online rows first, then its
   delayed rows, weighed against the mean m of the online rows folded in so far. That m is
   the round's online mean once every online row is in: the caller folds in all online
-  rows before any delayed one (one call with all rows does)."""
+  rows before any delayed one (one call with all rows does).
+
+  Each part runs only when the chunk has such rows (``lax.cond``): a chunk of one client
+  reads and writes the online sum, or the two class sums, not both (the sums are the
+  carry of the engine's scan over chunks, updated in place)."""
   updates = jnp.asarray(updates, jnp.float32)
   om, dm = jnp.asarray(online_mask, bool), jnp.asarray(delayed_mask, bool)
-  online_sum = sums.online_sum + jnp.einsum("g,gd->d", om.astype(jnp.float32), updates)
-  online_count = sums.online_count + jnp.sum(om)
-  # Alg. 4 line 3 gives the mean m; the Min's input uses m / ||m|| ("We first normalize
-  # w_m and w_j", Sec. V-A): the mean of unit vectors is shorter than 1, and the class
-  # weights would shrink with it (the exact Min's m1, m2 do not change; Cheon's would).
-  norm = jnp.sqrt(jnp.vdot(online_sum, online_sum))
-  m_unit = jnp.where(norm > 0, online_sum / jnp.where(norm > 0, norm, 1.0), 0.0)
-  dots = updates @ m_unit
-  s = (dots + 1.0) / 2.0  # (m . u_j / ||m|| + 1) / 2, in [0, 1] for unit vectors
-  x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
-  w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
-  w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
-  return DuccSums(online_sum, online_count,
-                  sums.sum1 + jnp.einsum("g,gd->d", w1, updates), sums.weight1 + jnp.sum(w1),
-                  sums.sum2 + jnp.einsum("g,gd->d", w2, updates), sums.weight2 + jnp.sum(w2),
-                  sums.conflicting + jnp.sum(dm & (dots < 0)).astype(jnp.int32))
+
+  def add_online(c: DuccSums) -> DuccSums:
+    total = c.online_sum + jnp.einsum("g,gd->d", om.astype(jnp.float32), updates)
+    return c._replace(online_sum=total, online_sq=jnp.vdot(total, total),
+                      online_count=c.online_count + jnp.sum(om))
+
+  def add_delayed(c: DuccSums) -> DuccSums:
+    # Alg. 4 line 3 gives the mean m; the Min's input uses m / ||m|| ("We first
+    # normalize w_m and w_j", Sec. V-A): the mean of unit vectors is shorter than 1, and
+    # the class weights would shrink with it (the exact Min's m1, m2 do not change;
+    # Cheon's would). m / ||m|| = online_sum / ||online_sum||.
+    norm = jnp.sqrt(c.online_sq)
+    dots = jnp.where(norm > 0, (updates @ c.online_sum) / jnp.where(norm > 0, norm, 1.0),
+                     0.0)
+    s = (dots + 1.0) / 2.0  # (m . u_j / ||m|| + 1) / 2, in [0, 1] for unit vectors
+    x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
+    w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
+    w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
+    weights = jnp.stack([w1, w2], axis=1)  # [G, 2]: both classes in one pass
+    return c._replace(class_sums=c.class_sums + jnp.einsum("gk,gd->kd", weights, updates),
+                      class_weights=c.class_weights + jnp.sum(weights, axis=0),
+                      conflicting=c.conflicting + jnp.sum(dm & (dots < 0)).astype(jnp.int32))
+
+  sums = jax.lax.cond(jnp.any(om), add_online, lambda c: c, sums)
+  return jax.lax.cond(jnp.any(dm), add_delayed, lambda c: c, sums)
 
 
 def ducc_result(sums: DuccSums, empty_class_tol: float = 0.0):
   """(m, m1, m2) from the running sums (Alg. 4 lines 3, 11; Eq. 12)."""
   m = base.mean_from_sum(sums.online_sum, sums.online_count)
-  m1 = base.mean_from_sum(sums.sum1, sums.weight1, empty_class_tol)  # Alg. 4 lines 5-6, 11
-  m2 = base.mean_from_sum(sums.sum2, sums.weight2, empty_class_tol)  # Alg. 4 lines 7-8, 11
+  n1, n2 = sums.class_weights[0], sums.class_weights[1]
+  m1 = base.mean_from_sum(sums.class_sums[0], n1, empty_class_tol)  # Alg. 4 lines 5-6, 11
+  m2 = base.mean_from_sum(sums.class_sums[1], n2, empty_class_tol)  # Alg. 4 lines 7-8, 11
   m_sq = jnp.vdot(m, m)
   # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
   m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
