@@ -494,3 +494,24 @@ def test_report_cli_names_the_bad_path(argv, message):
                          *argv], env=common.child_env(), capture_output=True, text=True)
   assert proc.returncode == 1 and message in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path):
+  env = common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "server_stream.py"),
+       "--model=logreg", "--clients=6", "--client_chunk=2", "--rounds=2", "--reps=1",
+       "--examples=20", "--tag=t"], env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(l) for l in open(tmp_path / "server_stream.jsonl")]
+  assert [(r["algorithm"], r["clients_per_round"]) for r in rows] == [("pafed", 6),
+                                                                      ("fedavg", 6)]
+  for r in rows:
+    assert r["delayed"] > 0 and r["params"] == 610
+    assert r["streamed_over_block"] == pytest.approx(r["streamed_s"] / r["block_s"])
+  assert rows[0]["server_streamed_ms"] > 0 and rows[0]["server_block_ms"] > 0
+  assert "server_streamed_ms" not in rows[1]  # the server-only timing is PAFed's
+  bad = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "server_stream.py"),
+       "--clients=1"], env=env, capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "--clients: need K >= 2" in bad.stderr
