@@ -7,6 +7,7 @@ Min function, exact minima, and properties of the keys/masks.
 
 import inspect
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -132,7 +133,7 @@ def test_secure_ducc_matches_exact_min():
   got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
   # The plaintext inner products m . u_j: |m . u_j| >= 0.4 * ||m|| here.
   assert np.min(np.abs(delayed @ online.mean(0))) > 0.2
-  exact = _expected(w, online, delayed, np.minimum)
+  exact = _expected(w, online, delayed, jnp.minimum)
   assert np.max(np.abs(got - exact)) < 1e-3
 
 

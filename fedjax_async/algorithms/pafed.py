@@ -110,7 +110,8 @@ def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
   Args:
     online_updates: [n, d] unit vectors uploaded by this round's online clients.
     delayed_updates: [k, d] unit vectors of the stale uploads that arrived this round.
-    min_fn: Min(a, b) for a, b in [0, 1]; ``jnp.minimum`` or the Cheon polynomial.
+    min_fn: Min(a, b) for a, b in [0, 1], a JAX function (it is traced): ``jnp.minimum``
+      or the Cheon polynomial.
     online_mask, delayed_mask: optional bool [n] / [k] marking real rows (padding is False).
     empty_class_tol: a class whose |total weight| is at most this counts as empty. 0 for
       the exact Min; with an approximate Min (error eps per weight) an empty class has a
