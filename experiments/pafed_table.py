@@ -206,11 +206,14 @@ def table_rows(results: dict, partitions, algs):
       row = {"partition": part, "delta": d, "cells": {}}
       for alg in algs:
         runs = by_delta(results.get((part, alg), [])).get(d, [])
-        vals = np.array([s["average_best_accuracy"] for s, _ in runs], float)
+        # A diverged run (sweep's diverged_round) is left out of the mean and counted.
+        ok = [s for s, _ in runs if s.get("diverged_round") is None]
+        vals = np.array([s["average_best_accuracy"] for s in ok], float)
         paper = PAPER.get((part, round(d, 2)), {}).get(alg)
         mean = float(np.mean(vals)) if len(vals) else float("nan")
         row["cells"][alg] = {"mean": mean, "std": float(np.std(vals)) if len(vals) else
                              float("nan"), "seeds": len(vals), "paper": paper,
+                             "diverged": len(runs) - len(ok),
                              "diff": None if paper is None else mean - paper}
       rows.append(row)
   return rows
@@ -227,8 +230,10 @@ def markdown_table(rows, algs, header: str) -> str:
     cells = []
     for a in algs:
       c = r["cells"][a]
-      cells.append(f"{fmt(c['mean'])} ± {fmt(c['std'])} | {fmt(c['paper'])} | "
-                   f"{fmt(c['diff'], '+.3f')}")
+      ours = (f"{fmt(c['mean'])} ± {fmt(c['std'])}" if c["seeds"] else "all diverged")
+      if c.get("diverged") and c["seeds"]:
+        ours += f" ({c['diverged']} diverged, left out)"
+      cells.append(f"{ours} | {fmt(c['paper'])} | {fmt(c['diff'], '+.3f')}")
     lines.append(f"| {PARTITION_LABEL.get(r['partition'], r['partition'])} "
                  f"δ={r['delta']:g} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -238,12 +243,13 @@ def write_csv(rows, algs, path: str):
   with open(path, "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["partition", "delta"] + [f"{a}_{k}" for a in algs
-                                         for k in ("ours", "std", "seeds", "paper", "diff")])
+                                         for k in ("ours", "std", "seeds", "diverged",
+                                                   "paper", "diff")])
     for r in rows:
       vals = []
       for a in algs:
         c = r["cells"][a]
-        vals += [c["mean"], c["std"], c["seeds"], c["paper"], c["diff"]]
+        vals += [c["mean"], c["std"], c["seeds"], c["diverged"], c["paper"], c["diff"]]
       w.writerow([r["partition"], r["delta"]] + vals)
 
 
@@ -304,6 +310,7 @@ def main(argv):
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     apply_preset(FLAGS.config)
+    sweep.check_unsupported_flags(FLAGS)  # its runs are sweeps: no checkpoints, no tb/
     base = experiment.config_from_flags(FLAGS)
     mesh = sweep.run_mesh(sharding.select_devices(base.devices))
     deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}

@@ -115,6 +115,7 @@ def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
     (["--model=foo"], "error: --model"),
     (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
      "error: --data_dir=/nonexistent_dir: no such directory"),
+    (["--tensorboard"], "error: --tensorboard: not supported by sweeps"),
 ])
 def test_pafed_table_errors(tmp_path, args, message):
   out = script(TABLE, ["--config=reduced", "--dataset=synthetic", "--num_clients=6",
@@ -147,3 +148,20 @@ def test_pafed_table_reruns_runs_stored_with_other_flags(tmp_path):
   assert summary["rounds"] == 3
   again = script(TABLE, args + ["--rounds=3", "--read_only"])
   assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_pafed_table_leaves_diverged_runs_out_of_its_means(tmp_path):
+  # lr = 1e30 makes PAFed's run diverge (FedAvg's stays finite on this data): its cell
+  # reads "all diverged" and table.csv counts it, instead of a mean of a broken run.
+  out = script(TABLE, ["--config=reduced", "--dataset=synthetic", "--model=logreg",
+                       "--num_clients=6", "--participation=0.5", "--local_epochs=1",
+                       "--batch_size=10", "--eval_every=1", "--algorithm=fedavg,pafed",
+                       "--partitions=shards", "--deltas=0", "--num_seeds=1", "--rounds=3",
+                       "--lr=1e30", f"--output_dir={tmp_path}"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = (tmp_path / "table.md").read_text().splitlines()[-1]
+  assert row.split("|")[5].strip() == "all diverged", row
+  import csv  # pylint: disable=g-import-not-at-top
+  (cells,) = list(csv.DictReader(open(tmp_path / "table.csv")))
+  assert cells["pafed_diverged"] == "1" and cells["pafed_seeds"] == "0"
+  assert cells["fedavg_diverged"] == "0" and cells["fedavg_seeds"] == "1"
