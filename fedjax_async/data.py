@@ -558,10 +558,8 @@ def _load_idx_dir(data_dir: str, user_dir: bool):
 
 
 def _load_pool(dataset: str, data_dir: Optional[str], data_source: str, tfds_download: bool):
-  """(train_x, train_y, test_x, test_y, num_classes) of an image data set."""
-  if data_source not in DATA_SOURCES:
-    raise ValueError(f"--data_source: unknown data source {data_source!r}; choose from "
-                     f"{list(DATA_SOURCES)}")
+  """(train_x, train_y, test_x, test_y, num_classes) of an image data set (``load`` has
+  checked ``data_source``)."""
   _check_data_dir(dataset, data_dir, data_source, tfds_download)
   idx_dir = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion_mnist" else None)
   if data_source == "idx":
