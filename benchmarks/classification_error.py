@@ -33,6 +33,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import flagcheck
+from benchmarks import paths
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
@@ -43,7 +44,10 @@ flags.DEFINE_enum("preset", "secure", ["secure", "insecure_test"],
 flagcheck.int_list("depths", ["4", "6", "8", "10", "12"], "Cheon Min iterations d.")
 flags.DEFINE_string("bins", "0,0.001,0.01,0.05,0.1,0.2,0.5,1", "|cos| bin edges.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampled cosines.")
-flags.DEFINE_string("out_csv", "benchmarks/results/classification_error.csv", "CSV output.")
+flags.DEFINE_string("out_csv", os.path.join(paths.RESULTS_DIR, "classification_error.csv"),
+                    "CSV output, rewritten by each run (default: in "
+                    "$FEDJAX_ASYNC_BENCH_RESULTS when set, else benchmarks/results of "
+                    "this checkout; empty: none).")
 FLAGS = flags.FLAGS
 
 

@@ -38,9 +38,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("max_examples", 33_600, "M, the padded rows per client (the largest "
                      "client of Synthetic(1,1) with 30 clients, seed 3, has 33,659).",
                      lower_bound=1)
-flags.DEFINE_list("mixes", ["200x10", "200/200/200/200/200/200/200/200/200/33600",
-                            "2600x10"],
-                  "Client-size mixes, each 'nxK' or 'n1/n2/...'; sizes in [1, --max_examples].")
+flagcheck.item_list("mixes", ["200x10", "200/200/200/200/200/200/200/200/200/33600",
+                              "2600x10"],
+                    "Client-size mixes, each 'nxK' or 'n1/n2/...'; sizes in [1, "
+                    "--max_examples].", "client-size mixes, each 'nxK' or 'n1/n2/...'")
 flags.DEFINE_integer("batch", 10, "Local batch size B.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
@@ -62,6 +63,22 @@ def parse_mix(text: str, max_examples: int):
     raise app.UsageError(f"--mixes: sizes must be in [1, --max_examples={max_examples}] and "
                          f"at least one client, got {text!r}")
   return sizes
+
+
+def _check_mixes(v) -> bool:
+  """Each of ``--mixes`` parses, its sizes in [1, --max_examples] (checked with the flags,
+  so that ``--only_check_args`` sees a bad mix)."""
+  if v["mixes"] and v["max_examples"] is not None:
+    for text in v["mixes"]:
+      if text:  # an empty item: the list's own check names it
+        try:
+          parse_mix(text, v["max_examples"])
+        except app.UsageError as e:
+          raise flags.ValidationError(str(e)) from None
+  return True
+
+
+flags.register_multi_flags_validator(["mixes", "max_examples"], _check_mixes)
 
 
 def main(_):

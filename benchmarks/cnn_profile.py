@@ -36,6 +36,7 @@ flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation."
 flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
                   "Dense layers (the other choice is timed too, as a full step).")
 flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one full step here.")
+flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 FLAGS = flags.FLAGS
 
 
@@ -54,7 +55,8 @@ def measure(name, fn, args, peak, bw, rows):
              impl=FLAGS.impl, dense=FLAGS.dense, time_ms=t * 1e3, gflop=flops / 1e9,
              gbytes=nbytes / 1e9,
              gflops_per_s=flops / t / 1e9, gbytes_per_s=nbytes / t / 1e9,
-             fraction_of_peak=flops / t / 1e9 / peak, fraction_of_bandwidth=nbytes / t / 1e9 / bw)
+             fraction_of_peak=flops / t / 1e9 / peak, fraction_of_bandwidth=nbytes / t / 1e9 / bw,
+             tag=FLAGS.tag)
   rows.append(row)
   print(f"| {name} | {t * 1e3:.1f} | {flops / 1e9:.2f} | {nbytes / 1e9:.2f} | "
         f"{flops / t / 1e9:.1f} | {100 * flops / t / 1e9 / peak:.1f} % | "

@@ -49,9 +49,10 @@ from fedjax_async import sharding  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.environ.get("FEDJAX_ASYNC_BENCH_RESULTS") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "results")
+from benchmarks import paths  # noqa: E402
+
+ROOT = paths.ROOT
+RESULTS_DIR = paths.RESULTS_DIR  # $FEDJAX_ASYNC_BENCH_RESULTS, else benchmarks/results
 
 HP = dict(lr=0.05, momentum=0.0, rho=0.1, mu=0.01, alpha0=1.0, alpha1=0.5, alpha2=0.5,
           server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)

@@ -35,8 +35,8 @@ from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flagcheck.int_list("clients", ["10", "50"], "Client counts C.")
-flags.DEFINE_list("impls", ["lax", "patches", "slices", "vjp"],
-                  "Conv implementations (see fedjax_async.models.CONV_IMPLS).")
+flagcheck.choice_list("impls", ["lax", "patches", "slices", "vjp"], models.CONV_IMPLS,
+                      "Conv implementations (fedjax_async.models.CONV_IMPLS).")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_integer("matmul_n", 2048, "Size of the peak matmul.", lower_bound=1)

@@ -22,15 +22,14 @@ import jax.numpy as jnp  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("impls", ["lax", "slices", "vjp"], "Conv implementations.")
+flagcheck.choice_list("impls", ["lax", "slices", "vjp"], models.CONV_IMPLS,
+                      "Conv implementations.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
-flags.register_validator(
-    "impls", lambda v: set(v) <= set(models.CONV_IMPLS),
-    message=f"--impls: each must be one of {', '.join(models.CONV_IMPLS)}")
 
 STEPS = 3
 # (name, H=W, cin, cout, kernel size, padding): the two models' conv2 layers.

@@ -42,11 +42,18 @@ flags.DEFINE_integer("online", 10, "Online uploads.", lower_bound=1)
 flags.DEFINE_integer("delayed", 10, "Delayed uploads.", lower_bound=0)
 flags.DEFINE_integer("num_clients", 20, "K: key pairs; key transformation recipients.",
                      lower_bound=1)
-flags.DEFINE_integer("kt_recipients", 0, "Re-encrypt for this many clients (0: all K).",
-                     lower_bound=0)
+flags.DEFINE_integer("kt_recipients", 0, "Re-encrypt for this many clients, at most "
+                     "--num_clients (0: all K).", lower_bound=0)
+flags.register_multi_flags_validator(
+    ["kt_recipients", "num_clients"],
+    lambda v: v["kt_recipients"] is None or v["num_clients"] is None
+    or v["kt_recipients"] <= v["num_clients"],
+    message="--kt_recipients: must be <= --num_clients (the key transformation re-encrypts "
+            "for clients 0..kt_recipients-1 of the K; 0: all K)")
 flags.DEFINE_integer("min_depth", 10, "Cheon Min iterations d.", lower_bound=1)
 flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
-flags.DEFINE_integer("ring_dim", 0, "Ring dimension (0: OpenFHE's choice).", lower_bound=0)
+flagcheck.power_of_two("ring_dim", 0, "Ring dimension, a power of two (0: OpenFHE's "
+                        "choice).")
 flags.DEFINE_string("out_csv", "", "CSV output path.")
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "cpu: process CPU seconds (OpenFHE is single-threaded here, so this is "

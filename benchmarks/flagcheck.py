@@ -4,11 +4,13 @@ No JAX import, so the crypto benchmarks can use it too.
 
   flagcheck.int_list("clients", ["10", "50"], "Clients per round K.")   # FLAGS.clients: [int]
   flagcheck.choice_list("models", ["logreg"], ["logreg", "cnn"], "Models.")
+  flagcheck.item_list("mixes", ["200x10"], "Mixes.", "mixes 'nxK'", item_ok=ok_fn)
+  flagcheck.power_of_two("ring_dim", 0, "Ring dimension N (0: OpenFHE's choice).")
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from absl import flags
 
@@ -37,5 +39,29 @@ def choice_list(name: str, default: Sequence[str], choices: Sequence[str], help_
                     flag_values=flag_values)
   flags.register_validator(
       name, lambda v: bool(v) and set(v) <= set(choices),
-      message=f"--{name}: each item must be one of {', '.join(choices)}",
+      message=f"--{name}: each item must be one of {', '.join(choices)} (one or more, "
+              "comma-separated)",
+      flag_values=flag_values)
+
+
+def item_list(name: str, default: Sequence[str], help_text: str, expected: str,
+              item_ok: Callable[[str], bool] = lambda item: True,
+              flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """A non-empty comma-separated list of non-empty items that each pass ``item_ok``;
+  refused with ``--NAME: expected a non-empty comma-separated list of EXPECTED``."""
+  flags.DEFINE_list(name, list(default), help_text, flag_values=flag_values)
+  flags.register_validator(
+      name, lambda v: bool(v) and all(item and item_ok(item) for item in v),
+      message=f"--{name}: expected a non-empty comma-separated list of {expected}",
+      flag_values=flag_values)
+
+
+def power_of_two(name: str, default: int, help_text: str,
+                 flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """An integer that is 0 (unset: the default's meaning, given in ``help_text``) or a power
+  of two >= 2 (a ring dimension)."""
+  flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
+  flags.register_validator(
+      name, lambda v: v == 0 or (v >= 2 and v & (v - 1) == 0),
+      message=f"--{name}: expected 0 (unset) or a power of two, e.g. 16384 or 65536",
       flag_values=flag_values)

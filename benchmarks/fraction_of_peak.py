@@ -13,7 +13,11 @@ the larger of the two is the peak (a VM that slows down mid-run then lowers
 the engine's figure, never the peak's). The default 60 examples per client at batch 10
 are the 6 local steps of the issue's starting point.
 Also times the sequential per-client jit loop on the same workload (``--loop``) so that
-"never slower than the loop" is checked in the same run.
+"never slower than the loop" is checked in the same run. The round runs as the engine
+runs it by default (``--client_chunk=-1``, as ``throughput.py`` and ``scaling.py``: the
+CNN one client at a time on CPU, logistic regression in one vmap of K);
+``--client_chunk=0`` forces one vmap of all K. ``--examples`` must be at least ``--batch``
+(the FLOP count is of full batches).
 
 Runs on JAX's default platform: the GPU where there is one (``JAX_PLATFORMS=cpu`` pins the
 CPU). On recent NVIDIA GPUs JAX computes float32 dots and convolutions in TF32 by default,
@@ -53,9 +57,17 @@ flags.DEFINE_bool("compare_flat_carry", False,
                   "Also time the engine whose local steps carry the flat [d] vector instead "
                   "of per-leaf pieces (models.FlatApply.split), taking turns.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
-flags.DEFINE_integer("client_chunk", 0, "Engine: clients per vmapped chunk (0: all K).",
-                     lower_bound=0)
+flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
+                     "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
+                     "0: all K in one vmap).", lower_bound=-1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
+# A client with fewer examples than a batch trains on a partial batch, which the FLOP count
+# (a full batch per local step) would over-count.
+flags.register_multi_flags_validator(
+    ["examples", "batch"],
+    lambda v: None in (v["examples"], v["batch"]) or v["examples"] >= v["batch"],
+    message="--examples: must be >= --batch (the FLOP count is of full batches of --batch "
+            "examples per local step)")
 
 
 def main(_):
@@ -77,14 +89,14 @@ def main(_):
       wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
                            batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl,
                            dense=dense)
-      prep, run, _ = common.engine_runner(
-          wl, wl.engine_config(client_chunk=FLAGS.client_chunk or None))
+      chunk = common.client_chunk(FLAGS.client_chunk, wl.dim)
+      prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
       runners["engine" if dense == FLAGS.dense else "engine_other_dense"] = (prep, run)
       if FLAGS.compare_flat_carry and dense == FLAGS.dense:
         flat_wl = copy.copy(wl)
         flat_wl.apply_flat = common.without_split(wl.apply_flat)
         prep, run, _ = common.engine_runner(
-            flat_wl, flat_wl.engine_config(client_chunk=FLAGS.client_chunk or None))
+            flat_wl, flat_wl.engine_config(client_chunk=chunk))
         runners["engine_flat_carry"] = (prep, run)
       if FLAGS.loop and dense == FLAGS.dense:
         runners["loop"] = common.loop_runner(wl)
@@ -98,7 +110,7 @@ def main(_):
     flops_analytic = step_flops_analytic * wl.client_steps_per_round * FLAGS.rounds
     row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl, dense=FLAGS.dense,
                clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
-               rounds=FLAGS.rounds, client_chunk=FLAGS.client_chunk, engine_s=t,
+               rounds=FLAGS.rounds, client_chunk=chunk or 0, engine_s=t,
                loop_s=t_loop,
                gflops=flops / t / 1e9, loop_gflops=flops / t_loop / 1e9,
                peak_gflops=peak, peak_start_gflops=peak_start,

@@ -44,13 +44,29 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("ring_dim", 0, "Ring dimension N (0: smallest secure for the depth).",
-                     lower_bound=0)
+flagcheck.power_of_two("ring_dim", 0, "Ring dimension N, a power of two (0: the smallest "
+                        "secure for the depth).")
 flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
 flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
 flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
 flagcheck.int_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
-flags.DEFINE_list("composite", ["1:2", "2:2", "2:3"], "g_3:f_3 iteration counts.")
+
+
+def parse_composite(spec: str):
+  """``--composite``'s ``g:f`` (g_3 applied g times, then f_3 f times) as (g, f); None
+  unless both are integers >= 0, not both 0."""
+  parts = spec.split(":")
+  if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    return None
+  gi, fj = (int(p) for p in parts)
+  return (gi, fj) if gi + fj >= 1 else None
+
+
+flagcheck.item_list("composite", ["1:2", "2:2", "2:3"],
+                    "Composite sign methods, each g:f: g_3 applied g times then f_3 f "
+                    "times (e.g. 0:3,1:2).",
+                    "g:f iteration counts (g_3 then f_3 compositions, integers >= 0, not "
+                    "both 0), e.g. 1:2,2:3", item_ok=lambda v: parse_composite(v) is not None)
 flagcheck.int_list("gaps_log2", ["2", "4", "6", "8"], "k: errors restricted to |a-b|>=2^-k.",
                    minimum=0)
 flags.DEFINE_integer("seed", 0, "Input seed.")
@@ -116,7 +132,7 @@ def methods():
 
     out.append((f"cheb_sign_{n}", "chebyshev", depth, fn))
   for spec in FLAGS.composite:
-    gi, fj = (int(x) for x in spec.split(":"))
+    gi, fj = parse_composite(spec)
 
     def fn(ev, cc, a, b, gi=gi, fj=fj):
       def sign(x):

@@ -281,6 +281,9 @@ def main_driver(argv):
   if args.client_chunk < -1:
     p.error(f"--client_chunk: must be -1 (auto), 0 (all) or a chunk size, got "
             f"{args.client_chunk}")
+  if not args.systems or "" in args.systems.split(","):
+    p.error(f"--systems: expected a non-empty comma-separated list of {','.join(SYSTEMS)}, "
+            f"got {args.systems!r}")
   unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
   if unknown:
     p.error(f"--systems: unknown {','.join(unknown)}; choose from {','.join(SYSTEMS)}")
@@ -374,9 +377,14 @@ def main_driver(argv):
                engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
                note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
     rows.append(row)
+    if name not in res:  # it could not run (its turn returned None): say so, no nan figures
+      print(f"[peers] {name:7s} did not run: {notes.get(name, '') or 'no time'}", flush=True)
+      continue
+    vs_engine = ("" if name == "engine" or "engine" not in res
+                 else f"engine is {row['engine_speedup']:.3g}x faster   ")
     print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
           f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.1f} % of peak)  "
-          f"engine is {row['engine_speedup']:.3g}x faster   {notes.get(name, '')}", flush=True)
+          f"{vs_engine}{notes.get(name, '')}", flush=True)
   if "engine" in res and peers:
     need = 10 * steps * step_flops / fastest_peer / 1e9
     print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x; 10x the "

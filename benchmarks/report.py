@@ -16,13 +16,17 @@ import glob
 import json
 import math
 import os
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from absl import app, flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks import paths  # noqa: E402
 
 # As common.RESULTS_DIR (not imported from there: common imports JAX)
-RESULTS_DIR = os.environ.get("FEDJAX_ASYNC_BENCH_RESULTS") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS_DIR = paths.RESULTS_DIR
 
 
 def _num(v) -> Optional[float]:
@@ -77,6 +81,11 @@ def _not_run(r) -> str:
     return ""
   note = str(r.get("note", "")).replace("|", "/")
   return f"NOT RUN: {note[:160]}" if note else "NOT RUN"
+
+
+def _s_per_round_or_why_not(r) -> str:
+  """A peer's seconds per round, or why it has none (``_not_run``)."""
+  return _not_run(r) or fmt("g3")(r.get("s_per_round"))
 
 
 def _uploads(r) -> str:
@@ -158,9 +167,9 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
         "pfl-research's CIFAR-10 workload, four systems in one run (`peers.py`)",
         lambda r: True,
         [("system", "system", "str"), ("K", "clients_per_round", "int"),
-         ("s/round", "s_per_round", "g3"), ("GFLOP/s", "gflops", "g3"),
+         ("s/round", _s_per_round_or_why_not, "str"), ("GFLOP/s", "gflops", "g3"),
          ("fraction of peak", "fraction_of_peak", "pct"),
-         ("engine speed-up over it", "engine_speedup", "x"), ("", _not_run, "str")], 2),
+         ("engine speed-up over it", "engine_speedup", "x")], 2),
 }
 SOURCE = {"scaling_fit": "scaling", "scaling_k_fit": "scaling"}
 
@@ -284,10 +293,36 @@ def _series(r: dict) -> str:
       r.get("model"))
 
 
+# At most this many lines are named in a figure's legend (below its panels); the others
+# are drawn and counted in one more entry (many tags: choose some with --tag).
+LEGEND_MAX = 12
+_MARKERS = "osv^D<>ph*"
+
+
+def _legend(fig, handles: Dict[str, Any], targets: Dict[str, Any], width: float,
+            height: float) -> None:
+  """One legend for the whole figure, below its panels, in small print: the first
+  ``LEGEND_MAX`` lines' names, the targets, and how many lines are not named."""
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+  names = list(handles)[:LEGEND_MAX]
+  entries = [(handles[n], n) for n in names] + [(h, n) for n, h in targets.items()]
+  if len(handles) > LEGEND_MAX:
+    entries.append((Line2D([], [], linestyle="none"),
+                    f"... and {len(handles) - LEGEND_MAX} more lines, not named here "
+                    "(choose runs with --tag)"))
+  ncol = max(1, int(width // 3.3))
+  legend_h = 0.14 * -(-len(entries) // ncol) + 0.15  # inches: rows of 6 pt text
+  fig.set_size_inches(width, height + legend_h)
+  fig.tight_layout(rect=(0, legend_h / (height + legend_h), 1, 1))
+  fig.legend(*zip(*entries), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
+             fontsize=6, frameon=False)
+
+
 def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
   """Line plots of ``rows`` (already filtered) into ``out_dir``: for each figure of
   ``PLOTS`` with data, one panel per quantity, one line per (machine, tag, ``_series``),
-  x on a log scale. Returns {file: number of lines} for the figures written."""
+  x on a log scale, and one legend below the panels (``_legend``: at most ``LEGEND_MAX``
+  lines named). Returns {file: number of lines} for the figures written."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
@@ -302,29 +337,37 @@ def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
         series.setdefault((machine_label(r), r.get("tag", ""), _series(r)), {})[x] = r
     if not series:
       continue
-    fig = Figure(figsize=(5.0 * len(panels), 3.8))
+    width, height = 5.0 * len(panels), 3.8
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     lines = 0
+    handles: Dict[str, Any] = {}  # line name -> its first line (same style in every panel)
+    targets: Dict[str, Any] = {}
     for i, (ylabel, yfn, logy, *target) in enumerate(panels):
       ax = fig.add_subplot(1, len(panels), i + 1)
-      for (mach, tag, model), pts in series.items():
+      for j, ((mach, tag, model), pts) in enumerate(series.items()):
         xy = [(x, yfn(r)) for x, r in sorted(pts.items()) if yfn(r) is not None]
         if xy:
-          ax.plot(*zip(*xy), marker="o", label=f"{mach} {tag} {model}".strip())
+          name = f"{mach} {tag} {model}".strip()
+          line, = ax.plot(*zip(*xy), color=f"C{j % 10}",
+                          marker=_MARKERS[j // 10 % len(_MARKERS)], label=name)
+          handles.setdefault(name, line)
           lines += 1
       if target and ax.lines:
-        ax.axhline(target[0], color="gray", linestyle="--", linewidth=1,
-                   label=f"the issue's target ({target[0]:g})")
+        name = f"the issue's target ({target[0]:g})"
+        targets.setdefault(name, ax.axhline(target[0], color="gray", linestyle="--",
+                                            linewidth=1, label=name))
       ax.set_xscale("log")
       if logy:
         ax.set_yscale("log")
       ax.set_xlabel(xkey.replace("_", " "))
       ax.set_ylabel(ylabel)
       ax.grid(True, alpha=0.3)
-      if ax.lines:
-        ax.legend(fontsize=6)
     fig.suptitle(title)
-    fig.tight_layout()
+    if handles:
+      _legend(fig, handles, targets, width, height)
+    else:
+      fig.tight_layout()
     fig.savefig(os.path.join(out_dir, fname), dpi=100)
     written[fname] = lines
   return written

@@ -50,6 +50,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "benchmarks")
 sys.path.insert(0, ROOT)
 
+from benchmarks import paths  # noqa: E402  (no JAX import)
+
 STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers")
 
 FLAGS = flags.FLAGS
@@ -69,7 +71,8 @@ def define_flags():
   flags.DEFINE_list("skip", [], "Steps not to run.")
   flags.DEFINE_bool("dry_run", False,
                     "Check every step's flags, print the commands, run none.")
-  flags.DEFINE_string("results_dir", "", "Where the rows and logs go (default: "
+  flags.DEFINE_string("results_dir", paths.results_dir(), "Where the rows and logs go "
+                      "(default: $FEDJAX_ASYNC_BENCH_RESULTS when set, else "
                       "benchmarks/results).")
   flags.DEFINE_string("peers_python", os.path.join(ROOT, ".venv-peers", "bin", "python"),
                       "The peers' Python (pfl, Flower); see "
@@ -245,7 +248,7 @@ def summary(done: List[tuple]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  results = os.path.abspath(FLAGS.results_dir or os.path.join(HERE, "results"))
+  results = os.path.abspath(FLAGS.results_dir or paths.results_dir())
   env = allocator_env(FLAGS.allocator,
                       dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results))
   p = detect_platform()

@@ -14,13 +14,16 @@ dual y_i and the last local model w_i) kept in ``SimState.client_state`` on the 
   peak RSS over N gives the measured bytes per simulated client, compared with what its
   state strictly needs: 2 d x 4 B (dual, last local) + M x (features + 1) x 4 B (data,
   labels), and the largest N that fits in ``--budget_gib`` is (budget - intercept) /
-  slope. ``--verify=model:N:K`` runs one configuration near that limit.
+  slope (every N at least the fixed K, ``--k_fixed_logreg`` / ``--k_fixed_cnn``).
+  ``--verify=model:N:K`` (N >= K) runs one configuration near that limit.
 
 The round runs as the engine would run it by default (``--client_chunk=-1``: the CNN one
 client at a time on CPU, logistic regression in one vmap of K); ``--client_chunk=0``
-forces one vmap of all K. With chunks, FedAvg's uploads are summed chunk by chunk
-(``EngineConfig.stream_uploads``, the default), so the K sweep's memory does not hold a
-``[K, d]`` uploads block; ``--nostream_uploads`` keeps it (the layout before), and
+forces one vmap of all K. With chunks, every algorithm with a streamed server
+(``Algorithm.streamed_server``: FedAvg, FedProx, FedNova, FedADMM, and PAFed through
+DUCC's running sums) folds its uploads in chunk by chunk (``EngineConfig.stream_uploads``,
+the default), so neither the K sweep's FedAvg nor the N sweep's PAFed holds a ``[K, d]``
+uploads block; ``--nostream_uploads`` keeps it (the layout before), and
 ``--sweep=k_fit`` runs the K sweep both ways, fits peak memory over K for each and
 reports the largest K per round that fits in ``--budget_gib``. (On an
 accelerator the CNN's default is one vmap of K, which keeps the block: give
@@ -78,7 +81,11 @@ def parse_verify(spec: str):
   if not ok:
     raise ValueError(f"--verify: expected model:N:K with model logreg or cnn and N, K "
                      f"integers >= 1 (e.g. logreg:500000:100), got {spec!r}")
-  return parts[0], int(parts[1]), int(parts[2])
+  model, n, k = parts[0], int(parts[1]), int(parts[2])
+  if n < k:
+    raise ValueError(f"--verify: expected model:N:K with N >= K (a round samples K of the "
+                     f"N clients), got N = {n} < K = {k} in {spec!r}")
+  return model, n, k
 
 
 def _check_verify(spec: str) -> bool:
@@ -91,12 +98,40 @@ def _check_verify(spec: str) -> bool:
 
 
 flags.register_validator("verify", _check_verify)
+
+
+def _check_n_sweep(v) -> bool:
+  """The N sweep's N (``--n_logreg`` / ``--n_cnn``) must be >= its fixed K, for each model
+  it runs on."""
+  if "n" not in (v["sweep"] or ()):
+    return True
+  for model in v["models"] or ():
+    ns_flag, k_flag = f"n_{model}", f"k_fixed_{model}"
+    if ns_flag not in v:  # an unknown model: --models's own check names it
+      continue
+    try:
+      small = [n for n in v[ns_flag] if int(n) < v[k_flag]]
+    except (TypeError, ValueError):  # not integers: --n_<model>'s own check names it
+      return True
+    if small:
+      raise flags.ValidationError(
+          f"--{ns_flag}: each N must be >= --{k_flag}={v[k_flag]} (the N sweep samples "
+          f"K = {v[k_flag]} of the N clients per round), got {','.join(small)}")
+  return True
+
+
+flags.register_multi_flags_validator(
+    ["sweep", "models", "n_logreg", "n_cnn", "k_fixed_logreg", "k_fixed_cnn"],
+    _check_n_sweep)
+
 flags.DEFINE_string("child", "", "Internal: model:K:N:M:algorithm to run in this process.")
 flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
                      "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
                      "0: all K in one vmap).", lower_bound=-1)
-flags.DEFINE_boolean("stream_uploads", True, "Engine: with client chunks, sum FedAvg's "
-                     "uploads chunk by chunk (no [K, d] block).")
+flags.DEFINE_boolean("stream_uploads", True, "Engine: with client chunks, fold the "
+                     "uploads in chunk by chunk (no [K, d] block) for every algorithm with a "
+                     "streamed server (Algorithm.streamed_server: FedAvg, FedProx, FedNova, "
+                     "FedADMM, and PAFed through DUCC's running sums).")
 flags.DEFINE_integer("reps", 1, "Timed repetitions after the warm-up (best is reported).",
                      lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")

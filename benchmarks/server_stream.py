@@ -29,12 +29,20 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
+from fedjax_async import algorithms  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import pafed  # noqa: E402
 
+# The algorithms whose server folds the uploads in chunk by chunk (the others keep them
+# as a [K, d] block whatever EngineConfig.stream_uploads says: nothing to compare).
+STREAMED = tuple(n for n in algorithms.names()
+                 if algorithms.get(n).streamed_server is not None)
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("algorithms", ["pafed", "fedavg"], "Algorithms with a streamed server.")
-flags.DEFINE_list("clients", ["50"], "Clients per round K.")
+flagcheck.choice_list("algorithms", ["pafed", "fedavg"], STREAMED,
+                      "Algorithms with a streamed server (Algorithm.streamed_server).")
+flags.DEFINE_list("clients", ["50"], "Clients per round K (each >= 2).")
 flags.DEFINE_string("model", "cnn", "Benchmark model (benchmarks.common.MODELS).")
 flags.DEFINE_integer("examples", 60, "Examples per client M.", lower_bound=1)
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
@@ -54,9 +62,22 @@ def parse_clients(values):
     ks = [int(v) for v in values]
   except ValueError:
     raise app.UsageError(f"--clients: expected integers, got {values}") from None
+  if not ks:
+    raise app.UsageError("--clients: expected a non-empty comma-separated list of K")
   if any(k < 2 for k in ks):
     raise app.UsageError(f"--clients: need K >= 2 (two chunks or more), got {ks}")
   return ks
+
+
+def _check_clients(values) -> bool:
+  try:
+    parse_clients(values)
+  except app.UsageError as e:
+    raise flags.ValidationError(str(e)) from None
+  return True
+
+
+flags.register_validator("clients", _check_clients)
 
 
 def round_row(alg: str, k: int) -> dict:

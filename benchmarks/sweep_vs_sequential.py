@@ -34,6 +34,10 @@ from fedjax_async import timeline as timeline_lib  # noqa: E402
 experiment.define_flags()
 flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
+flags.register_validator(
+    "algorithm", lambda v: all(n in algorithms.names() for n in v.split(",")),
+    message=f"--algorithm: expected one of {', '.join(algorithms.names())} (or a "
+            "comma-separated list of them: the first is run)")
 FLAGS = flags.FLAGS
 
 
@@ -77,12 +81,15 @@ def timed(fn):
 
 def main(argv):
   del argv
-  base = experiment.config_from_flags(FLAGS)
-  name = base.algorithm.split(",")[0]
-  base = dataclasses.replace(base, algorithm=name)
-  cfgs = sweep.grid(base, {}, FLAGS.runs)
-  fed = experiment.load_data(base)
-  model = experiment.build_model(base, fed)
+  try:  # a bad run flag: one line naming it (as experiments/run.py says it), no traceback
+    base = experiment.config_from_flags(FLAGS)
+    name = base.algorithm.split(",")[0]
+    base = dataclasses.replace(base, algorithm=name)
+    cfgs = sweep.grid(base, {}, FLAGS.runs)
+    fed = experiment.load_data(base)
+    model = experiment.build_model(base, fed)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   # Sequential timelines may have different K (one compile each): that is what separate
   # runs cost. Runners are built once: pass 0 compiles, passes 1.. are steady state.
   seq_runner, ecfg = sequential_runner(cfgs, name, fed, model)

@@ -79,6 +79,8 @@ def test_choice_list_flag_rejects_unknown_items_naming_the_flag():
     (["--systems=engine,pfll"], "--systems: unknown pfll"),
     (["--reps=0"], "--reps: must be >= 1"),
     (["--client_chunk=-2"], "--client_chunk: must be -1"),
+    (["--systems="], "--systems: expected a non-empty comma-separated list"),
+    (["--systems=engine,"], "--systems: expected a non-empty comma-separated list"),
 ])
 def test_peers_rejects_bad_flags_naming_the_flag(argv, message, capsys):
   from benchmarks import peers  # pylint: disable=g-import-not-at-top
@@ -340,8 +342,11 @@ def test_report_says_why_a_peer_did_not_run():
           _row("peers", "a", "2026-01-01T00:00:00Z", system="flower", clients_per_round=50,
                s_per_round=float("nan"), note="exit 1: ray | failed")]
   text = report.render(rows)
-  assert "| pfl | 50 | 0.8 | - | - | 1.25x |  |" in text
-  assert "| flower | 50 | - | - | - | - | NOT RUN: exit 1: ray / failed |" in text
+  # the reason stands in the s/round cell: no nameless trailing column
+  assert ("| machine | tag | system | K | s/round | GFLOP/s | fraction of peak | "
+          "engine speed-up over it |\n|---|---|---|---|---|---|---|---|\n") in text
+  assert "| pfl | 50 | 0.8 | - | - | 1.25x |\n" in text
+  assert "| flower | 50 | NOT RUN: exit 1: ray / failed | - | - | - |\n" in text
 
 
 def test_report_names_the_file_and_line_of_a_bad_row(tmp_path):
@@ -515,3 +520,179 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
       [sys.executable, os.path.join(common.ROOT, "benchmarks", "server_stream.py"),
        "--clients=1"], env=env, capture_output=True, text=True, timeout=120)
   assert bad.returncode != 0 and "--clients: need K >= 2" in bad.stderr
+
+
+# ------------------------------------------------- flags checked up front, results folder
+
+
+@pytest.mark.parametrize("script,argv,message", [
+    ("min_depth.py", ["--composite=x:y"], "--composite: expected a non-empty comma-separated "
+     "list of g:f iteration counts"),
+    ("min_depth.py", ["--composite=2"], "--composite: expected"),
+    ("min_depth.py", ["--composite=0:0"], "--composite: expected"),
+    ("min_depth.py", ["--ring_dim=3000"], "--ring_dim: expected 0 (unset) or a power of two"),
+    ("ducc_round.py", ["--ring_dim=3000"], "--ring_dim: expected 0 (unset) or a power of two"),
+    ("ducc_round.py", ["--kt_recipients=9", "--num_clients=4"],
+     "--kt_recipients: must be <= --num_clients"),
+    ("server_stream.py", ["--algorithms=fedfoo"],
+     "--algorithms: each item must be one of fedavg, fedprox, fednova, fedadmm, pafed"),
+    ("server_stream.py", ["--algorithms=fedasync"], "--algorithms: each item must be one of"),
+    ("sweep_vs_sequential.py", ["--algorithm=foo"], "--algorithm: expected one of fedavg"),
+    ("scaling.py", ["--verify=cnn:2:4"], "--verify: expected model:N:K with N >= K"),
+    ("scaling.py", ["--k_fixed_logreg=20", "--n_logreg=10,100"],
+     "--n_logreg: each N must be >= --k_fixed_logreg=20"),
+    ("scaling.py", ["--models=cnn", "--k_fixed_cnn=50", "--n_cnn=20,100"],
+     "--n_cnn: each N must be >= --k_fixed_cnn=50"),
+    ("fraction_of_peak.py", ["--examples=5", "--batch=10"], "--examples: must be >= --batch"),
+    # empty lists: they used to run nothing (conv_in_scan wrote an empty table)
+    ("client_sizes.py", ["--mixes="], "--mixes: expected a non-empty comma-separated list"),
+    ("client_sizes.py", ["--mixes=2000x2", "--max_examples=1000"],
+     "--mixes: sizes must be in [1, --max_examples=1000]"),
+    ("conv_in_scan.py", ["--impls="], "--impls: each item must be one of"),
+    ("conv_formulation.py", ["--impls="], "--impls: each item must be one of"),
+    ("server_stream.py", ["--clients="], "--clients: expected a non-empty"),
+    ("server_stream.py", ["--algorithms="], "--algorithms: each item must be one of"),
+    ("min_depth.py", ["--composite="], "--composite: expected a non-empty"),
+])
+def test_bad_flag_values_are_refused_up_front_naming_the_flag(script, argv, message):
+  proc = _check_args(script, *argv)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("min_depth.py", ["--composite=0:3,3:2", "--ring_dim=65536"]),
+    ("ducc_round.py", ["--kt_recipients=4", "--num_clients=4", "--ring_dim=32768"]),
+    ("server_stream.py", ["--algorithms=fedprox,fednova,fedadmm"]),
+    ("scaling.py", ["--verify=cnn:4:4"]),
+    ("scaling.py", ["--sweep=k", "--k_fixed_logreg=20", "--n_logreg=10"]),  # no N sweep
+    ("fraction_of_peak.py", ["--client_chunk=-1", "--examples=10", "--batch=10"]),
+    ("cnn_profile.py", ["--tag=t"]),
+])
+def test_good_flag_values_pass_the_checks(script, argv):
+  proc = _check_args(script, *argv)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _python(code, cwd=None, **env):
+  return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                        text=True, timeout=300,
+                        env=dict(common.child_env(JAX_PLATFORMS="cpu"), **env))
+
+
+def test_sweep_vs_sequential_names_a_bad_run_flag_in_one_line():
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "sweep_vs_sequential.py"),
+       "--participation=2"], env=common.child_env(JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert "error: --participation: must be in (0, 1], got 2.0" in proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_run_all_takes_its_results_dir_from_the_environment(tmp_path):
+  run = lambda *argv: subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--dry_run",
+       "--only=multidevice", *argv],
+      env=common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path / "e")),
+      capture_output=True, text=True, timeout=300)
+  proc = run()
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"rows to {tmp_path / 'e'};" in proc.stdout
+  proc = run(f"--results_dir={tmp_path / 'f'}")  # the flag still wins
+  assert f"rows to {tmp_path / 'f'};" in proc.stdout
+  assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_classification_error_writes_under_the_results_dir_not_the_cwd(tmp_path):
+  cwd, results = tmp_path / "cwd", tmp_path / "results"
+  cwd.mkdir()
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "classification_error.py"),
+       "--preset=insecure_test", "--depths=1"], cwd=cwd,
+      env=common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(results)),
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert (results / "classification_error.csv").read_text().startswith("d,depth,")
+  assert list(cwd.iterdir()) == []
+  # without the variable: this checkout's benchmarks/results, wherever the run starts
+  env = common.child_env()
+  env.pop("FEDJAX_ASYNC_BENCH_RESULTS", None)
+  out = subprocess.run(
+      [sys.executable, "-c", "from absl import flags; "
+       "from benchmarks import classification_error; flags.FLAGS(['x']); "
+       "print(flags.FLAGS.out_csv)"], cwd=cwd, env=env, capture_output=True, text=True,
+      timeout=300)
+  assert out.stdout.strip() == os.path.join(common.ROOT, "benchmarks", "results",
+                                            "classification_error.csv"), out.stderr[-2000:]
+
+
+def test_scaling_says_every_streamed_server_folds_its_uploads_in():
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "scaling.py"), "--help"],
+      env=common.child_env(), capture_output=True, text=True, timeout=120)
+  text = " ".join(proc.stdout.split())
+  assert "FedAvg's uploads" not in text
+  assert "FedAvg, FedProx, FedNova, FedADMM, and PAFed through DUCC's running sums" in text
+  assert text.count("Algorithm.streamed_server") >= 2  # the docstring and --stream_uploads
+
+
+def test_cnn_profile_rows_carry_the_tag():
+  proc = _python(
+      "from absl import flags; import jax.numpy as jnp; from benchmarks import cnn_profile; "
+      "flags.FLAGS(['x', '--tag=t1', '--reps=1']); rows = []; "
+      "cnn_profile.measure('add', jnp.add, (jnp.ones(4), jnp.ones(4)), 1.0, 1.0, rows); "
+      "print('TAG', rows[0]['tag'])")
+  assert "TAG t1" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_fraction_of_peak_chunks_clients_as_the_engine_does_by_default():
+  # as throughput.py, scaling.py and peers.py: -1, the engine's own choice
+  proc = _python("from absl import flags; from benchmarks import fraction_of_peak; "
+                 "print('DEFAULT', flags.FLAGS['client_chunk'].default)")
+  assert "DEFAULT -1" in proc.stdout, proc.stderr[-2000:]
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  # run_all's full runs still say which chunking they measure
+  for p in (run_all.Platform("cpu", 1, "cpu", 2), run_all.Platform("gpu", 1, "H100", 16)):
+    assert all(any(a.startswith("--client_chunk=") for a in s.args)
+               for s in run_all.plan(p, False, "py") if s.name == "fraction_of_peak")
+
+
+def test_report_figure_legend_sits_below_the_panels_and_names_a_few_lines(tmp_path,
+                                                                          monkeypatch):
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  saved = []
+  savefig = Figure.savefig
+  monkeypatch.setattr(Figure, "savefig",
+                      lambda fig, *a, **kw: (saved.append(fig), savefig(fig, *a, **kw))[1])
+  rows = [_row("scaling", f"tag{t}", "2026-01-01T00:00:00Z", sweep="n", model="logreg",
+               clients_per_round=10, num_clients=n, s_per_round=0.001 * t + 0.01,
+               peak_rss=n * 2e4) for t in range(40) for n in (100, 1000)]
+  assert report.plot(rows, str(tmp_path)) == {"scaling_n.png": 80}
+  fig, = saved
+  assert all(ax.get_legend() is None for ax in fig.axes)  # nothing over the axes
+  legend, = fig.legends
+  texts = [t.get_text() for t in legend.get_texts()]
+  assert len(texts) == report.LEGEND_MAX + 1
+  assert texts[-1].startswith(f"... and {40 - report.LEGEND_MAX} more lines")
+  fig.canvas.draw()
+  box = legend.get_window_extent()
+  assert all(box.y1 <= ax.get_window_extent().y0 for ax in fig.axes)  # below the panels
+
+
+def test_peers_says_a_peer_did_not_run_instead_of_a_nan_speed_up(monkeypatch, tmp_path,
+                                                                 capsys):
+  from benchmarks import peers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path))
+  monkeypatch.setattr(peers, "run_peer", lambda name, args: (
+      (None, "exit 1: ray failed") if name == "flower" else ({"s_per_round": 2.0}, None)))
+  small_matmul = common.matmul_runner
+  monkeypatch.setattr(common, "matmul_runner", lambda n=2048: small_matmul(256))
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(models, "train_step_flops", lambda *a: 1e6)
+  peers.main_driver(["--systems=pfl,flower", "--reps=1", "--tag=test"])
+  out = capsys.readouterr().out
+  assert "nan" not in out
+  assert "[peers] flower  did not run: exit 1: ray failed" in out
+  assert "[peers] pfl     2 s/round" in out  # no engine ran: no speed-up over it

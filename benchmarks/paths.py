@@ -1,0 +1,23 @@
+"""Where the benchmarks write their rows (no JAX import: the crypto benchmarks,
+``report.py`` and ``run_all.py`` use it as well as ``common``).
+
+``RESULTS_DIR``: the folder named by ``FEDJAX_ASYNC_BENCH_RESULTS`` when it is set (what
+``run_all.py --results_dir`` sets for its steps), else ``benchmarks/results`` of this
+checkout, whatever the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_ENV = "FEDJAX_ASYNC_BENCH_RESULTS"
+
+
+def results_dir() -> str:
+  """``$FEDJAX_ASYNC_BENCH_RESULTS`` when set (and not empty), else
+  ``<repo>/benchmarks/results``."""
+  return os.environ.get(RESULTS_ENV) or os.path.join(ROOT, "benchmarks", "results")
+
+
+RESULTS_DIR = results_dir()
