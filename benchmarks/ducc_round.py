@@ -60,8 +60,9 @@ flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "the uncontended wall time on a shared machine); wall: perf_counter.")
 
 CONSTANT_STAGES = ("min",)
-STAGES = ("client_encrypt", "inner_products", "min", "weighting", "division", "projection",
-          "eq17", "key_transform", "decrypt")
+# "normalise": S0's ||m||^2 for S1 and S1's masked 1/||m|| (the Min's unit mean, Sec. V-A).
+STAGES = ("client_encrypt", "normalise", "inner_products", "min", "weighting", "division",
+          "projection", "eq17", "key_transform", "decrypt")
 
 
 def reference(w, online, delayed, alphas, d):

@@ -696,3 +696,24 @@ def test_peers_says_a_peer_did_not_run_instead_of_a_nan_speed_up(monkeypatch, tm
   assert "nan" not in out
   assert "[peers] flower  did not run: exit 1: ray failed" in out
   assert "[peers] pfl     2 s/round" in out  # no engine ran: no speed-up over it
+
+
+def test_ducc_round_times_every_stage_of_the_protocol(tmp_path):
+  # Insecure toy parameters (ring 2^11): the CSV has a column per stage of
+  # secure_pafed_step's breakdown, the normalisation exchange (Sec. V-A) among them.
+  out = tmp_path / "dr.csv"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "ducc_round.py"),
+       "--security=insecure", "--dims=1024,2048", "--ring_dim=2048", "--min_depth=3",
+       "--online=2", "--delayed=2", "--num_clients=3", "--target_dim=0",
+       f"--out_csv={out}"], env=common.child_env(), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  import csv  # pylint: disable=g-import-not-at-top
+  rows = list(csv.DictReader(open(out)))
+  assert [r["chunks"] for r in rows] == ["1", "2"]
+  stages = ["client_encrypt", "normalise", "inner_products", "min", "weighting", "division",
+            "projection", "eq17", "key_transform", "decrypt"]
+  assert list(rows[0])[2:2 + len(stages)] == stages
+  for r in rows:
+    assert all(float(r[s]) > 0 for s in stages)
