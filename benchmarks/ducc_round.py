@@ -109,9 +109,12 @@ def main(argv):
   dims = [int(d) for d in FLAGS.dims]
   t0, c0 = time.perf_counter(), time.process_time()
   rec = list(range(FLAGS.kt_recipients)) if FLAGS.kt_recipients else None
-  proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
-                                    ring_dim=FLAGS.ring_dim or None, recipients=rec,
-                                    seed=0)
+  try:
+    proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
+                                      ring_dim=FLAGS.ring_dim or None, recipients=rec,
+                                      seed=0)
+  except ValueError as e:  # a ring too small for the security level
+    raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
   setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
   cc = proto.cc
   print(f"setup (KDC keygen) {setup:.1f}s wall, {setup_cpu:.1f}s cpu: N={cc.GetRingDimension()} "

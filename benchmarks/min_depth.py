@@ -216,7 +216,10 @@ def main(argv):
   a_vals, b_vals = rng.uniform(0, 1, max_slots), rng.uniform(0, 1, max_slots)
   rows = []
   for name, family, depth, fn in methods():
-    row = run_one(name, depth, fn, a_vals, b_vals, preset, FLAGS.ring_dim)
+    try:
+      row = run_one(name, depth, fn, a_vals, b_vals, preset, FLAGS.ring_dim)
+    except ValueError as e:  # a ring too small for the security level at this depth
+      raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
     row["family"] = family
     rows.append(row)
     print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"

@@ -717,3 +717,16 @@ def test_ducc_round_times_every_stage_of_the_protocol(tmp_path):
   assert list(rows[0])[2:2 + len(stages)] == stages
   for r in rows:
     assert all(float(r[s]) > 0 for s in stages)
+
+
+@pytest.mark.parametrize("script,args", [
+    ("ducc_round.py", ["--dims=1024", "--target_dim=0"]),
+    ("min_depth.py", ["--security=128"]),
+])
+def test_a_ring_too_small_for_128_bit_security_names_the_flag(script, args):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", script), "--ring_dim=4096"]
+      + args, env=common.child_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "--ring_dim=4096: ring dimension 4096 is too small" in proc.stderr
+  assert "Traceback" not in proc.stderr

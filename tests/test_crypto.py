@@ -280,3 +280,11 @@ def test_secure_preset_128_bit_round_matches_plaintext():
   got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_EXACT))
   assert np.max(np.abs(got - want)) < 1e-4
+
+
+def test_a_ring_too_small_for_the_security_level_is_named():
+  # OpenFHE's RuntimeError (a source path and line) becomes a ValueError that says which
+  # ring, preset and depth, and the ring OpenFHE needs.
+  with pytest.raises(ValueError, match=r"ring dimension 4096 is too small for the 'secure' "
+                                       r"preset .* at depth 28: OpenFHE needs 65536"):
+    ckks.make_context(28, "secure", 4096)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Dict, List, Optional, Sequence
 
 # OpenFHE parallelises with OpenMP; on a small shared machine oversubscribed OpenMP threads
@@ -119,7 +120,15 @@ def make_context(depth: int, preset="secure", ring_dim: Optional[int] = None):
   params.SetScalingModSize(preset.scaling_mod_size)
   params.SetFirstModSize(preset.first_mod_size)
   params.SetScalingTechnique(openfhe.FLEXIBLEAUTO)
-  cc = openfhe.GenCryptoContext(params)
+  try:
+    cc = openfhe.GenCryptoContext(params)
+  except RuntimeError as e:  # OpenFHE refuses a ring too small for the security level
+    if rd is None or "ring dimension" not in str(e):
+      raise
+    need = re.findall(r"\((\d+)\)", str(e))
+    raise ValueError(f"ring dimension {rd} is too small for the {preset.name!r} preset "
+                     f"({preset.security_level}) at depth {depth}: OpenFHE needs "
+                     f"{need[-1] if need else 'a larger one'}") from None
   for feature in (openfhe.PKE, openfhe.KEYSWITCH, openfhe.LEVELEDSHE, openfhe.ADVANCEDSHE):
     cc.Enable(feature)
   return cc
