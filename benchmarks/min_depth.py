@@ -50,6 +50,12 @@ flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or No
 flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
 flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
 flagcheck.int_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
+CHEB_MAX_DEGREE = 2031  # the last row of cheb_depth's table (OpenFHE's depth table)
+flags.register_validator(
+    "cheb_degrees", lambda v: all(not str(x).strip().lstrip("-").isdigit()
+                                  or int(x) <= CHEB_MAX_DEGREE for x in v),
+    message=f"--cheb_degrees: each degree must be at most {CHEB_MAX_DEGREE} (OpenFHE's "
+            "Chebyshev depth table)")
 
 
 def parse_composite(spec: str):
@@ -148,7 +154,7 @@ def methods():
 def cheb_depth(degree: int) -> int:
   """OpenFHE's Paterson-Stockmeyer Chebyshev depth table (FUNCTION_EVALUATION.md)."""
   for bound, depth in ((5, 3), (13, 4), (27, 5), (59, 6), (119, 7), (247, 8), (495, 9),
-                       (1007, 10), (2031, 11)):
+                       (1007, 10), (CHEB_MAX_DEGREE, 11)):
     if degree <= bound:
       return depth
   raise ValueError(degree)

@@ -531,6 +531,8 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("min_depth.py", ["--composite=2"], "--composite: expected"),
     ("min_depth.py", ["--composite=0:0"], "--composite: expected"),
     ("min_depth.py", ["--ring_dim=3000"], "--ring_dim: expected 0 (unset) or a power of two"),
+    ("min_depth.py", ["--cheb_degrees=59,3000"], "--cheb_degrees: each degree must be at "
+     "most 2031"),
     ("ducc_round.py", ["--ring_dim=3000"], "--ring_dim: expected 0 (unset) or a power of two"),
     ("ducc_round.py", ["--kt_recipients=9", "--num_clients=4"],
      "--kt_recipients: must be <= --num_clients"),
