@@ -13,11 +13,13 @@ seeds of average best and final accuracy per setting), ``aggregate.png`` (that m
 against the first swept value) and ``sweep.json``. Diverged runs are left out of the means
 (counted in the ``diverged`` column).
 
-Each computation's runs are written as soon as it finishes: after an interruption,
-``--resume`` reads back the runs already stored under ``--output_dir`` with the same
-configuration and runs only the others (stored runs made with other flags are run again,
-naming the flags). ``--checkpoint_every``, ``--keep_checkpoints`` and ``--tensorboard`` are
-not supported by sweeps and are refused when given.
+``--output_dir`` defaults to ``runs/sweep``; one that holds a sweep is refused unless
+``--resume`` or ``--overwrite`` (which deletes the sweep's own outputs there first). Each
+computation's runs are written as soon as it finishes: after an interruption, ``--resume``
+reads back the runs already stored under ``--output_dir`` with the same configuration and
+runs only the others (stored runs made with other flags are run again, naming the flags).
+``--checkpoint_every``, ``--keep_checkpoints`` and ``--tensorboard`` are not supported by
+sweeps and are refused when given.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from fedjax_async import sweep  # noqa: E402
 
 experiment.define_flags()
 sweep.define_sweep_flags()
+flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's runs/latest
 
 
 def main(argv):

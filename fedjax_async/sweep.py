@@ -593,6 +593,11 @@ def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
   return out
 
 
+# What a sweep writes in --output_dir: refused there without --resume (read the finished
+# runs back) or --overwrite (delete these first), as experiments/run.py does.
+SWEEP_OUTPUTS = ("runs", "sweep.json", "aggregate.csv", "aggregate.md", "aggregate.png")
+
+
 def check_unsupported_flags(FLAGS) -> None:
   """--checkpoint_every, --keep_checkpoints and --tensorboard given to a sweep: ValueError
   (sweeps write each computation's runs when it finishes; --resume reuses them)."""
@@ -630,6 +635,8 @@ def main_from_flags(FLAGS):
     names = list(sweeps)
     cfgs = grid(base, sweeps, FLAGS.num_seeds)
     devices = sharding.select_devices(base.devices)  # the run axis is split over them
+    experiment.prepare_output_dir(base.output_dir, base.resume, base.overwrite,
+                                  SWEEP_OUTPUTS)
     fed_data, _ = load_checked(base)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None

@@ -2,6 +2,7 @@
 (sweep.py, pafed_table.py, async_family.py); pafed_table's stored runs against its flags;
 async_family's progress lines."""
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,27 @@ SWEEP_ARGS = ["--algorithm=fedavg", "--num_clients=5", "--rounds=2", "--checkpoi
 def test_sweep_errors(tmp_path, args, message):
   out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}"] + args)
   assert_one_line_error(out, message)
+
+
+def test_sweep_into_a_sweep_directory_is_refused_unless_resume_or_overwrite(tmp_path):
+  """A second sweep into an --output_dir holding one is refused before any work (as
+  experiments/run.py refuses a run directory); --overwrite deletes the sweep's own
+  outputs, and nothing else, then runs."""
+  (tmp_path / "runs" / "fedavg" / "old_run").mkdir(parents=True)
+  (tmp_path / "sweep.json").write_text("{}")
+  (tmp_path / "notes.txt").write_text("mine")
+  out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}"])
+  assert_one_line_error(out, f"error: --output_dir: {tmp_path} already holds a run (runs, "
+                        "sweep.json): pass --resume to continue it, --overwrite to start "
+                        "over, or another --output_dir")
+  out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}", "--resume", "--overwrite"])
+  assert_one_line_error(out, "error: --overwrite: cannot be combined with --resume")
+  out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}", "--overwrite"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert not (tmp_path / "runs" / "fedavg" / "old_run").exists()
+  assert (tmp_path / "notes.txt").read_text() == "mine"
+  assert json.loads((tmp_path / "sweep.json").read_text())["runs"]
+  assert sorted(os.listdir(tmp_path / "runs" / "fedavg")) == ["seed=0"]
 
 
 def test_sweep_missing_idx_file_is_named(tmp_path):
