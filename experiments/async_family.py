@@ -314,6 +314,13 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
 
 
 def main(argv):
+  """Ctrl-C / SIGTERM: one line (these runs take no checkpoints), exit status 130 / 143."""
+  experiment.exit_on_interrupt(
+      lambda: _main(argv), "virtual-clock runs take no checkpoints: the metrics of the "
+      f"arrivals so far are under {FLAGS.output_dir}; rerun the same command to start again")
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   experiment.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing

@@ -117,17 +117,22 @@ def validate():
       raise app.UsageError(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
   if not bases or not variants:
     raise app.UsageError("--bases and --variants must not be empty")
-  checks = [("rounds", FLAGS.rounds >= 1), ("hidden", FLAGS.hidden >= 1),
-            ("train_subset", FLAGS.train_subset >= 0), ("test_subset", FLAGS.test_subset >= 0),
-            ("target_accuracy", 0 < FLAGS.target_accuracy <= 1), ("lr", FLAGS.lr > 0),
-            ("mu", FLAGS.mu >= 0), ("base_epochs", FLAGS.base_epochs >= 1),
-            ("batch_size", FLAGS.batch_size >= 1), ("pretrain_epochs", FLAGS.pretrain_epochs >= 1),
-            ("encryptor_epochs", FLAGS.encryptor_epochs >= 1),
-            ("unet_width", FLAGS.unet_width >= 1), ("share_rows", FLAGS.share_rows >= 0),
-            ("rounds_per_call", FLAGS.rounds_per_call >= 1)]
-  for name, ok in checks:
+  checks = [("rounds", FLAGS.rounds >= 1, ">= 1"), ("hidden", FLAGS.hidden >= 1, ">= 1"),
+            ("train_subset", FLAGS.train_subset >= 0, ">= 0"),
+            ("test_subset", FLAGS.test_subset >= 0, ">= 0"),
+            ("target_accuracy", 0 < FLAGS.target_accuracy <= 1, "in (0, 1]"),
+            ("lr", FLAGS.lr > 0, "> 0"), ("mu", FLAGS.mu >= 0, ">= 0"),
+            ("base_epochs", FLAGS.base_epochs >= 1, ">= 1"),
+            ("batch_size", FLAGS.batch_size >= 1, ">= 1"),
+            ("pretrain_epochs", FLAGS.pretrain_epochs >= 1, ">= 1"),
+            ("encryptor_epochs", FLAGS.encryptor_epochs >= 1, ">= 1"),
+            ("unet_width", FLAGS.unet_width >= 1, ">= 1"),
+            ("share_rows", FLAGS.share_rows >= 0, ">= 0"),
+            ("rounds_per_call", FLAGS.rounds_per_call >= 1, ">= 1"),
+            ("seed", FLAGS.seed >= 0, ">= 0")]
+  for name, ok, expected in checks:
     if not ok:
-      raise app.UsageError(f"--{name} out of range: {getattr(FLAGS, name)!r}")
+      raise app.UsageError(f"--{name}: must be {expected}, got {getattr(FLAGS, name)!r}")
   if FLAGS.model not in ("cnn", "mlp", "resnet18"):
     raise app.UsageError(f"--model must be cnn, mlp or resnet18, got {FLAGS.model!r}")
   if FLAGS.model == "resnet18" and FLAGS.hidden != 512:
@@ -265,9 +270,22 @@ def write_tables(results, out_dir):
 
 
 def main(argv):
-  del argv
+  """Errors: one ``error: --flag ...`` line; Ctrl-C / SIGTERM: one line, status 130 / 143."""
+  if len(argv) > 1:
+    sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])}")
+  experiment.quiet_library_logs(FLAGS)
   apply_quick_presets()
-  alphas, ks, bases, variants = validate()
+  try:
+    setting = validate()
+  except app.UsageError as e:  # absl would print the whole help text above it
+    sys.exit(f"error: {e}")
+  experiment.exit_on_interrupt(
+      lambda: _main(*setting), "FedEDS runs take no checkpoints: table.md and rows.jsonl "
+      f"under {FLAGS.output_dir} hold the finished runs; rerun the same command to start "
+      "again")
+
+
+def _main(alphas, ks, bases, variants):
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   with open(os.path.join(FLAGS.output_dir, "flags.json"), "w") as f:
     json.dump({name: FLAGS[name].value for name in
@@ -275,7 +293,10 @@ def main(argv):
                 "hidden", "train_subset", "test_subset", "target_accuracy", "lr", "mu",
                 "base_epochs", "batch_size", "pretrain_epochs", "encryptor_epochs",
                 "unet_width", "share_rows", "transfer_mode", "seed"]}, f, indent=2)
-  pool = load_pool()
+  try:
+    pool = load_pool()
+  except (OSError, ValueError) as e:  # the messages name the file (and --data_dir)
+    sys.exit(f"error: {e}")
   results = []
   with open(os.path.join(FLAGS.output_dir, "rows.jsonl"), "w") as jsonl:
     first = True

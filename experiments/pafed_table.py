@@ -317,6 +317,9 @@ def main(argv):
     for part in ("shards", "dirichlet"):
       deltas_of[part] = sweep.parse_values("deltas", FLAGS.deltas)
     partitions = [p for p in FLAGS.partitions.split(",") if p]
+    experiment.check(bool(partitions), "partitions",
+                     f"expected a comma list of {', '.join(sorted(deltas_of))}, got "
+                     f"{FLAGS.partitions!r}")
     for p in partitions:
       experiment.check(p in deltas_of, "partitions", f"unknown partition {p!r}")
       sweep.check_values(base, "delay_fraction", deltas_of[p],
@@ -324,6 +327,9 @@ def main(argv):
     experiment.check(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
     experiment.check(FLAGS.test_subset >= 0, "test_subset",
                      f"must be >= 0, got {FLAGS.test_subset}")
+    experiment.check(FLAGS.max_runs_per_computation >= 0, "max_runs_per_computation",
+                     f"must be >= 0 (0 = all runs in one), got "
+                     f"{FLAGS.max_runs_per_computation}")
   except ValueError as e:
     sys.exit(f"error: {e}")
   algs = base.algorithm.split(",")
@@ -331,8 +337,11 @@ def main(argv):
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
   try:
-    results = run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
-                       FLAGS.read_only, mesh)
+    results = experiment.exit_on_interrupt(
+        lambda: run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
+                         FLAGS.read_only, mesh),
+        f"the runs of every finished computation are stored under {out_dir}: rerun the "
+        "same command to continue (they are read back)")
   except sweep.SetupError as e:
     sys.exit(f"error: {e}")
   if not results:

@@ -69,6 +69,11 @@ class Restored(NamedTuple):
   extra: dict
 
 
+class CheckpointError(ValueError):
+  """A checkpoint step that cannot be read (truncated, corrupted or incomplete files); the
+  message names the step's folder and what was wrong."""
+
+
 class Checkpointer:
   """Saves/restores simulation checkpoints under ``directory`` (one step per round)."""
 
@@ -95,18 +100,43 @@ class Checkpointer:
   def all_rounds(self) -> List[int]:
     return list(self.manager.all_steps())
 
+  def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return CheckpointError(f"the checkpoint of round {step} "
+                           f"({os.path.join(self.directory, str(step))}) cannot be read: "
+                           f"{type(e).__name__}: {detail}")
+
+  def restore_meta(self, round_index: Optional[int] = None) -> dict:
+    """The metadata (``round``, ``rows``, ``config``, ``extra``) of a checkpoint (default:
+    the latest) without its state, e.g. to compare its configuration first;
+    ``CheckpointError`` when it cannot be read."""
+    step = self.latest_round() if round_index is None else round_index
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint under {self.directory}")
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
+      int(meta["round"]), list(meta["rows"]), dict(meta["config"])  # pylint: disable=expression-not-assigned
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._unreadable(step, e) from None
+    return meta
+
   def restore(self, template, round_index: Optional[int] = None) -> Restored:
-    """The checkpoint of ``round_index`` (default: the latest) in ``template``'s structure."""
+    """The checkpoint of ``round_index`` (default: the latest) in ``template``'s structure;
+    ``CheckpointError`` naming the step's folder when its files cannot be read."""
     step = self.latest_round() if round_index is None else round_index
     if step is None:
       raise FileNotFoundError(f"no checkpoint under {self.directory}")
     abstract = state_to_leaves(template)
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    meta = out["meta"]
-    state = leaves_to_state(dict(out["state"]), template)
-    return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
-                    dict(meta.get("extra", {})))
+    try:
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      meta = out["meta"]
+      state = leaves_to_state(dict(out["state"]), template)
+      return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
+                      dict(meta.get("extra", {})))
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._unreadable(step, e) from None
 
   def restore_raw(self, round_index: Optional[int] = None) -> Restored:
     """Like ``restore`` without a template: ``state`` is the ``{leaf_i: array}`` dict."""

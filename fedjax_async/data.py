@@ -600,6 +600,13 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
                      f"{list(DATA_SOURCES)}")
   if num_clients < 1:
     raise ValueError(f"--num_clients: must be >= 1, got {num_clients}")
+  if seed < 0:  # numpy's own message ("expected non-negative integer") names nothing
+    raise ValueError(f"--seed: must be >= 0, got {seed}")
+  if partition == "shards" and shards_per_client < 1:
+    raise ValueError(f"--shards_per_client: must be >= 1, got {shards_per_client}")
+  for flag, v in (("synthetic_alpha", synthetic_alpha), ("synthetic_beta", synthetic_beta)):
+    if not v >= 0:  # a normal's scale ("scale < 0" from numpy otherwise)
+      raise ValueError(f"--{flag}: must be >= 0, got {v}")
   if name == "synthetic":
     return synthetic(synthetic_alpha, synthetic_beta, num_clients, iid=False, seed=seed)
   if name == "synthetic_iid":
@@ -669,7 +676,7 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   ax.set_title(title)
   fig.colorbar(im, ax=ax, label="examples")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -703,6 +710,9 @@ def main():
     folder = os.path.dirname(os.path.abspath(fl.png)) if fl.png else ""
     if folder and not os.path.isdir(folder):  # say so before loading, not after
       raise SystemExit(f"error: --png: cannot write {fl.png}: folder {folder} does not exist")
+    if fl.png and os.path.isdir(fl.png):
+      raise SystemExit(f"error: --png: {fl.png} is a directory; expected a file name such "
+                       "as hist.png")
     try:
       data = load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
                   alpha=fl.alpha, shards_per_client=fl.shards_per_client,

@@ -97,9 +97,16 @@ def check(condition: bool, flag: str, message: str):
 
 def validate(cfg: RunConfig):
   """Raises ValueError naming the offending flag."""
-  for name in cfg.algorithm.split(","):
+  names = cfg.algorithm.split(",")
+  for name in names:
     check(name in algorithms.names(), "algorithm",
           f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names())}")
+  check(len(set(names)) == len(names), "algorithm",  # one output directory per name
+        f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
+        f"once, got {cfg.algorithm!r}")
+  check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
+  check(cfg.shards_per_client >= 1, "shards_per_client",
+        f"must be >= 1, got {cfg.shards_per_client}")
   check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
   check(0.0 < cfg.participation <= 1.0, "participation",
         f"must be in (0, 1], got {cfg.participation}")
@@ -499,6 +506,21 @@ class handle_interrupts:  # pylint: disable=invalid-name
     sys.unraisablehook = self.unraisablehook
 
 
+def exit_on_interrupt(fn, how: str):
+  """``fn()``; SIGINT (Ctrl-C) or SIGTERM during it prints one line, ``interrupted
+  (SIGINT): <how>`` (``how``: what was kept and how to continue), and exits with status
+  130 / 143 instead of a traceback. For the drivers without run.py's checkpoints (sweeps,
+  the Table V driver, the virtual clock, FedEDS)."""
+  try:
+    with handle_interrupts():
+      return fn()
+  except KeyboardInterrupt as e:
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"interrupted ({signal.Signals(signum).name}): {how}", file=sys.stderr,
+          flush=True)
+    sys.exit(128 + signum)
+
+
 class CompileTimer:
   """``runner`` (a jitted chunk) compiled ahead of its first call for each new argument
   shape, saying so: the first chunk of a run is mostly compilation and would otherwise be
@@ -565,13 +587,21 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   wall_before = 0.0
   last_ckpt: List[Optional[int]] = [None]  # the round of the newest complete checkpoint
   if cfg.resume and ckpt.latest_round() is not None:
-    restored = ckpt.restore(state)
-    bad = config_mismatch(restored.config, run_cfg)
+    try:  # the flags first: another algorithm's state does not fit the template
+      saved_config = ckpt.restore_meta()["config"]
+      bad = config_mismatch(saved_config, run_cfg)
+      restored = None if bad else ckpt.restore(state)
+    except checkpoint_lib.CheckpointError as e:
+      ckpt.close()
+      earlier = [r for r in ckpt.all_rounds() if r < ckpt.latest_round()]
+      raise ValueError(f"--resume: {e}; delete that folder to resume from "
+                       + (f"the checkpoint of round {max(earlier)}" if earlier else
+                          "round 0") + ", or pass --overwrite to start over") from None
     if bad:
       ckpt.close()
       raise ValueError("--resume: the checkpoint under " + ckpt.directory + " was made "
                        "with different flags: " + ", ".join(
-                           f"--{k}={restored.config.get(k)!r} (now {run_cfg.get(k)!r})"
+                           f"--{k}={saved_config.get(k)!r} (now {run_cfg.get(k)!r})"
                            for k in bad))
     state = jax.tree.map(jnp.asarray, restored.state)
     rows_so_far = restored.rows

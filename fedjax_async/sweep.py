@@ -92,6 +92,10 @@ def check_values(base: experiment.RunConfig, name: str, values: Sequence[float],
   """Each of ``values`` is a valid ``name`` on top of ``base``; otherwise a ValueError
   naming ``--flag``, the value and what the field requires (``--sweep_delay_fraction=2``
   and pafed_table's ``--deltas=2`` are refused before any run, under their own names)."""
+  repeated = sorted({v for v in values if list(values).count(v) > 1})
+  if repeated:  # the same run twice: one folder, counted as two seeds in the means
+    raise ValueError(f"--{flag}: lists {', '.join(f'{v:g}' for v in repeated)} more than "
+                     "once")
   for v in values:
     try:
       experiment.validate(with_value(base, name, v))  # with_value checks the delay too
@@ -640,6 +644,14 @@ def main_from_flags(FLAGS):
     fed_data, _ = load_checked(base)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
+  experiment.exit_on_interrupt(
+      lambda: _run_all(FLAGS, base, cfgs, names, devices, fed_data),
+      f"the runs of every finished computation are stored under "
+      f"{os.path.join(base.output_dir, 'runs')}: rerun the same command with --resume to "
+      "run only the others")
+
+
+def _run_all(FLAGS, base, cfgs, names, devices, fed_data):
   mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
         f"{FLAGS.num_seeds} seeds) on {len(devices)} device(s)", flush=True)

@@ -263,3 +263,53 @@ def test_sigint_exits_130_with_one_line_and_no_traceback(tmp_path):
   assert re.fullmatch(r"\[pafed\] interrupted at round \d+/40; no checkpoint "
                       r"\(--checkpoint_every=0\): rerun the same command with --resume to "
                       r"start it again", err.strip()), err[-3000:]
+
+
+TINY = ["--algorithm=fedavg", "--dataset=synthetic", "--num_clients=6", "--rounds=4",
+        "--rounds_per_call=2", "--checkpoint_every=2", "--notensorboard"]
+
+
+def _break_meta(step_dir):
+  (step_dir / "meta" / "metadata").write_text('{"round": 4, "ro')  # truncated JSON
+
+
+def _drop_state(step_dir):
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(step_dir / "state")
+
+
+@pytest.mark.parametrize("damage", [_break_meta, _drop_state])
+def test_resume_from_an_unreadable_checkpoint_names_it_and_the_one_before(tmp_path, damage):
+  """A truncated or incomplete latest checkpoint: one line naming its folder and the
+  earlier checkpoint to fall back on (was a KeyError traceback or a bare JSON message);
+  deleting that folder resumes to the uninterrupted run's rows."""
+  first = run(TINY + [f"--output_dir={tmp_path}"], timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  want = without_wall(read_rows(tmp_path / "metrics.jsonl"))
+  damage(tmp_path / "checkpoints" / "4")
+  res = run(TINY + [f"--output_dir={tmp_path}", "--resume"], timeout=300)
+  assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+  last = res.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: --resume: the checkpoint of round 4 "
+                         f"({tmp_path}/checkpoints/4) cannot be read: "), last
+  assert last.endswith("delete that folder to resume from the checkpoint of round 2, or "
+                       "pass --overwrite to start over"), last
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(tmp_path / "checkpoints" / "4")
+  res = run(TINY + [f"--output_dir={tmp_path}", "--resume"], timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming from the checkpoint of round 2" in res.stdout
+  assert without_wall(read_rows(tmp_path / "metrics.jsonl")) == want
+
+
+def test_resume_with_another_algorithm_names_the_flag_not_a_state_mismatch(tmp_path):
+  """PAFed's state has other arrays than FedAvg's: the flags are compared before the state
+  is restored (it said "The truth value of an array ... is ambiguous")."""
+  first = run(TINY + [f"--output_dir={tmp_path}"], timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  res = run(TINY + [f"--output_dir={tmp_path}", "--resume", "--algorithm=pafed"],
+            timeout=300)
+  assert res.returncode == 1, res.stderr[-3000:]
+  assert res.stderr.strip().splitlines()[-1] == (
+      f"error: --resume: the checkpoint under {tmp_path}/checkpoints was made with "
+      "different flags: --algorithm='fedavg' (now 'pafed')"), res.stderr[-3000:]

@@ -53,6 +53,8 @@ SWEEP_ARGS = ["--algorithm=fedavg", "--num_clients=5", "--rounds=2", "--checkpoi
     (["--checkpoint_every=5"], "error: --checkpoint_every: not supported by sweeps"),
     (["--keep_checkpoints=3"], "error: --keep_checkpoints: not supported by sweeps"),
     (["--tensorboard"], "error: --tensorboard: not supported by sweeps"),
+    # the same run twice: one folder, counted as two seeds (std 0) in aggregate.md
+    (["--sweep_lr=0.1,0.05,0.10"], "error: --sweep_lr: lists 0.1 more than once"),
 ])
 def test_sweep_errors(tmp_path, args, message):
   out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}"] + args)
@@ -138,6 +140,10 @@ def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
     (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
      "error: --data_dir=/nonexistent_dir: no such directory"),
     (["--tensorboard"], "error: --tensorboard: not supported by sweeps"),
+    (["--partitions=,"], "error: --partitions: expected a comma list of"),  # "no runs found"
+    (["--max_runs_per_computation=-1"],  # was a StopIteration traceback
+     "error: --max_runs_per_computation: must be >= 0"),
+    (["--deltas=0,0.3,0", "--partitions=shards"], "error: --deltas: lists 0 more than once"),
 ])
 def test_pafed_table_errors(tmp_path, args, message):
   out = script(TABLE, ["--config=reduced", "--dataset=synthetic", "--num_clients=6",
@@ -187,3 +193,77 @@ def test_pafed_table_leaves_diverged_runs_out_of_its_means(tmp_path):
   (cells,) = list(csv.DictReader(open(tmp_path / "table.csv")))
   assert cells["pafed_diverged"] == "1" and cells["pafed_seeds"] == "0"
   assert cells["fedavg_diverged"] == "0" and cells["fedavg_seeds"] == "1"
+
+
+@pytest.mark.parametrize("args,message", [
+    # one output folder per name: the second run was refused after the first had run
+    (["--algorithm=fedavg,fedprox,fedavg"], "error: --algorithm: lists fedavg more than once"),
+    (["--seed=-1"], "error: --seed: must be >= 0, got -1"),  # numpy's, naming nothing
+    (["--shards_per_client=0"], "error: --shards_per_client: must be >= 1, got 0"),
+])
+def test_run_py_errors(tmp_path, args, message):
+  out = run_script.run(["--num_clients=6", "--rounds=2", f"--output_dir={tmp_path}"] + args,
+                       timeout=300)
+  assert_one_line_error(out, message)
+  assert not (tmp_path / "fedavg").exists()
+
+
+FEDEDS = os.path.join(ROOT, "experiments", "fededs_table.py")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rounds=0"], "error: --rounds: must be >= 1, got 0"),  # was the whole help text
+    (["--data_dir=/nonexistent_dir"], "error: /nonexistent_dir/train-images-idx3-ubyte"),
+    (["extra"], "error: unexpected arguments: extra"),  # was ignored
+])
+def test_fededs_table_errors(tmp_path, args, message):
+  out = script(FEDEDS, ["--quick", f"--output_dir={tmp_path}"] + args)
+  assert_one_line_error(out, message)
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+
+
+def start_interruptible(path, args):
+  """``path`` with ``args`` in the background, Python's Ctrl-C handler installed (a
+  child of a shell's background job would ignore SIGINT)."""
+  default_sigint = ("import runpy, signal, sys; "
+                    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+  return subprocess.Popen([sys.executable, "-c", default_sigint, path] + list(args),
+                          env=run_script.env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def interrupt_on(proc, marker, sig):
+  """Sends ``sig`` once a stdout line holds ``marker``; (stdout, stderr) at the end."""
+  seen = []
+  for line in proc.stdout:
+    seen.append(line)
+    if marker in line:
+      proc.send_signal(sig)
+      break
+  out, err = proc.communicate(timeout=120)
+  assert marker in "".join(seen), "".join(seen)[-2000:] + err[-2000:]
+  return "".join(seen) + out, err
+
+
+@pytest.mark.parametrize("path,args,marker,sig,says", [
+    (SWEEP, SWEEP_ARGS[:2] + ["--rounds=400", "--rounds_per_call=1", "--checkpoint_every=0"],
+     "[fedavg x1] round 1/", "SIGINT",
+     "interrupted (SIGINT): the runs of every finished computation are stored under "
+     "{out}/runs: rerun the same command with --resume to run only the others"),
+    (ASYNC, ASYNC_ARGS[:2] + ["--num_updates=3000", "--eval_every=1000",
+                              "--groups_per_call=1"], " version ", "SIGTERM",
+     "interrupted (SIGTERM): virtual-clock runs take no checkpoints: the metrics of the "
+     "arrivals so far are under {out}; rerun the same command to start again"),
+], ids=["sweep", "async_family"])
+def test_interrupted_drivers_say_so_in_one_line_without_a_traceback(tmp_path, path, args,
+                                                                     marker, sig, says):
+  """Ctrl-C / SIGTERM in sweep.py and async_family.py (they had no handler: a
+  KeyboardInterrupt traceback, or a silent death by SIGTERM)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  signum = getattr(signal, sig)
+  proc = start_interruptible(path, args + [f"--output_dir={tmp_path}"])
+  _, err = interrupt_on(proc, marker, signum)
+  assert proc.returncode == 128 + signum, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  assert err.strip().splitlines()[-1] == says.format(out=tmp_path), err[-3000:]

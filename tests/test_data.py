@@ -416,11 +416,31 @@ def test_cli_synthetic(tmp_path):
   assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_png_is_written_under_the_name_given(tmp_path):
+  """--png=NAME without an extension: matplotlib appended ".png", the CLI said "wrote NAME"."""
+  png = tmp_path / "hist"
+  out = subprocess.run(
+      [sys.executable, "-m", "fedjax_async.data", "--dataset=synthetic", "--num_clients=4",
+       f"--png={png}"], cwd=REPO, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"), check=True)
+  assert f"wrote {png}" in out.stdout
+  assert png.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "hist.png").exists()
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--dataset=nope"], "error: --dataset: unknown dataset 'nope'; choose from"),
     (["--dataset=synthetic", "--png=/nonexistent_dir/h.png"],
      "error: --png: cannot write /nonexistent_dir/h.png: folder /nonexistent_dir does not "
      "exist"),
+    # a directory: it wrote <dir>.png and said "wrote <dir>"
+    (["--dataset=synthetic", f"--png={REPO}"], f"error: --png: {REPO} is a directory"),
+    # numpy's "expected non-negative integer" / partition_shards' and "scale < 0" named
+    # no flag
+    (["--dataset=synthetic", "--seed=-1"], "error: --seed: must be >= 0, got -1"),
+    (["--dataset=synthetic", "--shards_per_client=0"],
+     "error: --shards_per_client: must be >= 1, got 0"),
+    (["--dataset=synthetic", "--synthetic_alpha=-1"],
+     "error: --synthetic_alpha: must be >= 0, got -1.0"),
 ])
 def test_cli_errors_are_one_line_naming_what_was_wrong(argv, message):
   out = subprocess.run([sys.executable, "-m", "fedjax_async.data"] + argv, cwd=REPO,
