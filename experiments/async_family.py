@@ -82,6 +82,9 @@ F.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
                  "(jax_num_cpu_devices) for --devices; 0: JAX's default (one).")
 # local training
 F.DEFINE_integer("local_epochs", 1, "E, local epochs (the step budget).")
+F.DEFINE_integer("local_steps", 0, "> 0: at most this many minibatch steps per task, "
+                 "within the E epochs (PrivaAsyncFed Alg. 1's H, Table II's 'Local Steps': "
+                 "1 for MNIST, 5 for CIFAR-10); 0: the E epochs' steps.")
 F.DEFINE_integer("batch_size", 50, "B, local minibatch size.")
 F.DEFINE_float("lr", 0.05, "Local learning rate.")
 F.DEFINE_float("momentum", 0.0, "Local SGD momentum (must be 0 for DP runs).")
@@ -139,6 +142,8 @@ def validate(fl):
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
   check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
+  check(fl.local_steps >= 0, "local_steps", f"must be >= 0 (0: E epochs), got "
+        f"{fl.local_steps}")
   check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")
   check(fl.lr > 0, "lr", f"must be > 0, got {fl.lr}")
   check(0 <= fl.momentum < 1, "momentum", f"must be in [0, 1), got {fl.momentum}")
@@ -176,7 +181,8 @@ def validate(fl):
           f"scale index beyond --scales ({len(scales)} entries)")
   clock = vc.ClockConfig(
       concurrency=fl.concurrency, num_updates=fl.num_updates, buffer_k=1,
-      epochs=fl.local_epochs, compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
+      epochs=fl.local_epochs, local_steps=fl.local_steps, batch_size=fl.batch_size,
+      compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
       comm=vc.Distribution.parse(fl.comm_time, "comm_time"), device_classes=classes,
       ring_size=fl.ring_size)
   return names, scales, clock
@@ -231,7 +237,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
     clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
   schedule = vc.simulate(clock, counts, fl.seed)
   local = client_lib.LocalConfig(fl.batch_size, fl.local_epochs, int(fed.x.shape[1]),
-                                 momentum=fl.momentum > 0)
+                                 momentum=fl.momentum > 0, local_steps=fl.local_steps)
   # 0: the whole concurrency on accelerators; 1 on CPU, where vmapping per-client weights
   # measured slower than one client per scan step (docs/async.md).
   group_size = fl.group_size or (1 if jax.default_backend() == "cpu" else fl.concurrency)
@@ -293,6 +299,8 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   summary = {
       "run": run_name, "algorithm": algo_name, "dataset": getattr(fed, "name", fl.dataset),
       "model": model_name, "num_params": int(np.size(w0)),
+      "local_work": {"local_epochs": fl.local_epochs, "local_steps": fl.local_steps,
+                     "batch_size": fl.batch_size},
       "final_accuracy": accs[-1] if accs else float("nan"),
       "best_accuracy": max(accs) if accs else float("nan"),
       "accuracy_curve": [(r["arrival_version"] + 1, r["test_accuracy"]) for r in rows

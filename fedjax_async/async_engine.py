@@ -58,7 +58,9 @@ class Arrival(NamedTuple):
   """What the server knows about one arriving update (scalars and [d] vectors)."""
 
   valid: Array  # bool: a real arrival (False in padding slots)
-  staleness: Array  # int32: t - tau, server versions between dispatch and arrival
+  # int32: server versions between dispatch and arrival (0: trained from the current
+  # model); FedAsync's and PrivaAsyncFed's Alg. 1 t - tau is this + 1
+  staleness: Array
   flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
   w_start: Array  # [d] the (masked) model the client trained from, w_tau
   mask: Array  # [d] 1 where the client holds the parameter (pruned sub-model)
@@ -174,7 +176,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
   k_init, k_drop = jax.random.split(key)
   k_noise = jax.random.fold_in(key, 0x0D15)
   init = client_lib.client_init(k_init, num_examples, lcfg, hp.get("local_epochs"))
-  budget = init.num_epochs * init.spe
+  budget = client_lib.step_budget(init, lcfg)
   opt = client_lib.local_optimizer(hp, lcfg)
   w0 = w_start * mask
   sigma = noise_std(hp, num_examples, cfg) if algorithm.dp else jnp.float32(0.0)
@@ -413,8 +415,11 @@ def full_masks(w0) -> np.ndarray:
 def client_steps(schedule: virtual_clock.Schedule, counts, cfg: client_lib.LocalConfig
                  ) -> np.ndarray:
   """Local optimiser steps each client takes over the run (for privacy accounting):
-  E * ceil(n_i / B) per kept task (without random epochs or early stopping)."""
+  E * ceil(n_i / B), at most ``cfg.local_steps``, per kept task (without random epochs or
+  early stopping)."""
   counts = np.asarray(counts)
-  spe = np.maximum(-(-counts // cfg.batch_size), 1)
+  per_task = cfg.max_epochs * np.maximum(-(-counts // cfg.batch_size), 1)
+  if cfg.local_steps:
+    per_task = np.minimum(per_task, cfg.local_steps)
   tasks = np.bincount(schedule.client[schedule.kept()], minlength=len(counts))
-  return tasks * cfg.max_epochs * spe
+  return tasks * per_task

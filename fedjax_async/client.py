@@ -45,6 +45,13 @@ class LocalConfig:
   # must then be 0). It saves two of the five parameter-sized passes of every step's
   # update, which matters for large models whose step is bound by memory traffic.
   momentum: bool = True
+  # > 0: at most this many minibatch steps per task (PrivaAsyncFed Alg. 1's H, Table II's
+  # "Local Steps"), within the E epochs' shuffles; 0: the E epochs' steps.
+  local_steps: int = 0
+
+  def __post_init__(self):
+    if self.local_steps < 0:
+      raise ValueError(f"--local_steps: must be >= 0, got {self.local_steps}")
 
   @property
   def steps_per_epoch(self) -> int:
@@ -52,7 +59,8 @@ class LocalConfig:
 
   @property
   def max_steps(self) -> int:
-    return self.max_epochs * self.steps_per_epoch
+    steps = self.max_epochs * self.steps_per_epoch
+    return min(steps, self.local_steps) if self.local_steps else steps
 
 
 class ClientResult(NamedTuple):
@@ -108,6 +116,12 @@ def client_init(key, num_examples, cfg: LocalConfig, epochs=None) -> ClientInit:
   shuffle_keys = jax.random.bits(k_perm, (cfg.max_epochs, SHUFFLE_ROUNDS, 2), jnp.uint32)
   spe = jnp.maximum((num_examples + cfg.batch_size - 1) // cfg.batch_size, 1)
   return ClientInit(shuffle_keys, num_epochs.astype(jnp.int32), spe)
+
+
+def step_budget(init: ClientInit, cfg: LocalConfig):
+  """The client's steps this task: E_i * ceil(n_i / B), at most ``cfg.local_steps``."""
+  budget = init.num_epochs * init.spe
+  return jnp.minimum(budget, cfg.local_steps) if cfg.local_steps else budget
 
 
 def _mix32(v):
@@ -267,7 +281,7 @@ def train(
   x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)
   init = client_init(k_init, num_examples, cfg, hp.get("local_epochs"))  # None: static E
-  budget = init.num_epochs * init.spe
+  budget = step_budget(init, cfg)
   opt, client_step = make_client_step(apply_flat, algorithm, w_start, client_state, hp, cfg,
                                       budget, k_drop)
 

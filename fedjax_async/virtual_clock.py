@@ -12,7 +12,10 @@ medium-fast, medium-slow and slow devices in proportions 3:3:2:2) multiplies bot
 class's slow-down factor; the class index also selects the client's pruning scale
 S[p] (PrivaAsyncFed Eq. 10). One task's completion time is (``completion_time``)
 
-    duration_i = epochs * n_i * sec_per_example_i + comm_i.
+    duration_i = examples_i * sec_per_example_i + comm_i,
+
+examples_i = epochs * n_i, or with ``local_steps`` the examples of the task's first
+``local_steps`` minibatches of B (``task_examples``).
 
 Server. C clients are in flight at once. All start at time 0 with version 0. When one
 finishes, the server receives its update at version v (the number of server updates so
@@ -113,6 +116,8 @@ class ClockConfig:
   num_updates: int = 100  # server updates (model versions) to simulate
   buffer_k: int = 1  # K: arrivals per server update (1 = FedAsync family, >1 = FedBuff)
   epochs: int = 1  # local epochs (the work is epochs * n_i examples)
+  local_steps: int = 0  # > 0: at most this many minibatches of batch_size per task
+  batch_size: int = 1  # B (read only with local_steps)
   compute: Distribution = Distribution("constant", 1e-3)  # seconds per example
   comm: Distribution = Distribution("constant", 0.0)  # seconds per task
   device_classes: tuple = ()  # DeviceClass mix; () = one class
@@ -130,11 +135,28 @@ class ClockConfig:
       raise ValueError(f"--local_epochs must be >= 1, got {self.epochs}")
     if self.ring_size < 0:
       raise ValueError(f"--ring_size must be >= 0, got {self.ring_size}")
+    if self.local_steps < 0:
+      raise ValueError(f"--local_steps must be >= 0, got {self.local_steps}")
+    if self.batch_size < 1:
+      raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
 
 
-def completion_time(epochs, num_examples, sec_per_example, comm):
-  """Task duration: epochs * n_i * sec_per_example_i + comm_i."""
-  return epochs * np.asarray(num_examples) * np.asarray(sec_per_example) + np.asarray(comm)
+def task_examples(epochs, num_examples, local_steps=0, batch_size=1):
+  """Examples one task trains on: epochs * n_i, or with ``local_steps`` S > 0 those of its
+  first min(S, epochs * ceil(n_i / B)) minibatches (an epoch's last one holds the rest)."""
+  n = np.asarray(num_examples, np.int64)
+  if not local_steps:
+    return epochs * n
+  spe = np.maximum(-(-n // batch_size), 1)
+  steps = np.minimum(local_steps, epochs * spe)
+  return (steps // spe) * n + np.minimum((steps % spe) * batch_size, n)
+
+
+def completion_time(epochs, num_examples, sec_per_example, comm, local_steps=0,
+                    batch_size=1):
+  """Task duration: task_examples * sec_per_example_i + comm_i."""
+  return (task_examples(epochs, num_examples, local_steps, batch_size)
+          * np.asarray(sec_per_example) + np.asarray(comm))
 
 
 def assign_classes(classes: Sequence[DeviceClass], num_clients: int,
@@ -172,7 +194,8 @@ def draw_clients(cfg: ClockConfig, counts: np.ndarray, rng: np.random.Generator)
       spe, comm = spe * work, comm * work
   else:
     cls, scale = np.zeros(n, np.int64), np.zeros(n, np.int64)
-  return Clients(spe, comm, cls, scale, completion_time(cfg.epochs, counts, spe, comm))
+  return Clients(spe, comm, cls, scale, completion_time(cfg.epochs, counts, spe, comm,
+                                                      cfg.local_steps, cfg.batch_size))
 
 
 class Schedule(NamedTuple):

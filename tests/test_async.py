@@ -289,6 +289,50 @@ def test_loss_threshold_stops_local_training():
   np.testing.assert_allclose(mid.mean_loss, np.mean(losses[:j]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("local_steps", [1, 3, 5])
+def test_local_steps_caps_each_task_at_the_first_minibatches(local_steps):
+  """--local_steps S (PrivaAsyncFed Table II's "Local Steps", Alg. 1's H): a task takes
+  the first min(S, E ceil(n / B)) minibatch steps of its E epochs' shuffles; checked
+  against plain SGD over the same minibatches, and the accounting's step count."""
+  data = tiny_data()
+  local = client_lib.LocalConfig(batch_size=4, max_epochs=2, max_examples=M,
+                                 local_steps=local_steps)
+  cfg = async_engine.AsyncConfig(local, 2, 1)
+  hp = {"lr": jnp.float32(0.1), "momentum": jnp.float32(0.0), "mu": jnp.float32(0.0)}
+  key = jax.random.PRNGKey(4)
+  n = int(data.counts[1])  # 7 examples: ceil(7 / 4) = 2 steps per epoch, 4 in all
+  out = async_engine.train_local(logreg_apply, fedasync.ALGORITHM, W0, jnp.ones_like(W0),
+                                 data.x[1], data.y[1], data.counts[1], key, hp, cfg)
+  init = client_lib.client_init(jax.random.split(key)[0], n, local)
+  w = W0
+  for s in range(min(local_steps, 4)):
+    rows, m = client_lib.step_minibatch(init, s, n, local)
+    g = jax.grad(lambda w: client_lib.masked_cross_entropy(
+        logreg_apply(w, data.x[1][rows]), data.y[1][rows], m))(w)
+    w = w - 0.1 * g
+  assert int(out.num_steps) == min(local_steps, 4)
+  np.testing.assert_allclose(out.w_end, w, rtol=1e-5, atol=1e-6)
+  sched = vc.simulate(vc.ClockConfig(concurrency=2, num_updates=4), np.asarray(data.counts), 0)
+  tasks = np.bincount(sched.client[sched.kept()], minlength=N_CLIENTS)
+  spe = -(-np.asarray(data.counts) // 4)
+  np.testing.assert_array_equal(async_engine.client_steps(sched, data.counts, local),
+                                tasks * np.minimum(local_steps, 2 * spe))
+
+
+def test_local_steps_clock_counts_the_examples_of_those_steps():
+  # n = 10, B = 4: minibatches of 4, 4, 2 per epoch; 2 epochs = 6 steps, 20 examples
+  by_steps = [vc.task_examples(2, 10, s, 4) for s in range(1, 8)]
+  assert by_steps == [4, 8, 10, 14, 18, 20, 20]
+  assert vc.task_examples(2, 10) == 20  # no cap: epochs * n
+  cfg = vc.ClockConfig(concurrency=1, num_updates=3, epochs=2, local_steps=2, batch_size=4,
+                       compute=vc.Distribution("constant", 0.5),
+                       comm=vc.Distribution("constant", 1.0))
+  clients = vc.draw_clients(cfg, np.array([10, 3]), np.random.default_rng(0))
+  np.testing.assert_allclose(clients.duration, [8 * 0.5 + 1.0, 6 * 0.5 + 1.0])
+  with pytest.raises(ValueError, match="--local_steps"):
+    client_lib.LocalConfig(local_steps=-1)
+
+
 # ----------------------------------------------------------------------------- pruning
 
 
@@ -431,8 +475,27 @@ def test_privaasyncfed_server_mixes_held_parameters_only():
   arr = async_engine.Arrival(True, 6, True, w, mask, 1.0, 1.0)
   hp = {"beta": 0.5, "hinge_a": 1.0, "hinge_b": 4.0}
   new, _ = privaasyncfed.server_step(w, (), up, arr, hp)
-  a = 0.5 / (1.0 * (6 - 4) + 1.0)
+  # staleness 6 (six server updates since dispatch): Alg. 1's t - tau = 7
+  a = 0.5 / (1.0 * (7 - 4) + 1.0)
   np.testing.assert_allclose(new, [(1 - a) * 1, (1 - a) * 2, 3, 4], rtol=1e-6)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 3, 4, 5, 9])
+def test_privaasyncfed_and_fedasync_hinge_weigh_staleness_alike(staleness):
+  """PrivaAsyncFed vs DP-FedAsync uses identical configurations (Sec. IV-B.3): with
+  beta = FedAsync's a, a full mask and the same hinge, both mix in the same alpha. Hand
+  values from Eq. 16 (with the +1 of docs/async.md) at t - tau = staleness + 1, a = 10,
+  b = 4: 0.6 up to t - tau = 4, then 0.6 / (10 (t - tau - 4) + 1)."""
+  w, up = jnp.zeros(3), jnp.ones(3)
+  arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
+  hp = {"beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0,
+        "staleness_fn": 2.0, "poly_a": 0.5}
+  lag = staleness + 1
+  expected = 0.6 if lag <= 4 else 0.6 / (10.0 * (lag - 4) + 1.0)
+  priva, _ = privaasyncfed.server_step(w, (), up, arr, hp)
+  fedasync_w, _ = fedasync.server_step(w, (), up, arr, hp)
+  np.testing.assert_allclose(priva, expected, rtol=1e-6)
+  np.testing.assert_allclose(fedasync_w, expected, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- client DP

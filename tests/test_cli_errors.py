@@ -101,6 +101,7 @@ ASYNC_ARGS = ["--num_clients=6", "--concurrency=2", "--num_updates=6", "--eval_e
     (["--model=foo"], "error: --model"),
     (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
      "error: --data_dir=/nonexistent_dir: no such directory"),
+    (["--local_steps=-1"], "error: --local_steps: must be >= 0 (0: E epochs), got -1"),
 ])
 def test_async_family_errors(tmp_path, args, message):
   out = script(ASYNC, ASYNC_ARGS + [f"--output_dir={tmp_path}"] + args)
@@ -126,6 +127,25 @@ def test_async_family_progress_has_eta_and_no_backend_info_lines(tmp_path):
   progress = [l for l in out.stdout.splitlines() if " version " in l]
   assert progress and all(" arrivals/s ETA " in l for l in progress), out.stdout
   assert progress[-1].endswith("ETA 0s")
+
+
+def test_async_family_local_steps_one_step_per_task_in_the_accounting(tmp_path):
+  """--local_steps=1 (PrivaAsyncFed Table II): every kept arrival is one local step, so
+  the privacy accountant composes as many steps over the clients as there were updates
+  (without it, each task is E ceil(n_i / B) steps)."""
+  args = ASYNC_ARGS + ["--algorithm=privaasyncfed", "--dp_epsilon=5", "--momentum=0",
+                       "--batch_size=8"]
+  counts = {}
+  for steps in (1, 0):
+    out_dir = tmp_path / f"steps{steps}"
+    out = script(ASYNC, args + [f"--local_steps={steps}", f"--output_dir={out_dir}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["local_work"] == {"local_epochs": 1, "local_steps": steps,
+                                     "batch_size": 8}
+    counts[steps] = summary["privacy"]["steps_per_client"]
+  assert sum(counts[1]) == 6  # --num_updates=6, nothing dropped
+  assert sum(counts[0]) > 6  # (the clock differs too: a task's duration follows its work)
 
 
 def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
