@@ -463,11 +463,13 @@ def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
   """
   _check_clients(num_clients, "partition_dirichlet")
   if not alpha > 0:
-    raise ValueError(f"partition_dirichlet: alpha must be > 0, got {alpha}")
+    raise ValueError(f"--alpha: the Dirichlet concentration must be > 0, got {alpha}")
   labels = np.asarray(labels)
   if num_clients * min_size > len(labels):
-    raise ValueError(f"partition_dirichlet: num_clients={num_clients} x min_size={min_size} "
-                     f"exceeds the {len(labels)} examples")
+    raise ValueError(f"--num_clients={num_clients}: a Dirichlet partition gives every "
+                     f"client at least {min_size} examples, and {num_clients} x {min_size} "
+                     f"exceeds the {len(labels)} examples; use at most "
+                     f"{len(labels) // min_size} clients")
   rng = np.random.default_rng(seed)
   classes = np.unique(labels)
   for _ in range(max_tries):
@@ -481,9 +483,9 @@ def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
     parts = [np.concatenate(p).astype(np.int64) for p in parts]
     if min(len(p) for p in parts) >= min_size:
       return parts
-  raise ValueError(f"partition_dirichlet: no draw in {max_tries} tries gave every one of "
-                   f"num_clients={num_clients} clients min_size={min_size} examples with "
-                   f"alpha={alpha}; raise alpha, lower min_size or use fewer clients")
+  raise ValueError(f"--alpha={alpha}: no Dirichlet draw in {max_tries} tries gave every one "
+                   f"of the {num_clients} clients (--num_clients) at least {min_size} "
+                   "examples; raise --alpha or use fewer clients")
 
 
 # ---------------------------------------------------------------------- federate

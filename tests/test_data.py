@@ -324,14 +324,17 @@ def test_partition_dirichlet_skew_grows_as_alpha_falls():
 def test_partition_dirichlet_errors():
   labels = balanced_labels(20, 10)
   for alpha in (0.0, -1.0):
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ValueError, match=r"^--alpha: the Dirichlet concentration must be "
+                       r"> 0, got -?[01]\.0$"):
       data.partition_dirichlet(labels, 5, alpha)
   with pytest.raises(ValueError, match="num_clients"):
     data.partition_dirichlet(labels, 0, 0.5)
-  with pytest.raises(ValueError, match="min_size=10"):
+  with pytest.raises(ValueError, match=r"^--num_clients=21: .* at least 10 examples, and "
+                     r"21 x 10 exceeds the 200 examples; use at most 20 clients$"):
     data.partition_dirichlet(labels, 21, 0.5, min_size=10)  # 210 > 200 examples
-  with pytest.raises(ValueError, match="5 tries"):  # 10 x 20 of 200: needs an exact split
-    data.partition_dirichlet(labels, 10, 0.01, min_size=20, max_tries=5)
+  with pytest.raises(ValueError, match=r"^--alpha=0.01: no Dirichlet draw in 5 tries .* 10 "
+                     r"clients \(--num_clients\) at least 20 examples"):
+    data.partition_dirichlet(labels, 10, 0.01, min_size=20, max_tries=5)  # an exact split
 
 
 @pytest.mark.parametrize("fn", [
