@@ -2,7 +2,7 @@
 # The main job: PAFed vs FedADMM, FedAvg and FedProx on Synthetic(1,1) with delayed clients.
 # Extra arguments are passed to experiments/run.py (e.g. ./run.sh --rounds=20).
 # Each ./run.sh replaces the previous one's output in runs/latest (it passes --overwrite).
-# With --output_dir, --flagfile, --resume or --[no]overwrite it passes the arguments as
+# With --output_dir, --flagfile, --[no]resume or --[no]overwrite it passes the arguments as
 # they are: run.py then refuses a directory that holds a run unless --resume (continue it)
 # or --overwrite (start over).
 set -euo pipefail
