@@ -392,4 +392,4 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=experiment.parse_flags)

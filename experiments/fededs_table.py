@@ -309,4 +309,4 @@ def _main(alphas, ks, bases, variants):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=experiment.parse_flags)

@@ -113,7 +113,7 @@ def main():
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
     accept_overwrite()
-    app.run(async_family.main)
+    app.run(async_family.main, flags_parser=experiment.parse_flags)
   elif mode == "fededs":
     import fededs_table  # pylint: disable=g-import-not-at-top
     accept_overwrite()
@@ -123,10 +123,11 @@ def main():
     flags.DEFINE_boolean("fededs_compare_base", True, "Also run the base algorithm alone.")
     flags.FLAGS.set_default("alphas", "0.5")
     flags.FLAGS.set_default("num_clients", "10")
-    app.run(lambda argv: main_fededs(argv, fededs_table))
+    app.run(lambda argv: main_fededs(argv, fededs_table),
+            flags_parser=experiment.parse_flags)
   else:
     experiment.define_flags()
-    app.run(main_rounds)
+    app.run(main_rounds, flags_parser=experiment.parse_flags)
 
 
 if __name__ == "__main__":

@@ -733,7 +733,8 @@ def main():
       save_histogram_png(hist, fl.png, title)
       print(f"wrote {fl.png}")
 
-  app.run(_run)
+  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  app.run(_run, flags_parser=experiment.parse_flags)
 
 
 if __name__ == "__main__":

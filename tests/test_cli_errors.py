@@ -287,3 +287,19 @@ def test_interrupted_drivers_say_so_in_one_line_without_a_traceback(tmp_path, pa
   assert proc.returncode == 128 + signum, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   assert err.strip().splitlines()[-1] == says.format(out=tmp_path), err[-3000:]
+
+
+RUN = os.path.join(ROOT, "experiments", "run.py")
+
+
+@pytest.mark.parametrize("path", [RUN, SWEEP, TABLE, ASYNC, FEDEDS])
+def test_unparsable_and_unknown_flags_are_one_line_errors(path):
+  """absl's "FATAL Flags parsing error ... Pass --helpshort" becomes one error line naming
+  the flag (experiment.parse_flags)."""
+  flag = "--num_seeds" if path == TABLE else "--rounds" if path in (RUN, FEDEDS) else (
+      "--num_clients")
+  out = script(path, [f"{flag}=abc"])
+  assert_one_line_error(out, f"error: {flag}=abc: invalid literal for int()")
+  assert "FATAL" not in out.stderr and "helpshort" not in out.stderr
+  out = script(path, ["--no_such_flag=1"])
+  assert_one_line_error(out, "error: --no_such_flag: unknown flag (--helpfull lists them)")
