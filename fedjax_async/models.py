@@ -340,41 +340,48 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-  """PAFed's MNIST / Fashion-MNIST CNN (the FedAvg "CNN" of McMahan et al., 2017).
+  """PAFed's MNIST / Fashion-MNIST CNN (Table II; the FedAvg "CNN" of McMahan et al., 2017).
 
   conv 5x5x32 SAME, ReLU, maxpool 2 -> conv 5x5x64 SAME, ReLU, maxpool 2 -> flatten
-  (7*7*64 = 3136 for 28x28 inputs) -> Dense 512, ReLU -> Dense num_classes.
+  (7*7*64 = 3136 for 28x28 inputs) -> Dense ``hidden`` (512), ReLU -> Dense num_classes.
   1,663,370 parameters for 28x28x1 inputs and 10 classes.
   """
 
   num_classes: int = 10
   impl: str = "vjp"
   dense: str = "fast"
+  hidden: int = 512  # FC_1's out_features
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train
     x = max_pool2(nn.relu(make_conv(self.impl, 32, (5, 5), name="conv1")(x)))
     x = max_pool2(nn.relu(make_conv(self.impl, 64, (5, 5), name="conv2")(x)))
-    x = nn.relu(make_dense(self.dense, 512, name="fc1")(flatten(x)))
+    x = nn.relu(make_dense(self.dense, self.hidden, name="fc1")(flatten(x)))
     return make_dense(self.dense, self.num_classes, name="fc2")(x)
 
 
 class CIFAR10CNN(CNN):
-  """CIFAR-10 CNN: the same FedAvg-style architecture as :class:`CNN` on 32x32x3 inputs.
+  """PAFed's CIFAR-10 CNN (Table II): :class:`CNN`'s layers on 32x32x3 inputs with FC_1
+  4096 -> 256 (conv 5x5x32 pad 2, pool, conv 5x5x64 pad 2, pool, flatten 8*8*64 = 4096,
+  Dense 256, Dense 10): 1,105,098 parameters. (Until 2026-11-25 FC_1 had 512 outputs,
+  McMahan et al.'s width: 2,156,490 parameters.)"""
 
-  The exact CIFAR-10 network of the PAFed paper was not available; this is the
-  McMahan et al. CNN (conv 5x5x32, pool, conv 5x5x64, pool, Dense 512, Dense 10, SAME
-  padding), whose flatten is 8*8*64 = 4096 on CIFAR: 2,156,490 parameters.
-  """
+  hidden: int = 256
 
 
 class CIFAR100CNN(nn.Module):
-  """VGG-style CIFAR-100 CNN with batch-statistics normalisation and dropout.
+  """PAFed's CIFAR-100 CNN (Table IV), with batch-statistics normalisation and dropout.
 
-  conv 3x3x64, BN, ReLU -> conv 3x3x64, BN, ReLU -> maxpool 2 -> conv 3x3x128, BN, ReLU
-  -> conv 3x3x128, BN, ReLU -> maxpool 2 -> dropout 0.25 -> flatten -> Dense 256, ReLU
-  -> dropout 0.5 -> Dense num_classes (all convs SAME).
+  conv 3x3x32 pad 1, BN, ReLU -> conv 3x3x64, ReLU, maxpool 2 -> conv 3x3x128, BN, ReLU,
+  maxpool 2, dropout 0.05 -> conv 3x3x256, BN, ReLU, maxpool 2, dropout 0.1 -> flatten
+  (2*2*256 = 1024 for 32x32 inputs) -> Dense 512, ReLU -> dropout 0.1 -> Dense
+  num_classes; convs 2-4 unpadded. 965,348 parameters for 100 classes.
+
+  Table IV prints one "ReLU inplace=True" row, after conv1's BatchNorm, and none after
+  convs 2-4: read as PyTorch's one shared ``nn.ReLU(inplace=True)`` module listed once,
+  every conv here is followed by a ReLU (after its BN where it has one). Without them
+  convs 2-4 would be one linear map between max-pools.
 
   Design decision: the BatchNorm layers (:class:`BatchStatNorm`) keep NO running
   statistics. They always normalise with the mean/variance of the batch they see (the
@@ -383,7 +390,8 @@ class CIFAR100CNN(nn.Module):
   ``'params'`` collection and every client is a pure function of one flat parameter
   vector. Consequences: evaluation outputs depend on the composition of the evaluation
   batch (use reasonably large batches), and every row fed in (including rows masked
-  out of the loss) contributes to the statistics.
+  out of the loss) contributes to the statistics. (Until 2026-11-25 this was a VGG-style
+  network, convs 64/64/128/128 SAME, Dense 256, dropout 0.25 / 0.5, not Table IV's.)
   """
 
   num_classes: int = 100
@@ -392,14 +400,18 @@ class CIFAR100CNN(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    for i, width in enumerate((64, 64, 128, 128)):
-      x = make_conv(self.impl, width, (3, 3), name=f"conv{i + 1}")(x)
-      x = nn.relu(BatchStatNorm(name=f"bn{i + 1}")(x))
-      if i % 2 == 1:
-        x = max_pool2(x)
-    x = nn.Dropout(0.25, deterministic=not train)(x)
-    x = nn.relu(make_dense(self.dense, 256, name="fc1")(flatten(x)))
-    x = nn.Dropout(0.5, deterministic=not train)(x)
+    x = make_conv(self.impl, 32, (3, 3), padding="SAME", name="conv1")(x)
+    x = nn.relu(BatchStatNorm(name="bn1")(x))
+    x = max_pool2(nn.relu(make_conv(self.impl, 64, (3, 3), padding="VALID",
+                                    name="conv2")(x)))
+    x = make_conv(self.impl, 128, (3, 3), padding="VALID", name="conv3")(x)
+    x = max_pool2(nn.relu(BatchStatNorm(name="bn3")(x)))
+    x = nn.Dropout(0.05, deterministic=not train)(x)
+    x = make_conv(self.impl, 256, (3, 3), padding="VALID", name="conv4")(x)
+    x = max_pool2(nn.relu(BatchStatNorm(name="bn4")(x)))
+    x = nn.Dropout(0.1, deterministic=not train)(x)
+    x = nn.relu(make_dense(self.dense, 512, name="fc1")(flatten(x)))
+    x = nn.Dropout(0.1, deterministic=not train)(x)
     return make_dense(self.dense, self.num_classes, name="fc2")(x)
 
 

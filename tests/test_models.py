@@ -107,6 +107,27 @@ def test_cnn_param_count_and_shape():
       3, 10)
 
 
+def test_pafed_cifar_networks_have_the_papers_layers():
+  """Table II's CIFAR-10 CNN and Table IV's CIFAR-100 CNN, counted by hand."""
+  conv = lambda k, cin, cout: k * k * cin * cout + cout
+  dense = lambda n, m: n * m + m
+  cifar10 = conv(5, 3, 32) + conv(5, 32, 64) + dense(4096, 256) + dense(256, 10)
+  assert cifar10 == 1_105_098
+  assert models.count_params(models.get_model("cifar10_cnn", 10, (32, 32, 3)),
+                             (32, 32, 3)) == cifar10
+  # 32 -> conv1 (pad 1) 32 -> conv2 30 -> pool 15 -> conv3 13 -> pool 6 -> conv4 4 -> pool 2
+  bn = lambda c: 2 * c
+  cifar100 = (conv(3, 3, 32) + bn(32) + conv(3, 32, 64) + conv(3, 64, 128) + bn(128)
+              + conv(3, 128, 256) + bn(256) + dense(2 * 2 * 256, 512) + dense(512, 100))
+  assert cifar100 == 965_348
+  model = models.get_model("cifar100_cnn", 100, (32, 32, 3))
+  assert models.count_params(model, (32, 32, 3)) == cifar100
+  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x),
+                          jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32))["params"]
+  assert params["fc1"]["kernel"].shape == (1024, 512)  # Table IV's FC_1 in_features
+  assert sorted(k for k in params if k.startswith("bn")) == ["bn1", "bn3", "bn4"]
+
+
 def test_resnet18_param_count():
   # The usual CIFAR ResNet-18 (bias-free convs, BN) has 11,173,962 parameters; GroupNorm
   # has the same per-channel scale/bias.
@@ -135,7 +156,7 @@ def test_output_shapes(name, shape, classes):
 
 
 @pytest.mark.parametrize("name,shape", [("cnn", (12, 12, 1)), ("simple_cnn", (10, 10, 3)),
-                                        ("cifar100_cnn", (8, 8, 3))])
+                                        ("cifar100_cnn", (24, 24, 3))])
 def test_impls_agree_on_models(name, shape):
   key = jax.random.key(2)
   x = jax.random.normal(key, (3, *shape))
@@ -149,7 +170,7 @@ def test_impls_agree_on_models(name, shape):
 
 def test_cifar100_batch_norm_is_stateless_and_dropout_only_in_training():
   model = models.CIFAR100CNN()
-  x = jax.random.normal(jax.random.key(0), (8, 16, 16, 3))
+  x = jax.random.normal(jax.random.key(0), (8, 24, 24, 3))
   variables = jax.jit(model.init)(jax.random.key(1), x)
   assert set(variables) == {"params"}
   assert set(variables["params"]["bn1"]) == {"scale", "bias"}
