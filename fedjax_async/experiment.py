@@ -74,6 +74,7 @@ class RunConfig:
   secure_aggregation: str = "none"
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
   ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
+  ckks_min_scale: float = 1.0  # c, the Min's input scale (cheon.cheon_min; 1 = Alg. 1)
   checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
   keep_checkpoints: int = 2
   resume: bool = False
@@ -146,6 +147,12 @@ def validate(cfg: RunConfig):
         f"must be 'secure' or 'insecure_test', got {cfg.ckks_preset!r}")
   check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
         f"must be in 1..30, got {cfg.ckks_min_depth}")
+  if cfg.secure_aggregation == "ckks":
+    from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
+    cheon.check_ducc_scale(cfg.ckks_min_scale)
+  else:
+    check(cfg.ckks_min_scale == 1.0, "ckks_min_scale",
+          "only used with --secure_aggregation=ckks")
   check(not (cfg.resume and cfg.overwrite), "overwrite",
         "cannot be combined with --resume (--resume continues the run in --output_dir, "
         "--overwrite deletes it)")
@@ -218,6 +225,9 @@ def define_flags():
                   "insecure_test (ring 2^11, NOT secure: tests and quick looks only).")
   f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
                    "Min polynomial; the context depth is 2d + 8.")
+  f.DEFINE_float("ckks_min_scale", d.ckks_min_scale, "c in (0, 4]: the Min's input "
+                 "y = cos / 4 times c, so Wilkes' iteration sees (c y)^2 in [0, 1]; 4 cuts "
+                 "the class weights' error 4x at no depth (1 = Alg. 1 as printed).")
   f.DEFINE_integer("checkpoint_every", d.checkpoint_every,
                    "Checkpoint the simulation every k rounds (at the first chunk boundary "
                    "at or past each multiple of k, and at the end) under "
@@ -255,6 +265,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       client_chunk=FLAGS.client_chunk, devices=FLAGS.devices,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
+      ckks_min_scale=FLAGS.ckks_min_scale,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard)
   validate(cfg)
@@ -360,9 +371,11 @@ def run_config_for(cfg: RunConfig, name: str) -> dict:
 
 
 def config_mismatch(saved: dict, current: dict) -> List[str]:
-  """Fields (flag names) whose values differ, ignoring the resume-free ones."""
+  """Fields (flag names) whose values differ, ignoring the resume-free ones. A field that
+  ``saved`` lacks (stored before the field existed) counts as its ``RunConfig`` default."""
   keys = (set(saved) | set(current)) - set(RESUME_FREE_FIELDS)
-  return sorted(k for k in keys if saved.get(k) != current.get(k))
+  defaults = config_dict(RunConfig())
+  return sorted(k for k in keys if saved.get(k, defaults.get(k)) != current.get(k))
 
 
 def json_row(row: dict) -> str:
@@ -655,7 +668,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
         from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
         state, _, _ = secure_engine.simulate(
             apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
-            preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth, on_chunk=on_chunk,
+            preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
+            min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
             eval_every=cfg.eval_every, seed=cfg.seed,
             stream=io.StringIO() if quiet else sys.stdout)
       else:
@@ -854,9 +868,11 @@ def _main(cfg: RunConfig, devices):
         f"parameters; jax devices: {jax.devices()}", flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
-  warning = timeline_lib.dropped_warning(cfg.delay, timeline_lib.build(
-      fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay, cfg.seed))
-  if warning:
+  tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
+                          cfg.seed)
+  warnings = [timeline_lib.dropped_warning(cfg.delay, tl),
+              timeline_lib.delayed_only_warning(tl) if "pafed" in names else None]
+  for warning in filter(None, warnings):
     print(warning, file=sys.stderr, flush=True)
   summaries, curves = [], {}
   overall = Overall(len(names), cfg.rounds)

@@ -140,6 +140,30 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
   return Timeline(client, dispatch, online, valid, dropped, sampled_count, in_flight_at_end)
 
 
+def delayed_only_rounds(tl: Timeline) -> np.ndarray:
+  """The rounds in which delayed updates arrive but no online one: PAFed's DUCC has no
+  online mean m to classify them against there (Alg. 4 line 3 divides by |C_o| = 0)."""
+  valid = tl.valid.astype(bool)
+  online = (valid & tl.online).any(axis=1)
+  delayed = (valid & ~tl.online).any(axis=1)
+  return np.flatnonzero(delayed & ~online)
+
+
+def delayed_only_warning(tl: Timeline) -> Optional[str]:
+  """A warning line for PAFed when some rounds have delayed updates and no online one
+  (``delayed_only_rounds``), else None."""
+  rounds = delayed_only_rounds(tl)
+  if not len(rounds):
+    return None
+  lost = int((tl.valid & ~tl.online)[rounds].sum())
+  shown = ", ".join(str(int(r)) for r in rounds[:5]) + (", ..." if len(rounds) > 5 else "")
+  return (f"warning: pafed: {len(rounds)} of {tl.num_rounds} rounds (round {shown}) receive "
+          f"delayed updates but no online one; DUCC has no online mean to classify them "
+          f"against (Alg. 4 line 3), so those rounds leave the model unchanged and "
+          f"{lost} delayed updates go unused; raise --participation or lower "
+          f"--delay_fraction")
+
+
 def dropped_warning(delay: DelayConfig, tl: Timeline) -> Optional[str]:
   """A warning line when the ring buffer of ``delay.ring_size`` past models is too short
   for the delays drawn (their updates are dropped), else None. Dropping stale updates is a

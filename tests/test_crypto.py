@@ -63,6 +63,23 @@ def test_plain_cheon_min_hand_values():
   assert abs(cheon.cheon_min(0.55, 0.5, 5) - 0.5) > 1e-2
 
 
+def test_cheon_min_input_scale_hand_values_and_error():
+  """The input scale c runs Alg. 1's iteration on (c y)^2 and divides m_d by c."""
+  # a=0.2, b=0.7, c=2: c y = -0.5, m0 = 0.25, n0 = -0.75, m1 = 0.25 (1 + 0.375) = 0.34375,
+  # Min = 0.45 - 0.34375 / 2 = 0.278125 (c = 1: 0.45 - 0.091796875 = 0.358203125).
+  assert cheon.cheon_min(0.2, 0.7, 1, scale=2.0) == pytest.approx(0.278125)
+  assert cheon.cheon_min(0.2, 0.7, 1) == pytest.approx(0.358203125)
+  # DUCC's Min(s, 1/2): |y| <= 1/4, so c = 4 uses Wilkes' whole range: a quarter of the
+  # error at every d (measured 4.712e-3 -> 1.178e-3 at d = 10)
+  for d in (4, 10):
+    e1, e4 = cheon.max_min_error(d), cheon.max_min_error(d, scale=4.0)
+    assert e4 == pytest.approx(e1 / 4, rel=0.02)
+  assert cheon.max_min_error(10, scale=4.0) < cheon.max_min_error(13)
+  for bad in (0.0, -1.0, 4.5):
+    with pytest.raises(ValueError, match="--ckks_min_scale: must be in"):
+      cheon.check_ducc_scale(bad)
+
+
 def test_homomorphic_cheon_min_matches_plaintext():
   d = 4
   cc = ckks.make_context(ckks.cheon_min_depth(d), PRESET)
@@ -97,6 +114,26 @@ def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
   assert set(timings) == {"client_encrypt", "ducc", "key_transform", "decrypt"}
   assert np.max(np.abs(got - want)) < 1e-4
   assert np.max(np.abs(want - w)) > 1e-2  # the update is not negligible
+
+
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
+def test_secure_ducc_with_the_min_input_scale_matches_its_plaintext(protocol, round_data):
+  """min_scale = 4 folds c into the packing mask and 1/c into the weight masks: the
+  encrypted round equals the plaintext DUCC with cheon_min(..., scale=4) at the same
+  depth (the context has exactly ducc_depth(d) levels), and is nearer the exact Min."""
+  rng, online, m_hat = round_data
+  delayed = vectors.with_cos(m_hat, [0.6, -0.5, 0.3, -0.8, 0.15, -0.2], DIM, rng)
+  w = rng.normal(size=DIM) * 0.1
+  protocol.s0.min_scale = 4.0
+  try:
+    got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  finally:
+    protocol.s0.min_scale = 1.0
+  want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL, 4.0))
+  assert np.max(np.abs(got - want)) < 1e-4
+  exact = _expected(w, online, delayed, jnp.minimum)
+  unscaled = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
+  assert np.max(np.abs(want - exact)) < 0.5 * np.max(np.abs(unscaled - exact))
 
 
 @pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once

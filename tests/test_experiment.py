@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from fedjax_async import experiment
@@ -203,6 +204,28 @@ def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
+def test_ckks_min_scale_is_checked_and_only_taken_with_ckks():
+  base = experiment.RunConfig(rounds=2, algorithm="pafed")
+  with pytest.raises(ValueError, match="^--ckks_min_scale: only used with "
+                     "--secure_aggregation=ckks$"):
+    experiment.validate(experiment.dataclasses.replace(base, ckks_min_scale=4.0))
+  ckks = experiment.dataclasses.replace(base, secure_aggregation="ckks")
+  experiment.validate(experiment.dataclasses.replace(ckks, ckks_min_scale=4.0))
+  with pytest.raises(ValueError, match=r"^--ckks_min_scale: must be in \(0, 4\]"):
+    experiment.validate(experiment.dataclasses.replace(ckks, ckks_min_scale=5.0))
+
+
+def test_a_field_missing_from_a_stored_config_counts_as_its_default():
+  """A checkpoint or summary stored before a field existed (here ckks_min_scale) still
+  resumes when the run uses the field's default, and is refused when it does not."""
+  current = experiment.config_dict(experiment.RunConfig(rounds=3))
+  saved = {k: v for k, v in current.items() if k != "ckks_min_scale"}
+  assert experiment.config_mismatch(saved, current) == []
+  assert experiment.config_mismatch(saved, dict(current, ckks_min_scale=4.0)) == [
+      "ckks_min_scale"]
+  assert experiment.config_mismatch(dict(saved, rounds=2), current) == ["rounds"]
+
+
 def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
   base = experiment.RunConfig(rounds=10)
   experiment.validate(experiment.dataclasses.replace(
@@ -210,6 +233,32 @@ def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
   experiment.validate(experiment.dataclasses.replace(base, server_lr_switch_round=0))
   with pytest.raises(ValueError, match="--overwrite: cannot be combined with --resume"):
     experiment.validate(experiment.dataclasses.replace(base, resume=True, overwrite=True))
+
+
+def test_pafed_warns_of_rounds_with_delayed_updates_and_no_online_one():
+  """A round whose arrivals are all delayed leaves PAFed's DUCC without an online mean
+  (Alg. 4 line 3): the rounds are found from the timeline and named in one warning."""
+  from fedjax_async import timeline  # pylint: disable=g-import-not-at-top
+  f, t = False, True
+  # 4 rounds x 2 slots: round 1 delayed only, round 2 online + delayed, round 3 delayed
+  # only with a padding slot, round 0 online only
+  tl = timeline.Timeline(
+      client=np.zeros((4, 2), np.int32), dispatch=np.zeros((4, 2), np.int32),
+      online=np.array([[t, f], [f, f], [t, f], [f, t]]),
+      valid=np.array([[t, f], [t, t], [t, t], [t, f]]),
+      dropped=np.zeros(4, np.int32), sampled=np.ones(4, np.int32), in_flight_at_end=0)
+  np.testing.assert_array_equal(timeline.delayed_only_rounds(tl), [1, 3])
+  msg = timeline.delayed_only_warning(tl)
+  assert msg.startswith("warning: pafed: 2 of 4 rounds (round 1, 3) receive delayed "
+                        "updates but no online one")
+  assert "3 delayed updates go unused" in msg
+  # one client per round, always delayed: every round with an arrival is delayed-only
+  always = timeline.DelayConfig(1.0, "uniform", 2)
+  tl = timeline.build(10, 12, 0.1, always, seed=0)
+  assert not tl.online[tl.valid].any()
+  assert len(timeline.delayed_only_rounds(tl)) == int(tl.valid.any(axis=1).sum()) > 0
+  ok = timeline.DelayConfig(0.3, "uniform", 3)
+  assert timeline.delayed_only_warning(timeline.build(100, 20, 0.1, ok, seed=0)) is None
 
 
 def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_path):

@@ -54,6 +54,7 @@ class AggregationServer:
     self.public = public
     self.ev = ckks.Evaluator(public.cc)
     self.min_iterations = public.min_iterations
+    self.min_scale = 1.0  # c of ``cheon.cheon_min``: the Min's input y scaled by c
     self.rng = np.random.default_rng(seed)
     self.timings: Dict[str, float] = {}
     self.global_ct: Optional[List[object]] = None  # Enc_pk_s(w) carried to the next round
@@ -139,15 +140,18 @@ class AggregationServer:
     # Alg. 4 line 5: msum . u_j; normalised below (m / ||m|| = msum / ||msum||).
     ips = [self._dot_replicated(msum, u, "inner product m . u_j") for u in delayed]
     t = self._tick("inner_products", t)
-    # Pack all z_j = (m . u_j)/(4 sqrt 2 ||m||) = y_j / sqrt 2 into one ciphertext: r0
-    # folded into the packing mask, times S1's Enc(1 / (r0 ||msum||)).
+    # Pack all z_j = c (m . u_j)/(4 sqrt 2 ||m||) = c y_j / sqrt 2 into one ciphertext:
+    # r0 and the input scale c folded into the packing mask, times S1's
+    # Enc(1 / (r0 ||msum||)).
+    c = self.min_scale
     z = self.ev.add_many([
-        self.ev.mult_plain(ip, ckks.one_hot(slots, j, self._norm_blind / (4.0 * SQRT2)),
+        self.ev.mult_plain(ip, ckks.one_hot(slots, j, c * self._norm_blind / (4.0 * SQRT2)),
                            what="packing inner products") for j, ip in enumerate(ips)])
     z = self.ev.mult(z, inverse_norm[0], what="normalise: times 1 / ||m||")
     y = self.ev.mult_const(z, SQRT2, what="Alg. 1: y")
     # Eq. 13 with Alg. 1: Min(s, 1/2) = x - m_d, s = 2y + 1/2, x = y + 1/2, so
-    # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d.
+    # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d. With the scale c
+    # these are c w1 and c w2 (m_d ~ |c y|); the 1/c rides on the masks below.
     half_m = cheon.he_half_abs_from_z(self.ev, z, self.min_iterations)
     m_d = self.ev.add(half_m, half_m)
     w1, w2 = self.ev.add(y, m_d), self.ev.sub(y, m_d)
@@ -158,14 +162,14 @@ class AggregationServer:
     acc = {}
     for name, w, r, a in (("1", w1, r1, a1), ("2", w2, r2, a2)):
       # Broadcast slot j of w to all slots (times r * alpha), then Alg. 4 lines 5 / 7.
-      wj = [self.ev.eval_sum(self.ev.mult_plain(w, ckks.one_hot(slots, j, r * a),
+      wj = [self.ev.eval_sum(self.ev.mult_plain(w, ckks.one_hot(slots, j, r * a / c),
                                                 what="broadcast class weight"))
             for j in range(k)]
       acc[name] = [self.ev.add_many([self.ev.mult(wj[j], delayed[j][c],
                                                   what="class weight * u_j")
                                      for j in range(k)]) for c in range(len(msum))]
       # Alg. 4 lines 6 / 8: the class totals n1, n2, blinded by r.
-      st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, r * valid,
+      st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
                                                            what="class total"))
     st["A1"], st["A2"] = acc["1"], acc["2"]
     self.inverse_thresholds = [r1 * empty_class_tol, r2 * empty_class_tol, 0.0]
@@ -238,6 +242,7 @@ class SecureProtocol:
   dim: int
   min_iterations: int
   preset: str
+  min_scale: float = 1.0  # the Min's input scale c (``make_protocol``)
   recipients: Optional[Tuple[int, ...]] = None  # None: every client (Alg. 5 line 8)
   last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
   # {client i: Enc_pk_i(w^{tau+1}) chunks} from the last key transformation.
@@ -251,7 +256,7 @@ class SecureProtocol:
 def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
                   ring_dim: Optional[int] = None, depth: Optional[int] = None,
                   recipients: Optional[Sequence[int]] = None,
-                  seed: Optional[int] = None) -> SecureProtocol:
+                  seed: Optional[int] = None, min_scale: float = 1.0) -> SecureProtocol:
   """KDC setup (Alg. 3 line 1) sized for DUCC with ``min_depth`` Cheon iterations.
 
   Args:
@@ -263,13 +268,18 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
     depth: override the context depth (default ``ckks.ducc_depth(min_depth)`` = 2d + 8).
     recipients: clients the key transformation re-encrypts for (default: all).
     seed: S0's randomness (masks, blinding factors); None draws from the OS.
+    min_scale: c in (0, 4], the Min's input y = cos / 4 scaled by c (``cheon.cheon_min``):
+      1 is Alg. 1 as printed; 4 feeds Wilkes' iteration its whole range [0, 1] at no
+      extra depth (a quarter of the error).
   """
+  cheon.check_ducc_scale(min_scale)
   depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
   kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim)
   s0 = AggregationServer(kdc.public, seed)
+  s0.min_scale = float(min_scale)
   rec = None if recipients is None else tuple(int(i) for i in recipients)
   return SecureProtocol(s0, kdc.helper, kdc.clients, int(dim), int(min_depth),
-                        ckks.get_preset(preset).name, rec)
+                        ckks.get_preset(preset).name, float(min_scale), rec)
 
 
 def _encrypt_uploads(protocol: SecureProtocol, uploads: np.ndarray, offset: int):

@@ -56,7 +56,7 @@ def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
 def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
-             preset: str = "secure", min_depth: int = 10,
+             preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
              on_chunk: Optional[Callable] = None, eval_every: int = 1,
              stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0,
              empty_class_tol: Optional[float] = None):
@@ -79,10 +79,11 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
           f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
     t0 = time.perf_counter()
     protocol = secure_ducc.make_protocol(int(data.counts.shape[0]), dim, preset=preset,
-                                         min_depth=min_depth, seed=seed)
+                                         min_depth=min_depth, seed=seed,
+                                         min_scale=min_scale)
     print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
           f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
-  eps_d = cheon.max_min_error(protocol.min_iterations)
+  eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
   # The clients encrypt their own uploads, so the round's [K, d] uploads are kept (not
