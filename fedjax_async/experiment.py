@@ -54,6 +54,7 @@ class RunConfig:
   rounds: int = 100
   local_epochs: int = 2
   random_local_epochs: bool = False
+  local_steps: int = 0  # > 0: at most this many minibatch steps per round (within E epochs)
   batch_size: int = 50
   lr: float = 0.1
   momentum: float = 0.5
@@ -113,6 +114,8 @@ def validate(cfg: RunConfig):
         f"must be in (0, 1], got {cfg.participation}")
   check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
   check(cfg.local_epochs >= 1, "local_epochs", f"must be >= 1, got {cfg.local_epochs}")
+  check(cfg.local_steps >= 0, "local_steps", f"must be >= 0 (0: E epochs), got "
+        f"{cfg.local_steps}")
   check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
   check(cfg.lr > 0, "lr", f"must be > 0, got {cfg.lr}")
   check(0.0 <= cfg.momentum < 1.0, "momentum", f"must be in [0, 1), got {cfg.momentum}")
@@ -191,6 +194,8 @@ def define_flags():
   f.DEFINE_integer("rounds", d.rounds, "T, communication rounds.")
   f.DEFINE_integer("local_epochs", d.local_epochs, "E, local epochs.")
   f.DEFINE_boolean("random_local_epochs", False, "E_i ~ U{1..E} per client and round.")
+  f.DEFINE_integer("local_steps", d.local_steps, "> 0: at most this many minibatch steps "
+                   "per client and round, within the E epochs' shuffles; 0: E epochs.")
   f.DEFINE_integer("batch_size", d.batch_size, "B, local minibatch size.")
   f.DEFINE_float("lr", d.lr, "Local learning rate.")
   f.DEFINE_float("momentum", d.momentum, "Local SGD momentum.")
@@ -257,6 +262,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       data_dir=FLAGS.data_dir, data_source=FLAGS.data_source,
       participation=FLAGS.participation, delay=delay, rounds=FLAGS.rounds,
       local_epochs=FLAGS.local_epochs, random_local_epochs=FLAGS.random_local_epochs,
+      local_steps=FLAGS.local_steps,
       batch_size=FLAGS.batch_size, lr=FLAGS.lr, momentum=FLAGS.momentum, rho=FLAGS.rho,
       mu=FLAGS.mu, alpha0=FLAGS.alpha0, alpha1=FLAGS.alpha1, alpha2=FLAGS.alpha2,
       server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
@@ -585,7 +591,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                           cfg.seed)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed_data.max_examples,
-                             cfg.random_local_epochs, momentum=cfg.momentum > 0),
+                             cfg.random_local_epochs, momentum=cfg.momentum > 0,
+                             local_steps=cfg.local_steps),
       cfg.delay.ring_size,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
                     else cfg.client_chunk or None))

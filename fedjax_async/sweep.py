@@ -336,7 +336,8 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
                              base.random_local_epochs,
-                             momentum=any(c.momentum > 0 for c in cfgs)),
+                             momentum=any(c.momentum > 0 for c in cfgs),
+                             local_steps=base.local_steps),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:

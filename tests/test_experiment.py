@@ -195,6 +195,7 @@ def test_bad_device_flags_name_the_flag(tmp_path, args, flag, says):
                                         ("alpha0", "-0.5"), ("alpha2", "-1"),
                                         ("server_lr_switch_round", "2"),
                                         ("server_lr_switch_round", "-3"),
+                                        ("local_steps", "-1"),
                                         ("model", "nope"), ("model", "cnn")])
 def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   res = run(["--rounds=2", f"--output_dir={tmp_path}", f"--{flag}={value}"], timeout=120)
