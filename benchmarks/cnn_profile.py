@@ -27,6 +27,7 @@ import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 flags.DEFINE_integer("clients", 50, "K, clients vmapped together.", lower_bound=1)
@@ -172,4 +173,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=flagcheck.parse_flags)

@@ -31,6 +31,9 @@ import json
 import logging
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -116,16 +119,39 @@ def machine() -> Dict[str, Any]:
 
   ``device_kind`` names the accelerator (``"NVIDIA H100 80GB HBM3"``; ``"cpu"`` on CPU);
   ``allocator`` the malloc (``allocator()``); ``time`` (UTC) lets ``report.py`` keep the
-  newest row of a configuration.
+  newest row of a configuration; ``command`` (the script and its flags), ``git`` (this
+  checkout's commit, ``+dirty`` with uncommitted changes) and the versions say how to
+  run it again.
   """
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+  import jaxlib  # pylint: disable=g-import-not-at-top
   return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
           "allocator": allocator(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
+          "command": shlex.join([os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)]
+                                + sys.argv[1:]),
+          "git": git_commit(), "python": platform.python_version(),
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+          "backend": jax.default_backend(),
           "devices": len(jax.devices()), "device_kind": jax.devices()[0].device_kind,
           # float32 dots and convolutions: JAX's "default" is TF32 on recent NVIDIA GPUs
           "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
           "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def git_commit() -> str:
+  """This checkout's commit (``+dirty`` with uncommitted changes to tracked files), or
+  ``""`` outside a git checkout."""
+  def git(*args):
+    return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                          timeout=30)
+  try:
+    head = git("rev-parse", "HEAD")
+    if head.returncode:
+      return ""
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return ""
+  return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def child_env(**extra: str) -> Dict[str, str]:

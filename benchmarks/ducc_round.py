@@ -163,4 +163,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=flagcheck.parse_flags)

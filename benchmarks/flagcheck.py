@@ -6,6 +6,7 @@ No JAX import, so the crypto benchmarks can use it too.
   flagcheck.choice_list("models", ["logreg"], ["logreg", "cnn"], "Models.")
   flagcheck.item_list("mixes", ["200x10"], "Mixes.", "mixes 'nxK'", item_ok=ok_fn)
   flagcheck.power_of_two("ring_dim", 0, "Ring dimension N (0: OpenFHE's choice).")
+  app.run(main, flags_parser=flagcheck.parse_flags)   # stray arguments refused too
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from absl import flags
+
+from fedjax_async import cli
 
 
 def _ints(values, minimum):
@@ -65,3 +68,7 @@ def power_of_two(name: str, default: int, help_text: str,
       name, lambda v: v == 0 or (v >= 2 and v & (v - 1) == 0),
       message=f"--{name}: expected 0 (unset) or a power of two, e.g. 16384 or 65536",
       flag_values=flag_values)
+
+
+# app.run's flags_parser (bad values, unknown flags and stray words as one error line)
+parse_flags = cli.parse_flags

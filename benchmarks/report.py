@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import flagcheck  # noqa: E402
 from benchmarks import paths  # noqa: E402
 
 # As common.RESULTS_DIR (not imported from there: common imports JAX)
@@ -387,8 +388,7 @@ def define_flags():
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   if not os.path.isdir(FLAGS.results_dir):
     raise app.UsageError(f"--results_dir: {FLAGS.results_dir} is not a folder")
   folder = os.path.dirname(os.path.abspath(FLAGS.output)) if FLAGS.output else ""
@@ -412,4 +412,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=flagcheck.parse_flags)

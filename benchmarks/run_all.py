@@ -50,6 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "benchmarks")
 sys.path.insert(0, ROOT)
 
+from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)
 
 STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers")
@@ -131,8 +132,10 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         Step("multidevice", "multidevice.py",
              ["--devices=1,2", "--k_strong=4", "--k_per_device=2", "--rounds=1", "--reps=1"]
              + (["--platform=default"] if not cpu and p.devices > 1 else [])),
+        # 20 peer rounds: at 2 the toy rounds (~10 ms) vanished in pfl's set-up noise and
+        # pfl came out "NOT RUN: too short to time"
         Step("peers", "peers.py",
-             ["--clients=2", "--examples=10", "--rounds=2", "--engine_rounds=1", "--reps=1",
+             ["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1", "--reps=1",
               "--systems=engine,loop,pfl,flower"] + peers),
     ]
   if cpu:
@@ -298,4 +301,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=flagcheck.parse_flags)

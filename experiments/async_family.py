@@ -33,6 +33,7 @@ from absl import flags  # noqa: E402
 from fedjax_async import async_engine  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
 from fedjax_async import privacy  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
@@ -329,8 +330,7 @@ def main(argv):
 
 
 def _main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
@@ -392,4 +392,4 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=experiment.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

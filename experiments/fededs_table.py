@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
 from fedjax_async import data as data_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
 from fedjax_async import fededs  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
@@ -271,8 +272,7 @@ def write_tables(results, out_dir):
 
 def main(argv):
   """Errors: one ``error: --flag ...`` line; Ctrl-C / SIGTERM: one line, status 130 / 143."""
-  if len(argv) > 1:
-    sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(FLAGS)
   apply_quick_presets()
   try:
@@ -309,4 +309,4 @@ def _main(alphas, ks, bases, variants):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=experiment.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -34,6 +34,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
 from fedjax_async import sweep  # noqa: E402
@@ -304,8 +305,7 @@ def header_for(base: experiment.RunConfig, config: str, num_seeds: int) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(FLAGS)
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
@@ -366,4 +366,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=experiment.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
 
 ASYNC = ("fedasync", "fedbuff", "double_compensation", "privaasyncfed", "dp_fedasync")
@@ -77,8 +78,7 @@ def mode_of(argv) -> str:
 
 
 def main_rounds(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   experiment.main_from_flags(flags.FLAGS)
 
 
@@ -113,7 +113,7 @@ def main():
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
     accept_overwrite()
-    app.run(async_family.main, flags_parser=experiment.parse_flags)
+    app.run(async_family.main, flags_parser=cli.parse_flags)
   elif mode == "fededs":
     import fededs_table  # pylint: disable=g-import-not-at-top
     accept_overwrite()
@@ -124,10 +124,10 @@ def main():
     flags.FLAGS.set_default("alphas", "0.5")
     flags.FLAGS.set_default("num_clients", "10")
     app.run(lambda argv: main_fededs(argv, fededs_table),
-            flags_parser=experiment.parse_flags)
+            flags_parser=cli.parse_flags)
   else:
     experiment.define_flags()
-    app.run(main_rounds, flags_parser=experiment.parse_flags)
+    app.run(main_rounds, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

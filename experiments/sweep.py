@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
 from fedjax_async import sweep  # noqa: E402
 
@@ -41,11 +42,10 @@ flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's 
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(flags.FLAGS)
   sweep.main_from_flags(flags.FLAGS)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=experiment.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

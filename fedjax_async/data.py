@@ -707,8 +707,7 @@ def main():
   fl = _define_flags()
 
   def _run(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # stray words: refused by cli.parse_flags
     folder = os.path.dirname(os.path.abspath(fl.png)) if fl.png else ""
     if folder and not os.path.isdir(folder):  # say so before loading, not after
       raise SystemExit(f"error: --png: cannot write {fl.png}: folder {folder} does not exist")
@@ -733,8 +732,8 @@ def main():
       save_histogram_png(hist, fl.png, title)
       print(f"wrote {fl.png}")
 
-  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
-  app.run(_run, flags_parser=experiment.parse_flags)
+  from fedjax_async import cli  # pylint: disable=g-import-not-at-top
+  app.run(_run, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

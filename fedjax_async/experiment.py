@@ -809,22 +809,6 @@ def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
   return lines
 
 
-def parse_flags(argv):
-  """``app.run(main, flags_parser=parse_flags)``: absl's parse of the command line, with a
-  bad value or an unknown flag as one ``error: --flag=...: what was wrong`` line (exit
-  status 1) instead of absl's "FATAL Flags parsing error" and its help hint."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    msg = str(e)
-    if msg.startswith("flag --"):  # "flag --rounds=abc: invalid literal for int() ..."
-      msg = msg[len("flag "):]
-    elif isinstance(e, flags.UnrecognizedFlagError):
-      msg = f"--{e.flagname}: unknown flag (--helpfull lists them)"
-    sys.exit(f"error: {msg}")
-
-
 def quiet_library_logs(FLAGS):
   """orbax logs every checkpoint step at INFO through absl; keep the progress lines
   readable unless the user asked for a --verbosity."""

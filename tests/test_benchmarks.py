@@ -9,6 +9,7 @@ the final global models must agree (up to float reassociation under vmap).
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -188,6 +189,17 @@ def test_machine_names_the_device_and_the_time():
   m = common.machine()
   assert m["device_kind"] == "cpu" and m["backend"] == "cpu"
   assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["time"])
+
+
+def test_machine_records_how_to_run_the_row_again():
+  # rows named the CPU and JAX but not the command, the commit or jaxlib's version
+  m = common.machine()
+  script = os.path.relpath(os.path.abspath(sys.argv[0]), common.ROOT)
+  assert m["command"] == shlex.join([script] + sys.argv[1:])
+  assert re.fullmatch(r"([0-9a-f]{40}(\+dirty)?)?", m["git"])
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  assert m["jaxlib"] == jaxlib.__version__ and m["numpy"] == np.__version__
+  assert m["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
 def test_peer_seconds_per_round_refuses_a_run_too_short_to_time():
@@ -382,6 +394,16 @@ def test_run_all_plans_the_issue_sizes_for_each_platform():
                              ).startswith("nvidia_h100_80gb_hbm3_")
 
 
+def test_run_all_quick_times_the_peers_over_enough_rounds():
+  # --quick gave the peers 2 rounds of ~10 ms: pfl's set-up noise swallowed them and the
+  # smoke run reported pfl "NOT RUN: ... too short to time; use more --rounds"
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  quick = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), True, "py")
+  peers = next(s for s in quick if s.name == "peers")
+  rounds = [int(a.split("=")[1]) for a in peers.args if a.startswith("--rounds=")]
+  assert rounds and rounds[0] >= 20
+
+
 def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
   from benchmarks import run_all  # pylint: disable=g-import-not-at-top
   env = dict(common.child_env(), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
@@ -486,7 +508,7 @@ def test_benchmark_counts_below_one_are_refused_naming_the_flag(script, flag):
   # they used to run (cnn_profile with K = 0 and conv_in_scan with no repetition wrote rows)
   proc = _check_args(script, flag)
   assert proc.returncode == 1
-  assert f"flag {flag}: 0 is not a positive integer" in proc.stderr
+  assert proc.stderr.strip().splitlines() == [f"error: {flag}: 0 is not a positive integer"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -516,6 +538,11 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     assert r["streamed_over_block"] == pytest.approx(r["streamed_s"] / r["block_s"])
   assert rows[0]["server_streamed_ms"] > 0 and rows[0]["server_block_ms"] > 0
   assert "server_streamed_ms" not in rows[1]  # the server-only timing is PAFed's
+  # the machine at the top level, as in the other benchmarks' rows, so the CSV has it too
+  # (it was nested under "machine", which the CSV leaves out)
+  assert all(r["cpu"] and r["jax"] and r["time"] for r in rows)
+  header = open(tmp_path / "server_stream.csv").readline().strip().split(",")
+  assert {"cpu", "allocator", "jax", "time", "git", "command"} <= set(header)
   bad = subprocess.run(
       [sys.executable, os.path.join(common.ROOT, "benchmarks", "server_stream.py"),
        "--clients=1"], env=env, capture_output=True, text=True, timeout=120)
@@ -539,6 +566,9 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("server_stream.py", ["--algorithms=fedfoo"],
      "--algorithms: each item must be one of fedavg, fedprox, fednova, fedadmm, pafed"),
     ("server_stream.py", ["--algorithms=fedasync"], "--algorithms: each item must be one of"),
+    # --model used to be checked in main only: it passed --only_check_args, then printed
+    # the whole usage text
+    ("server_stream.py", ["--model=resnet"], "--model=resnet: value should be one of"),
     ("sweep_vs_sequential.py", ["--algorithm=foo"], "--algorithm: expected one of fedavg"),
     ("scaling.py", ["--verify=cnn:2:4"], "--verify: expected model:N:K with N >= K"),
     ("scaling.py", ["--k_fixed_logreg=20", "--n_logreg=10,100"],
@@ -560,6 +590,9 @@ def test_bad_flag_values_are_refused_up_front_naming_the_flag(script, argv, mess
   proc = _check_args(script, *argv)
   assert proc.returncode == 1, proc.stderr[-2000:]
   assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  # one line (cli.parse_flags), not absl's "FATAL Flags parsing error" block
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: --") and message in last and "FATAL" not in proc.stderr
 
 
 @pytest.mark.parametrize("script,argv", [
@@ -574,6 +607,27 @@ def test_bad_flag_values_are_refused_up_front_naming_the_flag(script, argv, mess
 def test_good_flag_values_pass_the_checks(script, argv):
   proc = _check_args(script, *argv)
   assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["throughput.py", "cnn_profile.py", "min_depth.py",
+                                    "run_all.py", "report.py"])
+def test_a_stray_argument_is_refused_naming_it(script):
+  # a word that is not a flag was ignored and the defaults ran (minutes to hours);
+  # run_all.py and report.py refused it after printing their whole usage text
+  proc = _check_args(script, "clients=4")
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "error: unexpected argument(s) 'clients=4'" in proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_sweep_vs_sequential_help_lists_the_run_flags():
+  # --help listed --runs and --repeats only; --algorithm, --rounds ... needed --helpfull
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "sweep_vs_sequential.py"),
+       "--help"], env=common.child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=300)
+  for flag in ("--algorithm:", "--rounds:", "--participation:", "--runs:"):
+    assert flag in proc.stdout, flag
 
 
 def _python(code, cwd=None, **env):
@@ -693,7 +747,10 @@ def test_peers_says_a_peer_did_not_run_instead_of_a_nan_speed_up(monkeypatch, tm
   monkeypatch.setattr(common, "matmul_runner", lambda n=2048: small_matmul(256))
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(models, "train_step_flops", lambda *a: 1e6)
-  peers.main_driver(["--systems=pfl,flower", "--reps=1", "--tag=test"])
+  argv = ["--systems=pfl,flower", "--reps=1", "--tag=test"]
+  # the rows' machine names the command: the script's, not pytest's (this test's name)
+  monkeypatch.setattr(sys, "argv", [os.path.join(common.ROOT, "benchmarks", "peers.py")] + argv)
+  peers.main_driver(argv)
   out = capsys.readouterr().out
   assert "nan" not in out
   assert "[peers] flower  did not run: exit 1: ray failed" in out

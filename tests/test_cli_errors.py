@@ -234,7 +234,7 @@ FEDEDS = os.path.join(ROOT, "experiments", "fededs_table.py")
 @pytest.mark.parametrize("args,message", [
     (["--rounds=0"], "error: --rounds: must be >= 1, got 0"),  # was the whole help text
     (["--data_dir=/nonexistent_dir"], "error: /nonexistent_dir/train-images-idx3-ubyte"),
-    (["extra"], "error: unexpected arguments: extra"),  # was ignored
+    (["extra"], "error: unexpected argument(s) 'extra': flags are written --name=value"),
 ])
 def test_fededs_table_errors(tmp_path, args, message):
   out = script(FEDEDS, ["--quick", f"--output_dir={tmp_path}"] + args)
@@ -295,7 +295,7 @@ RUN = os.path.join(ROOT, "experiments", "run.py")
 @pytest.mark.parametrize("path", [RUN, SWEEP, TABLE, ASYNC, FEDEDS])
 def test_unparsable_and_unknown_flags_are_one_line_errors(path):
   """absl's "FATAL Flags parsing error ... Pass --helpshort" becomes one error line naming
-  the flag (experiment.parse_flags)."""
+  the flag (cli.parse_flags)."""
   flag = "--num_seeds" if path == TABLE else "--rounds" if path in (RUN, FEDEDS) else (
       "--num_clients")
   out = script(path, [f"{flag}=abc"])
@@ -303,3 +303,6 @@ def test_unparsable_and_unknown_flags_are_one_line_errors(path):
   assert "FATAL" not in out.stderr and "helpshort" not in out.stderr
   out = script(path, ["--no_such_flag=1"])
   assert_one_line_error(out, "error: --no_such_flag: unknown flag (--helpfull lists them)")
+  out = script(path, ["rounds=3"])  # a word that is not a flag: was ignored, or usage text
+  assert_one_line_error(out, "error: unexpected argument(s) 'rounds=3': flags are written "
+                        "--name=value (see --help)")
