@@ -33,6 +33,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import flagcheck
+from benchmarks import host
 from benchmarks import paths
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
@@ -129,10 +130,11 @@ def main(argv):
         for r in cells) + " |")
   if FLAGS.out_csv:
     os.makedirs(os.path.dirname(FLAGS.out_csv) or ".", exist_ok=True)
+    prov = host.openfhe_host()  # where and how it was measured, on each row
     with open(FLAGS.out_csv, "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=list(rows[0]))
+      w = csv.DictWriter(f, fieldnames=list(rows[0]) + list(prov))
       w.writeheader()
-      w.writerows(rows)
+      w.writerows(dict(r, **prov) for r in rows)
     print(f"\nwrote {FLAGS.out_csv}")
 
 

@@ -26,14 +26,9 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
-import datetime
 import json
 import logging
 import os
-import platform
-import shlex
-import subprocess
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -52,7 +47,9 @@ from fedjax_async import sharding  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
 
+from benchmarks import host  # noqa: E402
 from benchmarks import paths  # noqa: E402
+from benchmarks.host import allocator, cpu_model, find_tcmalloc  # noqa: E402,F401
 
 ROOT = paths.ROOT
 RESULTS_DIR = paths.RESULTS_DIR  # $FEDJAX_ASYNC_BENCH_RESULTS, else benchmarks/results
@@ -68,90 +65,18 @@ MODELS = {
 }
 
 
-def cpu_model() -> str:
-  """CPU model name and its widest vector ISA (rows from different hosts differ 2x)."""
-  name, flags = platform.processor() or platform.machine(), set()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, val = line.partition(":")
-        if key.strip() == "model name":
-          name = val.strip()
-        elif key.strip() == "flags":
-          flags = set(val.split())
-          break
-  except OSError:
-    pass
-  isa = next((i for i in ("avx512f", "avx2", "avx") if i in flags), "")
-  return f"{name} [{isa}]" if isa else name
-
-
-# tcmalloc's shared library (Debian / Ubuntu package libtcmalloc-minimal4). Preloaded, it
-# keeps freed memory for reuse where glibc unmaps large blocks: an XLA:CPU call's buffers
-# (the CNN round's [K, d] uploads, 333 MB at K = 50) then come back without ~88k page
-# faults per call (docs/performance.md section 6m).
-TCMALLOC = "tcmalloc_minimal"
-
-
-def find_tcmalloc() -> Optional[str]:
-  """tcmalloc's library name for ``LD_PRELOAD`` (e.g. ``libtcmalloc_minimal.so.4``), or
-  None where it is not installed."""
-  import ctypes.util  # pylint: disable=g-import-not-at-top
-  return ctypes.util.find_library(TCMALLOC)
-
-
-def allocator() -> str:
-  """The malloc this process runs with: ``"tcmalloc"`` or ``"jemalloc"`` when one is
-  loaded (``LD_PRELOAD``), else ``"system"`` (glibc's on Linux)."""
-  try:
-    with open("/proc/self/maps") as f:
-      maps = f.read()
-  except OSError:
-    return "system"
-  for name in ("tcmalloc", "jemalloc"):
-    if f"lib{name}" in maps:
-      return name
-  return "system"
-
-
 def machine() -> Dict[str, Any]:
-  """What the figures were measured on (and how busy it was when the run started).
+  """What the figures were measured on and how to run them again: ``host.host()`` (CPU,
+  load, allocator, command, git commit, versions, time) and JAX's side of it.
 
-  ``device_kind`` names the accelerator (``"NVIDIA H100 80GB HBM3"``; ``"cpu"`` on CPU);
-  ``allocator`` the malloc (``allocator()``); ``time`` (UTC) lets ``report.py`` keep the
-  newest row of a configuration; ``command`` (the script and its flags), ``git`` (this
-  checkout's commit, ``+dirty`` with uncommitted changes) and the versions say how to
-  run it again.
+  ``device_kind`` names the accelerator (``"NVIDIA H100 80GB HBM3"``; ``"cpu"`` on CPU).
   """
-  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
   import jaxlib  # pylint: disable=g-import-not-at-top
-  return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
-          "allocator": allocator(),
-          "command": shlex.join([os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)]
-                                + sys.argv[1:]),
-          "git": git_commit(), "python": platform.python_version(),
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+  return {**host.host(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
           "backend": jax.default_backend(),
           "devices": len(jax.devices()), "device_kind": jax.devices()[0].device_kind,
           # float32 dots and convolutions: JAX's "default" is TF32 on recent NVIDIA GPUs
-          "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
-          "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-
-
-def git_commit() -> str:
-  """This checkout's commit (``+dirty`` with uncommitted changes to tracked files), or
-  ``""`` outside a git checkout."""
-  def git(*args):
-    return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
-                          timeout=30)
-  try:
-    head = git("rev-parse", "HEAD")
-    if head.returncode:
-      return ""
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return ""
-  return head.stdout.strip() + ("+dirty" if dirty else "")
+          "matmul_precision": str(jax.config.jax_default_matmul_precision or "default")}
 
 
 def child_env(**extra: str) -> Dict[str, str]:

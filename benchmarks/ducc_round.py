@@ -29,6 +29,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import flagcheck
+from benchmarks import host
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
@@ -155,11 +156,13 @@ def main(argv):
   for r in rows:
     print(" | ".join(f"{r.get(k, float('nan')):.4g}" if not isinstance(r.get(k), int)
                      else str(r[k]) for k in keys))
-  if FLAGS.out_csv:
+  if FLAGS.out_csv:  # each row with where and how it was measured (host.openfhe_host)
+    prov = host.openfhe_host()
     with open(FLAGS.out_csv, "w", newline="") as f:
-      writer = csv.DictWriter(f, fieldnames=keys + ["extrapolated"], extrasaction="ignore")
+      writer = csv.DictWriter(f, fieldnames=keys + ["extrapolated"] + list(prov),
+                              extrasaction="ignore")
       writer.writeheader()
-      writer.writerows(rows)
+      writer.writerows(dict(r, **prov) for r in rows)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import flagcheck
+from benchmarks import host
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
@@ -234,11 +235,12 @@ def main(argv):
   print("\n" + " | ".join(keys))
   for r in rows:
     print(" | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
-  if FLAGS.out_csv:
+  if FLAGS.out_csv:  # each row with where and how it was measured (host.openfhe_host)
+    prov = host.openfhe_host()
     with open(FLAGS.out_csv, "w", newline="") as f:
-      writer = csv.DictWriter(f, fieldnames=keys)
+      writer = csv.DictWriter(f, fieldnames=keys + list(prov))
       writer.writeheader()
-      writer.writerows(rows)
+      writer.writerows(dict(r, **prov) for r in rows)
   if FLAGS.png:
     plot(rows, FLAGS.png)
 

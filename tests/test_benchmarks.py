@@ -6,6 +6,8 @@ vmapped engine. Each runner here trains the same rounds from the same initial mo
 the final global models must agree (up to float reassociation under vmap).
 """
 
+import csv
+import io
 import json
 import os
 import re
@@ -669,7 +671,10 @@ def test_classification_error_writes_under_the_results_dir_not_the_cwd(tmp_path)
       env=common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(results)),
       capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert (results / "classification_error.csv").read_text().startswith("d,depth,")
+  text = (results / "classification_error.csv").read_text()
+  assert text.startswith("d,depth,")
+  row = next(csv.DictReader(io.StringIO(text)))
+  assert "--preset=insecure_test --depths=1" in row["command"] and row["openfhe"]
   assert list(cwd.iterdir()) == []
   # without the variable: this checkout's benchmarks/results, wherever the run starts
   env = common.child_env()
@@ -776,6 +781,12 @@ def test_ducc_round_times_every_stage_of_the_protocol(tmp_path):
   assert list(rows[0])[2:2 + len(stages)] == stages
   for r in rows:
     assert all(float(r[s]) > 0 for s in stages)
+  # each row says where and how it ran (the crypto benchmarks recorded nothing of it)
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  for r in rows:
+    assert r["openfhe"] == importlib.metadata.version("openfhe")
+    assert r["command"].startswith("benchmarks/ducc_round.py --security=insecure")
+    assert r["cpu"] and r["time"] and re.fullmatch(r"([0-9a-f]{40}(\+dirty)?)?", r["git"])
 
 
 @pytest.mark.parametrize("script,args", [
