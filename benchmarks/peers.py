@@ -381,7 +381,9 @@ def main_driver(argv):
       print(f"[peers] {name:7s} did not run: {notes.get(name, '') or 'no time'}", flush=True)
       continue
     vs_engine = ("" if name == "engine" or "engine" not in res
-                 else f"engine is {row['engine_speedup']:.3g}x faster   ")
+                 else f"engine is {row['engine_speedup']:.3g}x faster   "
+                 if row["engine_speedup"] >= 1 else
+                 f"engine is {1 / row['engine_speedup']:.3g}x slower   ")
     print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
           f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.1f} % of peak)  "
           f"{vs_engine}{notes.get(name, '')}", flush=True)

@@ -399,7 +399,14 @@ def main(argv):
     rows = load(FLAGS.results_dir)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  rows = select(rows, tags=FLAGS.tag, machine=FLAGS.machine)
+  chosen = select(rows, tags=FLAGS.tag, machine=FLAGS.machine)
+  if rows and not chosen:  # a filter that matches nothing: say what there is
+    tags = sorted({r.get("tag", "") for r in rows} - {""})
+    labels = sorted({machine_label(r) for r in rows})
+    raise app.UsageError(
+        f"--tag / --machine: no rows under {FLAGS.results_dir} match (tags there: "
+        f"{', '.join(tags) or 'none'}; machines: {'; '.join(labels)})")
+  rows = chosen
   text = render(rows)
   print(text)
   if FLAGS.output:

@@ -249,8 +249,7 @@ def summary(done: List[tuple]) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # stray words: refused by cli.parse_flags
   results = os.path.abspath(FLAGS.results_dir or paths.results_dir())
   env = allocator_env(FLAGS.allocator,
                       dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results))
@@ -261,6 +260,10 @@ def main(argv):
   print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
         f"{tag!r}; {len(steps)} step(s); rows to {results}; malloc: "
         f"{env.get('LD_PRELOAD') or 'the system allocator'}", flush=True)
+  if any(s.name == "peers" for s in steps) and not os.path.exists(FLAGS.peers_python):
+    print(f"warning: --peers_python={FLAGS.peers_python} does not exist: the peers step "
+          "will report pfl and Flower as not run (install them with "
+          "benchmarks/requirements-peers.txt, see BUILD.md)", file=sys.stderr, flush=True)
   errors = check_flags(steps, tag, env)
   if errors:
     sys.exit("error: these steps' flags were refused, nothing was run:\n  "

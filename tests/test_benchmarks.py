@@ -525,6 +525,34 @@ def test_report_cli_names_the_bad_path(argv, message):
   assert "Traceback" not in proc.stderr
 
 
+def test_report_cli_says_which_tags_exist_when_the_filter_matches_nothing(tmp_path):
+  # it printed "(no rows)" and exited 0
+  (tmp_path / "throughput.jsonl").write_text("\n".join(json.dumps(r) for r in [
+      _row("throughput", "epyc", "2026-01-02T00:00:00Z", model="logreg"),
+      _row("throughput", "h100", "2026-01-03T00:00:00Z", model="logreg")]) + "\n")
+  run = lambda *a: subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "report.py"),
+       f"--results_dir={tmp_path}", *a], env=common.child_env(), capture_output=True,
+      text=True)
+  proc = run("--tag=h200")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert (f"--tag / --machine: no rows under {tmp_path} match (tags there: epyc, h100; "
+          "machines: Test CPU [avx2])") in proc.stderr
+  assert run("--tag=h100").returncode == 0
+
+
+def test_run_all_warns_up_front_of_a_missing_peers_python(tmp_path):
+  # it said so only when the peers step ran, after the others
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--dry_run",
+       "--quick", "--only=peers", "--peers_python=/nonexistent/python",
+       f"--results_dir={tmp_path}"], env=common.child_env(), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert ("warning: --peers_python=/nonexistent/python does not exist: the peers step will "
+          "report pfl and Flower as not run") in proc.stderr
+
+
 def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path):
   env = common.child_env(JAX_PLATFORMS="cpu", FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
   proc = subprocess.run(
