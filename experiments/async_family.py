@@ -12,6 +12,12 @@ accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histog
 updates per virtual second, wall time, and for DP runs the epsilon spent); several runs end
 with ``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean
 of 10 arrivals) against the virtual clock.
+
+Each run is checkpointed every ``--checkpoint_every`` calls of ``--groups_per_call``
+groups (``<run>/checkpoints``: the state, the rows so far and the flags). After Ctrl-C,
+SIGTERM or a crash, the same command with ``--resume`` reads back the finished runs and
+continues the others from their latest checkpoint, to the result of an uninterrupted run
+(tested); flags that change the results must be the same (else it says which differ).
 """
 
 from __future__ import annotations
@@ -20,17 +26,20 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from fedjax_async import async_engine  # noqa: E402
+from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
 from fedjax_async import cli  # noqa: E402
@@ -115,6 +124,14 @@ F.DEFINE_string("dp_noise", "alg1", "alg1 (the seed's sigma = lr 2C/(|D_k| eps) 
 F.DEFINE_integer("eval_every", 20, "Evaluate every k server updates (and at the end).")
 F.DEFINE_integer("groups_per_call", 50, "Groups fused into one jitted scan.")
 F.DEFINE_string("output_dir", "runs/async", "Where metrics and summaries go.")
+F.DEFINE_integer("checkpoint_every", 1, "Checkpoint a run every k calls of "
+                 "--groups_per_call groups (under <run>/checkpoints; 0: off).")
+F.DEFINE_boolean("resume", False, "Continue each run from its latest checkpoint (a run "
+                 "whose summary.json was made with the same flags is read back, not run).")
+# Flags that do not change a run's results: a checkpoint or summary made with other
+# values of these is still the same run.
+RESUME_FREE_FLAGS = ("output_dir", "resume", "checkpoint_every", "groups_per_call",
+                     "overwrite", "eval_every")
 FLAGS = F.FLAGS
 
 
@@ -175,6 +192,8 @@ def validate(fl):
           "Gaussian steps of plain SGD)")
   check(fl.eval_every >= 1, "eval_every", f"must be >= 1, got {fl.eval_every}")
   check(fl.groups_per_call >= 1, "groups_per_call", f"must be >= 1, got {fl.groups_per_call}")
+  check(fl.checkpoint_every >= 0, "checkpoint_every",
+        f"must be >= 0 (0: off), got {fl.checkpoint_every}")
   classes = (vc.PRIVAASYNCFED_CLASSES if fl.device_classes == "privaasyncfed"
              else vc.parse_device_classes(fl.device_classes))
   if "privaasyncfed" in names:
@@ -198,6 +217,15 @@ def hparams(fl, mix_alpha):
           "dc_lambda": fl.dc_lambda, "dc_lambda_t": fl.dc_lambda_t,
           "loss_threshold": fl.loss_threshold, "beta": fl.beta, "dp_epsilon": fl.dp_epsilon,
           "dp_clip": fl.dp_clip, "dp_delta": fl.dp_delta, "dp_noise_multiplier": 0.0}
+
+
+def run_config(fl, run_name: str) -> dict:
+  """What a run's checkpoints and summary.json store to compare with on --resume: this
+  driver's flags that change the results (not RESUME_FREE_FLAGS), and the run's name."""
+  module = sys.modules[__name__]
+  names = sorted(f.name for f in fl.get_flags_for_module(module)
+                 if f.name not in RESUME_FREE_FLAGS)
+  return {"run": run_name, **{n: fl[n].value for n in names}}
 
 
 def load(fl, pruned: bool = False):
@@ -268,34 +296,83 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
     state, data, masks = jax.block_until_ready(sharding.replicate((state, data, masks), mesh))
   runner = async_engine.make_runner(apply_flat, algorithm, cfg)
   os.makedirs(out_dir, exist_ok=True)
+  config = run_config(fl, run_name)
+  ckpt_dir = os.path.join(out_dir, "checkpoints")
+  start_group, rows_before, wall_before = 0, [], 0.0
+  if not fl.resume and os.path.isdir(ckpt_dir):
+    shutil.rmtree(ckpt_dir)  # a fresh run: the previous one's checkpoints are not its own
+  ckpt = checkpoint_lib.Checkpointer(ckpt_dir) if fl.checkpoint_every or fl.resume else None
+  if fl.resume and ckpt.latest_round() is not None:
+    try:  # the flags first, then the state
+      saved, now = ckpt.restore_meta()["config"], checkpoint_lib.to_json_ready(config)
+      bad = experiment.config_mismatch(saved, now)
+      if bad:
+        ckpt.close()
+        raise ValueError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
+                         "flags: " + ", ".join(f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
+                                               for k in bad)
+                         + "; rerun without --resume to start over")
+      restored = ckpt.restore(state)
+    except checkpoint_lib.CheckpointError as e:
+      ckpt.close()
+      raise ValueError(f"--resume: {e}; delete that folder to resume from the one before, "
+                       "or rerun without --resume to start over") from None
+    state = jax.tree.map(jnp.asarray, restored.state)
+    if mesh is not None:
+      state = jax.block_until_ready(sharding.replicate(state, mesh))
+    start_group, rows_before = restored.round, restored.rows
+    wall_before = float(restored.extra.get("wall_time_s", 0.0))
+    print(f"[{run_name}] resumed from {ckpt_dir} at group {start_group} of "
+          f"{groups['valid'].shape[0]} ({len(rows_before)} arrivals done)", flush=True)
   t0 = time.perf_counter()
-  done, last_acc = [0], [float("nan")]  # last evaluated accuracy, shown between evals
+  done, last_acc = [len(rows_before)], [float("nan")]  # last accuracy, shown between evals
+  all_rows = list(rows_before)
+  group_end = [start_group]
+  num_groups = groups["valid"].shape[0]
   with open(os.path.join(out_dir, "metrics.jsonl"), "w") as mf:
+    for r in rows_before:  # a resumed run rewrites the rows of its checkpoint first
+      mf.write(json.dumps(r) + "\n")
 
-    def on_chunk(_, rows):
+    def on_chunk(new_state, rows):
       for r in rows:
         mf.write(json.dumps(r) + "\n")
       mf.flush()
+      all_rows.extend(rows)
+      group_end[0] = min(group_end[0] + fl.groups_per_call, num_groups)
+      calls = -(-(group_end[0] - start_group) // fl.groups_per_call)
+      if ckpt is not None and fl.checkpoint_every and (
+          calls % fl.checkpoint_every == 0 or group_end[0] == num_groups):
+        ckpt.save(group_end[0], new_state, all_rows, config,
+                  {"wall_time_s": wall_before + time.perf_counter() - t0})
       done[0] += len(rows)
+      if not rows:
+        return
       acc = [r["test_accuracy"] for r in rows
              if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
       if acc:
         last_acc[0] = acc[-1]
       elapsed = max(time.perf_counter() - t0, 1e-9)
-      rate = done[0] / elapsed
+      rate = (done[0] - len(rows_before)) / elapsed
       version = rows[-1]["arrival_version"] + 1
       # ETA from the server versions still to come at the rate seen so far
-      eta = (schedule.num_updates - version) * elapsed / max(version, 1)
+      first = rows_before[-1]["arrival_version"] + 1 if rows_before else 0
+      eta = (schedule.num_updates - version) * elapsed / max(version - first, 1)
       print(f"[{run_name}] version {version}/{schedule.num_updates}"
             f" arrivals {done[0]} acc {last_acc[0]:.4f} "
             f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
             f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
             f"arrivals/s ETA {eta:.0f}s", flush=True)
 
-    state, rows = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
-                                        scale_index, eval_every=fl.eval_every,
-                                        groups_per_call=fl.groups_per_call, on_chunk=on_chunk)
-  wall = time.perf_counter() - t0
+    try:
+      state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
+                                       scale_index, eval_every=fl.eval_every,
+                                       groups_per_call=fl.groups_per_call,
+                                       on_chunk=on_chunk, start_group=start_group)
+    finally:
+      if ckpt is not None:
+        ckpt.close()
+  rows = all_rows
+  wall = wall_before + time.perf_counter() - t0
   accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
   summary = {
       "run": run_name, "algorithm": algo_name, "dataset": getattr(fed, "name", fl.dataset),
@@ -309,6 +386,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
       "wall_time_s": wall, "kept_arrivals_per_wall_second": len(rows) / max(wall, 1e-9),
       "groups": int(groups["valid"].shape[0]), "group_size": group_size,
       "hparams": {k: float(v) for k, v in hp.items()},
+      "config": config,
   }
   summary.update(schedule.summary())
   if algorithm.dp:
@@ -322,11 +400,27 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   return summary
 
 
+def finished_run(fl, run_name: str, out_dir: str):
+  """The summary of a finished run under ``out_dir`` made with the same flags, else None
+  (--resume then continues it from its checkpoint, or runs it)."""
+  try:
+    with open(os.path.join(out_dir, "summary.json")) as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return None
+  saved = summary.get("config")
+  if not isinstance(saved, dict) or experiment.config_mismatch(
+      saved, checkpoint_lib.to_json_ready(run_config(fl, run_name))):
+    return None
+  return summary
+
+
 def main(argv):
-  """Ctrl-C / SIGTERM: one line (these runs take no checkpoints), exit status 130 / 143."""
+  """Ctrl-C / SIGTERM: one line naming --resume, exit status 130 / 143."""
   experiment.exit_on_interrupt(
-      lambda: _main(argv), "virtual-clock runs take no checkpoints: the metrics of the "
-      f"arrivals so far are under {FLAGS.output_dir}; rerun the same command to start again")
+      lambda: _main(argv), f"the runs under {FLAGS.output_dir} are checkpointed every "
+      f"--checkpoint_every={FLAGS.checkpoint_every} call(s) of --groups_per_call groups: "
+      "rerun the same command with --resume to continue them")
 
 
 def _main(argv):
@@ -359,12 +453,18 @@ def _main(argv):
   summaries, curves = [], {}
   for run_name, algo, alpha in runs:
     out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)
+    s = finished_run(FLAGS, run_name, out) if FLAGS.resume else None
     try:
-      s = run_one(FLAGS, run_name, algo, hparams(FLAGS, alpha), clock, scales, fed, model,
-                  out)
+      if s is None:
+        s = run_one(FLAGS, run_name, algo, hparams(FLAGS, alpha), clock, scales, fed,
+                    model, out)
+      else:
+        print(f"[{run_name}] read back from {out} (finished, same flags)", flush=True)
     except engine.Diverged as e:
       print(f"[{run_name}] diverged: {e}", flush=True)
       continue
+    except ValueError as e:  # --resume over a run made with other flags, or unreadable
+      sys.exit(f"error: {e}")
     summaries.append(s)
     curves[run_name] = experiment.read_metrics(out)
     eps = s.get("privacy", {}).get("epsilon_spent_max")

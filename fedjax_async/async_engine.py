@@ -359,8 +359,13 @@ def eval_groups(groups: Dict[str, np.ndarray], schedule: virtual_clock.Schedule,
 def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups, hp,
              data: engine.DeviceData, masks, scale_index, *, eval_every: int = 10,
              groups_per_call: int = 50,
-             on_chunk: Optional[Callable[[AsyncState, List[dict]], None]] = None):
-  """Runs all groups; returns (state, rows), one row per kept arrival (in order)."""
+             on_chunk: Optional[Callable[[AsyncState, List[dict]], None]] = None,
+             start_group: int = 0):
+  """Runs groups ``start_group ..`` (0: all); returns (state, rows), one row per kept
+  arrival (in order). ``state`` is the state before group ``start_group`` (a checkpoint's,
+  to continue a run: per-task keys come from the dispatch index, so the continuation
+  computes what the uninterrupted run does). ``on_chunk(state, rows)`` after each call of
+  ``groups_per_call`` groups."""
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   num_groups = groups["valid"].shape[0]
   schedule_eval = eval_groups(groups, schedule, eval_every)
@@ -368,7 +373,7 @@ def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups
   scale_index = jnp.asarray(scale_index, jnp.int32)
   fields = {f: groups[f] for f in GROUP_FIELDS}
   all_rows = []
-  for start in range(0, num_groups, groups_per_call):
+  for start in range(int(start_group), num_groups, groups_per_call):
     end = min(start + groups_per_call, num_groups)
     pad = groups_per_call - (end - start)  # pad with empty groups: one compiled shape
     chunk = {f: np.concatenate([v[start:end], np.zeros((pad,) + v.shape[1:], v.dtype)])

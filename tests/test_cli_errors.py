@@ -272,9 +272,11 @@ def interrupt_on(proc, marker, sig):
      "interrupted (SIGINT): the runs of every finished computation are stored under "
      "{out}/runs: rerun the same command with --resume to run only the others"),
     (ASYNC, ASYNC_ARGS[:2] + ["--num_updates=3000", "--eval_every=1000",
-                              "--groups_per_call=1"], " version ", "SIGTERM",
-     "interrupted (SIGTERM): virtual-clock runs take no checkpoints: the metrics of the "
-     "arrivals so far are under {out}; rerun the same command to start again"),
+                              "--groups_per_call=1", "--checkpoint_every=0"], " version ",
+     "SIGTERM",
+     "interrupted (SIGTERM): the runs under {out} are checkpointed every "
+     "--checkpoint_every=0 call(s) of --groups_per_call groups: rerun the same command "
+     "with --resume to continue them"),
 ], ids=["sweep", "async_family"])
 def test_interrupted_drivers_say_so_in_one_line_without_a_traceback(tmp_path, path, args,
                                                                      marker, sig, says):
@@ -287,6 +289,37 @@ def test_interrupted_drivers_say_so_in_one_line_without_a_traceback(tmp_path, pa
   assert proc.returncode == 128 + signum, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   assert err.strip().splitlines()[-1] == says.format(out=tmp_path), err[-3000:]
+
+
+def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp_path):
+  """SIGTERM during a virtual-clock run, then the same command with --resume: the run
+  continues from its latest checkpoint (one per call of --groups_per_call groups) and its
+  metrics equal an uninterrupted run's; a finished run is read back, not run again; a
+  flag that changes the results is refused, naming it."""
+  import signal  # pylint: disable=g-import-not-at-top
+  args = ["--num_clients=6", "--concurrency=2", "--num_updates=200", "--eval_every=50",
+          "--groups_per_call=1", "--algorithm=fedasync,fedbuff", "--buffer_k=2"]
+  out = tmp_path / "run"
+  proc = start_interruptible(ASYNC, args + [f"--output_dir={out}"])
+  _, err = interrupt_on(proc, "[fedasync] version ", signal.SIGTERM)
+  assert proc.returncode == 143, err[-3000:]
+  assert not (out / "fedasync" / "summary.json").exists()
+  done = script(ASYNC, args + [f"--output_dir={out}", "--resume"])
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "[fedasync] resumed from " in done.stdout, done.stdout[-3000:]
+  ref = script(ASYNC, args + [f"--output_dir={tmp_path / 'ref'}", "--checkpoint_every=0"])
+  assert ref.returncode == 0, ref.stderr[-3000:]
+  strip = lambda path: [{k: v for k, v in json.loads(l).items() if k != "wall_time"}
+                        for l in open(path)]
+  for run in ("fedasync", "fedbuff"):
+    assert strip(out / run / "metrics.jsonl") == strip(tmp_path / "ref" / run /
+                                                      "metrics.jsonl"), run
+  again = script(ASYNC, args + [f"--output_dir={out}", "--resume"])
+  assert "[fedbuff] read back from" in again.stdout, again.stdout[-3000:]
+  other = script(ASYNC, args + [f"--output_dir={out}", "--resume", "--lr=0.1"])
+  assert_one_line_error(other, f"error: --resume: the checkpoint under "
+                        f"{out / 'fedasync' / 'checkpoints'} was made with other flags: "
+                        "--lr=0.05 (now 0.1)")
 
 
 RUN = os.path.join(ROOT, "experiments", "run.py")
