@@ -109,7 +109,7 @@ class EngineConfig:
       raise ValueError(f"EngineConfig.eval_batch must be >= 1, got {self.eval_batch}")
     if self.client_chunk is not None and self.client_chunk < 1:
       raise ValueError(f"EngineConfig.client_chunk must be None (one vmap over all K "
-                       f"clients) or >= 1 (clients per lax.map chunk), got "
+                       f"clients) or >= 1 (clients per lax.scan chunk), got "
                        f"{self.client_chunk}")
 
 

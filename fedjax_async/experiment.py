@@ -69,7 +69,7 @@ class RunConfig:
   seed: int = 0
   eval_every: int = 1
   rounds_per_call: int = 10
-  client_chunk: int = -1  # G: a round's clients in lax.map chunks of G; 0 one vmap; -1 auto
+  client_chunk: int = -1  # G: a round's clients in lax.scan chunks of G; 0 one vmap; -1 auto
   devices: int = 0  # D: a round's clients split over the first D devices; 0 = all of them
   output_dir: str = "runs/latest"
   secure_aggregation: str = "none"
@@ -214,7 +214,7 @@ def define_flags():
   f.DEFINE_integer("eval_every", d.eval_every, "Evaluate every k rounds (and the last 10).")
   f.DEFINE_integer("rounds_per_call", d.rounds_per_call,
                    "Rounds fused into one jitted scan between host visits.")
-  f.DEFINE_integer("client_chunk", d.client_chunk, "Train a round's clients as lax.map over "
+  f.DEFINE_integer("client_chunk", d.client_chunk, "Train a round's clients as a lax.scan over "
                    "chunks of this many vmapped clients (0: one vmap over all; -1: auto, "
                    "1 for models of >= 100k parameters on CPU, else 0).")
   f.DEFINE_integer("devices", d.devices, "D: split each round's clients over the first D "

@@ -1,7 +1,7 @@
 """Flax (linen) models for the simulator, with a vmap-friendly convolution.
 
 The engine trains every client of a round inside one ``jax.vmap`` over a client axis
-(or, for large models on CPU, one client per ``lax.map`` step: ``client_chunk=1``), each
+(or, for large models on CPU, one client per ``lax.scan`` step: ``client_chunk=1``), each
 client with its own flat parameter vector, and always inside ``lax.scan`` loops (local
 steps, rounds). Convolutions are where XLA:CPU is fragile there, so the convolutional
 models take ``impl``:

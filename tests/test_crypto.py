@@ -20,7 +20,7 @@ from fedjax_async.crypto import vectors
 
 PRESET = "insecure_test"
 DIM = 1500  # two ciphertexts of 1024 slots: exercises chunking
-D_SMALL = 5  # Cheon iterations for the fast protocol (depth 2*5 + 7 = 17)
+D_SMALL = 5  # Cheon iterations for the fast protocol (DUCC depth 2*5 + 8 = 18)
 D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth 28)
 ALPHAS = (0.7, 0.5, 0.3)
 
