@@ -128,10 +128,10 @@ F.DEFINE_integer("checkpoint_every", 1, "Checkpoint a run every k calls of "
                  "--groups_per_call groups (under <run>/checkpoints; 0: off).")
 F.DEFINE_boolean("resume", False, "Continue each run from its latest checkpoint (a run "
                  "whose summary.json was made with the same flags is read back, not run).")
-# Flags that do not change a run's results: a checkpoint or summary made with other
-# values of these is still the same run.
-RESUME_FREE_FLAGS = ("output_dir", "resume", "checkpoint_every", "groups_per_call",
-                     "overwrite", "eval_every")
+# Flags that change neither a run's model nor its metrics rows: a checkpoint or summary
+# made with other values of these is still the same run (--eval_every is not among them:
+# it decides which rows carry a test accuracy).
+RESUME_FREE_FLAGS = ("output_dir", "resume", "checkpoint_every", "groups_per_call")
 FLAGS = F.FLAGS
 
 
