@@ -13,6 +13,16 @@ by every base algorithm; then each base in --bases runs as ``base`` (fixed
 decay 1e-4). Outputs: table.md / table.csv (final and best top-1 accuracy, rounds to
 --target_accuracy), rows.jsonl (per-round metrics), encryption_grid.png and
 privacy.json (PSNR / SSIM of encrypted vs original, layer on / off: Fig. 3).
+
+Nothing finished is lost to an interruption. Under ``runs/alpha<a>_K<k>/`` each setting
+keeps Alg. 1's encrypted sets (``alg1.npz``, written once complete) and each run its
+``metrics.jsonl``, ``summary.json`` and a checkpoint every ``--checkpoint_every`` rounds.
+After Ctrl-C, SIGTERM or a crash, the same command with ``--resume`` reads back the
+finished runs and Alg. 1's sets and continues the others from their latest checkpoint, to
+the rows of an uninterrupted run; flags that change the results are compared first (the
+grid flags --alphas, --num_clients, --bases, --variants and --privacy may change: a
+resumed command can add settings). A folder that holds a FedEDS run is refused unless
+``--resume`` or ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -31,6 +42,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_async import algorithms  # noqa: E402
+from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
 from fedjax_async import data as data_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
 from fedjax_async import cli  # noqa: E402
@@ -69,6 +81,15 @@ flags.DEFINE_integer("rounds_per_call", 1, "Rounds per jitted call (one progress
 flags.DEFINE_string("data_dir", None, "Fashion-MNIST IDX directory (default: the system one).")
 flags.DEFINE_boolean("privacy", True, "Save the encryption grid and privacy report "
                      "(trains a second set of encryptors without the layer, first setting).")
+flags.DEFINE_integer("checkpoint_every", 5, "Checkpoint each run every k rounds (at the end "
+                     "of a --rounds_per_call call; under runs/<setting>/<run>/checkpoints; "
+                     "0: off).")
+flags.DEFINE_boolean("resume", False, "Read back the finished runs and Alg. 1's encrypted "
+                     "sets under --output_dir and continue the other runs from their latest "
+                     "checkpoint.")
+flags.DEFINE_boolean("overwrite", False, "Delete the FedEDS outputs in --output_dir and "
+                     "start over; without it (or --resume) a folder holding a run is "
+                     "refused.")
 
 FLAGS = flags.FLAGS
 QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2,fededs",
@@ -77,6 +98,13 @@ QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2
              target_accuracy=0.6)
 VARIANTS = {"base": (False, False), "s1": (True, False), "s2": (False, True),
             "fededs": (True, True)}
+# Flags that change no run's model or rows: the grid (a resumed command may add settings),
+# where the outputs go, and --quick (its presets are compared as the flags they set).
+RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every", "quick",
+                     "alphas", "num_clients", "bases", "variants", "privacy")
+# Everything this driver writes into --output_dir (--overwrite deletes these alone).
+OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
+           "encryption_grid.png", "runs")
 
 
 def _floats(name):
@@ -130,6 +158,7 @@ def validate():
             ("unet_width", FLAGS.unet_width >= 1, ">= 1"),
             ("share_rows", FLAGS.share_rows >= 0, ">= 0"),
             ("rounds_per_call", FLAGS.rounds_per_call >= 1, ">= 1"),
+            ("checkpoint_every", FLAGS.checkpoint_every >= 0, ">= 0 (0: off)"),
             ("seed", FLAGS.seed >= 0, ">= 0")]
   for name, ok, expected in checks:
     if not ok:
@@ -141,6 +170,9 @@ def validate():
                          f"features), got {FLAGS.hidden}")
   if FLAGS.transfer_mode not in ("sample", "all"):
     raise app.UsageError(f"--transfer_mode must be sample or all, got {FLAGS.transfer_mode!r}")
+  if FLAGS.resume and FLAGS.overwrite:
+    raise app.UsageError("--overwrite: cannot be combined with --resume (--resume continues "
+                         "the runs in --output_dir, --overwrite deletes them)")
   return alphas, ks, bases, variants
 
 
@@ -188,7 +220,146 @@ def privacy_outputs(model, encryptor, theta0, layers, dev, cfg, gen, out_dir):
   print("[fededs] privacy:", json.dumps(rep), flush=True)
 
 
-def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, jsonl):
+def run_flags() -> dict:
+  """The flags that change the results (not RESUME_FREE_FLAGS), as each run's summary and
+  checkpoints store them to compare with on --resume."""
+  module = sys.modules[__name__]
+  names = sorted(f.name for f in FLAGS.get_flags_for_module(module)
+                 if f.name not in RESUME_FREE_FLAGS)
+  return checkpoint_lib.to_json_ready({n: FLAGS[n].value for n in names})
+
+
+def flags_mismatch(saved: dict, now: dict) -> str:
+  """'--lr=0.01 (now 0.02), ...' for the result-changing flags that differ ('' if none)."""
+  keys = sorted((set(saved) | set(now)) - set(RESUME_FREE_FLAGS))
+  return ", ".join(f"--{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in keys
+                   if saved.get(k) != now.get(k))
+
+
+def setting_dir(out_dir, alpha, k):
+  return os.path.join(out_dir, "runs", f"alpha{alpha:g}_K{k}")
+
+
+def _atomic_json(path, obj):
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2)
+  os.replace(tmp, path)
+
+
+def save_generation(path: str, gen: fededs.Generation, config: dict):
+  """Alg. 1's outputs that the runs and Fig. 3 use (the shared sets, the per-epoch losses),
+  written under a temporary name and renamed: a file there is complete."""
+  sh = gen.shared
+  arrays = {"x": sh.x, "soft": sh.soft, "counts": sh.counts,
+            "pretrain_loss": gen.pretrain_loss, "encryptor_loss": gen.encryptor_loss,
+            **{f"layer.{n}": v for n, v in sh.layers.items()}}
+  tmp = path + ".tmp.npz"
+  np.savez(tmp, config=np.asarray(json.dumps(config)),
+           **{n: np.asarray(jax.device_get(v)) for n, v in arrays.items()})
+  os.replace(tmp, path)
+
+
+def load_generation(path: str, config: dict):
+  """``save_generation``'s file as a ``fededs.Generation`` (no local models), or None when
+  there is none or it was made with other flags."""
+  try:
+    with np.load(path) as z:
+      if json.loads(str(z["config"])) != config:
+        return None
+      arrays = {n: z[n] for n in z.files if n != "config"}
+  except (OSError, ValueError, KeyError):
+    return None
+  layers = {n[len("layer."):]: jax.numpy.asarray(v) for n, v in arrays.items()
+            if n.startswith("layer.")}
+  shared = fededs.SharedData(jax.numpy.asarray(arrays["x"]), jax.numpy.asarray(arrays["soft"]),
+                             jax.numpy.asarray(arrays["counts"]), layers)
+  return fededs.Generation(shared, arrays["pretrain_loss"], arrays["encryptor_loss"], None,
+                           None)
+
+
+def finished_run(run_dir: str, config: dict):
+  """(result, rows) of a finished run under ``run_dir`` made with ``config``, else None."""
+  try:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+      summary = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError):
+    return None
+  if summary.get("config") != config or len(rows) != FLAGS.rounds:
+    return None
+  return summary["result"], rows
+
+
+def run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal, share, run_dir,
+                config):
+  """One run with checkpoints every --checkpoint_every rounds; with --resume it continues
+  from the latest. Returns (result, rows); raises engine.Diverged."""
+  os.makedirs(run_dir, exist_ok=True)
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  if not FLAGS.resume and os.path.isdir(ckpt_dir):
+    shutil.rmtree(ckpt_dir)  # a fresh run: another run's checkpoints are not its own
+  ckpt = (checkpoint_lib.Checkpointer(ckpt_dir) if FLAGS.checkpoint_every or FLAGS.resume
+          else None)
+  state, rows_before, wall_before = None, [], 0.0
+  try:
+    if FLAGS.resume and ckpt.latest_round() is not None:
+      try:  # the flags first, then the state
+        saved = ckpt.restore_meta()["config"]
+        bad = flags_mismatch(saved, config)
+        if bad or saved.get("run") != config["run"]:
+          raise ValueError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
+                           f"flags: {bad or saved.get('run')}; rerun with --overwrite to "
+                           "start over")
+        restored = ckpt.restore(fededs.init_state(alg, w0, int(dev.counts.shape[0])))
+      except checkpoint_lib.CheckpointError as e:
+        raise ValueError(f"--resume: {e}; delete that folder to resume from the one before, "
+                         "or rerun with --overwrite to start over") from None
+      state = jax.tree.map(jax.numpy.asarray, restored.state)
+      rows_before = restored.rows
+      wall_before = float(restored.extra.get("wall_time_s", 0.0))
+      print(f"[{name}] resumed from the checkpoint of round {restored.round} "
+            f"({ckpt_dir})", flush=True)
+    progress = experiment.Progress(name, FLAGS.rounds, len(rows_before))
+    all_rows, last_saved = list(rows_before), [len(rows_before)]
+    t0 = time.perf_counter()
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as mf:
+      for r in rows_before:  # rewritten from the checkpoint: drops rows after it
+        mf.write(experiment.json_row(r) + "\n")
+
+      def on_chunk(new_state, rows):
+        all_rows.extend(rows)
+        for r in rows:
+          mf.write(experiment.json_row(r) + "\n")
+        mf.flush()
+        new_round = int(new_state.round)
+        if ckpt is not None and checkpoint_lib.should_save(
+            last_saved[0], new_round, FLAGS.checkpoint_every, FLAGS.rounds):
+          ckpt.save(new_round, new_state, all_rows, config,
+                    {"wall_time_s": wall_before + time.perf_counter() - t0})
+          last_saved[0] = new_round
+        progress(rows)
+        experiment.check_interrupted()
+
+      fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal, share=share,
+                 fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed,
+                 rounds_per_call=FLAGS.rounds_per_call, on_chunk=on_chunk, state=state)
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+  rows = [checkpoint_lib.to_json_ready(r) for r in all_rows]
+  accs = [r["test_accuracy"] for r in rows]
+  res = {"final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),
+         "rounds_to_target": fededs.rounds_to_target(accs, FLAGS.target_accuracy),
+         "total_client_steps": int(sum(r["client_steps"] for r in rows)),
+         "seconds": wall_before + time.perf_counter() - t0}
+  return res, rows
+
+
+def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, done):
+  """The runs of one (alpha, K): Alg. 1 once (read back with --resume when it is stored),
+  then every base x variant. ``done(res, rows)`` after each run, in grid order."""
   tx, ty, vx, vy = pool
   parts = data_lib.partition_dirichlet(ty, k, alpha, min_size=10, seed=FLAGS.seed)
   fd = data_lib.federate(tx, ty, parts, vx, vy, 10, "fashion_mnist")
@@ -198,56 +369,79 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, jsonl):
   cfg = fededs_config()
   tl = timeline_lib.build(k, FLAGS.rounds, 1.0, timeline_lib.DelayConfig(max_delay=1),
                           seed=FLAGS.seed)
+  sdir = setting_dir(out_dir, alpha, k)
+  os.makedirs(sdir, exist_ok=True)
+  setting = {"alpha": alpha, "num_clients": k}
+  runs = []  # (base, variant, run_dir, config, finished or None)
+  for b in bases:
+    for v in variants:
+      run_dir = os.path.join(sdir, f"{b}_{v}")
+      config = {"run": f"alpha={alpha:g} K={k} {b}/{v}", **run_flags()}
+      runs.append((b, v, run_dir, config,
+                   finished_run(run_dir, config) if FLAGS.resume else None))
+  privacy_pending = do_privacy and not (
+      FLAGS.resume and os.path.exists(os.path.join(out_dir, "privacy.json")))
   shared = None
-  if any(VARIANTS[v][1] for v in variants):
+  if privacy_pending or any(VARIANTS[v][1] and fin is None for _, v, _, _, fin in runs):
     layers = fededs.client_stochastic_layers(FLAGS.seed, k, FLAGS.hidden)
     encryptor = fededs.make_encryptor(fd.feature_shape, width=FLAGS.unet_width)
-    t0 = time.perf_counter()
-    gen = fededs.generate_encrypted(model, encryptor, split(w0), layers, dev.x, dev.y,
-                                    dev.counts, jax.random.PRNGKey(FLAGS.seed), cfg,
-                                    share_rows=FLAGS.share_rows or None,
-                                    client_loop=_client_loop())
+    alg1_path, alg1_config = os.path.join(sdir, "alg1.npz"), {**setting, **run_flags()}
+    gen = load_generation(alg1_path, alg1_config) if FLAGS.resume else None
+    if gen is not None:
+      print(f"[fededs] alpha={alpha} K={k}: Alg. 1's encrypted sets read back from "
+            f"{alg1_path}", flush=True)
+    else:
+      t0 = time.perf_counter()
+      gen = fededs.generate_encrypted(model, encryptor, split(w0), layers, dev.x, dev.y,
+                                      dev.counts, jax.random.PRNGKey(FLAGS.seed), cfg,
+                                      share_rows=FLAGS.share_rows or None,
+                                      client_loop=_client_loop())
+      jax.block_until_ready(gen.shared.x)
+      save_generation(alg1_path, gen, alg1_config)
+      print(f"[fededs] alpha={alpha} K={k}: Alg. 1 in {time.perf_counter() - t0:.1f}s, "
+            f"encryptor loss {np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
+            f"{np.mean(gen.encryptor_loss[:, -1]):.3f}", flush=True)
     shared = gen.shared
-    jax.block_until_ready(shared.x)
-    print(f"[fededs] alpha={alpha} K={k}: Alg. 1 in {time.perf_counter() - t0:.1f}s, "
-          f"encryptor loss {np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
-          f"{np.mean(gen.encryptor_loss[:, -1]):.3f}", flush=True)
-    if do_privacy:
+    if privacy_pending:
       privacy_outputs(model, encryptor, split(w0), layers, dev, cfg, gen, out_dir)
-  results = []
-  for b in bases:
-    base_hp = {"lr": FLAGS.lr, "momentum": 0.9, "server_lr": 1.0, "mu": FLAGS.mu,
-               "weight_decay": cfg.weight_decay}
-    for v in variants:
+  base_hp = {"lr": FLAGS.lr, "momentum": 0.9, "server_lr": 1.0, "mu": FLAGS.mu,
+             "weight_decay": cfg.weight_decay}
+  for b, v, run_dir, config, fin in runs:
+    name = f"fededs alpha={alpha} K={k} {b}/{v}"
+    if fin is not None:
+      res, rows = fin
+      print(f"[{name}] read back from {run_dir} (finished, same flags)", flush=True)
+    else:
       anneal, share = VARIANTS[v]
       alg = fededs.wrap(algorithms.get(b), model, split, shared if share else None,
                         batch=cfg.transfer_batch, mode=FLAGS.transfer_mode, seed=FLAGS.seed)
-      t0 = time.perf_counter()
-      progress = experiment.Progress(f"fededs alpha={alpha} K={k} {b}/{v}", FLAGS.rounds)
-      _, rows = fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal,
-                           share=share, fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed,
-                           rounds_per_call=FLAGS.rounds_per_call,
-                           on_chunk=lambda state, rows: progress(rows))
-      accs = [r["test_accuracy"] for r in rows]
-      res = {"alpha": alpha, "num_clients": k, "base": b, "variant": v,
-             "final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),
-             "rounds_to_target": fededs.rounds_to_target(accs, FLAGS.target_accuracy),
-             "total_client_steps": int(sum(r["client_steps"] for r in rows)),
-             "seconds": time.perf_counter() - t0}
-      results.append(res)
-      for r in rows:
-        jsonl.write(json.dumps({**{kk: res[kk] for kk in ("alpha", "num_clients", "base",
-                                                          "variant")},
-                                **{kk: vv for kk, vv in r.items()
-                                   if not isinstance(vv, np.ndarray)}}) + "\n")
-      jsonl.flush()
+      try:
+        res, rows = run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal,
+                                share, run_dir, config)
+      except engine.Diverged as e:
+        print(f"[{name}] diverged: {e}; left out of the table", flush=True)
+        continue
+      res = {**setting, "base": b, "variant": v, **res}
+      _atomic_json(os.path.join(run_dir, "summary.json"), {"result": res, "config": config})
       print(f"[fededs] alpha={alpha} K={k} {b}/{v}: final {res['final_accuracy']:.4f} "
             f"best {res['best_accuracy']:.4f} rounds->{FLAGS.target_accuracy:.0%} "
             f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", flush=True)
-  return results
+    done(res, rows)
 
 
-def write_tables(results, out_dir):
+def write_rows(finished, out_dir):
+  """rows.jsonl: every finished run's per-round metrics, in grid order."""
+  path = os.path.join(out_dir, "rows.jsonl")
+  with open(path + ".tmp", "w") as f:
+    for res, rows in finished:
+      ident = {kk: res[kk] for kk in ("alpha", "num_clients", "base", "variant")}
+      for r in rows:
+        f.write(json.dumps({**ident, **{kk: vv for kk, vv in r.items()
+                                        if not isinstance(vv, (list, np.ndarray))}}) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def write_tables(results, out_dir, echo=True):
   keys = ["alpha", "num_clients", "base", "variant", "final_accuracy", "best_accuracy",
           "rounds_to_target", "total_client_steps", "seconds"]
   with open(os.path.join(out_dir, "table.csv"), "w", newline="") as f:
@@ -267,7 +461,8 @@ def write_tables(results, out_dir):
                  f"{'x' if rt is None else rt} | {r['total_client_steps']} |")
   with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  if echo:
+    print("\n".join(lines))
 
 
 def main(argv):
@@ -279,33 +474,70 @@ def main(argv):
     setting = validate()
   except app.UsageError as e:  # absl would print the whole help text above it
     sys.exit(f"error: {e}")
+  every = (f"checkpointed every --checkpoint_every={FLAGS.checkpoint_every} rounds"
+           if FLAGS.checkpoint_every else "not checkpointed (--checkpoint_every=0)")
   experiment.exit_on_interrupt(
-      lambda: _main(*setting), "FedEDS runs take no checkpoints: table.md and rows.jsonl "
-      f"under {FLAGS.output_dir} hold the finished runs; rerun the same command to start "
-      "again")
+      lambda: _main(*setting), f"the FedEDS runs under {FLAGS.output_dir}/runs are {every}: "
+      "rerun the same command with --resume to continue them (finished runs and Alg. 1's "
+      "encrypted sets are read back)")
+
+
+def prepare_output_dir(out_dir):
+  """Refuses a folder holding a FedEDS run unless --resume (its result-changing flags must
+  match) or --overwrite (its outputs are deleted first)."""
+  flags_path = os.path.join(out_dir, "flags.json")
+  if not os.path.exists(flags_path):
+    if FLAGS.resume:
+      print(f"[fededs] --resume: no FedEDS run under {out_dir}, starting fresh", flush=True)
+    return
+  if FLAGS.resume:
+    try:
+      with open(flags_path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      sys.exit(f"error: --resume: {flags_path} cannot be read ({e}); rerun with "
+               "--overwrite to start over")
+    bad = flags_mismatch(saved, run_flags())
+    if bad:
+      sys.exit(f"error: --resume: the runs under {out_dir} were made with other flags: "
+               f"{bad}; rerun with --overwrite to start over, or use another --output_dir")
+    return
+  if not FLAGS.overwrite:
+    sys.exit(f"error: --output_dir: {out_dir} already holds a FedEDS run (flags.json): pass "
+             "--resume to continue it, --overwrite to start over, or another --output_dir")
+  for name in OUTPUTS:
+    path = os.path.join(out_dir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
 
 
 def _main(alphas, ks, bases, variants):
+  prepare_output_dir(FLAGS.output_dir)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.output_dir, "flags.json"), "w") as f:
-    json.dump({name: FLAGS[name].value for name in
-               ["quick", "alphas", "num_clients", "bases", "variants", "rounds", "model",
-                "hidden", "train_subset", "test_subset", "target_accuracy", "lr", "mu",
-                "base_epochs", "batch_size", "pretrain_epochs", "encryptor_epochs",
-                "unet_width", "share_rows", "transfer_mode", "seed"]}, f, indent=2)
   try:
     pool = load_pool()
   except (OSError, ValueError) as e:  # the messages name the file (and --data_dir)
     sys.exit(f"error: {e}")
-  results = []
-  with open(os.path.join(FLAGS.output_dir, "rows.jsonl"), "w") as jsonl:
-    first = True
-    for alpha in alphas:
-      for k in ks:
-        results += run_setting(alpha, k, bases, variants, pool, FLAGS.output_dir,
-                               FLAGS.privacy and first, jsonl)
-        first = False
-        write_tables(results, FLAGS.output_dir)
+  # the record of the command (grid included); --resume compares its run_flags()
+  _atomic_json(os.path.join(FLAGS.output_dir, "flags.json"),
+               {**run_flags(), **{n: FLAGS[n].value for n in RESUME_FREE_FLAGS
+                                  if n not in ("resume", "overwrite")}})
+  finished = []
+
+  def done(res, rows):
+    finished.append((res, rows))
+    write_rows(finished, FLAGS.output_dir)
+    write_tables([r for r, _ in finished], FLAGS.output_dir, echo=False)
+
+  first = True
+  for alpha in alphas:
+    for k in ks:
+      run_setting(alpha, k, bases, variants, pool, FLAGS.output_dir,
+                  FLAGS.privacy and first, done)
+      first = False
+  write_tables([r for r, _ in finished], FLAGS.output_dir)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_async import interrupts
+
 
 def _json_default(x):
   """JSON for numpy scalars/arrays that may sit in metrics rows."""
@@ -86,13 +88,16 @@ class Checkpointer:
 
   def save(self, round_index: int, state, rows: List[dict], config: dict,
            extra: Optional[dict] = None):
-    """Checkpoints ``state`` (the state *before* round ``round_index``) and the rows."""
+    """Checkpoints ``state`` (the state *before* round ``round_index``) and the rows. A
+    SIGINT / SIGTERM during the write waits for its end (``interrupts.deferred``): the
+    checkpoint is complete when the ``Interrupted`` is raised."""
     meta = {"round": int(round_index), "rows": to_json_ready(rows),
             "config": to_json_ready(config), "extra": to_json_ready(extra or {})}
-    self.manager.save(int(round_index), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state_to_leaves(state)), meta=ocp.args.JsonSave(meta)),
-                      force=True)
-    self.manager.wait_until_finished()
+    with interrupts.deferred():
+      self.manager.save(int(round_index), args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state_to_leaves(state)), meta=ocp.args.JsonSave(meta)),
+                        force=True)
+      self.manager.wait_until_finished()
 
   def latest_round(self) -> Optional[int]:
     return self.manager.latest_step()

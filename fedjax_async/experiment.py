@@ -27,8 +27,15 @@ from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
+from fedjax_async import interrupts
 from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
+
+# SIGINT / SIGTERM handling, shared by every driver (here for their ``experiment.`` calls)
+Interrupted = interrupts.Interrupted
+check_interrupted = interrupts.check_interrupted
+handle_interrupts = interrupts.handle_interrupts
+exit_on_interrupt = interrupts.exit_on_interrupt
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
 # Flag defaults that differ from ``RunConfig`` (the PAFed paper's Table III values) so that
@@ -472,74 +479,6 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
       os.remove(path)
 
 
-class Interrupted(KeyboardInterrupt):
-  """SIGINT (Ctrl-C) or SIGTERM during a run; ``str`` says where the run stopped and how
-  to continue it, ``exit_code`` is 128 + the signal's number (130, 143)."""
-
-  def __init__(self, message: str = "", signum: int = signal.SIGINT):
-    super().__init__(message)
-    self.signum = int(signum)
-
-  @property
-  def exit_code(self) -> int:
-    return 128 + self.signum
-
-
-# Signals received (by ``handle_interrupts``'s handler): an exception raised in a garbage
-# collector callback or a __del__ is printed and dropped by Python, so ``run_one`` also
-# checks this list at every chunk boundary.
-_signals_received: List[int] = []
-
-
-def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
-  _signals_received.append(signum)
-  raise Interrupted("", signum)
-
-
-def check_interrupted():
-  """Raises the Interrupted of a signal whose exception Python dropped."""
-  if _signals_received:
-    raise Interrupted("", _signals_received[-1])
-
-
-class handle_interrupts:  # pylint: disable=invalid-name
-  """Within it SIGTERM (kill, a batch system's time limit) and SIGINT (Ctrl-C, unless it
-  is ignored, as in a shell's background job) raise ``Interrupted``, and Python's note on a
-  KeyboardInterrupt it had to drop (in a gc callback) is not printed."""
-
-  def __enter__(self):
-    del _signals_received[:]
-    self.previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
-        continue
-      self.previous[sig] = signal.signal(sig, _raise_interrupted)
-    self.unraisablehook = sys.unraisablehook
-    sys.unraisablehook = lambda u: (None if isinstance(u.exc_value, KeyboardInterrupt)
-                                    else self.unraisablehook(u))
-    return self
-
-  def __exit__(self, *exc):
-    for sig, handler in self.previous.items():
-      signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-    sys.unraisablehook = self.unraisablehook
-
-
-def exit_on_interrupt(fn, how: str):
-  """``fn()``; SIGINT (Ctrl-C) or SIGTERM during it prints one line, ``interrupted
-  (SIGINT): <how>`` (``how``: what was kept and how to continue), and exits with status
-  130 / 143 instead of a traceback. For the drivers without run.py's checkpoints (sweeps,
-  the Table V driver, the virtual clock, FedEDS)."""
-  try:
-    with handle_interrupts():
-      return fn()
-  except KeyboardInterrupt as e:
-    signum = getattr(e, "signum", signal.SIGINT)
-    print(f"interrupted ({signal.Signals(signum).name}): {how}", file=sys.stderr,
-          flush=True)
-    sys.exit(128 + signum)
-
-
 class CompileTimer:
   """``runner`` (a jitted chunk) compiled ahead of its first call for each new argument
   shape, saying so: the first chunk of a run is mostly compilation and would otherwise be
@@ -663,9 +602,10 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       if ckpt is not None and checkpoint_lib.should_save(
           last_saved[0], new_round, cfg.checkpoint_every, cfg.rounds):
         tb.sync()  # the checkpoint's rounds are on disk in TensorBoard before it exists
-        ckpt.save(new_round, state, rows_so_far, run_cfg,
-                  {"wall_time_s": wall_before + time.perf_counter() - t0})
-        last_saved[0] = last_ckpt[0] = new_round
+        with interrupts.deferred():  # a signal during the save: after it, and named
+          ckpt.save(new_round, state, rows_so_far, run_cfg,
+                    {"wall_time_s": wall_before + time.perf_counter() - t0})
+          last_saved[0] = last_ckpt[0] = new_round
       if not quiet:
         progress(rows)
       check_interrupted()

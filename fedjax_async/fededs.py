@@ -637,20 +637,35 @@ def hp_schedule(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, sh
                         for k in keys}
 
 
-def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
-        cfg: FedEDSConfig, *, anneal: bool, share: bool, fixed_epochs: int = 1,
-        ring_size: int = 2, seed: int = 0, eval_every: int = 1, rounds_per_call: int = 10,
-        on_chunk=None):
-  """Runs the round engine with per-round hp (Eq. 5, Eqs. 9-10) passed as
-  ``engine.simulate``'s ``round_hp``: one runner, compiled for the largest E_t (the
-  local loop runs each round's traced E_t * ceil(n_i / B) steps, not the largest), so
-  the schedule does not recompile. Returns (state, rows)."""
+def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int = 2,
+               seed: int = 0):
+  """``engine.init_state`` with the client ids a wrapped algorithm keeps installed: the
+  state ``run`` starts from, and the template a checkpoint is restored into."""
   from fedjax_async import engine  # pylint: disable=g-import-not-at-top
-  num_clients = int(data.counts.shape[0])
-  max_examples = int(data.x.shape[1])
   state = engine.init_state(algorithm, w0, num_clients, ring_size, seed)
   if ID_KEY in state.client_state:
     state = install_client_ids(state)
+  return state
+
+
+def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
+        cfg: FedEDSConfig, *, anneal: bool, share: bool, fixed_epochs: int = 1,
+        ring_size: int = 2, seed: int = 0, eval_every: int = 1, rounds_per_call: int = 10,
+        on_chunk=None, state=None):
+  """Runs the round engine with per-round hp (Eq. 5, Eqs. 9-10) passed as
+  ``engine.simulate``'s ``round_hp``: one runner, compiled for the largest E_t (the
+  local loop runs each round's traced E_t * ceil(n_i / B) steps, not the largest), so
+  the schedule does not recompile. Returns (state, rows) of the rounds it ran.
+
+  ``state``: where to start (default ``init_state``); a state restored from a checkpoint
+  of round t continues with round t, as the uninterrupted run would. Each row carries the
+  round's ``local_epochs`` (E_t) and ``lambda_dis`` already when ``on_chunk(state, rows)``
+  sees it (so a checkpoint stores them)."""
+  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+  num_clients = int(data.counts.shape[0])
+  max_examples = int(data.x.shape[1])
+  if state is None:
+    state = init_state(algorithm, w0, num_clients, ring_size, seed)
   hp, round_hp = hp_schedule(base_hp, timeline.num_rounds, cfg, anneal=anneal, share=share,
                              fixed_epochs=fixed_epochs)
   ecfg = engine.EngineConfig(
@@ -658,13 +673,17 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
                                    max_epochs=int(round_hp["local_epochs"].max()),
                                    max_examples=max_examples), ring_size=ring_size)
   runner = engine.make_runner(apply_flat, algorithm, ecfg)
-  state, rows = engine.simulate(runner, state, timeline, hp, data, eval_every=eval_every,
-                                rounds_per_call=rounds_per_call, on_chunk=on_chunk,
-                                round_hp=round_hp)
-  for r in rows:
-    r["local_epochs"] = int(round_hp["local_epochs"][r["round"]])
-    r["lambda_dis"] = float(round_hp["fededs_lambda_dis"][r["round"]])
-  return state, rows
+
+  def annotated(chunk_state, rows):
+    for r in rows:
+      r["local_epochs"] = int(round_hp["local_epochs"][r["round"]])
+      r["lambda_dis"] = float(round_hp["fededs_lambda_dis"][r["round"]])
+    if on_chunk is not None:
+      on_chunk(chunk_state, rows)
+
+  return engine.simulate(runner, state, timeline, hp, data, eval_every=eval_every,
+                         rounds_per_call=rounds_per_call, on_chunk=annotated,
+                         round_hp=round_hp)
 
 
 def rounds_to_target(accuracies, target: float) -> Optional[int]:

@@ -252,6 +252,54 @@ def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
   assert steps[:last] == list(range(last))
 
 
+def test_a_signal_within_deferred_is_raised_when_the_block_ends():
+  from fedjax_async import interrupts  # pylint: disable=g-import-not-at-top
+  after = []
+  with interrupts.handle_interrupts():
+    with pytest.raises(experiment.Interrupted) as e:
+      with interrupts.deferred():
+        with interrupts.deferred():  # nested: the outer block's end raises
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(0.05)  # the handler runs here (main thread): it only records
+          after.append("inner block finished")
+        after.append("outer block finished")
+    assert e.value.signum == signal.SIGTERM and e.value.exit_code == 143
+    assert after == ["inner block finished", "outer block finished"]
+    with pytest.raises(experiment.Interrupted):  # outside deferred(): raised at once
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(1)
+
+
+def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, monkeypatch):
+  """A signal that arrives while orbax writes the checkpoint of round 4 (sent from inside
+  the save here, to hit that moment every time): the save completes, and the message names
+  round 4 as the checkpoint to resume from. Raised in the middle of the save, it left round
+  4 unwritten and orbax's threads printing tracebacks at exit."""
+  real_save = ckpt_lib.Checkpointer.save
+
+  def save(self, round_index, *args, **kw):
+    if round_index == 4:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.05)
+    return real_save(self, round_index, *args, **kw)
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save)
+  cfg = experiment.RunConfig(algorithm="fedavg", num_clients=6, participation=0.5, rounds=8,
+                             local_epochs=1, batch_size=10, rounds_per_call=2,
+                             checkpoint_every=2, tensorboard=False,
+                             output_dir=str(tmp_path))
+  with experiment.handle_interrupts():
+    with pytest.raises(experiment.Interrupted) as e:
+      experiment.run_one(cfg, "fedavg", out_dir=str(tmp_path), quiet=True)
+  assert e.value.signum == signal.SIGTERM
+  assert str(e.value) == (f"[fedavg] interrupted at round 5/8; the last checkpoint is round "
+                          f"4 in {tmp_path / 'checkpoints'}: rerun the same command with "
+                          "--resume to continue")
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  assert ck.latest_round() == 4 and len(ck.restore_meta()["rows"]) == 4
+  ck.close()
+
+
 def test_sigint_exits_130_with_one_line_and_no_traceback(tmp_path):
   proc = _start(ARGS + ["--checkpoint_every=0", f"--output_dir={tmp_path}"])  # Ctrl-C
   seen = _wait_for_rows(tmp_path / "metrics.jsonl", 2, proc)

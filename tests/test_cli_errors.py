@@ -322,6 +322,53 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
                         "--lr=0.05 (now 0.1)")
 
 
+def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tmp_path):
+  """SIGTERM during FedEDS's second run of a setting, then the same command with --resume:
+  the finished base run and Alg. 1's encrypted sets are read back (not computed again), the
+  interrupted run continues from its checkpoint, and rows.jsonl equals an uninterrupted
+  run's. A folder holding a run is refused without --resume / --overwrite, and --resume
+  with a flag that changes the results names it."""
+  import signal  # pylint: disable=g-import-not-at-top
+  args = ["--quick", "--privacy=false", "--rounds=3", "--encryptor_epochs=1",
+          "--variants=base,fededs", "--checkpoint_every=1", "--rounds_per_call=1"]
+  out = tmp_path / "run"
+  proc = start_interruptible(FEDEDS, args + [f"--output_dir={out}"])
+  _, err = interrupt_on(proc, "[fededs alpha=0.1 K=5 fedavg/fededs] round    1/3",
+                        signal.SIGTERM)
+  assert proc.returncode == 143, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      f"interrupted (SIGTERM): the FedEDS runs under {out}/runs are checkpointed every "
+      "--checkpoint_every=1 rounds: rerun the same command with --resume to continue them "
+      "(finished runs and Alg. 1's encrypted sets are read back)"), err[-3000:]
+  assert not (out / "runs" / "alpha0.1_K5" / "fedavg_fededs" / "summary.json").exists()
+  refused = script(FEDEDS, args + [f"--output_dir={out}"])
+  assert_one_line_error(refused, f"error: --output_dir: {out} already holds a FedEDS run "
+                        "(flags.json): pass --resume to continue it, --overwrite to start "
+                        "over")
+  other = script(FEDEDS, args + [f"--output_dir={out}", "--resume", "--lr=0.02"])
+  assert_one_line_error(other, f"error: --resume: the runs under {out} were made with other "
+                        "flags: --lr=0.01 (now 0.02)")
+  done = script(FEDEDS, args + [f"--output_dir={out}", "--resume"])
+  assert done.returncode == 0, done.stderr[-3000:]
+  for said in ("[fededs alpha=0.1 K=5 fedavg/base] read back from",
+               "[fededs] alpha=0.1 K=5: Alg. 1's encrypted sets read back from",
+               "[fededs alpha=0.1 K=5 fedavg/fededs] resumed from the checkpoint of round 1"):
+    assert said in done.stdout, (said, done.stdout[-3000:])
+  assert "Alg. 1 in" not in done.stdout  # not trained again
+  ref = script(FEDEDS, args + [f"--output_dir={tmp_path / 'ref'}", "--checkpoint_every=0"])
+  assert ref.returncode == 0, ref.stderr[-3000:]
+  strip = lambda path: [{k: v for k, v in json.loads(l).items() if k != "wall_time"}
+                        for l in open(path)]
+  resumed, uninterrupted = strip(out / "rows.jsonl"), strip(tmp_path / "ref" / "rows.jsonl")
+  assert [(r["variant"], r["round"]) for r in resumed] == [
+      ("base", 0), ("base", 1), ("base", 2), ("fededs", 0), ("fededs", 1), ("fededs", 2)]
+  assert resumed == uninterrupted
+  assert (out / "table.md").read_text() == (tmp_path / "ref" / "table.md").read_text()
+  again = script(FEDEDS, args + [f"--output_dir={out}", "--overwrite"])  # starts over
+  assert again.returncode == 0 and "read back" not in again.stdout, again.stderr[-3000:]
+  assert "Alg. 1 in" in again.stdout
+
+
 RUN = os.path.join(ROOT, "experiments", "run.py")
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_async import checkpoint
 from fedjax_async import fededs
 from fedjax_async import timeline as timeline_lib
 from fedjax_async.algorithms import fedavg
@@ -275,15 +276,18 @@ def test_penalty_scaling_with_fedprox_and_weight_decay():
 
 
 @pytest.mark.xdist_group("fededs_generation")  # its module fixture computed once
-def test_run_engine_annealing_and_transfer(generation):
+def test_run_engine_annealing_and_transfer(generation, tmp_path):
   gen, _, x, y = generation
   w0, apply_flat, split = MODEL.flat(jax.random.PRNGKey(0))
   data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
   tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=0)
   alg = fededs.wrap(fedavg.ALGORITHM, MODEL, split, gen.shared, batch=8)
   base_hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
+  mid = []  # the state after round 2, as a checkpoint stores it
   state, rows = fededs.run(apply_flat, alg, w0, data, tl, base_hp, CFG, anneal=True,
-                           share=True)
+                           share=True, rounds_per_call=2,
+                           on_chunk=lambda st, r: mid.append((jax.device_get(st),
+                                                              [dict(x) for x in r])))
   # E_t with E_max=3, E_min=1, T_alpha=1, T_beta=3: t=1 -> 3, t=2 -> 3 - floor(2/2) = 2,
   # t=3, 4 -> 1. Steps per epoch ceil(n/8) = 3, 2, 2 -> 7 over the three clients.
   assert [r["local_epochs"] for r in rows] == [3, 2, 1, 1]
@@ -293,6 +297,24 @@ def test_run_engine_annealing_and_transfer(generation):
   np.testing.assert_array_equal(state.client_state[fededs.ID_KEY],
                                 fededs.client_id_rows(N, w0.shape[0]))
   assert rows[-1]["test_accuracy"] > 1 / C  # learns the toy task
+  # the rows an on_chunk sees (and a checkpoint stores) carry E_t and lambda_dis already
+  assert [r["local_epochs"] for r in mid[0][1]] == [3, 2]
+  # Resumed from a checkpoint of round 2 (orbax round trip into init_state's structure),
+  # rounds 3-4 are the uninterrupted run's: same E_t, same draws, same model.
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
+  ckpt.save(2, mid[0][0], mid[0][1], {"run": "toy"})
+  restored = ckpt.restore(fededs.init_state(alg, w0, N))
+  ckpt.close()
+  assert restored.round == 2 and [r["round"] for r in restored.rows] == [0, 1]
+  state2, rows2 = fededs.run(apply_flat, alg, w0, data, tl, base_hp, CFG, anneal=True,
+                             share=True, rounds_per_call=2,
+                             state=jax.tree.map(jnp.asarray, restored.state))
+  assert [r["round"] for r in rows2] == [2, 3]
+  for a, b in zip(rows[2:], rows2):
+    assert (a["local_epochs"], a["client_steps"]) == (b["local_epochs"], b["client_steps"])
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+  np.testing.assert_allclose(state2.w, state.w, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------- privacy

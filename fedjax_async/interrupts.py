@@ -1,0 +1,100 @@
+"""SIGINT / SIGTERM as an exception at a safe place, for the drivers that save their work.
+
+Within ``handle_interrupts()`` SIGTERM (kill, a batch system's time limit) and SIGINT
+(Ctrl-C) raise ``Interrupted``, which the drivers turn into one line naming what was kept
+and exit status 130 / 143. Within ``deferred()`` (a checkpoint being written) a signal is
+only recorded, and raised when the block ends: raised in the middle of orbax's save it
+left the checkpoint of that round unwritten and orbax's worker threads printing tracebacks
+while the interpreter shut down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from typing import List
+
+
+class Interrupted(KeyboardInterrupt):
+  """SIGINT (Ctrl-C) or SIGTERM during a run; ``str`` says where the run stopped and how
+  to continue it, ``exit_code`` is 128 + the signal's number (130, 143)."""
+
+  def __init__(self, message: str = "", signum: int = signal.SIGINT):
+    super().__init__(message)
+    self.signum = int(signum)
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum
+
+
+# Signals received by the handler: an exception raised in a garbage-collector callback or
+# a __del__ is printed and dropped by Python, and one that arrives within ``deferred()``
+# waits for its end, so the drivers also check this list at every chunk boundary.
+_signals_received: List[int] = []
+_defer_depth = [0]
+
+
+def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
+  _signals_received.append(signum)
+  if not _defer_depth[0]:
+    raise Interrupted("", signum)
+
+
+def check_interrupted():
+  """Raises the Interrupted of a signal received but not raised yet (dropped by Python,
+  or received within ``deferred()``)."""
+  if _signals_received:
+    raise Interrupted("", _signals_received[-1])
+
+
+@contextlib.contextmanager
+def deferred():
+  """A block that a signal does not interrupt: one received within it is raised as
+  ``Interrupted`` when the block ends (unless it ends with an exception of its own)."""
+  _defer_depth[0] += 1
+  try:
+    yield
+  finally:
+    _defer_depth[0] -= 1
+  if not _defer_depth[0]:
+    check_interrupted()
+
+
+class handle_interrupts:  # pylint: disable=invalid-name
+  """Within it SIGTERM and SIGINT (unless SIGINT is ignored, as in a shell's background
+  job) raise ``Interrupted``, and Python's note on a KeyboardInterrupt it had to drop (in
+  a gc callback) is not printed."""
+
+  def __enter__(self):
+    del _signals_received[:]
+    self.previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+        continue
+      self.previous[sig] = signal.signal(sig, _raise_interrupted)
+    self.unraisablehook = sys.unraisablehook
+    sys.unraisablehook = lambda u: (None if isinstance(u.exc_value, KeyboardInterrupt)
+                                    else self.unraisablehook(u))
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self.previous.items():
+      signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    sys.unraisablehook = self.unraisablehook
+
+
+def exit_on_interrupt(fn, how: str):
+  """``fn()``; SIGINT (Ctrl-C) or SIGTERM during it prints one line, ``interrupted
+  (SIGINT): <how>`` (``how``: what was kept and how to continue), and exits with status
+  130 / 143 instead of a traceback. For the drivers other than run.py's round engine
+  (sweeps, the Table V driver, the virtual clock, FedEDS)."""
+  try:
+    with handle_interrupts():
+      return fn()
+  except KeyboardInterrupt as e:
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"interrupted ({signal.Signals(signum).name}): {how}", file=sys.stderr,
+          flush=True)
+    sys.exit(128 + signum)
