@@ -62,7 +62,7 @@ PAPER_SETTING = dict(dataset="fashion_mnist", model="cnn", num_clients=100,
                      momentum=0.5, rho=0.01, alpha0=0.8, alpha1=0.8, alpha2=0.8,
                      shards_per_client=2, delay_distribution="uniform", max_delay=3,
                      algorithm="fedadmm,fedavg,fedprox,pafed", eval_every=1,
-                     checkpoint_every=0, server_lr=1.0, mu=0.01)
+                     checkpoint_every=10, server_lr=1.0, mu=0.01)
 PRESETS = {
     "full": dict(PAPER_SETTING, rounds=100, num_seeds=5, rounds_per_call=10,
                  output_dir="runs/pafed_table_full"),
@@ -310,7 +310,7 @@ def main(argv):
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     apply_preset(FLAGS.config)
-    sweep.check_unsupported_flags(FLAGS)  # its runs are sweeps: no checkpoints, no tb/
+    sweep.check_unsupported_flags(FLAGS)  # its runs are sweeps: no tb/
     base = experiment.config_from_flags(FLAGS)
     mesh = sweep.run_mesh(sharding.select_devices(base.devices))
     deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}
@@ -340,8 +340,10 @@ def main(argv):
     results = experiment.exit_on_interrupt(
         lambda: run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
                          FLAGS.read_only, mesh),
-        f"the runs of every finished computation are stored under {out_dir}: rerun the "
-        "same command to continue (they are read back)")
+        f"the runs of every finished computation are stored under {out_dir}/<partition>/runs"
+        + (f" and the others checkpointed every --checkpoint_every={base.checkpoint_every} "
+           f"rounds under {out_dir}/<partition>/checkpoints" if base.checkpoint_every > 0
+           else "") + ": rerun the same command to continue (finished runs are read back)")
   except sweep.SetupError as e:
     sys.exit(f"error: {e}")
   if not results:

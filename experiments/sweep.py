@@ -15,11 +15,13 @@ against the first swept value) and ``sweep.json``. Diverged runs are left out of
 
 ``--output_dir`` defaults to ``runs/sweep``; one that holds a sweep is refused unless
 ``--resume`` or ``--overwrite`` (which deletes the sweep's own outputs there first). Each
-computation's runs are written as soon as it finishes: after an interruption, ``--resume``
-reads back the runs already stored under ``--output_dir`` with the same configuration and
-runs only the others (stored runs made with other flags are run again, naming the flags).
-``--checkpoint_every``, ``--keep_checkpoints`` and ``--tensorboard`` are not supported by
-sweeps and are refused when given.
+computation's runs are written as soon as it finishes, and a computation still running is
+checkpointed every ``--checkpoint_every`` rounds (default 10; 0: off; ``--keep_checkpoints``
+kept) under ``<output_dir>/checkpoints``: after an interruption, ``--resume`` reads back
+the runs already stored under ``--output_dir`` with the same configuration, continues an
+interrupted computation from its latest checkpoint, and runs the others (stored runs and
+checkpoints made with other flags are run again, naming the flags). ``--tensorboard`` is
+not supported by sweeps and is refused when given.
 """
 
 from __future__ import annotations

@@ -21,7 +21,11 @@ sampled and delayed) and the clients' shuffles.
 
 Each computation's runs are written (``runs/<algorithm>/<setting>_seed=<s>/``) as soon as it
 finishes; with ``resume`` (``--resume``) the runs found there with the same configuration
-are read back instead of run again (``read_stored_run``).
+are read back instead of run again (``read_stored_run``). While it runs, a computation is
+checkpointed every ``--checkpoint_every`` rounds (``ComputationCheckpoint``: the stacked
+state and every run's rows, under ``checkpoints/<algorithm>/<key>/``, removed once its runs
+are written); with ``resume`` an interrupted computation continues from its latest
+checkpoint, to the rows and states of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import os
+import shutil
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -41,6 +47,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import experiment
@@ -54,7 +61,7 @@ SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "serve
 # change, experiment.RESUME_FREE_FIELDS): a run stored under other values is still reused.
 RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
 # Flags of experiments/run.py that sweeps do not support (refused when given).
-UNSUPPORTED_FLAGS = ("checkpoint_every", "keep_checkpoints", "tensorboard")
+UNSUPPORTED_FLAGS = ("tensorboard",)
 # The delay's fields under their flag names (config differences are named by flag).
 _DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
                 "max_delay": "max_delay", "mean": "delay_mean", "buffer_size": "buffer_size"}
@@ -258,12 +265,18 @@ def _first_bad_round(rows: List[dict]) -> Optional[int]:
 def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
                    data: engine.DeviceData, *, num_rounds: int, eval_every: int = 1,
                    rounds_per_call: int = 10, mesh: Optional[Mesh] = None,
-                   on_chunk: Optional[Callable[[int, float], None]] = None) -> SweepResult:
+                   on_chunk: Optional[Callable] = None, start_round: int = 0,
+                   rows_before: Optional[List[List[dict]]] = None,
+                   wall_before: float = 0.0) -> SweepResult:
   """Runs S stacked runs for ``num_rounds`` rounds in chunks of ``rounds_per_call``.
 
   ``slots``: numpy ``[S, T, K]`` (``stack_timelines``). A run that turns non-finite is not
   stopped (the others continue; vmap keeps them independent): its ``diverged_round`` is
-  set and its later accuracies are reported as None. ``on_chunk(rounds_done, seconds)``.
+  set and its later accuracies are reported as None.
+  ``on_chunk(rounds_done, seconds, states, rows)`` after each chunk: ``states`` the
+  stacked state before round ``rounds_done`` (padding runs included), ``rows`` each run's
+  rows so far. ``start_round`` / ``rows_before`` / ``wall_before``: continue a computation
+  from a checkpoint of round ``start_round`` (``states`` restored from it).
   """
   num_runs = jax.tree.leaves(states)[0].shape[0]
   total = padded_count(num_runs, mesh)
@@ -272,9 +285,10 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
                   mesh)
   data = jax.block_until_ready(replicate(data, mesh))  # see sharding.shard_clients
   schedule = engine.eval_schedule(num_rounds, eval_every)
-  per_run: List[List[dict]] = [[] for _ in range(num_runs)]
-  t0 = time.perf_counter()
-  for start in range(0, num_rounds, rounds_per_call):
+  per_run: List[List[dict]] = ([list(r) for r in rows_before] if rows_before is not None
+                               else [[] for _ in range(num_runs)])
+  t0 = time.perf_counter() - wall_before
+  for start in range(start_round, num_rounds, rounds_per_call):
     end = min(start + rounds_per_call, num_rounds)
     chunk = {k: v[:, start:end] for k, v in slots.items()}
     chunk = shard_runs(pad_runs(chunk, total), mesh)
@@ -288,7 +302,7 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
         r["wall_time"] = elapsed / (len(rows) * num_runs)
       per_run[i].extend(rows)
     if on_chunk is not None:
-      on_chunk(end, time.perf_counter() - t0)
+      on_chunk(end, time.perf_counter() - t0, states, per_run)
   wall = time.perf_counter() - t0
   diverged = [_first_bad_round(rows) for rows in per_run]
   for rows, bad in zip(per_run, diverged):
@@ -504,6 +518,89 @@ def stored_config(cfg: experiment.RunConfig, algorithm_name: str,
   return dict(experiment.run_config_for(cfg, algorithm_name), **(extra_config or {}))
 
 
+class ComputationCheckpoint:
+  """Checkpoints of one vmapped computation (its runs' stacked state and rows) under
+  ``<out_dir>/checkpoints/<algorithm>/<key>/``, ``key`` naming the computation's runs, every
+  ``checkpoint_every`` rounds of the first config (0: none). With ``resume`` a checkpoint
+  made with the same configurations is ``restored``; one made with other flags is
+  discarded (saying which flags differ) and the computation starts over, as a stored run
+  made with other flags is run again."""
+
+  def __init__(self, out_dir: str, algorithm_name: str, group, names, extra_config,
+               resume: bool, quiet: bool):
+    base = group[0]
+    self.every, self.total, self.quiet = base.checkpoint_every, base.rounds, quiet
+    run_names = [run_name(c, names) for c in group]
+    key = hashlib.sha1("\n".join(run_names).encode()).hexdigest()[:12]
+    self.directory = os.path.join(out_dir, "checkpoints", algorithm_name, key)
+    self.config = {"runs": run_names, "configs": [
+        checkpoint_lib.to_json_ready(stored_config(c, algorithm_name, extra_config))
+        for c in group]}
+    self.label = f"{algorithm_name} x{len(group)}"
+    self.can_resume, self.manager, self.last = False, None, 0
+    if os.path.isdir(self.directory) and not resume:
+      shutil.rmtree(self.directory)  # a fresh computation: not its own checkpoints
+    if os.path.isdir(self.directory):
+      self._find(base.keep_checkpoints)
+    if self.every > 0 and self.manager is None:
+      self.manager = checkpoint_lib.Checkpointer(self.directory, base.keep_checkpoints)
+
+  def _find(self, keep: int):
+    manager = checkpoint_lib.Checkpointer(self.directory, keep)
+    if manager.latest_round() is None:
+      self.manager = manager
+      return
+    try:
+      meta = manager.restore_meta()
+      saved = meta["config"]
+      diffs = sorted({d for a, b in zip(saved.get("configs", []), self.config["configs"])
+                      for d in config_differences(a, b)})
+      if saved.get("runs") != self.config["runs"]:
+        diffs = ["(other runs)"]
+    except checkpoint_lib.CheckpointError as e:
+      diffs = [f"unreadable: {e}"]
+    if diffs:
+      manager.close()
+      if not self.quiet:
+        print(f"[{self.label}] discarding the checkpoint under {self.directory} "
+              f"({', '.join(diffs)}): the computation starts over", flush=True)
+      shutil.rmtree(self.directory)
+      return
+    self.manager = manager
+    self.can_resume = True
+
+  def restore(self, template):
+    """(start_round, rows, wall_before, states) from the latest checkpoint."""
+    r = self.manager.restore(template)
+    self.last = r.round
+    if not self.quiet:
+      print(f"[{self.label}] resuming from the checkpoint of round {r.round} "
+            f"({self.directory})", flush=True)
+    return r.round, r.rows, float(r.extra.get("wall_time_s", 0.0)), r.state
+
+  def maybe_save(self, end: int, states, rows, seconds: float):
+    """Saves at a multiple of ``every`` (not at the end: the runs are written then)."""
+    if (self.manager is None or end >= self.total
+        or not checkpoint_lib.should_save(self.last, end, self.every, self.total)):
+      return
+    num_runs = len(rows)
+    self.manager.save(end, jax.tree.map(lambda x: x[:num_runs], states), rows, self.config,
+                      {"wall_time_s": seconds})
+    self.last = end
+
+  def close(self):
+    if self.manager is not None:
+      self.manager.close()
+
+  def remove(self):
+    self.close()
+    shutil.rmtree(self.directory, ignore_errors=True)
+    parent = os.path.dirname(self.directory)
+    for d in (parent, os.path.dirname(parent)):  # checkpoints/<alg>, checkpoints if empty
+      if os.path.isdir(d) and not os.listdir(d):
+        os.rmdir(d)
+
+
 def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
@@ -542,18 +639,32 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   for g in range(0, len(todo), size):
     group = list(todo[g:g + size])
     prep = prepare(group, algorithm_name, fed_data)
+    ckpt = ComputationCheckpoint(out_dir, algorithm_name, group, names, extra_config,
+                                 resume, quiet) if out_dir is not None else None
+    start, rows_before, wall_before, states = 0, None, 0.0, prep.states
+    if ckpt is not None and ckpt.can_resume:
+      start, rows_before, wall_before, states = ckpt.restore(prep.states)
 
-    def report(done, seconds, n=len(group)):
+    def on_chunk(end, seconds, states, rows, n=len(group), start=start,
+                 wall_before=wall_before, ckpt=ckpt):
+      if ckpt is not None:
+        ckpt.maybe_save(end, states, rows, seconds)
       if not quiet:
-        rate = done / max(seconds, 1e-9)
-        print(f"[{algorithm_name} x{n}] round {done}/{group[0].rounds} "
+        rate = (end - start) / max(seconds - wall_before, 1e-9)
+        print(f"[{algorithm_name} x{n}] round {end}/{group[0].rounds} "
               f"{rate:.2f} rounds/s ({rate * n:.2f} run-rounds/s) ETA "
-              f"{(group[0].rounds - done) / max(rate, 1e-9):.0f}s", flush=True)
+              f"{(group[0].rounds - end) / max(rate, 1e-9):.0f}s", flush=True)
+      experiment.check_interrupted()
 
-    res = simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                         num_rounds=group[0].rounds, eval_every=group[0].eval_every,
-                         rounds_per_call=group[0].rounds_per_call, mesh=mesh,
-                         on_chunk=report)
+    try:
+      res = simulate_sweep(prep.runner, states, prep.slots, prep.hp, prep.data,
+                           num_rounds=group[0].rounds, eval_every=group[0].eval_every,
+                           rounds_per_call=group[0].rounds_per_call, mesh=mesh,
+                           on_chunk=on_chunk, start_round=start, rows_before=rows_before,
+                           wall_before=wall_before)
+    finally:
+      if ckpt is not None:
+        ckpt.close()
     for i, c in enumerate(group):
       s = experiment.summarize(res.rows[i], prep.timelines[i], name=algorithm_name,
                                dataset=fed_data.name, model=prep.model_name,
@@ -567,6 +678,8 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
       if out_dir is not None:
         write_run(run_dir(c), res.rows[i], s)
       done.append(s)
+    if ckpt is not None:
+      ckpt.remove()  # its runs are stored: the checkpoint has served
   fresh = iter(done)
   return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 
@@ -600,19 +713,18 @@ def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
 
 # What a sweep writes in --output_dir: refused there without --resume (read the finished
 # runs back) or --overwrite (delete these first), as experiments/run.py does.
-SWEEP_OUTPUTS = ("runs", "sweep.json", "aggregate.csv", "aggregate.md", "aggregate.png")
+SWEEP_OUTPUTS = ("runs", "checkpoints", "sweep.json", "aggregate.csv", "aggregate.md",
+                 "aggregate.png")
 
 
 def check_unsupported_flags(FLAGS) -> None:
-  """--checkpoint_every, --keep_checkpoints and --tensorboard given to a sweep: ValueError
-  (sweeps write each computation's runs when it finishes; --resume reuses them)."""
+  """--tensorboard given to a sweep: ValueError (a sweep writes each run's metrics.jsonl
+  and summary.json when its computation finishes, and no TensorBoard files)."""
   for name in UNSUPPORTED_FLAGS:
-    if name in FLAGS and FLAGS[name].present and not (
-        name == "checkpoint_every" and FLAGS[name].value == 0) and not (
-            name == "tensorboard" and not FLAGS[name].value):
-      raise ValueError(f"--{name}: not supported by sweeps (no checkpoints or TensorBoard "
-                       "files; each computation's runs are written when it finishes, and "
-                       "--resume reads back the finished ones)")
+    if name in FLAGS and FLAGS[name].present and FLAGS[name].value:
+      raise ValueError(f"--{name}: not supported by sweeps (no TensorBoard files; each "
+                       "run's metrics.jsonl and summary.json are written when its "
+                       "computation finishes)")
 
 
 def load_checked(cfg: experiment.RunConfig):
@@ -647,9 +759,18 @@ def main_from_flags(FLAGS):
     raise SystemExit(f"error: {e}") from None
   experiment.exit_on_interrupt(
       lambda: _run_all(FLAGS, base, cfgs, names, devices, fed_data),
-      f"the runs of every finished computation are stored under "
-      f"{os.path.join(base.output_dir, 'runs')}: rerun the same command with --resume to "
-      "run only the others")
+      interrupted_message(base.output_dir, base.checkpoint_every, "--resume"))
+
+
+def interrupted_message(out_dir: str, checkpoint_every: int, how: str) -> str:
+  """What an interrupted sweep kept and how to continue (``how``: the flag to rerun with,
+  or '' where the driver always reads its runs back)."""
+  kept = f"the runs of every finished computation are stored under {os.path.join(out_dir, 'runs')}"
+  if checkpoint_every > 0:
+    kept += (f" and the others checkpointed every --checkpoint_every={checkpoint_every} "
+             f"rounds under {os.path.join(out_dir, 'checkpoints')}")
+  rerun = "rerun the same command" + (f" with {how}" if how else "")
+  return f"{kept}: {rerun} to continue (finished runs are read back)"
 
 
 def _run_all(FLAGS, base, cfgs, names, devices, fed_data):

@@ -50,9 +50,8 @@ SWEEP_ARGS = ["--algorithm=fedavg", "--num_clients=5", "--rounds=2", "--checkpoi
     (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
      "error: --data_dir=/nonexistent_dir: no such directory"),
     (["--num_clients=100000"], "error: --num_clients=100000: the padded client data"),
-    (["--checkpoint_every=5"], "error: --checkpoint_every: not supported by sweeps"),
-    (["--keep_checkpoints=3"], "error: --keep_checkpoints: not supported by sweeps"),
     (["--tensorboard"], "error: --tensorboard: not supported by sweeps"),
+    (["--checkpoint_every=-1"], "error: --checkpoint_every: must be >= 0"),
     # the same run twice: one folder, counted as two seeds (std 0) in aggregate.md
     (["--sweep_lr=0.1,0.05,0.10"], "error: --sweep_lr: lists 0.1 more than once"),
 ])
@@ -267,10 +266,12 @@ def interrupt_on(proc, marker, sig):
 
 
 @pytest.mark.parametrize("path,args,marker,sig,says", [
-    (SWEEP, SWEEP_ARGS[:2] + ["--rounds=400", "--rounds_per_call=1", "--checkpoint_every=0"],
+    (SWEEP, SWEEP_ARGS[:2] + ["--rounds=400", "--rounds_per_call=1", "--checkpoint_every=5"],
      "[fedavg x1] round 1/", "SIGINT",
      "interrupted (SIGINT): the runs of every finished computation are stored under "
-     "{out}/runs: rerun the same command with --resume to run only the others"),
+     "{out}/runs and the others checkpointed every --checkpoint_every=5 rounds under "
+     "{out}/checkpoints: rerun the same command with --resume to continue (finished runs "
+     "are read back)"),
     (ASYNC, ASYNC_ARGS[:2] + ["--num_updates=3000", "--eval_every=1000",
                               "--groups_per_call=1", "--checkpoint_every=0"], " version ",
      "SIGTERM",

@@ -14,6 +14,7 @@ import pytest
 
 from fedjax_async import algorithms
 from fedjax_async import client as client_lib
+from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async import engine
 from fedjax_async import experiment
 from fedjax_async import sweep
@@ -283,6 +284,64 @@ def test_config_differences_name_the_flags():
   same = dataclasses.replace(BASE, rounds_per_call=2, output_dir="elsewhere",
                              tensorboard=True, client_chunk=4)
   assert sweep.config_differences(saved, experiment.run_config_for(same, "fedavg")) == []
+
+
+def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, monkeypatch,
+                                                                    capsys):
+  """A computation interrupted after round 3 (checkpoints every 2 rounds) continues with
+  --resume from round 2 to the rows and models of an uninterrupted one; its checkpoint is
+  removed once its runs are written; a checkpoint made with other flags is discarded,
+  naming them, and the computation starts over."""
+  fed = tiny_data()
+  base = dataclasses.replace(BASE, algorithm="pafed", rounds=6, rounds_per_call=1,
+                             checkpoint_every=2)
+  cfgs = sweep.grid(base, {"lr": [0.05, 0.2]}, num_seeds=1)
+  ref = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "ref"), quiet=True)
+  calls = []
+
+  def interrupt_after_round_3():
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  out = tmp_path / "cut"
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), quiet=True)
+  ckpt_root = out / "checkpoints" / "pafed"
+  [key] = os.listdir(ckpt_root)
+  c = ckpt_lib.Checkpointer(str(ckpt_root / key))
+  assert c.latest_round() == 2  # round 3 came back, but 3 is no multiple of 2
+  assert [len(rows) for rows in c.restore_meta()["rows"]] == [2, 2]
+  c.close()
+  assert not (out / "runs").exists()  # no run finished
+  calls.clear()
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  resumed = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), resume=True)
+  assert "[pafed x2] resuming from the checkpoint of round 2" in capsys.readouterr().out
+  for a, b in zip(resumed, ref):
+    assert a["setting"] == b["setting"]
+    assert a["final_accuracy"] == pytest.approx(b["final_accuracy"], abs=1e-6)
+  for c_ in cfgs:
+    name = sweep.run_name(c_, ["lr"])
+    rows = experiment.read_metrics(str(out / "runs" / "pafed" / name))
+    ref_rows = experiment.read_metrics(str(tmp_path / "ref" / "runs" / "pafed" / name))
+    assert [r["round"] for r in rows] == list(range(6))
+    for a, b in zip(rows, ref_rows):
+      assert (a["online"], a["delayed"]) == (b["online"], b["delayed"])
+      assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+  assert not (out / "checkpoints").exists()  # removed once the runs were written
+  # a checkpoint of the same runs made with other flags: discarded, named, run again
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "stale"), quiet=True)
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  capsys.readouterr()
+  longer = [dataclasses.replace(c_, mu=0.5) for c_ in cfgs]
+  sweep.run_sweep(longer, "pafed", fed, ["lr"], str(tmp_path / "stale"), resume=True)
+  text = capsys.readouterr().out
+  assert "[pafed x2] discarding the checkpoint under" in text and "(--mu=0.01 (now 0.5))" in text
+  assert "resuming" not in text
 
 
 def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
