@@ -101,8 +101,8 @@ def main_fededs(argv, driver):
 
 
 def accept_overwrite():
-  """--overwrite for the drivers that do not define it (./run.sh passes it to any mode):
-  they write over --output_dir anyway."""
+  """--overwrite for the virtual-clock driver, which does not define it (./run.sh passes it
+  to any mode): it writes over --output_dir anyway."""
   if "overwrite" not in flags.FLAGS:
     flags.DEFINE_boolean("overwrite", True, "Accepted for ./run.sh: this driver writes "
                          "over --output_dir in any case.")
@@ -115,8 +115,8 @@ def main():
     accept_overwrite()
     app.run(async_family.main, flags_parser=cli.parse_flags)
   elif mode == "fededs":
+    # fededs_table defines its own --resume and --overwrite
     import fededs_table  # pylint: disable=g-import-not-at-top
-    accept_overwrite()
     flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
     flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")
     flags.DEFINE_string("fededs_ablation", "", "s1 (annealing only) | s2 (sharing only).")
