@@ -80,6 +80,7 @@ class handle_interrupts:  # pylint: disable=invalid-name
     return self
 
   def __exit__(self, *exc):
+    del _signals_received[:]  # handled or not, no later check_interrupted raises them
     for sig, handler in self.previous.items():
       signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     sys.unraisablehook = self.unraisablehook
