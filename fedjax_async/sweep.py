@@ -680,6 +680,14 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
       done.append(s)
     if ckpt is not None:
       ckpt.remove()  # its runs are stored: the checkpoint has served
+  left = (os.path.join(out_dir, "checkpoints", algorithm_name) if out_dir is not None
+          else None)
+  if left is not None and os.path.isdir(left) and os.listdir(left) and not quiet:
+    # each finished computation removed its own: these were made for other groupings of
+    # runs (another grid, or --max_runs_per_computation) and were not used
+    print(f"[{algorithm_name}] {len(os.listdir(left))} checkpoint(s) of computations "
+          f"this command does not run are left under {left}; delete them to free the "
+          "space", flush=True)
   fresh = iter(done)
   return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 

@@ -342,6 +342,20 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
   text = capsys.readouterr().out
   assert "[pafed x2] discarding the checkpoint under" in text and "(--mu=0.01 (now 0.5))" in text
   assert "resuming" not in text
+  # a checkpoint of another grouping of the runs (one run per computation now) is not
+  # used, and said to be left
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  calls.clear()
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), quiet=True)
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  capsys.readouterr()
+  sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), resume=True,
+                  max_runs_per_computation=1)
+  text = capsys.readouterr().out
+  assert "resuming" not in text
+  assert ("[pafed] 1 checkpoint(s) of computations this command does not run are left under "
+          f"{tmp_path / 'regrouped' / 'checkpoints' / 'pafed'}") in text
 
 
 def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
