@@ -17,7 +17,9 @@ Each run is checkpointed every ``--checkpoint_every`` calls of ``--groups_per_ca
 groups (``<run>/checkpoints``: the state, the rows so far and the flags). After Ctrl-C,
 SIGTERM or a crash, the same command with ``--resume`` reads back the finished runs and
 continues the others from their latest checkpoint, to the result of an uninterrupted run
-(tested); flags that change the results must be the same (else it says which differ).
+(tested); flags that change the results must be the same (else it says which differ). A
+folder that holds a run is refused before any work unless ``--resume`` or ``--overwrite``
+(which deletes this driver's outputs there, and nothing else, first).
 """
 
 from __future__ import annotations
@@ -128,10 +130,17 @@ F.DEFINE_integer("checkpoint_every", 1, "Checkpoint a run every k calls of "
                  "--groups_per_call groups (under <run>/checkpoints; 0: off).")
 F.DEFINE_boolean("resume", False, "Continue each run from its latest checkpoint (a run "
                  "whose summary.json was made with the same flags is read back, not run).")
+F.DEFINE_boolean("overwrite", False, "Delete this driver's outputs in --output_dir (the "
+                 "runs' metrics, summaries and checkpoints, curves.png, comparison.md) and "
+                 "start over; without it (or --resume) a folder holding a run is refused.")
 # Flags that change neither a run's model nor its metrics rows: a checkpoint or summary
 # made with other values of these is still the same run (--eval_every is not among them:
 # it decides which rows carry a test accuracy).
-RESUME_FREE_FLAGS = ("output_dir", "resume", "checkpoint_every", "groups_per_call")
+RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every",
+                     "groups_per_call")
+# What a run writes in its folder, and the command in --output_dir.
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
+COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 FLAGS = F.FLAGS
 
 
@@ -423,6 +432,20 @@ def main(argv):
       "rerun the same command with --resume to continue them")
 
 
+def run_list(names):
+  """(run name, algorithm, FedAsync's a) of each run: one per --mix_alpha value for
+  fedasync / dp_fedasync (named <algorithm>_a<a> when there are several)."""
+  runs = []
+  for n in names:
+    if n in ("fedasync", "dp_fedasync"):
+      alphas = parse_floats(FLAGS.mix_alpha, "mix_alpha")
+      for a in alphas:
+        runs.append((n if len(alphas) == 1 else f"{n}_a{a:g}", n, a))
+    else:
+      runs.append((n, n, parse_floats(FLAGS.mix_alpha, "mix_alpha")[0]))
+  return runs
+
+
 def _main(argv):
   del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
@@ -430,6 +453,13 @@ def _main(argv):
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     names, scales, clock = validate(FLAGS)
     devices = sharding.select_devices(FLAGS.devices)
+    check(not (FLAGS.resume and FLAGS.overwrite), "overwrite", "cannot be combined with "
+          "--resume (--resume continues the runs in --output_dir, --overwrite deletes them)")
+    runs = run_list(names)
+    # before any work: a folder holding a run is refused, or cleared with --overwrite
+    outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
+        os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
+    experiment.prepare_output_dir(FLAGS.output_dir, FLAGS.resume, FLAGS.overwrite, outputs)
   except ValueError as e:
     sys.exit(f"error: {e}")
   print(f"loading {FLAGS.dataset} ...", flush=True)
@@ -442,14 +472,6 @@ def _main(argv):
         f"{model_name} with {np.size(w0)} parameters; devices {jax.devices()}", flush=True)
   if len(devices) > 1:
     print(f"each group's members split over {len(devices)} devices (--devices)", flush=True)
-  runs = []
-  for n in names:
-    if n in ("fedasync", "dp_fedasync"):
-      alphas = parse_floats(FLAGS.mix_alpha, "mix_alpha")
-      for a in alphas:
-        runs.append((n if len(alphas) == 1 else f"{n}_a{a:g}", n, a))
-    else:
-      runs.append((n, n, parse_floats(FLAGS.mix_alpha, "mix_alpha")[0]))
   summaries, curves = [], {}
   for run_name, algo, alpha in runs:
     out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)

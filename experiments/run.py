@@ -100,22 +100,12 @@ def main_fededs(argv, driver):
   driver.main(argv)
 
 
-def accept_overwrite():
-  """--overwrite for the virtual-clock driver, which does not define it (./run.sh passes it
-  to any mode): it writes over --output_dir anyway."""
-  if "overwrite" not in flags.FLAGS:
-    flags.DEFINE_boolean("overwrite", True, "Accepted for ./run.sh: this driver writes "
-                         "over --output_dir in any case.")
-
-
 def main():
   mode = mode_of(sys.argv)
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
-    accept_overwrite()
     app.run(async_family.main, flags_parser=cli.parse_flags)
   elif mode == "fededs":
-    # fededs_table defines its own --resume and --overwrite
     import fededs_table  # pylint: disable=g-import-not-at-top
     flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
     flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")

@@ -305,6 +305,11 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
   _, err = interrupt_on(proc, "[fedasync] version ", signal.SIGTERM)
   assert proc.returncode == 143, err[-3000:]
   assert not (out / "fedasync" / "summary.json").exists()
+  # the same command without --resume: refused before any work (it deleted the checkpoints)
+  refused = script(ASYNC, args + [f"--output_dir={out}"])
+  assert_one_line_error(refused, f"error: --output_dir: {out} already holds a run "
+                        "(fedasync/metrics.jsonl, fedasync/checkpoints): pass --resume to "
+                        "continue it, --overwrite to start over")
   done = script(ASYNC, args + [f"--output_dir={out}", "--resume"])
   assert done.returncode == 0, done.stderr[-3000:]
   assert "[fedasync] resumed from " in done.stdout, done.stdout[-3000:]
@@ -321,6 +326,8 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
   assert_one_line_error(other, f"error: --resume: the checkpoint under "
                         f"{out / 'fedasync' / 'checkpoints'} was made with other flags: "
                         "--lr=0.05 (now 0.1)")
+  both = script(ASYNC, args + [f"--output_dir={out}", "--resume", "--overwrite"])
+  assert_one_line_error(both, "error: --overwrite: cannot be combined with --resume")
 
 
 def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tmp_path):
