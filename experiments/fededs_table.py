@@ -262,13 +262,21 @@ def save_generation(path: str, gen: fededs.Generation, config: dict):
 
 def load_generation(path: str, config: dict):
   """``save_generation``'s file as a ``fededs.Generation`` (no local models), or None when
-  there is none or it was made with other flags."""
+  there is none, or (saying so, naming the file) it cannot be read or was made with other
+  flags: Alg. 1 then runs again."""
+  if not os.path.exists(path):
+    return None
   try:
     with np.load(path) as z:
-      if json.loads(str(z["config"])) != config:
-        return None
+      saved = json.loads(str(z["config"]))
       arrays = {n: z[n] for n in z.files if n != "config"}
-  except (OSError, ValueError, KeyError):
+  except (OSError, ValueError, KeyError, EOFError) as e:
+    print(f"[fededs] {path} cannot be read ({type(e).__name__}: {e}): Alg. 1 runs again",
+          flush=True)
+    return None
+  if saved != config:
+    print(f"[fededs] {path} was made with other flags ({flags_mismatch(saved, config)}): "
+          "Alg. 1 runs again", flush=True)
     return None
   layers = {n[len("layer."):]: jax.numpy.asarray(v) for n, v in arrays.items()
             if n.startswith("layer.")}
