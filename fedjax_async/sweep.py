@@ -522,14 +522,15 @@ class ComputationCheckpoint:
   """Checkpoints of one vmapped computation (its runs' stacked state and rows) under
   ``<out_dir>/checkpoints/<algorithm>/<key>/``, ``key`` naming the computation's runs, every
   ``checkpoint_every`` rounds of the first config (0: none). With ``resume`` a checkpoint
-  made with the same configurations is ``restored``; one made with other flags is
-  discarded (saying which flags differ) and the computation starts over, as a stored run
-  made with other flags is run again."""
+  made with the same configurations can be restored (``can_resume``, ``restore``); one
+  made with other flags, or that cannot be read, is discarded (saying why) and the
+  computation starts over, as a stored run made with other flags is run again."""
 
   def __init__(self, out_dir: str, algorithm_name: str, group, names, extra_config,
                resume: bool, quiet: bool):
     base = group[0]
     self.every, self.total, self.quiet = base.checkpoint_every, base.rounds, quiet
+    self.keep = base.keep_checkpoints
     run_names = [run_name(c, names) for c in group]
     key = hashlib.sha1("\n".join(run_names).encode()).hexdigest()[:12]
     self.directory = os.path.join(out_dir, "checkpoints", algorithm_name, key)
@@ -541,18 +542,16 @@ class ComputationCheckpoint:
     if os.path.isdir(self.directory) and not resume:
       shutil.rmtree(self.directory)  # a fresh computation: not its own checkpoints
     if os.path.isdir(self.directory):
-      self._find(base.keep_checkpoints)
+      self._find()
     if self.every > 0 and self.manager is None:
-      self.manager = checkpoint_lib.Checkpointer(self.directory, base.keep_checkpoints)
+      self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
 
-  def _find(self, keep: int):
-    manager = checkpoint_lib.Checkpointer(self.directory, keep)
-    if manager.latest_round() is None:
-      self.manager = manager
+  def _find(self):
+    self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
+    if self.manager.latest_round() is None:
       return
     try:
-      meta = manager.restore_meta()
-      saved = meta["config"]
+      saved = self.manager.restore_meta()["config"]
       diffs = sorted({d for a, b in zip(saved.get("configs", []), self.config["configs"])
                       for d in config_differences(a, b)})
       if saved.get("runs") != self.config["runs"]:
@@ -560,18 +559,28 @@ class ComputationCheckpoint:
     except checkpoint_lib.CheckpointError as e:
       diffs = [f"unreadable: {e}"]
     if diffs:
-      manager.close()
-      if not self.quiet:
-        print(f"[{self.label}] discarding the checkpoint under {self.directory} "
-              f"({', '.join(diffs)}): the computation starts over", flush=True)
-      shutil.rmtree(self.directory)
+      self._discard(", ".join(diffs))
       return
-    self.manager = manager
     self.can_resume = True
 
+  def _discard(self, why: str):
+    self.close()
+    if not self.quiet:
+      print(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
+            "computation starts over", flush=True)
+    shutil.rmtree(self.directory)
+    self.manager = None
+
   def restore(self, template):
-    """(start_round, rows, wall_before, states) from the latest checkpoint."""
-    r = self.manager.restore(template)
+    """(start_round, rows, wall_before, states) from the latest checkpoint; (0, None, 0,
+    template) when its state cannot be read (discarded, saying so)."""
+    try:
+      r = self.manager.restore(template)
+    except checkpoint_lib.CheckpointError as e:
+      self._discard(f"unreadable: {e}")
+      if self.every > 0:
+        self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
+      return 0, None, 0.0, template
     self.last = r.round
     if not self.quiet:
       print(f"[{self.label}] resuming from the checkpoint of round {r.round} "

@@ -342,6 +342,23 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
   text = capsys.readouterr().out
   assert "[pafed x2] discarding the checkpoint under" in text and "(--mu=0.01 (now 0.5))" in text
   assert "resuming" not in text
+  # a checkpoint whose state cannot be read (meta intact): discarded, named, run again
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  calls.clear()
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "damaged"), quiet=True)
+  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  [key] = os.listdir(tmp_path / "damaged" / "checkpoints" / "pafed")
+  for root, _, files in os.walk(tmp_path / "damaged" / "checkpoints" / "pafed" / key / "2"
+                                / "state"):
+    for f in files:
+      open(os.path.join(root, f), "wb").close()  # truncated to nothing
+  capsys.readouterr()
+  out = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "damaged"), resume=True)
+  text = capsys.readouterr().out
+  assert "[pafed x2] discarding the checkpoint under" in text and "unreadable" in text
+  assert [s_["final_accuracy"] for s_ in out] == pytest.approx(
+      [s_["final_accuracy"] for s_ in ref], abs=1e-6)
   # a checkpoint of another grouping of the runs (one run per computation now) is not
   # used, and said to be left
   monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
