@@ -220,6 +220,11 @@ def privacy_outputs(model, encryptor, theta0, layers, dev, cfg, gen, out_dir):
   print("[fededs] privacy:", json.dumps(rep), flush=True)
 
 
+class ResumeError(ValueError):
+  """A run's checkpoint that --resume cannot continue from (other flags, unreadable files):
+  one error line naming it."""
+
+
 def run_flags() -> dict:
   """The flags that change the results (not RESUME_FREE_FLAGS), as each run's summary and
   checkpoints store them to compare with on --resume."""
@@ -317,12 +322,12 @@ def run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal, share,
         saved = ckpt.restore_meta()["config"]
         bad = flags_mismatch(saved, config)
         if bad or saved.get("run") != config["run"]:
-          raise ValueError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
+          raise ResumeError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
                            f"flags: {bad or saved.get('run')}; rerun with --overwrite to "
                            "start over")
         restored = ckpt.restore(fededs.init_state(alg, w0, int(dev.counts.shape[0])))
       except checkpoint_lib.CheckpointError as e:
-        raise ValueError(f"--resume: {e}; delete that folder to resume from the one before, "
+        raise ResumeError(f"--resume: {e}; delete that folder to resume from the one before, "
                          "or rerun with --overwrite to start over") from None
       state = jax.tree.map(jax.numpy.asarray, restored.state)
       rows_before = restored.rows
@@ -542,8 +547,11 @@ def _main(alphas, ks, bases, variants):
   first = True
   for alpha in alphas:
     for k in ks:
-      run_setting(alpha, k, bases, variants, pool, FLAGS.output_dir,
-                  FLAGS.privacy and first, done)
+      try:
+        run_setting(alpha, k, bases, variants, pool, FLAGS.output_dir,
+                    FLAGS.privacy and first, done)
+      except ResumeError as e:
+        sys.exit(f"error: {e}")
       first = False
   write_tables([r for r, _ in finished], FLAGS.output_dir)
 

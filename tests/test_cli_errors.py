@@ -375,6 +375,16 @@ def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tm
   again = script(FEDEDS, args + [f"--output_dir={out}", "--overwrite"])  # starts over
   assert again.returncode == 0 and "read back" not in again.stdout, again.stderr[-3000:]
   assert "Alg. 1 in" in again.stdout
+  # a run's latest checkpoint that cannot be read: one line naming it and the one before
+  run_dir = out / "runs" / "alpha0.1_K5" / "fedavg_fededs"
+  os.remove(run_dir / "summary.json")
+  for root, _, files in os.walk(run_dir / "checkpoints" / "3" / "state"):
+    for f in files:
+      open(os.path.join(root, f), "wb").close()
+  damaged = script(FEDEDS, args + [f"--output_dir={out}", "--resume"])
+  assert_one_line_error(damaged, f"error: --resume: the checkpoint of round 3 "
+                        f"({run_dir / 'checkpoints' / '3'}) cannot be read")
+  assert "delete that folder to resume from the one before" in damaged.stderr
 
 
 RUN = os.path.join(ROOT, "experiments", "run.py")
