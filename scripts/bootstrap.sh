@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Idempotent set-up: Python 3.10 virtual environment with the pinned packages, and the
-# Debian Fashion-MNIST data package (and tcmalloc, which the benchmark suite
-# preloads: docs/performance.md section 6m). Safe to run again: each step is skipped when done.
+# Idempotent set-up: a virtual environment with the pinned packages (Python 3.10: jax 0.6.2
+# and OpenFHE; Python 3.12: current JAX, OpenFHE where it loads; setup.cfg's markers pick
+# the ranges), and the Debian Fashion-MNIST data package (and tcmalloc, which the benchmark
+# suite preloads: docs/performance.md section 6m). Safe to run again: each step is skipped
+# when done.
 # Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
-# (default "test"), FEDJAX_SKIP_APT=1 to skip the Debian packages.
+# (default "test"; on Python >= 3.11 the extra "crypto", openfhe, is tried on top),
+# FEDJAX_SKIP_APT=1 to skip the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*"; }
@@ -28,14 +31,29 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 
+pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 stamp="$venv/.fedjax_async-installed"
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] || [ "$(cat "$stamp")" != "$extras" ]; then
-  say "installing fedjax_async[$extras] and its pinned dependencies into $venv (a few minutes the first time)"
+  say "installing fedjax_async[$extras] and its pinned dependencies into $venv (Python $pyver; a few minutes the first time)"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+  case ",$extras," in
+    *,crypto,*) ;;
+    *) if [ "$pyver" != 3.10 ]; then
+         # openfhe is required on 3.10; elsewhere it is the extra "crypto" (no wheel for
+         # every Python and platform): tried, and the crypto features skip without it
+         say "installing the extra crypto (openfhe) for Python $pyver"
+         "$venv/bin/python" -m pip install --quiet -e ".[$extras,crypto]" \
+           || say "openfhe could not be installed: the crypto features and their tests are skipped"
+       fi;;
+  esac
   echo "$extras" > "$stamp"
+  say "$("$venv/bin/python" -c 'import jax, flax, optax, orbax.checkpoint as o, sys; print("Python %d.%d.%d" % sys.version_info[:3], "jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax-checkpoint", o.__version__)' 2>&1 | tail -n 1)"
 else
   say "packages already installed in $venv (delete $stamp to reinstall)"
+fi
+if ! err=$("$venv/bin/python" -c 'import openfhe' 2>&1); then
+  say "openfhe does not load in $venv ($(printf '%s' "$err" | tail -n 1)): the crypto features and their tests are skipped (BUILD.md)"
 fi
 
 # apt_install PACKAGE WHAT IF_MISSING: installs a Debian package (via sudo when not root;
