@@ -80,10 +80,10 @@ def machine() -> Dict[str, Any]:
 
 
 def child_env(**extra: str) -> Dict[str, str]:
-  """Environment of a benchmark's child process: this checkout on ``PYTHONPATH`` and the
-  parent's platform (``JAX_PLATFORMS`` passed on when set, never forced to CPU), plus
-  ``extra``."""
-  return dict(os.environ, PYTHONPATH=ROOT, **extra)
+  """Environment of a benchmark's child process: this checkout first on ``PYTHONPATH``
+  (then the parent's entries) and the parent's platform (``JAX_PLATFORMS`` passed on when
+  set, never forced to CPU), plus ``extra``."""
+  return dict(os.environ, PYTHONPATH=paths.pythonpath(), **extra)
 
 
 def device_peak_bytes() -> Optional[int]:

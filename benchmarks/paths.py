@@ -21,3 +21,11 @@ def results_dir() -> str:
 
 
 RESULTS_DIR = results_dir()
+
+
+def pythonpath(environ=None) -> str:
+  """``PYTHONPATH`` for a child process: this checkout first, then the entries the parent
+  had (wheels unpacked into a ``--target`` folder on a machine that cannot install)."""
+  environ = os.environ if environ is None else environ
+  rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT]
+  return os.pathsep.join([ROOT] + rest)

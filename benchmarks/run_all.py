@@ -23,6 +23,18 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
 * then ``report.py`` over the rows this run wrote: tables (``report.md``) and figures
   (PNG) next to the logs.
 
+``--device_suite`` is the run prepared for an accelerator lent for a short window (one
+command, about 25 minutes on one H100; BUILD.md "The device suite"): the steps above at the
+accelerator sizes, whatever the platform (the CNN's K sweep fitted for the largest K per
+round in the device's memory; the peers run by this Python, so pfl / Flower only where
+they are installed), and ``table_v``, the PAFed paper's Table V in its own configuration
+(``experiments/pafed_table.py --config=full``) for non-IID δ ∈ {0, 0.5}, the four
+algorithms, 2 seeds, the paper's values beside. ``--time_budget_min`` (24 by default there)
+bounds the whole run: a step still running at the end is stopped (its finished rows stay),
+the steps after it are listed as not run, and the report is written. The report
+(``report.md``) then has Table V after the performance tables. With ``--quick`` the same
+steps run at toy sizes: the CPU dry run in the test suite.
+
 The steps run with tcmalloc preloaded where it is installed (``--allocator``; on CPU it
 spares each call the page faults of fresh large buffers, docs/performance.md section 6m);
 every row records the allocator. Before anything runs, every step's flags are checked
@@ -36,13 +48,16 @@ interruption loses only the configuration it cut short.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags
 
@@ -53,7 +68,8 @@ sys.path.insert(0, ROOT)
 from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)
 
-STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers")
+STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers", "table_v")
+DEVICE_SUITE_BUDGET_MIN = 24.0  # --time_budget_min's default with --device_suite
 
 FLAGS = flags.FLAGS
 
@@ -78,6 +94,17 @@ def define_flags():
   flags.DEFINE_string("peers_python", os.path.join(ROOT, ".venv-peers", "bin", "python"),
                       "The peers' Python (pfl, Flower); see "
                       "benchmarks/requirements-peers.txt.")
+  flags.DEFINE_bool("device_suite", False,
+                    "The accelerator run in one command: the steps at the accelerator sizes "
+                    "whatever the platform, and table_v (the PAFed paper's Table V, non-IID "
+                    "delta 0 and 0.5, 4 algorithms, 2 seeds), within --time_budget_min. "
+                    "With --quick: toy sizes (the CPU dry run).")
+  flags.DEFINE_float("time_budget_min", None,
+                     "Minutes the whole run may take: a step still running then is stopped "
+                     "and the later ones are not started (default: "
+                     f"{DEVICE_SUITE_BUDGET_MIN:g} with --device_suite, else no limit).")
+  flags.DEFINE_string("data_dir", None, "table_v: the Fashion-MNIST IDX files' folder "
+                      "(default: the package's, /usr/share/datasets/fashion-mnist).")
   flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"],
                     "malloc of the steps: tcmalloc preloaded (LD_PRELOAD; 'auto': when it "
                     "is installed, Debian package libtcmalloc-minimal4) or the system's. "
@@ -85,6 +112,16 @@ def define_flags():
   for name in ("only", "skip"):
     flags.register_validator(name, _known_steps,
                              message=f"--{name}: each item must be one of {', '.join(STEPS)}")
+  flags.register_validator(
+      "time_budget_min", lambda v: v is None or 0 < v < float("inf"),
+      message="--time_budget_min: expected a number of minutes > 0")
+  flags.register_multi_flags_validator(
+      ["only", "device_suite"],
+      lambda v: v["device_suite"] or "table_v" not in (v["only"] or ()),
+      message="--only: table_v is a step of --device_suite")
+  flags.register_validator(
+      "data_dir", lambda v: v is None or os.path.isdir(v),
+      message="--data_dir: not a folder (expected the Fashion-MNIST IDX files' folder)")
 
 
 @dataclasses.dataclass
@@ -96,23 +133,42 @@ class Platform:
   cores: int
 
 
-def detect_platform() -> Platform:
-  """This machine, as JAX sees it (on CPU the device kind is the CPU model and ISA)."""
-  from benchmarks import common  # pylint: disable=g-import-not-at-top  (quiets JAX's TPU probe)
-  import jax  # pylint: disable=g-import-not-at-top
-  devs = jax.devices()
-  kind = common.cpu_model() if devs[0].platform == "cpu" else devs[0].device_kind
-  return Platform(jax.default_backend(), len(devs), kind, os.cpu_count() or 1)
+_DETECT = """
+import dataclasses, json, os
+from benchmarks import common  # quiets JAX's TPU probe
+import jax
+devs = jax.devices()
+kind = common.cpu_model() if devs[0].platform == "cpu" else devs[0].device_kind
+print("PLATFORM " + json.dumps([jax.default_backend(), len(devs), kind, os.cpu_count() or 1]))
+"""
+
+
+def detect_platform(env: Optional[Dict[str, str]] = None) -> Platform:
+  """This machine, as JAX sees it (on CPU the device kind is the CPU model and ISA).
+
+  Asked in a child process: JAX in this process would hold the accelerator (a CUDA
+  context, and 75 % of its memory preallocated) while the steps run."""
+  env = dict(os.environ if env is None else env)
+  env["PYTHONPATH"] = paths.pythonpath(env)
+  proc = subprocess.run([sys.executable, "-c", _DETECT], env=env, capture_output=True,
+                        text=True)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("PLATFORM ")]
+  if proc.returncode or not lines:
+    sys.exit("error: JAX could not start here: "
+             + ((proc.stderr.strip().splitlines() or ["?"])[-1]))
+  return Platform(*json.loads(lines[-1][len("PLATFORM "):]))
 
 
 @dataclasses.dataclass
 class Step:
   name: str  # one of STEPS (a step may have several parts: name, then name_2 ...)
-  script: str  # file under benchmarks/
+  script: str  # file under benchmarks/, or a path from the checkout's root ("experiments/...")
   args: List[str]
+  tagged: bool = True  # takes --tag (the benchmarks; not the Table V driver)
 
   def argv(self, tag: str, python: str = sys.executable) -> List[str]:
-    return [python, os.path.join(HERE, self.script)] + self.args + [f"--tag={tag}"]
+    path = os.path.join(ROOT if "/" in self.script else HERE, self.script)
+    return [python, path] + self.args + ([f"--tag={tag}"] if self.tagged else [])
 
 
 def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
@@ -185,6 +241,68 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
   ]
 
 
+# The device suite's sizes: an accelerator's, and the toy ones of its CPU dry run
+# (--device_suite --quick), which runs the same steps with the same flags otherwise.
+DEVICE_SIZES = {
+    False: dict(
+        fop=["--model=cnn", "--clients=10,50,200,1000", "--examples=60", "--rounds=2",
+             "--reps=3"],
+        tp=["--models=logreg,cnn", "--clients=10,50,200,1000", "--reps=3"],
+        tp_big=["--models=logreg", "--clients=10000", "--reps=3"],
+        # the largest K per round that fits: fitted over K, in the device's memory
+        scaling_logreg=["--models=logreg", "--k_logreg=10,100,1000,10000,100000",
+                        "--rounds=20", "--reps=3"],
+        scaling_cnn=["--models=cnn", "--k_cnn=10,50,200,1000", "--rounds=2", "--reps=2"],
+        peers=["--reps=2", "--engine_rounds=2"],
+        table_v=["--config=full"]),
+    True: dict(
+        fop=["--model=logreg", "--clients=2,4", "--examples=20", "--rounds=1", "--reps=1"],
+        tp=["--models=logreg", "--clients=2,4", "--rounds=2", "--reps=1"],
+        tp_big=["--models=logreg", "--clients=8", "--rounds=2", "--reps=1"],
+        scaling_logreg=["--models=logreg", "--k_logreg=2,4", "--n_logreg=8,16",
+                        "--k_fixed_logreg=2", "--rounds=1"],
+        scaling_cnn=["--models=logreg", "--k_logreg=3", "--n_logreg=6", "--k_fixed_logreg=3",
+                     "--rounds=1"],
+        peers=["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1",
+               "--reps=1"],
+        table_v=["--config=reduced", "--rounds=2", "--local_epochs=1", "--num_clients=20",
+                 "--test_subset=200", "--eval_every=1", "--rounds_per_call=2",
+                 "--checkpoint_every=0"]),
+}
+
+
+def device_plan(p: Platform, quick: bool, results_dir: str,
+                data_dir: Optional[str] = None) -> List[Step]:
+  """The device suite (``--device_suite``) on platform ``p``: the performance steps at the
+  accelerator sizes (toy sizes with ``quick``), one vmap of all K, the device's memory as
+  the budget, the peers run by this Python (pfl / Flower where installed), and Table V."""
+  z = DEVICE_SIZES[quick]
+  device_counts = [d for d in (1, 2, 4, 8, 16) if d <= p.devices]
+  data = [f"--data_dir={data_dir}"] if data_dir else []
+  return [
+      Step("fraction_of_peak", "fraction_of_peak.py", z["fop"] + ["--client_chunk=0"]),
+      Step("throughput", "throughput.py", z["tp"] + (
+          [f"--engine_devices={p.devices}"] if p.devices > 1 else [])),
+      Step("throughput", "throughput.py",
+           z["tp_big"] + ["--loop=false", "--fedjax_loop=false"]),
+      Step("table_v", "experiments/pafed_table.py",
+           z["table_v"] + ["--partitions=shards", "--deltas=0,0.5", "--num_seeds=2",
+                           "--algorithm=fedadmm,fedavg,fedprox,pafed",
+                           f"--output_dir={os.path.join(results_dir, 'table_v')}"] + data,
+           tagged=False),
+      Step("peers", "peers.py", z["peers"] + ["--systems=engine,loop,pfl,flower",
+                                              f"--peers_python={sys.executable}"]),
+      Step("scaling", "scaling.py", ["--sweep=k_fit,n"] + z["scaling_logreg"]
+           + ["--budget_gib=0", "--client_chunk=0"]),
+      Step("scaling", "scaling.py", ["--sweep=k_fit,n"] + z["scaling_cnn"]
+           + ["--budget_gib=0", "--client_chunk=0"]),
+  ] + ([Step("multidevice", "multidevice.py",
+             ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
+              "--reps=1" if quick else "--reps=3"]
+             + (["--k_strong=4", "--k_per_device=2", "--rounds=1"] if quick else []))]
+       if p.devices > 1 else [])
+
+
 def default_tag(p: Platform) -> str:
   kind = re.sub(r"[^A-Za-z0-9]+", "_", p.device_kind).strip("_").lower() or p.backend
   return f"{kind}_{time.strftime('%Y-%m-%d')}"
@@ -209,58 +327,156 @@ def allocator_env(choice: str, env: Dict[str, str]) -> Dict[str, str]:
 
 
 def check_flags(steps: Sequence[Step], tag: str, env: Dict[str, str]) -> List[str]:
-  """Each step's command with ``--only_check_args``: the messages of those that fail."""
+  """Each step's command with ``--only_check_args`` (all at once: each is a Python start
+  and imports): the messages of those that fail."""
+  procs = [subprocess.Popen(step.argv(tag) + ["--only_check_args"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           for step in steps]
   errors = []
-  for step in steps:
-    proc = subprocess.run(step.argv(tag) + ["--only_check_args"], env=env,
-                          capture_output=True, text=True)
+  for step, proc in zip(steps, procs):
+    stderr = proc.communicate()[1]
     if proc.returncode:
-      lines = [l for l in proc.stderr.strip().splitlines() if "error" in l.lower()]
-      errors.append(f"{step.name}: {(lines or proc.stderr.strip().splitlines() or ['?'])[-1]}")
+      lines = [l for l in stderr.strip().splitlines() if "error" in l.lower()]
+      errors.append(f"{step.name}: {(lines or stderr.strip().splitlines() or ['?'])[-1]}")
   return errors
 
 
-def run_step(step: Step, tag: str, env: Dict[str, str], log_path: str) -> int:
-  """Runs one step, its output shown and written to ``log_path`` as it comes."""
+TIMED_OUT = "timed out"  # run_step's result for a step stopped at the deadline
+NOT_RUN = "not run"  # the time budget was spent before the step's turn
+
+
+def _stop(proc: subprocess.Popen):
+  """Ends a step and the processes it started (its own process group)."""
+  try:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=10)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  proc.wait()
+
+
+def run_step(step: Step, tag: str, env: Dict[str, str], log_path: str,
+             deadline: Optional[float] = None):
+  """Runs one step, its output shown and written to ``log_path`` as it comes: its exit
+  status, or ``TIMED_OUT`` when it was still running at ``deadline`` (``time.monotonic``)
+  and was stopped, with the processes it started."""
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(step.argv(tag))}\n")
     log.flush()
     proc = subprocess.Popen(step.argv(tag), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    expired = threading.Event()
+    timer = None
+    if deadline is not None:
+      def expire():
+        expired.set()
+        _stop(proc)
+      timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+      timer.daemon = True
+      timer.start()
     try:
       for line in proc.stdout:
         sys.stdout.write(line)
         log.write(line)
         log.flush()
-      return proc.wait()
+      rc = proc.wait()
     except KeyboardInterrupt:
-      proc.terminate()
-      proc.wait()
+      _stop(proc)
       raise
+    finally:
+      if timer is not None:
+        timer.cancel()
+    if expired.is_set():
+      msg = f"[run_all] {step.name}: stopped at the end of the time budget (--time_budget_min)"
+      print(msg, flush=True)
+      log.write(msg + "\n")
+      return TIMED_OUT
+    return rc
+
+
+def _result(rc) -> str:
+  if rc == 0:
+    return "ok"
+  if rc == TIMED_OUT:
+    return "stopped: time budget spent (its finished rows are kept)"
+  if rc == NOT_RUN:
+    return "not run: time budget spent"
+  return f"FAILED (exit {rc})"
 
 
 def summary(done: List[tuple]) -> str:
   lines = ["| step | result | seconds | log |", "|---|---|---|---|"]
   for name, rc, secs, log in done:
     rel = os.path.relpath(log, ROOT)
-    lines.append(f"| {name} | {'ok' if rc == 0 else f'FAILED (exit {rc})'} | "
+    lines.append(f"| {name} | {_result(rc)} | "
                  f"{secs:.0f} | {log if rel.startswith('..') else rel} |")
   return "\n".join(lines)
 
 
+def table_v_section(results: str) -> str:
+  """The Table V driver's table (``<results>/table_v/table.md``) as a report section, or
+  '' when it did not write one."""
+  path = os.path.join(results, "table_v", "table.md")
+  if not os.path.isfile(path):
+    return ""
+  with open(path) as f:
+    table = f.read().strip()
+  return ("\n\n## Table V (PAFed paper, Fashion-MNIST): ours beside the paper's\n\n"
+          f"`experiments/pafed_table.py`, runs and figures under `table_v/`.\n\n{table}\n")
+
+
+def run_steps(steps: Sequence[Step], tag: str, env: Dict[str, str], log_dir: str,
+              deadline: Optional[float] = None) -> List[tuple]:
+  """Runs the steps in turn: (part, result, seconds, log) of each, the result an exit
+  status, ``TIMED_OUT`` (stopped at ``deadline``) or ``NOT_RUN`` (its turn came after the
+  deadline). Ctrl-C stops the running step and returns what ran."""
+  done, seen = [], {}
+  try:
+    for s in steps:
+      seen[s.name] = seen.get(s.name, 0) + 1
+      part = s.name if seen[s.name] == 1 else f"{s.name}_{seen[s.name]}"
+      log = os.path.join(log_dir, f"{part}.log")
+      if deadline is not None and time.monotonic() >= deadline:
+        done.append((part, NOT_RUN, 0.0, log))
+        continue
+      print(f"[run_all] {part}: {shlex.join(s.argv(tag)[1:])}", flush=True)
+      t0 = time.perf_counter()
+      rc = run_step(s, tag, env, log, deadline)
+      done.append((part, rc, time.perf_counter() - t0, log))
+  except KeyboardInterrupt:
+    print("[run_all] interrupted; the rows of the steps that finished are written",
+          flush=True)
+  return done
+
+
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
+  t_start = time.monotonic()
   results = os.path.abspath(FLAGS.results_dir or paths.results_dir())
   env = allocator_env(FLAGS.allocator,
-                      dict(os.environ, PYTHONPATH=ROOT, FEDJAX_ASYNC_BENCH_RESULTS=results))
-  p = detect_platform()
+                      dict(os.environ, PYTHONPATH=paths.pythonpath(),
+                           FEDJAX_ASYNC_BENCH_RESULTS=results))
+  p = detect_platform(env)
   tag = FLAGS.tag or default_tag(p)
-  steps = [s for s in plan(p, FLAGS.quick, FLAGS.peers_python)
+  if FLAGS.device_suite:
+    steps = device_plan(p, FLAGS.quick, results, FLAGS.data_dir)
+  else:
+    steps = plan(p, FLAGS.quick, FLAGS.peers_python)
+  steps = [s for s in steps
            if (not FLAGS.only or s.name in FLAGS.only) and s.name not in FLAGS.skip]
+  budget_min = FLAGS.time_budget_min
+  if budget_min is None and FLAGS.device_suite:
+    budget_min = DEVICE_SUITE_BUDGET_MIN
+  deadline = None if budget_min is None else t_start + 60.0 * budget_min
   print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
         f"{tag!r}; {len(steps)} step(s); rows to {results}; malloc: "
-        f"{env.get('LD_PRELOAD') or 'the system allocator'}", flush=True)
-  if any(s.name == "peers" for s in steps) and not os.path.exists(FLAGS.peers_python):
+        f"{env.get('LD_PRELOAD') or 'the system allocator'}"
+        + (f"; time budget {budget_min:g} min" if budget_min else ""), flush=True)
+  if (not FLAGS.device_suite and any(s.name == "peers" for s in steps)
+      and not os.path.exists(FLAGS.peers_python)):
     print(f"warning: --peers_python={FLAGS.peers_python} does not exist: the peers step "
           "will report pfl and Flower as not run (install them with "
           "benchmarks/requirements-peers.txt, see BUILD.md)", file=sys.stderr, flush=True)
@@ -274,31 +490,22 @@ def main(argv):
     return
   log_dir = os.path.join(results, "logs", tag)
   os.makedirs(log_dir, exist_ok=True)
-  done, seen = [], {}
-  try:
-    for s in steps:
-      seen[s.name] = seen.get(s.name, 0) + 1
-      part = s.name if seen[s.name] == 1 else f"{s.name}_{seen[s.name]}"
-      log = os.path.join(log_dir, f"{part}.log")
-      print(f"[run_all] {part}: {shlex.join(s.argv(tag)[1:])}", flush=True)
-      t0 = time.perf_counter()
-      rc = run_step(s, tag, env, log)
-      done.append((part, rc, time.perf_counter() - t0, log))
-  except KeyboardInterrupt:
-    print("[run_all] interrupted; the rows of the steps that finished are written",
-          flush=True)
+  done = run_steps(steps, tag, env, log_dir, deadline)
   print(summary(done), flush=True)
   if done:
     report_md = os.path.join(log_dir, "report.md")
     from benchmarks import report  # pylint: disable=g-import-not-at-top
     rows = report.select(report.load(results), tag=tag)
     text = report.render(rows)
+    if FLAGS.device_suite:
+      text = (f"# Device suite, tag {tag}: {p.devices} x {p.device_kind}\n\n"
+              + summary(done) + "\n\n" + text + table_v_section(results))
     with open(report_md, "w") as f:
       f.write(text)
     print(text)
     figures = report.plot(rows, log_dir)
     print(f"[run_all] report: {report_md}; figures: {', '.join(sorted(figures))}", flush=True)
-  if any(rc for _, rc, _, _ in done):
+  if any(rc not in (0, NOT_RUN, TIMED_OUT) for _, rc, _, _ in done):
     sys.exit(1)
 
 

@@ -205,11 +205,19 @@ def k_sweep(model, mach, keep, budget, budget_gib, fit):
   """N = K, FedAvg, K in ``--k_logreg`` / ``--k_cnn``; with ``fit`` (``--sweep=k_fit``) the
   same K also with the uploads kept as ``[K, d]`` (``sweep: k_kept`` rows), and for each
   way a fit peak memory = intercept + slope x K and the largest K per round in the budget
-  (the two ways differ only where the round runs in chunks: the CNN on CPU by default)."""
+  (the two ways differ only where the round runs in chunks: the CNN on CPU by default;
+  where no K streamed, the kept pass would repeat the same rounds and is not run)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import common  # pylint: disable=g-import-not-at-top
+  pts = []
   ks = list(map(int, FLAGS.k_logreg if model == "logreg" else FLAGS.k_cnn))
   for stream in ((True, False) if fit else (FLAGS.stream_uploads,)):
+    if fit and not stream and pts and not any(p[3] for p in pts):
+      # one vmap of K (no chunks) keeps the [K, d] block either way: the same rounds again
+      print(f"[scaling] {model}: no K streamed its uploads (--client_chunk="
+            f"{FLAGS.client_chunk}), so the K sweep with the uploads kept as [K, d] would "
+            "repeat the same rounds: not run", flush=True)
+      break
     pts = []
     for k in ks:
       r = run_child(model, k, k, m_for(model, k), "fedavg", stream=stream)

@@ -180,11 +180,15 @@ def test_peak_memory_is_the_devices_where_reported_else_the_process_rss():
 
 def test_child_processes_keep_the_parents_platform(monkeypatch):
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.delenv("PYTHONPATH", raising=False)
   assert "JAX_PLATFORMS" not in common.child_env()  # JAX's default: the GPU if any
   monkeypatch.setenv("JAX_PLATFORMS", "cuda")
   env = common.child_env(XLA_FLAGS="--x")
   assert env["JAX_PLATFORMS"] == "cuda" and env["XLA_FLAGS"] == "--x"
   assert env["PYTHONPATH"] == common.ROOT
+  # a PYTHONPATH of the parent's (wheels unpacked with pip --target) stays, after the checkout
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/site", common.ROOT]))
+  assert common.child_env()["PYTHONPATH"] == os.pathsep.join([common.ROOT, "/tmp/site"])
 
 
 def test_machine_names_the_device_and_the_time():

@@ -1,0 +1,210 @@
+"""The device suite (``benchmarks/run_all.py --device_suite``): its plan, its flags, its
+time budget, and its CPU dry run (``--quick``: the same steps at toy sizes) on what the
+accelerator image has: no openfhe, dp-accounting, tensorboardX or tensorflow-datasets.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import common
+from benchmarks import run_all
+
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+IMAGE_LACKS = ("openfhe", "dp_accounting", "tensorboardX", "tensorflow_datasets")
+# Table V of the PAFed paper (Fashion-MNIST, non-IID), as printed there
+PAPER_NON_IID = {0.0: dict(fedadmm=0.842, fedavg=0.835, fedprox=0.836, pafed=0.867),
+                 0.5: dict(fedadmm=0.812, fedavg=0.787, fedprox=0.802, pafed=0.867)}
+H100 = run_all.Platform("gpu", 1, "NVIDIA H100 80GB HBM3", 16)
+CPU = run_all.Platform("cpu", 1, "cpu", 2)
+
+
+def _flag(step, name):
+  values = [a.split("=", 1)[1] for a in step.args if a.startswith(f"--{name}=")]
+  return values[-1] if values else None
+
+
+def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
+  for p in (H100, CPU):  # the accelerator's sizes whatever the platform
+    steps = run_all.device_plan(p, False, "/r")
+    assert [s.name for s in steps] == ["fraction_of_peak", "throughput", "throughput",
+                                       "table_v", "peers", "scaling", "scaling"]
+    fop = steps[0]
+    assert (_flag(fop, "model"), _flag(fop, "clients"), _flag(fop, "client_chunk")) == (
+        "cnn", "10,50,200,1000", "0")  # one vmap of all K
+    assert _flag(steps[1], "clients") == "10,50,200,1000"
+    assert _flag(steps[2], "clients") == "10000" and _flag(steps[2], "loop") == "false"
+    for s in steps[5:]:  # the largest K per round that fits in the device's memory
+      assert _flag(s, "sweep") == "k_fit,n" and _flag(s, "budget_gib") == "0"
+    assert _flag(steps[6], "models") == "cnn" and _flag(steps[6], "k_cnn").endswith("1000")
+    assert _flag(steps[4], "peers_python") == sys.executable  # pfl / Flower where installed
+  table_v = run_all.device_plan(H100, False, "/r", data_dir="/d")[3]
+  argv = table_v.argv("t", python="py")
+  assert argv[1] == os.path.join(common.ROOT, "experiments", "pafed_table.py")
+  assert "--tag=t" not in argv  # the driver has no --tag
+  assert (_flag(table_v, "config"), _flag(table_v, "partitions"), _flag(table_v, "deltas"),
+          _flag(table_v, "num_seeds"), _flag(table_v, "algorithm"),
+          _flag(table_v, "output_dir"), _flag(table_v, "data_dir")) == (
+              "full", "shards", "0,0.5", "2", "fedadmm,fedavg,fedprox,pafed", "/r/table_v",
+              "/d")
+  eight = run_all.device_plan(run_all.Platform("gpu", 8, "H100", 16), False, "/r")
+  assert _flag(eight[-1], "devices") == "1,2,4,8" and eight[-1].name == "multidevice"
+
+
+def test_the_dry_run_is_the_device_plan_at_toy_sizes():
+  full, tiny = (run_all.device_plan(H100, quick, "/r") for quick in (False, True))
+  assert [(s.name, s.script) for s in tiny] == [(s.name, s.script) for s in full]
+  sizes = {"model", "models", "clients", "examples", "rounds", "reps", "k_logreg", "k_cnn",
+           "n_logreg", "k_fixed_logreg", "engine_rounds", "config", "local_epochs",
+           "num_clients", "test_subset", "eval_every", "rounds_per_call", "checkpoint_every"}
+  for f, t in zip(full, tiny):
+    other = lambda step: sorted(a for a in step.args if a[2:].split("=")[0] not in sizes)
+    assert other(f) == other(t), f.name
+
+
+def test_every_step_of_the_device_suite_passes_its_flag_checks(tmp_path):
+  # at the accelerator's sizes (the dry run below checks its own before it runs)
+  env = dict(common.child_env(), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  assert run_all.check_flags(run_all.device_plan(H100, False, str(tmp_path)), "t", env) == []
+
+
+def _run_all(*argv, env=None, timeout=300):
+  return subprocess.run([sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"),
+                         *argv], env=env or common.child_env(JAX_PLATFORMS="cpu"),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device_suite", "--time_budget_min=0"], "--time_budget_min: expected a number of "
+     "minutes > 0"),
+    (["--device_suite", "--time_budget_min=-2"], "--time_budget_min: expected"),
+    (["--device_suite", "--time_budget_min=inf"], "--time_budget_min: expected"),
+    (["--device_suite", "--data_dir=/nonexistent"], "--data_dir: not a folder"),
+    (["--only=table_v"], "--only: table_v is a step of --device_suite"),
+])
+def test_device_suite_flags_are_refused_in_one_line_naming_the_flag(argv, message):
+  proc = _run_all(*argv, "--only_check_args")
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: --") and message in last, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_a_step_still_running_at_the_deadline_is_stopped_with_what_it_started(tmp_path):
+  script = tmp_path / "slow.py"
+  pid_file = tmp_path / "child.pid"
+  script.write_text(
+      "import subprocess, sys, time\n"
+      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+      f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+      "print('started', flush=True)\n"
+      "time.sleep(60)\n")
+  step = run_all.Step("throughput", str(script), [], tagged=False)
+  t0 = time.monotonic()
+  rc = run_all.run_step(step, "t", dict(os.environ), str(tmp_path / "log"),
+                        deadline=time.monotonic() + 2.0)
+  assert rc == run_all.TIMED_OUT and time.monotonic() - t0 < 30
+  log = (tmp_path / "log").read_text()
+  assert "started" in log and "stopped at the end of the time budget" in log
+  child = int(pid_file.read_text())
+  for _ in range(50):  # the grandchild was in the step's process group: ended too
+    try:
+      os.kill(child, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.1)
+  else:
+    pytest.fail(f"the step's child {child} is still running")
+  assert "| throughput | stopped: time budget spent" in run_all.summary(
+      [("throughput", rc, 2.0, str(tmp_path / "log"))])
+  # a step that ends in time: its own exit status
+  ok = tmp_path / "ok.py"
+  ok.write_text("print('done')\n")
+  assert run_all.run_step(run_all.Step("peers", str(ok), [], tagged=False), "t",
+                          dict(os.environ), str(tmp_path / "log2"),
+                          deadline=time.monotonic() + 60) == 0
+
+
+def test_steps_whose_turn_comes_after_the_deadline_are_listed_as_not_run(tmp_path):
+  ok = tmp_path / "ok.py"
+  ok.write_text("print('done')\n")
+  steps = [run_all.Step("throughput", str(ok), [], tagged=False),
+           run_all.Step("throughput", str(ok), [], tagged=False),
+           run_all.Step("table_v", str(ok), [], tagged=False)]
+  done = run_all.run_steps(steps, "t", dict(os.environ), str(tmp_path),
+                           deadline=time.monotonic() - 1)
+  assert [(part, rc, secs) for part, rc, secs, _ in done] == [
+      ("throughput", run_all.NOT_RUN, 0.0), ("throughput_2", run_all.NOT_RUN, 0.0),
+      ("table_v", run_all.NOT_RUN, 0.0)]
+  assert not list(tmp_path.glob("*.log"))  # none started
+  assert "| table_v | not run: time budget spent | 0 |" in run_all.summary(done)
+  done = run_all.run_steps(steps[:1], "t", dict(os.environ), str(tmp_path),
+                           deadline=time.monotonic() + 60)
+  assert done[0][:2] == ("throughput", 0)
+  assert "done" in (tmp_path / "throughput.log").read_text()
+
+
+def _image_like_env(tmp_path):
+  """The environment of the accelerator image: the packages it lacks cannot be imported
+  (a sitecustomize on PYTHONPATH, which the suite passes on to its steps)."""
+  site = tmp_path / "image_site"
+  site.mkdir()
+  (site / "sitecustomize.py").write_text(
+      "import sys\n"
+      f"LACKS = {IMAGE_LACKS!r}\n"
+      "class _Lacks:\n"
+      "  def find_spec(self, name, path=None, target=None):\n"
+      "    if name.split('.')[0] in LACKS:\n"
+      "      raise ModuleNotFoundError(f'No module named {name!r} (not on the image)')\n"
+      "sys.meta_path.insert(0, _Lacks())\n")
+  env = common.child_env(JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+  return env
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(FMNIST_DIR, "t10k-labels-idx1-ubyte.gz")),
+                    reason=f"Fashion-MNIST IDX files not in {FMNIST_DIR} (apt-get install "
+                    "dataset-fashion-mnist): Table V needs them")
+def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_paper(
+    tmp_path):
+  env = _image_like_env(tmp_path)
+  check = subprocess.run([sys.executable, "-c", "import dp_accounting"], env=env,
+                         capture_output=True, text=True)
+  assert "not on the image" in check.stderr  # the emulation holds in the steps' Python
+  results = tmp_path / "out"
+  proc = _run_all("--device_suite", "--quick", f"--results_dir={results}", "--tag=dry",
+                  f"--data_dir={FMNIST_DIR}", env=env, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+  parts = ["fraction_of_peak", "throughput", "throughput_2", "table_v", "peers", "scaling",
+           "scaling_2"]
+  for part in parts:
+    assert f"| {part} | ok |" in proc.stdout
+    assert (results / "logs" / "dry" / f"{part}.log").exists()
+  for bench in ("fraction_of_peak", "throughput", "peers", "scaling"):
+    rows = [json.loads(l) for l in open(results / f"{bench}.jsonl")]
+    assert rows and {r["tag"] for r in rows} == {"dry"}
+  scaling = [json.loads(l) for l in open(results / "scaling.jsonl")]
+  assert [r["sweep"] for r in scaling if r["sweep"] == "k_fit"] == ["k_fit"]
+  # one vmap of K streams nothing: the kept-uploads pass would repeat the same rounds
+  assert not any(r["sweep"] == "k_kept" for r in scaling)
+  with open(results / "table_v" / "table.csv") as f:
+    table = list(csv.DictReader(f))
+  assert [(r["partition"], float(r["delta"])) for r in table] == [("shards", 0.0),
+                                                                  ("shards", 0.5)]
+  for r in table:
+    for alg, paper in PAPER_NON_IID[float(r["delta"])].items():
+      assert float(r[f"{alg}_paper"]) == paper and int(r[f"{alg}_seeds"]) == 2
+      assert 0.0 <= float(r[f"{alg}_ours"]) <= 1.0
+  report = (results / "logs" / "dry" / "report.md").read_text()
+  assert report.startswith("# Device suite, tag dry: 1 x ")
+  for title in ("fraction of the matmul peak", "Engine vs per-client loops",
+                "largest K per round", "four systems in one run",
+                "## Table V (PAFed paper, Fashion-MNIST)"):
+    assert title in report
+  assert "| non-IID δ=0 |" in report and "| non-IID δ=0.5 |" in report
+  assert "| 0.842 |" in report and "| 0.812 |" in report  # FedADMM's, δ = 0 and 0.5
