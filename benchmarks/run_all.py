@@ -256,17 +256,17 @@ DEVICE_SIZES = {
         peers=["--reps=2", "--engine_rounds=2"],
         table_v=["--config=full"]),
     True: dict(
-        fop=["--model=logreg", "--clients=2,4", "--examples=20", "--rounds=1", "--reps=1"],
-        tp=["--models=logreg", "--clients=2,4", "--rounds=2", "--reps=1"],
-        tp_big=["--models=logreg", "--clients=8", "--rounds=2", "--reps=1"],
-        scaling_logreg=["--models=logreg", "--k_logreg=2,4", "--n_logreg=8,16",
+        fop=["--model=logreg", "--clients=2", "--examples=20", "--rounds=1", "--reps=1"],
+        tp=["--models=logreg", "--clients=2", "--rounds=2", "--reps=1"],
+        tp_big=["--models=logreg", "--clients=4", "--rounds=2", "--reps=1"],
+        scaling_logreg=["--models=logreg", "--k_logreg=2,4", "--n_logreg=4,8",
                         "--k_fixed_logreg=2", "--rounds=1"],
         scaling_cnn=["--models=logreg", "--k_logreg=3", "--n_logreg=6", "--k_fixed_logreg=3",
                      "--rounds=1"],
         peers=["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1",
                "--reps=1"],
-        table_v=["--config=reduced", "--rounds=2", "--local_epochs=1", "--num_clients=20",
-                 "--test_subset=200", "--eval_every=1", "--rounds_per_call=2",
+        table_v=["--config=reduced", "--rounds=1", "--local_epochs=1", "--num_clients=10",
+                 "--test_subset=100", "--eval_every=1", "--rounds_per_call=1",
                  "--checkpoint_every=0"]),
 }
 

@@ -158,7 +158,11 @@ def validate(cfg: RunConfig):
   check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
         f"must be in 1..30, got {cfg.ckks_min_depth}")
   if cfg.secure_aggregation == "ckks":
-    from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
+    try:
+      from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
+    except ImportError as e:  # openfhe missing, or its wheel does not load here (BUILD.md)
+      raise ValueError(f"--secure_aggregation=ckks needs OpenFHE (openfhe), which does not "
+                       f"load here: {e}") from e
     cheon.check_ducc_scale(cfg.ckks_min_scale)
   else:
     check(cfg.ckks_min_scale == 1.0, "ckks_min_scale",

@@ -100,10 +100,28 @@ def mark_py312(items):
       item.add_marker(pytest.mark.py312)
 
 
+# Tests of other modules that need OpenFHE: those that run a crypto benchmark (their node
+# id names the script) and these (by name, parameters left out).
+CRYPTO_SCRIPTS = ("classification_error.py", "ducc_round.py", "min_depth.py")
+CRYPTO_TESTS = frozenset({
+    "test_benchmarks.py::test_classification_error_writes_under_the_results_dir_not_the_cwd",
+    "test_benchmarks.py::test_ducc_round_times_every_stage_of_the_protocol",
+    "test_engine.py::test_ducc_classifies_by_the_direction_of_the_online_mean",
+    "test_experiment.py::test_ckks_min_scale_is_checked_and_only_taken_with_ckks",
+})
+
+
 def skip_crypto_without_openfhe(items):
-  """Tests marked ``crypto`` are skipped, with the import error, where openfhe does not
-  load (modules that import the crypto package at the top skip themselves the same way:
-  ``pytest.importorskip("openfhe", exc_type=ImportError)``)."""
+  """Tests marked ``crypto`` (and those of ``CRYPTO_SCRIPTS`` / ``CRYPTO_TESTS``) are skipped,
+  with the import error, where openfhe does not load (modules that import the crypto package
+  at the top skip themselves the same way: ``pytest.importorskip("openfhe",
+  exc_type=ImportError)``)."""
+  for item in items:
+    module = os.path.basename(str(item.fspath))
+    name = item.nodeid.split("::", 1)[-1].split("[")[0]
+    if (f"{module}::{name}" in CRYPTO_TESTS
+        or (module == "test_benchmarks.py" and any(s in item.nodeid for s in CRYPTO_SCRIPTS))):
+      item.add_marker(pytest.mark.crypto)
   crypto = [item for item in items if item.get_closest_marker("crypto")]
   if crypto and openfhe_error():
     skip = pytest.mark.skip(reason=f"openfhe does not load ({openfhe_error()}): the crypto "

@@ -429,28 +429,8 @@ def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
   assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
-def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--quick",
-       "--skip=peers", f"--results_dir={tmp_path}", "--tag=smoke"],
-      env=common.child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  for step in ("fraction_of_peak", "throughput", "scaling", "multidevice"):
-    assert f"| {step} | ok |" in proc.stdout
-    assert (tmp_path / "logs" / "smoke" / f"{step}.log").exists()
-    assert all(json.loads(l)["tag"] == "smoke"
-               for l in open(tmp_path / f"{step}.jsonl"))
-  report_md = (tmp_path / "logs" / "smoke" / "report.md").read_text()
-  for title in ("fraction of the matmul peak", "Engine vs per-client loops",
-                "Time and peak memory", "largest N", "sharded over devices"):
-    assert title in report_md
-  assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
-  for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
-    assert (tmp_path / "logs" / "smoke" / png).exists()
-  # --allocator=auto: tcmalloc preloaded where it is installed, and every row says which
-  expected = "tcmalloc" if common.find_tcmalloc() else "system"
-  assert {json.loads(l)["allocator"] for step in ("fraction_of_peak", "throughput")
-          for l in open(tmp_path / f"{step}.jsonl")} == {expected}
+# run_all.py running its steps and reporting their rows: the device suite's dry run,
+# tests/test_device_suite.py (the same step scripts as --quick, and Table V).
 
 
 def test_run_all_allocator_preloads_tcmalloc_or_names_the_flag(monkeypatch):
