@@ -141,11 +141,20 @@ def _loop_primitives(jaxpr):
   """Names of the primitives inside the while loops of ``jaxpr`` (nested jaxprs too)."""
   names = []
 
+  def subs(value):  # the jaxprs in an equation's params (jax.core.jaxprs_in_params < 0.8)
+    if hasattr(value, "eqns"):
+      yield value
+    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):  # a ClosedJaxpr
+      yield value.jaxpr
+    elif isinstance(value, (tuple, list)):
+      for v in value:
+        yield from subs(v)
+
   def walk(jx, inside):
     for eqn in jx.eqns:
       if inside:
         names.append(eqn.primitive.name)
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in subs(tuple(eqn.params.values())):
         walk(sub, inside or eqn.primitive.name == "while")
 
   walk(jaxpr.jaxpr, False)
