@@ -258,11 +258,10 @@ DEVICE_SIZES = {
     True: dict(
         fop=["--model=logreg", "--clients=2", "--examples=20", "--rounds=1", "--reps=1"],
         tp=["--models=logreg", "--clients=2", "--rounds=2", "--reps=1"],
-        tp_big=["--models=logreg", "--clients=4", "--rounds=2", "--reps=1"],
+        tp_big=None,  # (None: a part that at toy sizes would only repeat the one before)
         scaling_logreg=["--models=logreg", "--k_logreg=2,4", "--n_logreg=4,8",
                         "--k_fixed_logreg=2", "--rounds=1"],
-        scaling_cnn=["--models=logreg", "--k_logreg=3", "--n_logreg=6", "--k_fixed_logreg=3",
-                     "--rounds=1"],
+        scaling_cnn=None,
         peers=["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1",
                "--reps=1"],
         table_v=["--config=reduced", "--rounds=1", "--local_epochs=1", "--num_clients=10",
@@ -279,12 +278,12 @@ def device_plan(p: Platform, quick: bool, results_dir: str,
   z = DEVICE_SIZES[quick]
   device_counts = [d for d in (1, 2, 4, 8, 16) if d <= p.devices]
   data = [f"--data_dir={data_dir}"] if data_dir else []
-  return [
+  steps = [
       Step("fraction_of_peak", "fraction_of_peak.py", z["fop"] + ["--client_chunk=0"]),
       Step("throughput", "throughput.py", z["tp"] + (
           [f"--engine_devices={p.devices}"] if p.devices > 1 else [])),
-      Step("throughput", "throughput.py",
-           z["tp_big"] + ["--loop=false", "--fedjax_loop=false"]),
+      z["tp_big"] and Step("throughput", "throughput.py",
+                           z["tp_big"] + ["--loop=false", "--fedjax_loop=false"]),
       Step("table_v", "experiments/pafed_table.py",
            z["table_v"] + ["--partitions=shards", "--deltas=0,0.5", "--num_seeds=2",
                            "--algorithm=fedadmm,fedavg,fedprox,pafed",
@@ -294,13 +293,15 @@ def device_plan(p: Platform, quick: bool, results_dir: str,
                                               f"--peers_python={sys.executable}"]),
       Step("scaling", "scaling.py", ["--sweep=k_fit,n"] + z["scaling_logreg"]
            + ["--budget_gib=0", "--client_chunk=0"]),
-      Step("scaling", "scaling.py", ["--sweep=k_fit,n"] + z["scaling_cnn"]
-           + ["--budget_gib=0", "--client_chunk=0"]),
-  ] + ([Step("multidevice", "multidevice.py",
-             ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
-              "--reps=1" if quick else "--reps=3"]
-             + (["--k_strong=4", "--k_per_device=2", "--rounds=1"] if quick else []))]
-       if p.devices > 1 else [])
+      z["scaling_cnn"] and Step("scaling", "scaling.py", ["--sweep=k_fit,n"]
+                                + z["scaling_cnn"] + ["--budget_gib=0", "--client_chunk=0"]),
+      p.devices > 1 and Step(
+          "multidevice", "multidevice.py",
+          ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
+           "--reps=1" if quick else "--reps=3"]
+          + (["--k_strong=4", "--k_per_device=2", "--rounds=1"] if quick else [])),
+  ]
+  return [s for s in steps if s]
 
 
 def default_tag(p: Platform) -> str:

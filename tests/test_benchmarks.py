@@ -429,8 +429,20 @@ def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
   assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
-# run_all.py running its steps and reporting their rows: the device suite's dry run,
-# tests/test_device_suite.py (the same step scripts as --quick, and Table V).
+def test_run_all_quick_runs_the_multidevice_step_and_reports_its_rows(tmp_path):
+  # the other steps' --quick runs: the device suite's dry run (tests/test_device_suite.py)
+  # runs the same scripts and reports them the same way
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--quick",
+       "--only=multidevice", f"--results_dir={tmp_path}", "--tag=smoke"],
+      env=common.child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "| multidevice | ok |" in proc.stdout
+  assert (tmp_path / "logs" / "smoke" / "multidevice.log").exists()
+  assert all(json.loads(l)["tag"] == "smoke" for l in open(tmp_path / "multidevice.jsonl"))
+  report_md = (tmp_path / "logs" / "smoke" / "report.md").read_text()
+  assert "sharded over devices" in report_md
+  assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
 
 
 def test_run_all_allocator_preloads_tcmalloc_or_names_the_flag(monkeypatch):

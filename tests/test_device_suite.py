@@ -58,6 +58,8 @@ def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
 
 def test_the_dry_run_is_the_device_plan_at_toy_sizes():
   full, tiny = (run_all.device_plan(H100, quick, "/r") for quick in (False, True))
+  # the second throughput and scaling parts would only repeat the first ones at toy sizes
+  full = [full[i] for i in (0, 1, 3, 4, 5)]
   assert [(s.name, s.script) for s in tiny] == [(s.name, s.script) for s in full]
   sizes = {"model", "models", "clients", "examples", "rounds", "reps", "k_logreg", "k_cnn",
            "n_logreg", "k_fixed_logreg", "engine_rounds", "config", "local_epochs",
@@ -164,9 +166,6 @@ def _image_like_env(tmp_path):
       "sys.meta_path.insert(0, _Lacks())\n")
   env = common.child_env(JAX_PLATFORMS="cpu")
   env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-  # two host devices, so that the plan has its multi-device parts too
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=2").strip()
   return env
 
 
@@ -183,13 +182,10 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
   proc = _run_all("--device_suite", "--quick", f"--results_dir={results}", "--tag=dry",
                   f"--data_dir={FMNIST_DIR}", env=env, timeout=600)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-  assert "[run_all] cpu: 2 x " in proc.stdout
-  parts = ["fraction_of_peak", "throughput", "throughput_2", "table_v", "peers", "scaling",
-           "scaling_2", "multidevice"]
-  for part in parts:
+  for part in ("fraction_of_peak", "throughput", "table_v", "peers", "scaling"):
     assert f"| {part} | ok |" in proc.stdout
     assert (results / "logs" / "dry" / f"{part}.log").exists()
-  for bench in ("fraction_of_peak", "throughput", "peers", "scaling", "multidevice"):
+  for bench in ("fraction_of_peak", "throughput", "peers", "scaling"):
     rows = [json.loads(l) for l in open(results / f"{bench}.jsonl")]
     assert rows and {r["tag"] for r in rows} == {"dry"}
   # --allocator=auto: tcmalloc preloaded where it is installed, and every row says which
@@ -197,7 +193,7 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
   assert {json.loads(l)["allocator"] for bench in ("fraction_of_peak", "throughput")
           for l in open(results / f"{bench}.jsonl")} == {expected}
   tp = [json.loads(l) for l in open(results / "throughput.jsonl")]
-  assert {r["clients_per_round"] for r in tp} == {2, 4}
+  assert {r["clients_per_round"] for r in tp} == {2}
   scaling = [json.loads(l) for l in open(results / "scaling.jsonl")]
   assert [r["sweep"] for r in scaling if r["sweep"] == "k_fit"] == ["k_fit"]
   # one vmap of K streams nothing: the kept-uploads pass would repeat the same rounds
@@ -214,10 +210,8 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
   assert report.startswith("# Device suite, tag dry: 1 x ")
   for title in ("fraction of the matmul peak", "Engine vs per-client loops",
                 "Time and peak memory", "largest N", "largest K per round",
-                "sharded over devices", "four systems in one run",
-                "## Table V (PAFed paper, Fashion-MNIST)"):
+                "four systems in one run", "## Table V (PAFed paper, Fashion-MNIST)"):
     assert title in report
-  assert "| dry | strong | logreg | 2 | yes | 4 |" in report  # 2 devices, K = 4
   for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
     assert (results / "logs" / "dry" / png).read_bytes()[:4] == b"\x89PNG"
   assert "| non-IID δ=0 |" in report and "| non-IID δ=0.5 |" in report
