@@ -80,7 +80,7 @@ else
     "the Fashion-MNIST tests skip, see BUILD.md"
 fi
 
-if ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+if ldconfig -p 2>/dev/null | grep libtcmalloc_minimal >/dev/null; then  # (not -q: with pipefail, grep -q quitting early failed the pipe)
   say "tcmalloc present (benchmarks/run_all.py preloads it)"
 else
   apt_install libtcmalloc-minimal4 "tcmalloc, for the benchmark suite" \
