@@ -374,6 +374,7 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
           num_valid, 1),
       "client_steps": jnp.sum(jnp.where(a.valid, a.num_steps, 0)).astype(jnp.int32),
       "nonfinite": ~jnp.all(jnp.isfinite(new_w)),
+      "model_norm": jnp.linalg.norm(new_w),  # ||w||: a diverging scale shows here first
   }
   metrics.update(alg_metrics)
   return new_state, metrics
@@ -453,7 +454,14 @@ def metrics_to_rows(metrics: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 class Diverged(RuntimeError):
-  """The global model or the test loss became NaN/Inf."""
+  """The global model or the test loss became NaN/Inf in ``round`` (1-based, as the
+  console counts rounds)."""
+
+  def __init__(self, message: str, round_number: Optional[int] = None,
+               rows: Optional[List[dict]] = None):
+    super().__init__(message)
+    self.round = round_number
+    self.rows = rows or []  # the finite rounds of the chunk that diverged
 
 
 def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
@@ -465,7 +473,8 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
 
   ``on_chunk(state, rows)`` is called after every jitted chunk (progress printing,
   metrics files, checkpoints). Raises ``Diverged`` naming the round when the global model
-  turns non-finite; the state passed to the last ``on_chunk`` is the last good one.
+  or the test loss turns non-finite; it carries the rows of that chunk's earlier rounds
+  (the state passed to the last ``on_chunk`` is the chunk's start, since donated).
   ``round_hp``: per-round values ``{key: [num_rounds]}`` (0-based engine rounds) that
   override ``hp[key]`` in each round, traced like ``hp`` (a schedule does not recompile).
   """
@@ -479,10 +488,8 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
       if v.shape != (total,):
         raise ValueError(f"round_hp[{k!r}]: expected one value per round, shape "
                          f"({total},), got {v.shape}")
-  all_rows = []
-  start = int(state.round)
-  while start < stop:
-    end = min(start + rounds_per_call, stop)
+
+  def run_chunk(state, start, end):
     t0 = time.perf_counter()
     slots = jax.tree.map(jnp.asarray, timeline.slice(start, end))
     args = (state, slots, jnp.asarray(schedule[start:end]), hp, data)
@@ -491,13 +498,20 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
     new_state, metrics = runner(*args)
     rows = metrics_to_rows(metrics)
     elapsed = time.perf_counter() - t0
-    bad = [r for r in rows if r["nonfinite"] or (r["test_loss"] is not None
-                                                 and not np.isfinite(r["test_loss"]))]
     for r in rows:
       r["wall_time"] = elapsed / len(rows)
-    if bad:
-      raise Diverged(f"round {bad[0]['round']}: the global model or test loss is "
-                     "not finite (NaN/Inf)")
+    return new_state, rows
+
+  all_rows = []
+  start = int(state.round)
+  while start < stop:
+    end = min(start + rounds_per_call, stop)
+    new_state, rows = run_chunk(state, start, end)
+    bad = [r["round"] for r in rows if r["nonfinite"] or (
+        r["test_loss"] is not None and not np.isfinite(r["test_loss"]))]
+    if bad:  # the chunk's state is gone (donated): its finite rows travel with the error
+      raise Diverged(f"round {bad[0] + 1}: the global model or test loss is not finite "
+                     "(NaN/Inf)", bad[0] + 1, [r for r in rows if r["round"] < bad[0]])
     state = new_state
     all_rows.extend(rows)
     if on_chunk is not None:

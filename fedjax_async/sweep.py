@@ -346,7 +346,7 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
             fed_data) -> Prepared:
   """Per-run initial states (model init from each run's seed) and timelines, stacked."""
   base = cfgs[0]
-  algorithm = algorithms.get(algorithm_name)
+  algorithm = algorithms.get(algorithm_name, base.admm_upload)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
                              base.random_local_epochs,

@@ -230,11 +230,14 @@ def np_ducc(online, delayed):
   return m, m1, m2
 
 
-def reference_run(name, tl, cfg, hp_values=HP):
-  """Plain loop: rounds, then clients one at a time; numpy server rules."""
+def reference_run(name, tl, cfg, hp_values=HP, admm_upload="received"):
+  """Plain loop: rounds, then clients one at a time; numpy server rules. ADMM clients
+  upload as Gong et al.'s FedADMM code (``update.py``: w_end minus the theta received,
+  plus the dual change over rho), or with ``admm_upload="last_local"`` minus the client's
+  last local model (Eq. 16 as printed)."""
   HP = hp_values  # noqa: N806 (the server rules below read it)
   x, y, counts, _, _ = toy_data()
-  alg = get(name)
+  alg = get(name, admm_upload)
   hp = {k: jnp.float32(v) for k, v in HP.items()}
   train_one = jax.jit(functools.partial(client_lib.train, apply_flat, alg, hp=hp,
                                         cfg=cfg.local))
@@ -248,9 +251,9 @@ def reference_run(name, tl, cfg, hp_values=HP):
     for j in np.flatnonzero(tl.valid[t]):
       c, disp = int(tl.client[t, j]), int(tl.dispatch[t, j])
       start = history[disp]
-      cstate = ({"dual": jnp.asarray(dual[c], jnp.float32),
-                 "last_local": jnp.asarray(last[c], jnp.float32)}
-                if alg.client_state_keys else {})
+      cstate = {"dual": jnp.asarray(dual[c], jnp.float32),
+                "last_local": jnp.asarray(last[c], jnp.float32)}
+      cstate = {k: cstate[k] for k in alg.client_state_keys}
       res = train_one(jnp.asarray(start, jnp.float32), cstate, x[c], y[c],
                       jnp.int32(counts[c]), engine.client_key(base_key, disp, c))
       w_end = np.asarray(res.w_end, np.float64)
@@ -263,7 +266,8 @@ def reference_run(name, tl, cfg, hp_values=HP):
         up = (start - w_end) / a
       else:  # ADMM client, Eqs. 10 and 16
         new_dual = dual[c] + HP["rho"] * (w_end - start)
-        up = (w_end - last[c]) + (new_dual - dual[c]) / HP["rho"]
+        prev = last[c] if admm_upload == "last_local" else start
+        up = (w_end - prev) + (new_dual - dual[c]) / HP["rho"]
         dual[c], last[c] = new_dual, w_end
         if name == "pafed":
           up = up / np.linalg.norm(up)
@@ -288,21 +292,23 @@ def reference_run(name, tl, cfg, hp_values=HP):
   return history
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.5])
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fednova", "fedadmm", "pafed"])
-def test_engine_equals_sequential_reference(name, delay):
+@pytest.mark.parametrize("name,delay,upload", [
+    (name, delay, "received") for name in ("fedavg", "fedprox", "fednova", "fedadmm",
+                                           "pafed") for delay in (0.0, 0.5)] + [
+    ("fedadmm", 0.5, "last_local"), ("pafed", 0.5, "last_local")])
+def test_engine_equals_sequential_reference(name, delay, upload):
   rounds = 6
   tl = timeline_lib.build(N, rounds, 0.4, timeline_lib.DelayConfig(delay, "uniform", 3),
                           seed=3)
   if delay:
     assert (tl.valid & ~tl.online).sum() > 0, "the timeline must contain stale arrivals"
   cfg = make_cfg(ring=4)
-  alg = get(name)
+  alg = get(name, upload)
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
   # Two calls of 3 rounds: one compiled chunk length (a ragged 4 + 2 compiled twice).
   state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                                 device_data(), rounds_per_call=3)
-  history = reference_run(name, tl, cfg)
+  history = reference_run(name, tl, cfg, admm_upload=upload)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
   assert [r["delayed"] for r in rows] == list((tl.valid & ~tl.online).sum(1))
   assert [r["online"] for r in rows] == list((tl.valid & tl.online).sum(1))
@@ -614,7 +620,7 @@ def test_admm_client_on_a_quadratic_solved_by_hand():
   last = jnp.array([0.0, 0.5, 0.5])
   rho = 0.5
   hp = {"rho": rho}
-  state = {"dual": y, "last_local": last}
+  state = {"dual": y}
   obj = lambda w: 0.5 * jnp.sum((w - c) ** 2) + fedadmm.admm_penalty(w, g, state, hp)
   w = g
   for _ in range(500):
@@ -624,8 +630,13 @@ def test_admm_client_on_a_quadratic_solved_by_hand():
   out = fedadmm.admm_client_final(g, w_star, state, 0, hp)
   new_y = y + rho * (w_star - g)  # Eq. 10
   np.testing.assert_allclose(out.state["dual"], new_y, atol=1e-6)
-  np.testing.assert_allclose(out.upload, (w_star - last) + (new_y - y) / rho, atol=1e-6)
-  np.testing.assert_allclose(out.state["last_local"], w_star)
+  # Eq. 16 from the model received (Gong et al.'s code): w* - g + (y+ - y) / rho.
+  np.testing.assert_allclose(out.upload, (w_star - g) + (new_y - y) / rho, atol=1e-6)
+  assert set(out.state) == {"dual"}  # no [N, d] last-local models kept
+  # Eq. 16 as printed: from the client's last local model, which is then replaced.
+  lit = fedadmm.admm_client_final(g, w_star, {"dual": y, "last_local": last}, 0, hp)
+  np.testing.assert_allclose(lit.upload, (w_star - last) + (new_y - y) / rho, atol=1e-6)
+  np.testing.assert_allclose(lit.state["last_local"], w_star)
   # PAFed uploads the same vector normalised to unit length (Alg. 3 line 8).
   p = pafed.client_final(g, w_star, state, 0, hp)
   np.testing.assert_allclose(p.upload, out.upload / jnp.linalg.norm(out.upload), atol=1e-6)
