@@ -1,5 +1,6 @@
 """Runs that must stay bounded with the defaults: the main job, the Fashion-MNIST logistic
-regression, every built-in data set x model, and what a diverging run leaves behind.
+regression, every built-in data set x model (what a diverging run leaves behind:
+tests/test_checkpoint.py).
 
 The bounds. The global model's scale must settle: ||w|| at the last round is at most twice
 its value halfway (a run whose scale diverges compounds round over round: FedADMM with
@@ -115,24 +116,3 @@ def test_defaults_run_30_rounds_without_a_non_finite_loss(dataset, model, tmp_pa
     rows = read_rows(tmp_path / name / "metrics.jsonl")
     assert len(rows) == 30 and not any(r["nonfinite"] for r in rows), name
     assert all(np.isfinite(r["test_loss"]) for r in rows if r["test_loss"] is not None)
-
-
-def test_divergence_keeps_the_finite_rows_and_a_checkpoint_and_names_the_round(tmp_path):
-  # eta jumps to 1e38 in engine round 12 (the console's round 13): the model overflows.
-  res = run(["--algorithm=fedavg", "--rounds=20", "--server_lr_switch_round=12",
-             "--server_lr2=1e38", "--checkpoint_every=10", "--rounds_per_call=10",
-             f"--output_dir={tmp_path}", "--tensorboard=false"])
-  assert res.returncode != 0
-  err = res.stderr.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("error: diverged:"), res.stderr[-2000:]
-  assert "round 13:" in err[0] and "rounds 1-12" in err[0], err[0]
-  assert "last finite checkpoint: round 12" in err[0], err[0]
-  rows = read_rows(tmp_path / "metrics.jsonl")
-  assert [r["round"] for r in rows] == list(range(12))
-  assert all(np.isfinite(r["model_norm"]) for r in rows)
-  # --resume continues from the kept checkpoint (and diverges again, in the same round).
-  res2 = run(["--algorithm=fedavg", "--rounds=20", "--server_lr_switch_round=12",
-              "--server_lr2=1e38", "--checkpoint_every=10", "--rounds_per_call=10",
-              f"--output_dir={tmp_path}", "--tensorboard=false", "--resume"])
-  assert "resuming from the checkpoint of round 12" in res2.stdout, res2.stdout[-2000:]
-  assert "round 13:" in res2.stderr
