@@ -617,7 +617,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
             preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
             min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
-            eval_every=cfg.eval_every, seed=cfg.seed,
+            eval_every=cfg.eval_every,
             stream=io.StringIO() if quiet else sys.stdout)
       else:
         runner = engine.make_runner(apply_flat, algorithm, run_ecfg)

@@ -58,7 +58,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
              on_chunk: Optional[Callable] = None, eval_every: int = 1,
-             stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0,
+             stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
 
@@ -79,8 +79,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
           f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
     t0 = time.perf_counter()
     protocol = secure_ducc.make_protocol(int(data.counts.shape[0]), dim, preset=preset,
-                                         min_depth=min_depth, seed=seed,
-                                         min_scale=min_scale)
+                                         min_depth=min_depth, min_scale=min_scale)
     print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
           f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
