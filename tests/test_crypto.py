@@ -14,6 +14,7 @@ import pytest
 from fedjax_async.algorithms import pafed
 from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import vectors
@@ -293,6 +294,9 @@ def test_s0_holds_no_secret_key(protocol, round_data):
                entities.KDC)
   bad = [p for p, o in found if isinstance(o, forbidden)]
   assert not bad, bad
+  # No seedable generator: S0's randomness is os.urandom's (fedjax_async.crypto.csprng).
+  assert not [p for p, o in found
+              if isinstance(o, (np.random.Generator, np.random.RandomState))]
   assert not any(callable(o) and hasattr(o, "__self__") for _, o in found)
   assert any(isinstance(o, entities.PublicMaterial) for _, o in found)
   # S0's code (and its evaluator's) never decrypts nor touches a secret key.
@@ -302,6 +306,24 @@ def test_s0_holds_no_secret_key(protocol, round_data):
       assert token not in src, (cls, token)
   # The other entities do hold their own secret keys.
   assert isinstance(protocol.s1._secret_key, entities.secret_key_type())
+
+
+def test_csprng_draws_are_fresh_uniform_and_ignore_numpy_seeds():
+  """S0's randomness: 2^16 uniforms on [-B, B] (mean, spread, range as a uniform's), two
+  draws after the same np.random.seed differ everywhere, blinds +-2^U(-R, R) take both
+  signs and span the range."""
+  np.random.seed(0)
+  a = csprng.uniform(-1024.0, 1024.0, 2 ** 16)
+  np.random.seed(0)
+  b = csprng.uniform(-1024.0, 1024.0, 2 ** 16)
+  assert a.min() >= -1024.0 and a.max() < 1024.0
+  assert abs(a.mean()) < 20.0 and abs(a.std() - 2048.0 / np.sqrt(12)) < 10.0
+  assert np.count_nonzero(a == b) == 0
+  blinds = np.array([csprng.blind(8.0) for _ in range(200)])
+  logs = np.log2(np.abs(blinds))
+  assert logs.min() >= -8.0 and logs.max() <= 8.0 and np.ptp(logs) > 12.0
+  assert 40 < np.count_nonzero(blinds > 0) < 160
+  assert all(csprng.blind(8.0, signed=False) > 0 for _ in range(50))
 
 
 # ----------------------------------------------------------------------- depth errors

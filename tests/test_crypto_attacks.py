@@ -14,7 +14,6 @@ recovers (docs/crypto.md, "Leakage"):
 * cosine recovery: with one delayed update, its cosine to the online mean.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -94,9 +93,7 @@ def _cfg(out, **kw):
   base = dict(algorithm="pafed", rounds=3, lr=0.02, rho=0.1, alpha0=0.3, alpha1=0.3,
               alpha2=0.3, checkpoint_every=1, keep_checkpoints=3, tensorboard=False,
               secure_aggregation="ckks", ckks_preset=PRESET, ckks_min_depth=3,
-              output_dir=str(out))
-  if "allow_insecure_ckks" in {f.name for f in dataclasses.fields(experiment.RunConfig)}:
-    base["allow_insecure_ckks"] = True
+              allow_insecure_ckks=True, output_dir=str(out))
   base.update(kw)
   return experiment.RunConfig(**base)
 
@@ -246,7 +243,7 @@ TRIALS = 8
 
 def _scalar_round(proto, view, rng, cos, dim=64, n_online=3):
   """One encrypted round whose delayed updates have the given cosines to the online
-  mean; returns (S1's blinded scalars, the true class totals n1, n2, the tolerance)."""
+  mean; returns (S1's blinded scalars, the true n1, n2 and ||m||^2, the tolerance)."""
   online = vectors.unit(rng.normal(size=(n_online, dim)) + 1.5 * rng.normal(size=dim))
   m_hat = vectors.unit(online.mean(0))
   delayed = vectors.with_cos(m_hat, cos, dim, rng)
@@ -256,7 +253,8 @@ def _scalar_round(proto, view, rng, cos, dim=64, n_online=3):
                                 empty_class_tol=tol)
   s = (delayed @ m_hat + 1.0) / 2.0
   x = cheon.cheon_min(s, 0.5, D_MIN)
-  return view.scalars(len(view.rounds) - 1), (np.sum(s - x), np.sum(x - 0.5)), tol
+  m = online.mean(0)
+  return view.scalars(len(view.rounds) - 1), (np.sum(s - x), np.sum(x - 0.5), m @ m), tol
 
 
 def _class_messages(scalars):
@@ -297,17 +295,19 @@ def test_attack_threshold_ratio(scalar_protocol):
   division exchange of 8 rounds (3 delayed updates, fresh each round). Bound: the best
   of its estimators is within 1 % of the truth in at most 2 of the 16 class-rounds (the
   blinds leave a window of 2^16; with the threshold blinded by the total's own factor:
-  all 16, to 1e-6). Neither the sign of the blinded total nor S1's reading of the
-  empty-class test agrees with the truth in all (or none) of the 16: a random sign rides
-  on each blind and on each test (with the plaintext threshold: all 16 read right).
-  Bound on the window: docs/crypto.md, "Leakage"."""
+  all 16, to 1e-6). The blinds of 8 rounds span more than 2^9. Neither the sign of the
+  blinded total nor S1's reading of the empty-class test agrees with the truth in all
+  (or none) of the 16: a random sign rides on each blind and on each test (with the
+  plaintext threshold: all 16 read right). The window: docs/crypto.md, "Leakage"."""
   proto, view = scalar_protocol
   rng = np.random.default_rng(7)
-  hits, sign_agree, empty_agree, worst = 0, 0, 0, []
+  hits, sign_agree, empty_agree, worst, log_blinds = 0, 0, 0, [], []
   for _ in range(TRIALS):
     cos = [0.6, 0.45, -0.5] if rng.uniform() < 0.5 else [-0.6, -0.45, 0.5]
     scalars, totals, tol = _scalar_round(proto, view, rng, cos)
-    for (a, extra), n in zip(_class_messages(scalars), totals):
+    denominators = next(a for name, a in scalars if name == "masked_inverse")[0]
+    log_blinds += [math.log2(abs(v / n)) for v, n in zip(denominators, totals)]
+    for (a, extra), n in zip(_class_messages(scalars), totals[:2]):
       errs = [abs(e / abs(n) - 1.0) for e in _estimates_of_total(a, extra, tol)]
       hits += min(errs) < 0.01
       worst.append(min(errs))
@@ -316,6 +316,9 @@ def test_attack_threshold_ratio(scalar_protocol):
       empty = extra <= 0 if isinstance(extra, Decrypted) else abs(a) <= abs(extra)
       empty_agree += empty == (abs(n) <= tol)
   assert hits <= 2, (hits, worst)
+  # The blinds spread |r n| over a wide window: 24 draws span more than 2^9 (with
+  # 2^U(-4, 4) they could not; with 2^U(-8, 8) they fail to with probability 2e-5).
+  assert max(log_blinds) - min(log_blinds) > 9.0, log_blinds
   assert 0 < sign_agree < 2 * TRIALS, sign_agree
   assert 0 < empty_agree < 2 * TRIALS, empty_agree
 

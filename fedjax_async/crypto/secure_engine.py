@@ -37,6 +37,8 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
+INSECURE_WARNING = ("WARNING: --ckks_preset=insecure_test: CKKS with ring 2^11 and no "
+                    "security level (HEStd_NotSet) is NOT secure; for tests only")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -74,6 +76,9 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     raise ValueError("--secure_aggregation=ckks: the encrypted server is PAFed's; got "
                      f"--algorithm={algorithm.name}")
   dim = int(state.w.shape[0])
+  preset = protocol.preset if protocol is not None else preset
+  if preset == "insecure_test":  # every run, whatever ``stream`` is
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
   if protocol is None:
     print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
           f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
