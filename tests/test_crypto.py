@@ -175,6 +175,7 @@ def test_secure_ducc_matches_exact_min():
   assert np.min(np.abs(delayed @ online.mean(0))) > 0.2
   exact = _expected(w, online, delayed, jnp.minimum)
   assert np.max(np.abs(got - exact)) < 1e-3
+  assert len(proto.s1.decryption_log) == 0  # S1 keeps no log unless asked (log_size)
 
 
 @pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once

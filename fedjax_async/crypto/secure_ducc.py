@@ -7,7 +7,11 @@ orchestrator (``secure_pafed_step``) ferries between S0 and S1, so S0's work is 
 phases (``ducc_norm`` -> S1 ``masked_inverse_sqrt`` -> ``ducc_begin`` -> S1
 ``masked_inverse`` -> ``ducc_finish`` -> ``kt_mask`` -> S1 ``key_transform`` ->
 ``kt_unmask``). The first exchange gives S0 Enc(1 / ||m||): the paper normalises the
-online mean m before the Min (Sec. V-A: "We first normalize ...").
+online mean m before the Min (Sec. V-A: "We first normalize ..."); the second also
+carries the empty-class tests (``empty_class_test``).
+
+Randomness: every mask and blind is fresh from ``csprng`` (os.urandom), never from the
+experiment's seed; each cancels exactly, so results stay reproducible.
 
 Data layout: a [d] vector is ceil(d / (N/2)) ciphertexts of N/2 slots. Scalars derived
 from vectors (inner products, class totals) are *replicated* in every slot by EvalSum.
