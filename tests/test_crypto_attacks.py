@@ -293,8 +293,9 @@ def scalar_protocol():
 def test_attack_threshold_ratio(scalar_protocol):
   """S1 estimates each class total relative to the public tolerance, |n| / tol, from the
   division exchange of 8 rounds (3 delayed updates, fresh each round). Bound: the best
-  of its estimators is within 1 % of the truth in at most 2 of the 16 class-rounds (the
-  blinds leave a window of 2^16; with the threshold blinded by the total's own factor:
+  of its estimators is within 1 % of the truth in at most 3 of the 16 class-rounds (the
+  blinds leave a window of 2^16, so about 1 % of guesses land there by chance and 4 hits
+  happen with probability ~1e-5; with the threshold blinded by the total's own factor:
   all 16, to 1e-6). The blinds of 8 rounds span more than 2^9. Neither the sign of the
   blinded total nor S1's reading of the empty-class test agrees with the truth in all
   (or none) of the 16: a random sign rides on each blind and on each test (with the
@@ -315,7 +316,7 @@ def test_attack_threshold_ratio(scalar_protocol):
       # S1's reading of the empty-class test: b <= 0, or |r n| <= r tol.
       empty = extra <= 0 if isinstance(extra, Decrypted) else abs(a) <= abs(extra)
       empty_agree += empty == (abs(n) <= tol)
-  assert hits <= 2, (hits, worst)
+  assert hits <= 3, (hits, worst)
   # The blinds spread |r n| over a wide window: 24 draws span more than 2^9 (with
   # 2^U(-4, 4) they could not; with 2^U(-8, 8) they fail to with probability 2e-5).
   assert max(log_blinds) - min(log_blinds) > 9.0, log_blinds
@@ -328,8 +329,8 @@ def test_attack_cosine_of_one_delayed_update(scalar_protocol):
   """With one delayed update (cos 0.370 to the online mean) n1 = s - Min(s, 1/2) with
   s = (cos + 1) / 2, a public increasing function of cos for cos > 0: knowing n1 is
   knowing the cosine. S1 inverts it on each of its estimates of n1; the best is within
-  0.01 of the true cosine in at most 2 of 8 rounds (with the threshold sharing the
-  total's blind: 8 of 8, to 1e-6)."""
+  0.01 of the true cosine in at most 3 of 8 rounds (by chance ~2 % of rounds; 4 hits with
+  probability ~1e-5; with the threshold sharing the total's blind: 8 of 8, to 1e-6)."""
   proto, view = scalar_protocol
   rng = np.random.default_rng(8)
   grid = np.linspace(0.0, 1.0, 100_001)
@@ -343,4 +344,4 @@ def test_attack_cosine_of_one_delayed_update(scalar_protocol):
     best = min(est, key=lambda e: abs(e - 0.37))
     got.append(best)
     hits += abs(best - 0.37) < 0.01
-  assert hits <= 2, got
+  assert hits <= 3, got
