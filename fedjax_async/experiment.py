@@ -92,6 +92,7 @@ class RunConfig:
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
   ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
   ckks_min_scale: float = 1.0  # c, the Min's input scale (cheon.cheon_min; 1 = Alg. 1)
+  allow_insecure_ckks: bool = False  # run --ckks_preset=insecure_test (not secure)
   checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
   keep_checkpoints: int = 2
   resume: bool = False
@@ -171,6 +172,10 @@ def validate(cfg: RunConfig):
           "ckks secure aggregation is PAFed's (use --algorithm=pafed)")
   check(cfg.ckks_preset in ("secure", "insecure_test"), "ckks_preset",
         f"must be 'secure' or 'insecure_test', got {cfg.ckks_preset!r}")
+  check(cfg.secure_aggregation != "ckks" or cfg.ckks_preset != "insecure_test"
+        or cfg.allow_insecure_ckks, "ckks_preset",
+        "insecure_test is NOT secure (ring 2^11, no security level); use "
+        "--ckks_preset=secure, or pass --allow_insecure_ckks to run it anyway")
   check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
         f"must be in 1..30, got {cfg.ckks_min_depth}")
   if cfg.secure_aggregation == "ckks":
@@ -256,6 +261,9 @@ def define_flags():
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
   f.DEFINE_string("ckks_preset", d.ckks_preset, "secure (128-bit, HEStd_128_classic) | "
                   "insecure_test (ring 2^11, NOT secure: tests and quick looks only).")
+  f.DEFINE_boolean("allow_insecure_ckks", d.allow_insecure_ckks, "Run "
+                   "--ckks_preset=insecure_test, which is NOT secure (the run warns and its "
+                   "summary and tables are marked INSECURE).")
   f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
                    "Min polynomial; the context depth is 2d + 8.")
   f.DEFINE_float("ckks_min_scale", d.ckks_min_scale, "c in (0, 4]: the Min's input "
@@ -300,7 +308,7 @@ def config_from_flags(FLAGS) -> RunConfig:
       client_chunk=FLAGS.client_chunk, devices=FLAGS.devices,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
-      ckks_min_scale=FLAGS.ckks_min_scale,
+      ckks_min_scale=FLAGS.ckks_min_scale, allow_insecure_ckks=FLAGS.allow_insecure_ckks,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard)
   validate(cfg)
@@ -395,7 +403,7 @@ class Progress:
 # the continuation equals the uninterrupted run to float rounding, not bit for bit: the
 # upload sums are split differently.)
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                      "keep_checkpoints", "tensorboard", "devices")
+                      "keep_checkpoints", "tensorboard", "devices", "allow_insecure_ckks")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -647,7 +655,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
             preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
             min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
-            eval_every=cfg.eval_every, seed=cfg.seed,
+            eval_every=cfg.eval_every,
             stream=io.StringIO() if quiet else sys.stdout)
       else:
         runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
@@ -699,6 +707,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   summary = summarize(rows, tl, name=name, dataset=fed_data.name, model=model_name,
                       num_params=int(np.size(w0)), rounds=cfg.rounds, wall=wall,
                       config=config_dict(cfg))
+  if cfg.secure_aggregation == "ckks":
+    summary["ckks_security"] = ckks_security(cfg.ckks_preset)
   with open(os.path.join(out_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   return summary
@@ -723,6 +733,20 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
   }
 
 
+INSECURE_CKKS = "INSECURE (--ckks_preset=insecure_test: ring 2^11, no security level)"
+
+
+def ckks_security(preset: str) -> str:
+  """summary.json's ``ckks_security`` of a --secure_aggregation=ckks run."""
+  return INSECURE_CKKS if preset == "insecure_test" else "128-bit (HEStd_128_classic)"
+
+
+def algorithm_label(summary: dict) -> str:
+  """The algorithm's name in tables, marked when its CKKS preset is not secure."""
+  insecure = summary.get("ckks_security", "").startswith("INSECURE")
+  return summary["algorithm"] + (" [INSECURE CKKS]" if insecure else "")
+
+
 def config_dict(cfg: RunConfig) -> dict:
   d = dataclasses.asdict(cfg)
   return d
@@ -732,7 +756,7 @@ def comparison_table(summaries: List[dict]) -> str:
   lines = ["| algorithm | average best accuracy | final accuracy | wall time (s) |",
            "|---|---|---|---|"]
   for s in summaries:
-    lines.append(f"| {s['algorithm']} | {s['average_best_accuracy']:.4f} | "
+    lines.append(f"| {algorithm_label(s)} | {s['average_best_accuracy']:.4f} | "
                  f"{s['final_accuracy']:.4f} | {s['wall_time_s']:.1f} |")
   return "\n".join(lines)
 
@@ -745,7 +769,7 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
     w = csv.writer(f)
     w.writerow(["algorithm", "average_best_accuracy", "final_accuracy", "wall_time_s"])
     for s in summaries:
-      w.writerow([s["algorithm"], s["average_best_accuracy"], s["final_accuracy"],
+      w.writerow([algorithm_label(s), s["average_best_accuracy"], s["final_accuracy"],
                   s["wall_time_s"]])
   return table
 
@@ -864,7 +888,7 @@ def _main(cfg: RunConfig, devices):
       sys.exit(f"error: {e}")
     check_interrupted()
     s = summaries[-1]
-    print(f"[{name}] average best accuracy {s['average_best_accuracy']:.4f}, final "
+    print(f"[{algorithm_label(s)}] average best accuracy {s['average_best_accuracy']:.4f}, final "
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
     curves[name] = read_metrics(out_dir)
   if len(names) > 1:

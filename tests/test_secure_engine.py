@@ -20,6 +20,7 @@ runs in benchmarks/.
 import dataclasses
 import functools
 import io
+import json
 
 import jax
 import jax.numpy as jnp
@@ -131,12 +132,21 @@ def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tm
   cfg = setup[0]
   cfg = dataclasses.replace(cfg, rounds=2, secure_aggregation="ckks",
                             ckks_preset="insecure_test", ckks_min_depth=4,
-                            output_dir=str(tmp_path))
+                            allow_insecure_ckks=True, output_dir=str(tmp_path))
   summary = experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"))
   assert summary["rounds"] == 2
   rows = open(tmp_path / "pafed" / "metrics.jsonl").read().splitlines()
   assert len(rows) == 2 and "he_key_transform_s" in rows[0]
-  assert "mean time per round: client_encrypt" in capsys.readouterr().out
+  captured = capsys.readouterr()
+  assert "mean time per round: client_encrypt" in captured.out
+  # The insecure preset: a warning on the run, marked in summary.json and in tables.
+  assert captured.err.count(secure_engine.INSECURE_WARNING) == 1
+  with open(tmp_path / "pafed" / "summary.json") as f:
+    assert json.load(f)["ckks_security"].startswith("INSECURE")
+  assert "| pafed [INSECURE CKKS] |" in experiment.comparison_table([summary])
+  with pytest.raises(ValueError, match=r"^--ckks_preset: insecure_test is NOT secure .*"
+                     r"--ckks_preset=secure, or pass --allow_insecure_ckks"):
+    experiment.validate(dataclasses.replace(cfg, allow_insecure_ckks=False))
   with pytest.raises(ValueError, match="--secure_aggregation"):
     experiment.validate(dataclasses.replace(cfg, algorithm="fedavg"))
   with pytest.raises(ValueError, match="--ckks_preset"):
@@ -169,3 +179,38 @@ def test_max_min_error_is_the_error_of_one_class_weight():
     assert err.max() <= cheon.max_min_error(d) + 1e-12
     assert err.max() >= 0.9 * cheon.max_min_error(d)
   assert cheon.max_min_error(10) < cheon.max_min_error(4)
+
+
+def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
+  """The default 128-bit preset (HEStd_128_classic) through ``run_one``: logistic
+  regression, 2 rounds, 6 clients, Min d = 1 (depth 10: OpenFHE's smallest secure ring,
+  2^15). Every round's encrypted step equals the plaintext DUCC with the same Min and
+  the same empty-class tolerance, and nothing is marked insecure."""
+  steps = []
+  step = secure_engine.secure_ducc.secure_pafed_step
+
+  def spied(proto, w, online, delayed, alphas, tol):
+    new_w, timings = step(proto, w, online, delayed, alphas, tol)
+    steps.append((proto.cc.GetRingDimension(), w, online, delayed, alphas, tol, new_w))
+    return new_w, timings
+
+  monkeypatch.setattr(secure_engine.secure_ducc, "secure_pafed_step", spied)
+  cfg = experiment.RunConfig(
+      algorithm="pafed", rounds=2, num_clients=6, participation=0.5, lr=0.02, rho=0.1,
+      delay=timeline_lib.DelayConfig(0.34, "fixed", 1), checkpoint_every=0,
+      tensorboard=False, secure_aggregation="ckks", ckks_min_depth=1,
+      output_dir=str(tmp_path))
+  summary = experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
+  assert summary["ckks_security"].startswith("128-bit")
+  assert summary["delayed_updates"] >= 1 and len(steps) == 2
+  assert "INSECURE" not in capsys.readouterr().err
+  min_fn = cheon.make_cheon_min(1)
+  w = None
+  for ring, w_in, online, delayed, alphas, tol, new_w in steps:
+    assert ring == 2 ** 15
+    w = w_in if w_in is not None else w
+    m, m1, m2 = (np.asarray(x, np.float64)
+                 for x in pafed.ducc(online, delayed, min_fn, empty_class_tol=tol))
+    want = w + alphas[0] * m + alphas[1] * m1 + alphas[2] * m2
+    assert np.max(np.abs(new_w - want)) < 1e-4
+    w = new_w

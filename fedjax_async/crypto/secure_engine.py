@@ -37,6 +37,8 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
+INSECURE_WARNING = ("WARNING: --ckks_preset=insecure_test: CKKS with ring 2^11 and no "
+                    "security level (HEStd_NotSet) is NOT secure; for tests only")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -58,7 +60,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
              on_chunk: Optional[Callable] = None, eval_every: int = 1,
-             stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0,
+             stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
 
@@ -74,13 +76,15 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     raise ValueError("--secure_aggregation=ckks: the encrypted server is PAFed's; got "
                      f"--algorithm={algorithm.name}")
   dim = int(state.w.shape[0])
+  preset = protocol.preset if protocol is not None else preset
+  if preset == "insecure_test":  # every run, whatever ``stream`` is
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
   if protocol is None:
     print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
           f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
     t0 = time.perf_counter()
     protocol = secure_ducc.make_protocol(int(data.counts.shape[0]), dim, preset=preset,
-                                         min_depth=min_depth, seed=seed,
-                                         min_scale=min_scale)
+                                         min_depth=min_depth, min_scale=min_scale)
     print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
           f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
