@@ -413,11 +413,17 @@ def run_config_for(cfg: RunConfig, name: str) -> dict:
   return d
 
 
+# What a config stored before a field existed ran with, where that is not the field's
+# default: runs without ``admm_upload`` read Eq. 16 with the last local model.
+STORED_BEFORE = {"admm_upload": "last_local"}
+
+
 def config_mismatch(saved: dict, current: dict) -> List[str]:
   """Fields (flag names) whose values differ, ignoring the resume-free ones. A field that
-  ``saved`` lacks (stored before the field existed) counts as its ``RunConfig`` default."""
+  ``saved`` lacks (stored before the field existed) counts as what such runs ran with:
+  ``STORED_BEFORE``, else its ``RunConfig`` default."""
   keys = (set(saved) | set(current)) - set(RESUME_FREE_FIELDS)
-  defaults = config_dict(RunConfig())
+  defaults = dict(config_dict(RunConfig()), **STORED_BEFORE)
   return sorted(k for k in keys if saved.get(k, defaults.get(k)) != current.get(k))
 
 

@@ -491,7 +491,10 @@ def config_differences(saved: dict, current: dict) -> List[str]:
   RESULT_FREE_FIELDS)."""
   saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
   bad = [k for k in experiment.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
-  return [f"--{k}={saved.get(k)!r} (now {current.get(k)!r})" for k in bad]
+  def stored(k):
+    return (repr(saved[k]) if k in saved else
+            f"{experiment.STORED_BEFORE.get(k)!r}, stored before the flag existed")
+  return [f"--{k}={stored(k)} (now {current.get(k)!r})" for k in bad]
 
 
 def read_stored_run(run_dir: str, config: dict):

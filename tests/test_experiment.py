@@ -225,6 +225,10 @@ def test_a_field_missing_from_a_stored_config_counts_as_its_default():
   assert experiment.config_mismatch(saved, dict(current, ckks_min_scale=4.0)) == [
       "ckks_min_scale"]
   assert experiment.config_mismatch(dict(saved, rounds=2), current) == ["rounds"]
+  # Runs stored before --admm_upload existed read Eq. 16 literally: they match only that.
+  saved = {k: v for k, v in current.items() if k != "admm_upload"}
+  assert experiment.config_mismatch(saved, current) == ["admm_upload"]
+  assert experiment.config_mismatch(saved, dict(current, admm_upload="last_local")) == []
 
 
 def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
