@@ -182,8 +182,8 @@ def test_fedasync_batched_equals_event_loop(ring_size):
   assert len(rows) == s.kept().sum()
 
   def rule(w, state, w_new, w_tau, staleness):
-    st = staleness + 1  # FedAsync Alg. 1: t - tau, t the version this mix produces
-    a = 0.6 * (1.0 if st <= 1 else 1.0 / (1.0 * (st - 1) + 1.0))
+    # hinge a = 1, b = 1 at t - tau = staleness (xcgoner/async_fl: epoch - worker_ts)
+    a = 0.6 * (1.0 if staleness <= 1 else 1.0 / (1.0 * (staleness - 1) + 1.0))
     return (1 - a) * w + a * w_new, state, True
 
   w_ref, nv = reference_loop(s, data, FEDASYNC_HP, rule, s.ring_size)
@@ -475,27 +475,46 @@ def test_privaasyncfed_server_mixes_held_parameters_only():
   arr = async_engine.Arrival(True, 6, True, w, mask, 1.0, 1.0)
   hp = {"beta": 0.5, "hinge_a": 1.0, "hinge_b": 4.0}
   new, _ = privaasyncfed.server_step(w, (), up, arr, hp)
-  # staleness 6 (six server updates since dispatch): Alg. 1's t - tau = 7
-  a = 0.5 / (1.0 * (7 - 4) + 1.0)
+  # staleness 6 (six server updates since dispatch): t - tau = 6, Eq. 16 with FedAsync's +1
+  a = 0.5 / (1.0 * (6 - 4) + 1.0)
   np.testing.assert_allclose(new, [(1 - a) * 1, (1 - a) * 2, 3, 4], rtol=1e-6)
 
 
-@pytest.mark.parametrize("staleness", [0, 1, 2, 3, 4, 5, 9])
+# Hand values of a_t = a s(t - tau) with t - tau = the arrival's staleness, a fresh update
+# counting 0 as in the authors' code (xcgoner/async_fl worker_delay = epoch - worker_ts;
+# FedLab self.round - receive_model_time; PrivaAsyncFed Eq. 15 S(0) = 1, Fig. 2
+# alpha_k = beta at t - tau ~ 0). Hinge a = 10, b = 4: 1 while t - tau <= 4, then
+# 1 / (10 (t - tau - 4) + 1); polynomial a = 0.5: (t - tau + 1)^-0.5.
+HINGE_WEIGHTS = {0: 1.0, 1: 1.0, 3: 1.0, 4: 1.0, 5: 1 / 11, 6: 1 / 21, 9: 1 / 51}
+POLY_WEIGHTS = {0: 1.0, 1: 2 ** -.5, 3: 0.5, 8: 1 / 3}
+
+
+@pytest.mark.parametrize("staleness", sorted(HINGE_WEIGHTS))
 def test_privaasyncfed_and_fedasync_hinge_weigh_staleness_alike(staleness):
   """PrivaAsyncFed vs DP-FedAsync uses identical configurations (Sec. IV-B.3): with
-  beta = FedAsync's a, a full mask and the same hinge, both mix in the same alpha. Hand
-  values from Eq. 16 (with the +1 of docs/async.md) at t - tau = staleness + 1, a = 10,
-  b = 4: 0.6 up to t - tau = 4, then 0.6 / (10 (t - tau - 4) + 1)."""
+  beta = FedAsync's a = 0.6, a full mask and the same hinge, both mix in
+  0.6 * HINGE_WEIGHTS[staleness]: exactly 0.6 for a fresh update and at staleness 4."""
   w, up = jnp.zeros(3), jnp.ones(3)
   arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
   hp = {"beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0,
         "staleness_fn": 2.0, "poly_a": 0.5}
-  lag = staleness + 1
-  expected = 0.6 if lag <= 4 else 0.6 / (10.0 * (lag - 4) + 1.0)
+  expected = 0.6 * HINGE_WEIGHTS[staleness]
   priva, _ = privaasyncfed.server_step(w, (), up, arr, hp)
   fedasync_w, _ = fedasync.server_step(w, (), up, arr, hp)
   np.testing.assert_allclose(priva, expected, rtol=1e-6)
   np.testing.assert_allclose(fedasync_w, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("staleness", sorted(POLY_WEIGHTS))
+def test_fedasync_polynomial_counts_a_fresh_update_as_zero(staleness):
+  """FedAsync polynomial a = 0.5, mix a = 0.5: a fresh update is mixed in with exactly
+  0.5 (not 0.5 / sqrt(2)); staleness 3 with 0.5 * 4^-0.5 = 0.25."""
+  w, up = jnp.full(2, 2.0), jnp.full(2, 4.0)
+  arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(2), 1.0, 1.0)
+  hp = {"mix_alpha": 0.5, "staleness_fn": 1.0, "poly_a": 0.5}
+  a = 0.5 * POLY_WEIGHTS[staleness]
+  new, _ = fedasync.server_step(w, (), up, arr, hp)
+  np.testing.assert_allclose(new, (1 - a) * 2.0 + a * 4.0, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- client DP
