@@ -525,23 +525,90 @@ def zero_grad_apply(w, x, train=False, rng=None):
   return jnp.zeros((x.shape[0], NUM_CLASSES)) + 0.0 * jnp.sum(w) * 0.0
 
 
-def test_dp_noise_std_matches_alg1_formula():
+def noise_sample(n, batch_size, hp_extra, algorithm=None, mask=None, d=40, draws=300):
+  """w_end of one noisy step from w0 = 0 with zero gradients (only the noise moves w), for
+  ``draws`` keys: a client of n examples, minibatch ``batch_size``, one local step."""
   data = tiny_data()
-  d = 40
-  lr, clip, eps, n = 0.5, 2.0, 0.25, 8
-  hp = {k: jnp.float32(v) for k, v in
-        dict(lr=lr, momentum=0.0, mu=0.0, dp_epsilon=eps, dp_clip=clip).items()}
-  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(8, 1, M), 2, 1)
-  w0 = jnp.zeros(d)
-  keys = jax.random.split(jax.random.PRNGKey(0), 300)
+  hp = {k: jnp.float32(v) for k, v in dict(lr=0.5, momentum=0.0, mu=0.0, dp_clip=2.0,
+                                            **hp_extra).items()}
+  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(batch_size, 1, M, local_steps=1),
+                                 2, 1)
+  mask = jnp.ones(d) if mask is None else mask
+  keys = jax.random.split(jax.random.PRNGKey(0), draws)
   res = jax.vmap(lambda k: async_engine.train_local(
-      zero_grad_apply, dp_fedasync.ALGORITHM, w0, jnp.ones(d), data.x[0], data.y[0], n, k,
-      hp, cfg))(keys)
+      zero_grad_apply, algorithm or dp_fedasync.ALGORITHM, jnp.zeros(d), mask, data.x[0],
+      data.y[0], n, k, hp, cfg))(keys)
   assert int(res.num_steps[0]) == 1
-  expected = lr * 2 * clip / n / eps  # Delta f / epsilon = 0.5
-  sample = np.asarray(res.w_end).ravel()  # 12000 draws
+  return np.asarray(res.w_end)
+
+
+def test_dp_noise_std_matches_alg1_formula():
+  """Alg. 1 lines 15, 24: sigma = Delta f / eps, Delta f = lr 2C / |D_k| with |D_k| the
+  client's n = 12 examples, not its minibatch of B = 4 (which would give 3 x sigma)."""
+  lr, clip, eps, n = 0.5, 2.0, 0.25, 12
+  sample = noise_sample(n, 4, dict(dp_epsilon=eps)).ravel()  # 12000 draws
+  expected = lr * 2 * clip / n / eps  # = 2/3
   assert abs(sample.std() / expected - 1) < 0.03, (sample.std(), expected)
   assert abs(sample.mean()) < 4 * expected / np.sqrt(sample.size)
+
+
+def test_dp_calibrated_noise_std_uses_the_smallest_minibatch():
+  """--dp_noise=calibrated: sigma = z * lr 2C / b with b the client's smallest minibatch
+  (per-example clipping, replace-one): n = 10, B = 4 -> minibatches 4, 4, 2, so b = 2
+  and sigma = 0.5 * 0.5 * 4 / 2 = 0.5 (with |D_k| = 10 it would be 0.1, with B 0.25)."""
+  z = 0.5
+  sample = noise_sample(10, 4, dict(dp_epsilon=1.0, dp_noise_multiplier=z)).ravel()
+  expected = z * 0.5 * 2 * 2.0 / 2
+  assert abs(sample.std() / expected - 1) < 0.03, (sample.std(), expected)
+
+
+def test_dp_noise_stays_off_pruned_coordinates():
+  """PrivaAsyncFed: a client of pruning scale 0.5 adds noise only to the parameters of
+  its sub-model (Alg. 1 line 24 perturbs the client's W_k, the pruned model of Eq. 10);
+  every pruned coordinate of the trained model stays exactly 0, every held one moves
+  with std sigma = lr 2C / (|D_k| eps)."""
+  params = mlp_params(jax.random.PRNGKey(3))
+  w0, _ = jax.flatten_util.ravel_pytree(params)
+  mask = privaasyncfed.scale_masks(params, MLP_ORDER, (0.5,))[0]
+  held = mask > 0
+  assert 0 < held.sum() < mask.size
+  sample = noise_sample(12, 4, dict(dp_epsilon=1.0), privaasyncfed.ALGORITHM,
+                        jnp.asarray(mask), d=w0.size, draws=200)
+  np.testing.assert_array_equal(sample[:, ~held], 0.0)
+  expected = 0.5 * 2 * 2.0 / 12 / 1.0
+  assert abs(sample[:, held].std() / expected - 1) < 0.05
+
+
+def test_dp_clips_each_example_before_averaging():
+  """Eq. 17 (per-example clipping, --dp_clip_mode=example): the step is
+  -lr mean_i clip(g_i, C); Alg. 1 line 20 (batch): -lr clip(mean_i g_i, C). Hand
+  gradients of softmax regression at w = 0 (p = 1/3 each): g_i = (x_i (p - e_y),
+  p - e_y). Two examples x and -x of class 0: their kernel gradients cancel in the mean,
+  so clipping the mean keeps the bias gradient whole (norm 0.816 > C = 0.5 -> scaled to
+  C), while clipping each example first scales everything by C / ||g_i|| = 0.5 / 2.58."""
+  x1 = np.array([1.0, 2.0, 0.0, 2.0, 0.0], np.float32)  # |x| = 3
+  x = np.stack([x1, -x1])
+  y = np.array([0, 0], np.int32)
+  v = np.array([1 / 3 - 1, 1 / 3, 1 / 3])
+  grads = [np.concatenate([np.outer(xi, v).ravel(), v]) for xi in x]
+
+  def clip(g, c):
+    return g * min(1.0, c / np.linalg.norm(g))
+
+  expected = {"example": -0.8 * np.mean([clip(g, 0.5) for g in grads], axis=0),
+              "batch": -0.8 * clip(np.mean(grads, axis=0), 0.5)}
+  assert np.abs(expected["example"] - expected["batch"]).max() > 0.1
+  hp = {k: jnp.float32(v) for k, v in dict(lr=0.8, momentum=0.0, mu=0.0,
+                                            dp_epsilon=jnp.inf, dp_clip=0.5).items()}
+  d = D_IN * NUM_CLASSES + NUM_CLASSES
+  for mode in ("example", "batch"):
+    cfg = async_engine.AsyncConfig(client_lib.LocalConfig(2, 1, 2), 2, 1, dp_clip_mode=mode)
+    res = async_engine.train_local(logreg_apply, dp_fedasync.ALGORITHM, jnp.zeros(d),
+                                   jnp.ones(d), jnp.asarray(x), jnp.asarray(y), 2,
+                                   jax.random.PRNGKey(0), hp, cfg)
+    assert int(res.num_steps) == 1
+    np.testing.assert_allclose(res.w_end, expected[mode], rtol=1e-5, atol=1e-6,
+                               err_msg=mode)
 
 
 def test_dp_clipping_bounds_the_step():
