@@ -637,3 +637,40 @@ def test_pruned_clients_work_scales_with_s_squared():
   slow = np.array([1.0, 2.0, 4.0, 8.0])[c.device_class]
   work = np.array([1.0, 0.75, 0.5, 0.25])[c.scale_index] ** 2
   np.testing.assert_allclose(c.duration, (4 + 1) * slow * work)
+
+
+# ------------------------------------------------------------- the driver's --seeds
+
+
+def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
+  """--seeds=0,1: each seed's runs under seed<s>/ (each equal to a --seed=<s> run), and
+  comparison.md with the mean and sample standard deviation of their final accuracies."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  import run_script  # pylint: disable=g-import-not-at-top
+  script = os.path.join(run_script.ROOT, "experiments", "async_family.py")
+  args = ["--algorithm=fedasync", "--num_clients=6", "--concurrency=2", "--num_updates=6",
+          "--eval_every=3", "--checkpoint_every=0"]
+
+  def run(*extra):
+    return subprocess.run([sys.executable, script] + args + list(extra),
+                          env=run_script.env(), capture_output=True, text=True, timeout=600)
+
+  out = run("--seeds=0,1", f"--output_dir={tmp_path / 'both'}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  single = run("--seed=1", f"--output_dir={tmp_path / 'one'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  acc = [json.load(open(tmp_path / "both" / f"seed{s}" / "summary.json"))["final_accuracy"]
+         for s in (0, 1)]
+  alone = json.load(open(tmp_path / "one" / "summary.json"))["final_accuracy"]
+  assert acc[1] == alone
+  row = [l for l in (tmp_path / "both" / "comparison.md").read_text().splitlines()
+         if l.startswith("| fedasync ")][0]
+  mean, std = (acc[0] + acc[1]) / 2, abs(acc[0] - acc[1]) / np.sqrt(2)
+  assert row.split("|")[2].strip() == f"{mean:.4f} ± {std:.4f}", row
+  bad = run("--seeds=0,0", f"--output_dir={tmp_path / 'bad'}")
+  assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
+      "error: --seeds: repeats a seed: '0,0'")
