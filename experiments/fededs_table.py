@@ -103,7 +103,7 @@ FLAGS = flags.FLAGS
 QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2,fededs",
              rounds=5, train_subset=1000, test_subset=500, encryptor_epochs=3,
              pretrain_epochs=2, unet_width=4, hidden=64, model="mlp",
-             target_accuracy=0.6)
+             target_accuracy=0.6, utility_epochs=1)
 VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
             "s2": (False, True), "fededs": (True, True)}
 # Flags that change no run's model or rows: the grid (a resumed command may add settings),
