@@ -71,6 +71,9 @@ F.DEFINE_integer("shards_per_client", 2, "Label shards per client.")
 F.DEFINE_string("data_dir", None, "Data directory.")
 F.DEFINE_string("data_source", "auto", "auto | idx | tfds.")
 F.DEFINE_integer("seed", 0, "Seed of data, clock, initialisation and clients.")
+F.DEFINE_string("seeds", "", "Comma list of seeds: every run once per seed, under "
+                "<output_dir>/seed<s>/, and comparison.md with the mean and standard "
+                "deviation over the seeds ('': --seed only).")
 # virtual clock
 F.DEFINE_integer("concurrency", 5, "C, clients in flight.")
 F.DEFINE_integer("num_updates", 200, "Server updates (model versions).")
@@ -137,7 +140,7 @@ F.DEFINE_boolean("overwrite", False, "Delete this driver's outputs in --output_d
 # made with other values of these is still the same run (--eval_every is not among them:
 # it decides which rows carry a test accuracy).
 RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                     "groups_per_call")
+                     "groups_per_call", "seeds")
 # What a run writes in its folder, and the command in --output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
@@ -156,11 +159,25 @@ def parse_floats(text, flag):
     raise ValueError(f"--{flag}: expected comma-separated numbers, got {text!r}") from None
 
 
+def parse_seeds(fl):
+  """The seeds of --seeds (or [--seed]); ValueError naming --seeds."""
+  if not fl.seeds.strip():
+    return [fl.seed]
+  try:
+    seeds = [int(v) for v in fl.seeds.split(",")]
+  except ValueError:
+    raise ValueError(f"--seeds: expected comma-separated integers, got {fl.seeds!r}") from None
+  check(all(v >= 0 for v in seeds), "seeds", f"must be >= 0, got {fl.seeds!r}")
+  check(len(set(seeds)) == len(seeds), "seeds", f"repeats a seed: {fl.seeds!r}")
+  return seeds
+
+
 def validate(fl):
   """Raises ValueError naming the offending flag."""
   names = fl.algorithm.split(",")
   for n in names:
     check(n in ALGORITHMS, "algorithm", f"unknown {n!r}; choices: {', '.join(ALGORITHMS)}")
+  parse_seeds(fl)
   check(fl.num_clients >= 1, "num_clients", f"must be >= 1, got {fl.num_clients}")
   check(1 <= fl.concurrency <= fl.num_clients, "concurrency",
         f"must be in [1, --num_clients={fl.num_clients}], got {fl.concurrency}")
@@ -456,13 +473,31 @@ def _main(argv):
     check(not (FLAGS.resume and FLAGS.overwrite), "overwrite", "cannot be combined with "
           "--resume (--resume continues the runs in --output_dir, --overwrite deletes them)")
     runs = run_list(names)
+    seeds = parse_seeds(FLAGS)
     # before any work: a folder holding a run is refused, or cleared with --overwrite
-    outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
+    run_outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
         os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
+    outputs = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
+        os.path.join(f"seed{sd}", n) for sd in seeds for n in run_outputs)
     experiment.prepare_output_dir(FLAGS.output_dir, FLAGS.resume, FLAGS.overwrite, outputs)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  print(f"loading {FLAGS.dataset} ...", flush=True)
+  by_seed = {}
+  for seed in seeds:
+    FLAGS.seed = seed
+    out_dir = FLAGS.output_dir if len(seeds) == 1 else os.path.join(FLAGS.output_dir,
+                                                                    f"seed{seed}")
+    by_seed[seed] = run_seed(names, runs, devices, scales, clock, out_dir)
+  if len(seeds) > 1:
+    table = seed_table(by_seed)
+    with open(os.path.join(FLAGS.output_dir, "comparison.md"), "w") as f:
+      f.write(table + "\n")
+    print(table)
+
+
+def run_seed(names, runs, devices, scales, clock, out_dir):
+  """Every run of ``runs`` at FLAGS.seed under ``out_dir``; their summaries."""
+  print(f"loading {FLAGS.dataset} (seed {FLAGS.seed}) ...", flush=True)
   try:
     fed, model_name, w0, apply_flat, params, order = load(FLAGS, "privaasyncfed" in names)
   except ValueError as e:
@@ -474,7 +509,7 @@ def _main(argv):
     print(f"each group's members split over {len(devices)} devices (--devices)", flush=True)
   summaries, curves = [], {}
   for run_name, algo, alpha in runs:
-    out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)
+    out = out_dir if len(runs) == 1 else os.path.join(out_dir, run_name)
     s = finished_run(FLAGS, run_name, out) if FLAGS.resume else None
     try:
       if s is None:
@@ -495,7 +530,7 @@ def _main(argv):
           f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
   if curves:  # accuracy and loss against the virtual clock, one line per run
-    figure = os.path.join(FLAGS.output_dir, "curves.png")
+    figure = os.path.join(out_dir, "curves.png")
     experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)
     print(f"figure: {figure}")
   if len(summaries) > 1:
@@ -507,10 +542,35 @@ def _main(argv):
                    f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
                    f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
     table = "\n".join(lines)
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "comparison.md"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "comparison.md"), "w") as f:
       f.write(table + "\n")
     print(table)
+  return summaries
+
+
+def seed_table(by_seed):
+  """Markdown: per run, the final and best accuracy as mean +- standard deviation (ddof 1)
+  over the seeds, and each seed's final accuracy."""
+  seeds = list(by_seed)
+  names = list(dict.fromkeys(s["run"] for runs in by_seed.values() for s in runs))
+  lines = [f"Mean +- standard deviation over seeds {', '.join(map(str, seeds))}.", "",
+           "| run | final acc | best acc | mean staleness | "
+           + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
+           "|---|---|---|---|" + "---|" * len(seeds)]
+  for name in names:
+    got = {sd: next((s for s in by_seed[sd] if s["run"] == name), None) for sd in seeds}
+    done = [s for s in got.values() if s is not None]
+
+    def stat(key):
+      v = np.array([s[key] for s in done], float)
+      return f"{v.mean():.4f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.4f}"
+
+    lines.append(f"| {name} | {stat('final_accuracy')} | {stat('best_accuracy')} | "
+                 f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
+                 + " | ".join("diverged" if got[sd] is None else
+                              f"{got[sd]['final_accuracy']:.4f}" for sd in seeds) + " |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class Arrival(NamedTuple):
 
   valid: Array  # bool: a real arrival (False in padding slots)
   # int32: server versions between dispatch and arrival (0: trained from the current
-  # model); FedAsync's and PrivaAsyncFed's Alg. 1 t - tau is this + 1
+  # model); the t - tau of FedAsync's and PrivaAsyncFed's staleness functions
   staleness: Array
   flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
   w_start: Array  # [d] the (masked) model the client trained from, w_tau
