@@ -244,10 +244,13 @@ def run_flags() -> dict:
 
 
 def flags_mismatch(saved: dict, now: dict) -> str:
-  """'--lr=0.01 (now 0.02), ...' for the result-changing flags that differ ('' if none)."""
+  """'--lr=0.01 (now 0.02), ...' for the result-changing flags that differ ('' if none).
+  A flag that ``saved`` lacks (stored before the flag existed) counts as its default."""
   keys = sorted((set(saved) | set(now)) - set(RESUME_FREE_FLAGS))
-  return ", ".join(f"--{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in keys
-                   if saved.get(k) != now.get(k))
+  was = {k: saved[k] if k in saved else FLAGS[k].default if k in FLAGS else None
+         for k in keys}
+  return ", ".join(f"--{k}={was[k]!r} (now {now.get(k)!r})" for k in keys
+                   if was[k] != now.get(k))
 
 
 def setting_dir(out_dir, alpha, k):
