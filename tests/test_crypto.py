@@ -156,9 +156,9 @@ def test_secure_ducc_components_and_depth(protocol, round_data):
   cts = [c.encrypt_update(u) for c, u in zip(protocol.clients, online)]
   dcts = [protocol.clients[0].encrypt_update(u) for u in delayed]
   inv_norm = protocol.s1.masked_inverse_sqrt(s0.ducc_norm(cts, len(dcts)))
-  inv, ind = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS, 0.0, inv_norm),
-                                        s0.empty_tests)
-  new = s0.ducc_finish(inv, s0.encrypt_global(w), ind)
+  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS, 0.0, inv_norm),
+                                   s0.empty_tests)
+  new = s0.ducc_finish(inv, s0.encrypt_global(w))
   assert max(ckks.depth_used(c) for c in new) == ckks.ducc_depth(D_SMALL) == 18
 
 
@@ -211,6 +211,30 @@ def test_encrypted_empty_class_tolerance_matches_plaintext(protocol, round_data,
   assert (gap < 1e-12) if case == "mixed" else (gap > 0.01), gap
 
 
+@pytest.mark.parametrize("end", [-1.0, 1.0])
+def test_near_empty_classes_with_every_blind_at_an_end_of_its_range(end, monkeypatch):
+  """d = 12 (eps_d = 2.1e-3, so tol = k eps_d is small) and delayed updates nearly
+  orthogonal to m, so a class total is within tol of 0: with every blind at 2^-8 (2^8)
+  the empty-class test must stay above CKKS noise (within the last level's range) and
+  the step must match pafed.ducc with the same tolerance. Measured: <= 2.2e-6; a squared
+  test s^2 (n^2 - tol^2) is 1e-10 at s = 2^-8, below the noise, and misreads the class
+  (errors 0.1-0.27), as does multiplying an Enc(0) indicator into a huge 1 / (r n)."""
+  end *= secure_ducc.BLIND_LOG2_RANGE
+  monkeypatch.setattr(secure_ducc.csprng, "blind", lambda r, signed=True: 2.0 ** end)
+  d, dim = 12, 64
+  proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=d)
+  rng = np.random.default_rng(0)
+  online = vectors.unit(rng.normal(size=(3, dim)) + 2.0 * rng.normal(size=dim))
+  m_hat = vectors.unit(online.mean(0))
+  for cos in ([0.002], [-0.002], [0.3, 0.001]):
+    delayed = vectors.with_cos(m_hat, cos, dim, rng)
+    tol = len(cos) * cheon.max_min_error(d)
+    w = rng.normal(size=dim) * 0.1
+    got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS, tol)
+    want = _expected(w, online, delayed, cheon.make_cheon_min(d), tol=tol)
+    assert np.max(np.abs(got - want)) < 1e-4, cos
+
+
 # --------------------------------------------------------- key transformation (Alg. 5)
 
 
@@ -233,25 +257,27 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
     assert np.linalg.norm(wrong - want) > 100 * np.linalg.norm(want)
   except entities.DecryptionError:
     pass
-  # What S1 decrypted: 6 blinded scalars (r0^2 ||n m||^2 for the normalisation, r1 n1,
-  # r2 n2, r3 ||m||^2, then the empty-class tests +-s^2 (n^2 - tol^2) of both classes),
+  # What S1 decrypted: 8 blinded scalars (r0^2 ||n m||^2 for the normalisation, r1 n1,
+  # r2 n2, r3 ||m||^2, then the empty-class tests +-s (n - tol), +-s' (-n - tol) of
+  # both classes),
   # then the w + r chunks.
   log = list(s1.decryption_log)
   n_chunks = ckks.num_chunks(DIM, protocol.s0.ev.slots)
-  assert len(log) == 6 + n_chunks
+  assert len(log) == 8 + n_chunks
   m = online.mean(0)
   s = (delayed @ (m / np.linalg.norm(m)) + 1) / 2
   x = cheon.cheon_min(s, 0.5, D_SMALL)
   n1, n2 = np.sum(s - x), np.sum(x - 0.5)
-  eps2 = secure_ducc.EMPTY_EPS ** 2
-  true_scalars = [len(online) ** 2 * (m @ m), n1, n2, m @ m, n1 * n1 - eps2, n2 * n2 - eps2]
+  tol = secure_ducc.EMPTY_EPS
+  true_scalars = [len(online) ** 2 * (m @ m), n1, n2, m @ m, n1 - tol, -n1 - tol, n2 - tol,
+                  -n2 - tol]
   r = secure_ducc.BLIND_LOG2_RANGE
-  for i, (v, t) in enumerate(zip(log[:6], true_scalars)):
+  for i, (v, t) in enumerate(zip(log[:8], true_scalars)):
     assert np.ptp(v) < 1e-4 * abs(v[0]) + 1e-8  # a replicated scalar, nothing else
     ratio = abs(v[0] / t)
-    blind = 2 * r if i in (0, 4, 5) else r  # squared blinds for r0^2 and s^2
+    blind = 2 * r if i == 0 else r  # a squared blind for r0^2
     assert 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
-  masked = ckks.unchunk(log[6:], DIM)
+  masked = ckks.unchunk(log[8:], DIM)
   assert np.linalg.norm(masked - want) > 100 * np.linalg.norm(want)
   assert abs(np.corrcoef(masked, want)[0, 1]) < 0.1
   # S1 never saw an upload: no logged vector correlates with any client's update.

@@ -259,27 +259,23 @@ def _scalar_round(proto, view, rng, cos, dim=64, n_online=3):
 
 def _class_messages(scalars):
   """[(a_c, extra_c)] for c = 1, 2: the blinded total S1 inverts and what comes with it
-  (a plaintext threshold, or a second blinded value), read as the protocol orders them."""
+  (the class's two blinded empty-class tests), read as the protocol orders them."""
   args = next(a for name, a in scalars if name == "masked_inverse")
-  a = args[0]
-  extra = args[1] if len(args) > 1 else [None, None]
-  return [(a[c], extra[c]) for c in range(2)]
+  a, tests = args[0], args[1]
+  return [(a[c], (tests[2 * c], tests[2 * c + 1])) for c in range(2)]
 
 
 def _estimates_of_total(a, extra, tol):
-  """S1's estimates of |n| from one class's messages: the blind read as 1, the
-  threshold's blind cancelled against the total's, and (for a second blinded value b of
-  n^2 - tol^2) b read with a blind of 1 or the total's own blind."""
+  """S1's estimates of |n| from one class's messages: the blinds read as 1, a test's
+  blind read as the total's (b = +-|r| (+-n - tol)), and the two tests' blinds read as
+  equal (|b_a| / |b_b| = |n - tol| / |n + tol|)."""
   est = [abs(a)]
-  if extra is not None and not isinstance(extra, Decrypted) and extra != 0.0:
-    est.append(abs(a) / abs(extra) * tol)  # r n / (r tol) * tol
-  elif isinstance(extra, Decrypted):
-    b = float(extra)
-    est.append(math.sqrt(abs(b) + tol * tol))
-    for sign in (1.0, -1.0):  # b = +-r^2 (n^2 - tol^2): n^2 = tol^2 / (1 -+ b / a^2)
-      q = 1.0 - sign * b / (a * a)
-      if q > 0:
-        est.append(tol / math.sqrt(q))
+  for b in extra:
+    est += [abs(b) + tol, abs(abs(b) - tol)]
+    q = abs(b) / abs(a)  # s = |r|: q = ||n| -+ tol| / |n|, so |n| = tol / (1 +- q)
+    est += [tol / (1.0 + q)] + ([tol / (1.0 - q)] if q < 1.0 else [])
+  rho = abs(extra[0]) / abs(extra[1])
+  est += [tol * (1.0 + rho) / abs(1.0 - rho), tol * abs(1.0 - rho) / (1.0 + rho)]
   return est
 
 
@@ -313,8 +309,8 @@ def test_attack_threshold_ratio(scalar_protocol):
       hits += min(errs) < 0.01
       worst.append(min(errs))
       sign_agree += (a > 0) == (n > 0)
-      # S1's reading of the empty-class test: b <= 0, or |r n| <= r tol.
-      empty = extra <= 0 if isinstance(extra, Decrypted) else abs(a) <= abs(extra)
+      # S1's reading of the empty-class tests: both <= 0 means empty.
+      empty = extra[0] <= 0 and extra[1] <= 0
       empty_agree += empty == (abs(n) <= tol)
   assert hits <= 3, (hits, worst)
   # The blinds spread |r n| over a wide window: 24 draws span more than 2^9 (with

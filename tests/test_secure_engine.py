@@ -4,8 +4,10 @@ The encrypted run is checked against the plaintext server with the same arithmet
 Min with the same d, the same empty-class tolerance) in two ways:
 
 * round by round, on the same uploads: the encrypted new model equals the plaintext one up
-  to CKKS noise (measured <= 8.2e-7 here, 4.9e-6 at lr 0.1: the noise is divided by the
-  DUCC class weights n1, n2, small when a stale update is near-orthogonal to the mean);
+  to CKKS noise, which the blinds r = 2^U(-8, 8) of the class totals scale by up to 2^8
+  and the DUCC class weights n1, n2 divide (small when a stale update is near-orthogonal
+  to the mean). Measured per round: <= 5.5e-6 with random blinds, <= 2.3e-5 with every
+  blind forced to 2^-8 (the worst case); asserted: 1e-4;
 * end to end, a plaintext run of the same engine ends within 1e-3 in parameters and the
   issue's 0.5 percentage points in accuracy.
 
@@ -86,7 +88,7 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
     phase = phase_fn(prev, slots, hp, data)
     w_plain, _, metrics = plain_alg.server_update(prev.w, prev.server_state, phase.uploads,
                                                   phase.arrivals, prev.round, hp)
-    np.testing.assert_allclose(np.asarray(states[t + 1].w), np.asarray(w_plain), atol=2e-5,
+    np.testing.assert_allclose(np.asarray(states[t + 1].w), np.asarray(w_plain), atol=1e-4,
                                err_msg=f"round {t}")
     assert sec_rows[t]["conflicting"] == int(metrics["conflicting"]), t
 

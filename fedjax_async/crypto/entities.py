@@ -9,7 +9,7 @@ Key separation (Sec. V-B "System initialization"):
 * ``HelperServer`` (S1) holds sk_s. It only ever decrypts values masked by S0: w + r in
   the key transformation (Alg. 5 line 7), r * n in the masked-inverse exchange used for
   the divisions of Alg. 4 line 11 / Eq. 12, and the sign-flipped, blinded empty-class test
-  +-s^2 (n^2 - tol^2). ``decryption_log`` keeps the last ``log_size`` decryptions (none
+  +-s_a (n - tol), +-s_b (-n - tol). ``decryption_log`` keeps the last ``log_size`` decryptions (none
   by default) so that tests can check the masking.
 * ``AggregationServer`` (S0) lives in ``secure_ducc``; it receives only ``PublicMaterial``.
 """
@@ -82,21 +82,28 @@ class HelperServer:
     return self._ev.encrypt(self.pk_s, np.full(self._ev.slots, value))
 
   def masked_inverse(self, cts: Sequence[object], tests: Sequence[object] = ()):
-    """Alg. 4 line 11's divisions, blinded: returns (inverses, indicators).
+    """Alg. 4 line 11's divisions, blinded: one answer per denominator.
 
     ``cts``: Enc(r n) per denominator (r = +-2^u, random sign and magnitude, chosen by
-    S0); S1 returns Enc_pk_s(1 / (r n)) (Enc(0) when |r n| <= ``ZERO_EPS``).
-    ``tests``: S0's empty-class tests Enc(sigma s^2 (n^2 - tol^2)) (sigma = +-1, s
-    independent of r); S1 returns Enc_pk_s(1) where the value is positive, else
-    Enc_pk_s(0). S0 alone knows sigma, so S1 cannot tell which answer means empty.
-    Each value is replicated in every slot; slot 0 is used.
+    S0); the inverse is 1 / (r n) (0 when |r n| <= ``ZERO_EPS``). ``tests[2 i]``,
+    ``tests[2 i + 1]`` go with ``cts[i]``: S0's empty-class tests, two blinded linear
+    values with hidden signs. For a tested denominator S1 returns four members,
+    Enc_pk_s(1 / (r n)) at index 2 pa + pb (pa, pb: test a, b positive) and Enc_pk_s(0)
+    at the other three; for an untested one, Enc_pk_s(1 / (r n)). S0 alone knows the
+    signs, so S1 cannot tell which members mean "empty". Each value is replicated in
+    every slot; slot 0 is used.
     """
-    inverses = []
-    for ct in cts:
-      v = float(self._decrypt(ct)[0])
-      inverses.append(self._encrypt_scalar(1.0 / v if abs(v) > ZERO_EPS else 0.0))
-    indicators = [self._encrypt_scalar(float(self._decrypt(ct)[0] > 0.0)) for ct in tests]
-    return inverses, indicators
+    values = [float(self._decrypt(ct)[0]) for ct in cts]
+    positive = [float(self._decrypt(ct)[0]) > 0.0 for ct in tests]
+    out = []
+    for i, v in enumerate(values):
+      inv = 1.0 / v if abs(v) > ZERO_EPS else 0.0
+      if 2 * i + 1 < len(positive):
+        hit = 2 * positive[2 * i] + positive[2 * i + 1]
+        out.append(tuple(self._encrypt_scalar(inv if j == hit else 0.0) for j in range(4)))
+      else:
+        out.append(self._encrypt_scalar(inv))
+    return out
 
   def masked_inverse_sqrt(self, cts: Sequence[object]) -> List[object]:
     """For each Enc(r^2 v) (v >= 0) return Enc_pk_s(1 / (r sqrt(v))), or Enc(0) when

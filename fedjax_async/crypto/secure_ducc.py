@@ -180,8 +180,8 @@ class AggregationServer:
       # Alg. 4 lines 6 / 8: the class totals n1, n2, blinded by r.
       st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
                                                            what="class total"))
-      test, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
-      self.empty_tests.append(test)
+      tests, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
+      self.empty_tests += tests
     st["A1"], st["A2"] = acc["1"], acc["2"]
     t = self._tick("weighting", t)
     # Eq. 12 numerator and the blinded ||m||^2: with c = (r3 / n^2) msum,
@@ -193,36 +193,47 @@ class AggregationServer:
     return [st["v1"], st["v2"], st["v3"]]
 
   def empty_class_test(self, w, total_mask: np.ndarray, tol: float):
-    """Enc(sigma s^2 (n^2 - tol^2)) for S1, and sigma: the class is empty (|n| <= tol)
-    exactly when sigma times the value is <= 0. s is a blind independent of the total's
-    r (so S1 cannot cancel one against the other), sigma = +-1 hides which sign means
-    empty. n = EvalSum(w * s mask) (1 level), squared (1 level): off the critical path."""
-    s, sigma = self._blind(signed=False), float(csprng.signs(1)[0])
-    sn = self.ev.eval_sum(self.ev.mult_plain(w, s * total_mask, what="empty-class test"))
-    diff = self.ev.add_const(self.ev.square(sn, what="empty-class test: n^2"),
-                             -(s * tol) ** 2)
-    return (diff if sigma > 0 else self.ev.cc.EvalNegate(diff)), sigma
+    """The class is empty when |n| <= tol, n = EvalSum(w * total_mask): two linear tests
+    for S1, Enc(sigma_a s_a (n - tol)) and Enc(sigma_b s_b (-n - tol)), and (sigma_a,
+    sigma_b). The class is not empty exactly when one of sigma_a, sigma_b times its value
+    is > 0. s_a, s_b are blinds independent of each other and of the total's r (so S1
+    cannot cancel one against another), sigma = +-1 hides which sign means what.
+    1 level each, off the critical path. (A single squared test s^2 (n^2 - tol^2) falls
+    below CKKS noise for small s and tol: s = 2^-8, tol = 2e-3 give 1e-10.)"""
+    tests, sigmas = [], []
+    for side in (1.0, -1.0):
+      s, sigma = self._blind(signed=False), float(csprng.signs(1)[0])
+      sn = self.ev.eval_sum(self.ev.mult_plain(w, s * sigma * side * total_mask,
+                                               what="empty-class test"))
+      tests.append(self.ev.add_const(sn, -sigma * s * tol))
+      sigmas.append(sigma)
+    return tests, tuple(sigmas)
 
-  def _class_factor(self, inverse, indicator, sigma):
-    """Enc(1 / (r n)) times Enc(1[class not empty]) (S1's indicator, flipped by sigma):
-    1 level, at level 1, so no level on the critical path."""
-    keep = indicator if sigma > 0 else self.ev.const_sub(1.0, indicator)
-    return self.ev.mult(inverse, keep, what="1 / (r n) for a non-empty class")
+  def _class_factor(self, answer, sigmas):
+    """Enc(1 / (r n)) if the class is not empty, else Enc(0), from S1's four members
+    (``HelperServer.masked_inverse``; member 2 pa + pb holds 1 / (r n), pa / pb = test a /
+    b was positive, the others Enc(0)): the sum of the members whose (pa, pb) means
+    "n > tol or -n > tol" under S0's signs. Additions only: no level, and no ciphertext
+    product (a huge 1 / (r n) times an Enc(0) indicator would amplify CKKS noise)."""
+    sa, sb = sigmas
+    keep = [answer[2 * pa + pb] for pa in (0, 1) for pb in (0, 1)
+            if (pa if sa > 0 else 1 - pa) or (pb if sb > 0 else 1 - pb)]
+    return self.ev.add_many(keep)
 
-  def ducc_finish(self, inverses: Sequence[object], w_ct: List[object],
-                  indicators: Sequence[object] = ()) -> List[object]:
+  def ducc_finish(self, inverses: Sequence[object], w_ct: List[object]) -> List[object]:
     """Alg. 4 lines 11-12 and Eq. 17 on Enc_pk_s(w): returns Enc_pk_s(w^{tau+1}).
 
-    ``inverses``, ``indicators``: S1's answers to ``ducc_begin``'s denominators and
-    ``empty_tests`` (``HelperServer.masked_inverse``)."""
+    ``inverses``: S1's answers to ``ducc_begin``'s denominators and ``empty_tests``
+    (``HelperServer.masked_inverse``: four members per tested class, then
+    1 / (r3 ||m||^2))."""
     st = self._state
     t = _now()
     if st["n"] == 0:
       return list(w_ct)
     terms = [st["m_term"]]
     if st["k"] > 0:
-      inv1 = self._class_factor(inverses[0], indicators[0], st["sigma1"])
-      inv2 = self._class_factor(inverses[1], indicators[1], st["sigma2"])
+      inv1 = self._class_factor(inverses[0], st["sigma1"])
+      inv2 = self._class_factor(inverses[1], st["sigma2"])
       inv3 = inverses[2]
       # Alg. 4 line 11: m1 = A1 / n1, m2 = A2 / n2 (r and alpha cancel / stay).
       terms.append([self.ev.mult(a, inv1, what="Alg. 4 line 11: m1 / n1") for a in st["A1"]])
@@ -358,10 +369,9 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   t_norm = _now() - t1
   requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
   t1 = _now()
-  inverses, indicators = (s1.masked_inverse(requests, s0.empty_tests) if requests
-                          else ([], []))
+  inverses = s1.masked_inverse(requests, s0.empty_tests) if requests else []
   t_s1 = _now() - t1
-  new_ct = s0.ducc_finish(inverses, w_ct, indicators)
+  new_ct = s0.ducc_finish(inverses, w_ct)
   timings["ducc"] = _now() - t
   breakdown = dict(s0.timings)
   breakdown["division"] = breakdown.get("division", 0.0) + t_s1
