@@ -207,7 +207,7 @@ def test_random_local_epochs_within_range():
 
 def np_weighted_mean(vs, ws):
   ws = np.asarray(ws, np.float64)
-  return (ws[:, None] * vs).sum(0) / ws.sum() if ws.sum() > 0 else np.zeros(vs.shape[1])
+  return (ws[:, None] * vs).sum(0) / ws.sum() if ws.sum() > 0 else 0.0  # no arrival: 0
 
 
 def np_ducc(online, delayed):
@@ -461,57 +461,69 @@ def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
 # ------------------------------------------------------------ staleness and ring buffer
 
 
+STEP = 0.01  # the recorder's server moves w by STEP * (t + 1) in round t
+
+
 def recorder_algorithm():
-  """FedAvg whose server also reports the start models it was handed."""
+  """Clients upload the model they end local training with; the server ignores the
+  uploads, moves w by STEP * (t + 1) (a different global model every round) and reports
+  them. With lr = 0 local training ends where it starts, so an upload is the model the
+  client was handed to train from."""
+
+  def client_final(w_start, w_end, client_state, num_steps, hp):
+    del w_start, num_steps, hp
+    return base.ClientOutput(w_end, client_state)
 
   def server_update(w, ss, uploads, arrivals, t, hp):
-    new_w, ss, _ = get("fedavg").server_update(w, ss, uploads, arrivals, t, hp)
-    return new_w, ss, {"start_params": arrivals.start_params}
+    del arrivals, hp
+    return w + STEP * (t + 1).astype(w.dtype), ss, {"uploads": uploads}
 
-  return base.Algorithm("recorder", base.no_penalty, base.delta_upload, server_update)
+  return base.Algorithm("recorder", local_penalty=base.no_penalty,
+                        client_final=client_final, server_update=server_update)
 
 
 def test_delayed_clients_start_from_their_dispatch_round_model():
+  """Each client's local training starts from the global model of its dispatch round:
+  w_t = w_0 + STEP * t (t + 1) / 2 by hand, whatever round the update arrives in."""
   rounds = 10
   tl = timeline_lib.build(N, rounds, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 3), seed=5)
   cfg = make_cfg(epochs=1, ring=4)
   alg = recorder_algorithm()
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  globals_seen = [np.asarray(W0)]
-
-  def on_chunk(s, rows):
-    globals_seen.append(np.asarray(s.w))
-
-  starts = []
-  runner = engine.make_runner(apply_flat, alg, cfg)
-  for t in range(rounds):  # one round per call so every global model is recorded
-    state, rows = engine.simulate(runner, state, tl, HP, device_data(), rounds_per_call=1,
-                                  stop_round=t + 1, on_chunk=on_chunk)
-    starts.append(rows[0]["start_params"])
-  checked = 0
+  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl,
+                            dict(HP, lr=0.0), device_data(), rounds_per_call=5)
+  stale = 0
   for t in range(rounds):
     for j in np.flatnonzero(tl.valid[t]):
-      disp = tl.dispatch[t, j]
-      np.testing.assert_array_equal(np.asarray(starts[t])[j], globals_seen[disp])
-      checked += int(disp < t)
-  assert checked > 0  # some of them were stale
+      disp = int(tl.dispatch[t, j])
+      want = W0 + np.float32(STEP * disp * (disp + 1) / 2)
+      np.testing.assert_allclose(np.asarray(rows[t]["uploads"])[j], want, atol=1e-6,
+                                 err_msg=f"round {t}, slot {j}, dispatched in {disp}")
+      stale += disp < t
+  assert stale >= 5  # stale clients, whose start differs from the current model by >= STEP
 
 
 def test_updates_older_than_the_buffer_are_dropped_and_counted():
-  rounds = 30
-  delay = timeline_lib.DelayConfig(0.6, "geometric", mean=3.0, buffer_size=2)
+  """R = 2 past models: an update of staleness >= 2 is dropped, not applied from the
+  ring slot a newer model has overwritten. The engine's FedAvg equals the plain loop over
+  the arrivals of staleness <= 1 alone, and the drops are counted in their rounds."""
+  rounds = 12
+  ring = 2
+  delay = timeline_lib.DelayConfig(0.6, "geometric", mean=3.0, buffer_size=ring)
   tl = timeline_lib.build(N, rounds, 0.5, delay, seed=2)
   # every dispatched update is either trained on arrival, dropped, or still in flight
-  dispatched = tl.sampled.sum()
-  assert tl.valid.sum() + tl.dropped.sum() + tl.in_flight_at_end == dispatched
-  assert tl.dropped.sum() > 0
-  assert tl.staleness()[tl.valid].max() <= 1  # R = 2 keeps staleness 0 and 1 only
+  assert tl.valid.sum() + tl.dropped.sum() + tl.in_flight_at_end == tl.sampled.sum()
+  assert tl.dropped.sum() >= 3
+  kept = tl._replace(valid=tl.valid & (tl.staleness() <= ring - 1))
   alg = get("fedavg")
-  cfg = make_cfg(epochs=1, ring=2)
-  state = engine.init_state(alg, W0, N, 2, 0)
-  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
-                            device_data(), rounds_per_call=10)
-  assert sum(r["dropped"] for r in rows) == tl.dropped.sum()
+  cfg = make_cfg(epochs=1, ring=ring)
+  state = engine.init_state(alg, W0, N, ring, 0)
+  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                                device_data(), rounds_per_call=6)
+  history = reference_run("fedavg", kept, cfg)
+  np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
+  assert [r["dropped"] for r in rows] == list(tl.dropped)
+  assert sum(r["delayed"] for r in rows) > 0  # staleness-1 updates do arrive
 
 
 def test_timeline_never_resamples_a_client_in_flight():
