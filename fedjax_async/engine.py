@@ -114,10 +114,11 @@ class EngineConfig:
 
 
 # Models at least this large train one client at a time (``client_chunk=1``) on CPU by
-# default: measured on the 2-core CPU (docs/performance.md section 2a), the
-# 1.66M-parameter CNN round ran 1.3-1.7x faster that way than as one vmap of K clients
-# (each client's parameters stay in cache through its step), while 610-parameter logistic
-# regression ran 1.1-1.5x slower (it needs the vmap to amortise per-step overhead).
+# default: measured on a 2-core CPU (docs/performance.md, "The CNN round against the
+# roofline"), the 1.66M-parameter CNN round ran 1.3-1.7x faster that way than as one vmap
+# of K clients (each client's parameters stay in cache through its step), while
+# 610-parameter logistic regression ran 1.1-1.5x slower (it needs the vmap to amortise
+# per-step overhead).
 AUTO_CHUNK_MIN_PARAMS = 100_000
 
 
@@ -229,7 +230,7 @@ def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> boo
 def _vmap_rows(fn: Callable) -> Callable:
   """``jax.vmap(fn)``, except that a chunk of one row calls ``fn`` on the row itself (and
   adds the axis back): the per-client program then has no batch dimension of size 1,
-  which XLA:CPU compiles into slower code (docs/performance.md §6o)."""
+  which XLA:CPU compiles into slower code."""
 
   def run(*args):
     if jax.tree.leaves(args)[0].shape[0] != 1:

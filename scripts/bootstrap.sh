@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Python 3.10 virtual environment with the pinned packages, and the
 # Debian Fashion-MNIST data package (and tcmalloc, which the benchmark suite
-# preloads: docs/performance.md section 6m). Safe to run again: each step is skipped when done.
+# preloads: docs/performance.md, "The allocator"). Safe to run again: each step is skipped
+# when done.
 # Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
 # (default "test"), FEDJAX_SKIP_APT=1 to skip the Debian packages.
 set -euo pipefail
