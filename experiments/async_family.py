@@ -76,7 +76,12 @@ F.DEFINE_string("seeds", "", "Comma list of seeds: every run once per seed, unde
                 "deviation over the seeds ('': --seed only).")
 # virtual clock
 F.DEFINE_integer("concurrency", 5, "C, clients in flight.")
-F.DEFINE_integer("num_updates", 200, "Server updates (model versions).")
+F.DEFINE_integer("num_updates", 200, "Server updates (model versions). FedBuff takes "
+                 "--buffer_k arrivals per update: see --num_arrivals.")
+F.DEFINE_integer("num_arrivals", 0, "If > 0: every run stops after this many client "
+                 "arrivals (FedBuff: num_arrivals / buffer_k server updates), so that a "
+                 "comparison gives each algorithm the same client work; replaces "
+                 "--num_updates.")
 F.DEFINE_integer("buffer_k", 5, "FedBuff's K (arrivals per server step).")
 F.DEFINE_string("compute_time", "lognormal:0.001,0.5", "Seconds per example: constant:a | "
                 "uniform:a,b | exponential:mean | lognormal:median,sigma.")
@@ -182,6 +187,14 @@ def validate(fl):
   check(1 <= fl.concurrency <= fl.num_clients, "concurrency",
         f"must be in [1, --num_clients={fl.num_clients}], got {fl.concurrency}")
   check(fl.num_updates >= 1, "num_updates", f"must be >= 1, got {fl.num_updates}")
+  check(fl.num_arrivals >= 0, "num_arrivals", f"must be >= 0 (0: off), got "
+        f"{fl.num_arrivals}")
+  check(not (fl.num_arrivals and fl["num_updates"].present), "num_arrivals",
+        "replaces --num_updates: give one of them")
+  if fl.num_arrivals and "fedbuff" in names:
+    check(fl.num_arrivals % fl.buffer_k == 0, "num_arrivals",
+          f"must be a multiple of --buffer_k={fl.buffer_k} (FedBuff's arrivals per "
+          f"server update), got {fl.num_arrivals}")
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
@@ -226,7 +239,7 @@ def validate(fl):
     check(all(c.scale_index < len(scales) for c in classes), "device_classes",
           f"scale index beyond --scales ({len(scales)} entries)")
   clock = vc.ClockConfig(
-      concurrency=fl.concurrency, num_updates=fl.num_updates, buffer_k=1,
+      concurrency=fl.concurrency, num_updates=fl.num_arrivals or fl.num_updates, buffer_k=1,
       epochs=fl.local_epochs, local_steps=fl.local_steps, batch_size=fl.batch_size,
       compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
       comm=vc.Distribution.parse(fl.comm_time, "comm_time"), device_classes=classes,
@@ -287,7 +300,9 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   algorithm = importlib.import_module(ALGORITHMS[algo_name]).ALGORITHM
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
-  clock = dataclasses.replace(clock, buffer_k=fl.buffer_k) if algorithm.buffered else clock
+  if algorithm.buffered:  # K arrivals per server update
+    clock = dataclasses.replace(clock, buffer_k=fl.buffer_k, num_updates=(
+        fl.num_arrivals // fl.buffer_k if fl.num_arrivals else clock.num_updates))
   if algorithm.pruned and fl.prune_speedup:
     clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
   schedule = vc.simulate(clock, counts, fl.seed)
@@ -534,19 +549,32 @@ def run_seed(names, runs, devices, scales, clock, out_dir):
     experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)
     print(f"figure: {figure}")
   if len(summaries) > 1:
-    lines = ["| run | final acc | best acc | mean staleness | upd/virtual s | eps spent | "
-             "wall s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "
+             "upd/virtual s | eps spent | wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
       eps = s.get("privacy", {}).get("epsilon_spent_max", "")
       lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "
+                   f"{s['arrivals']} | {s['server_updates']} | "
                    f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
                    f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
-    table = "\n".join(lines)
+    note = arrivals_note(summaries)
+    table = "\n".join(lines) + (f"\n\n{note}" if note else "")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "comparison.md"), "w") as f:
       f.write(table + "\n")
     print(table)
   return summaries
+
+
+def arrivals_note(summaries) -> str:
+  """A line saying so when the runs of a comparison took different numbers of client
+  arrivals (FedBuff takes --buffer_k per server update), else ''."""
+  arrivals = {s["run"]: s["arrivals"] for s in summaries}
+  if len(set(arrivals.values())) <= 1:
+    return ""
+  each = ", ".join(f"{r} {a}" for r, a in arrivals.items())
+  return (f"Note: the runs took different numbers of client arrivals ({each}): "
+          "--num_updates counts server updates; --num_arrivals=N gives every run N.")
 
 
 def seed_table(by_seed):

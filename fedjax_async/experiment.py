@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -415,7 +416,7 @@ def run_config_for(cfg: RunConfig, name: str) -> dict:
 
 # What a config stored before a field existed ran with, where that is not the field's
 # default: runs without ``admm_upload`` read Eq. 16 with the last local model.
-STORED_BEFORE = {"admm_upload": "last_local"}
+STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0}
 
 
 def config_mismatch(saved: dict, current: dict) -> List[str]:
@@ -496,10 +497,26 @@ def previous_outputs(directory: str, outputs=RUN_OUTPUTS) -> List[str]:
   return [n for n in outputs if os.path.lexists(os.path.join(directory, n))]
 
 
+def check_writable(directory: str, flag: str = "--output_dir"):
+  """Creates ``directory`` and writes (then removes) a file in it; a ValueError of one line
+  naming ``flag``, the path and the cause (not a directory, permission, read-only or full
+  disk) when it cannot."""
+  try:
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_"):
+      pass
+  except OSError as e:
+    where = e.filename or directory
+    raise ValueError(f"{flag}={directory}: cannot write there ({e.strerror or e}: {where}); "
+                     f"give a writable {flag}") from None
+
+
 def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
                        outputs=RUN_OUTPUTS):
-  """Refuses (ValueError naming --output_dir) a directory that holds a previous run
-  unless ``resume``; with ``overwrite`` deletes that run's outputs first."""
+  """Refuses (ValueError naming --output_dir) a directory that cannot be written, or one
+  that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
+  outputs first."""
+  check_writable(directory)
   found = previous_outputs(directory, outputs)
   if not found or resume:
     return

@@ -1,6 +1,7 @@
 """Checkpoints: round trip, schedule, kill -9 + --resume == uninterrupted, divergence,
 SIGTERM / SIGINT, TensorBoard steps across a resumption."""
 
+import errno
 import glob
 import json
 import os
@@ -106,6 +107,26 @@ def test_max_to_keep_and_latest(tmp_path):
   with pytest.raises(ValueError, match="shape"):
     c.restore({"w": np.zeros(4, np.float32)})
   c.close()
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_leaves_no_partial_checkpoint(tmp_path):
+  c = ckpt_lib.Checkpointer(str(tmp_path / "ck"), max_to_keep=2)
+  c.save(4, {"w": np.full(3, 4, np.float32)}, [], {})
+
+  def full_disk(step, **kwargs):  # what orbax leaves when the disk fills mid-write
+    os.makedirs(tmp_path / "ck" / f"{step}.orbax-checkpoint-tmp-1764115200")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  c.manager.save = full_disk
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    c.save(8, {"w": np.full(3, 8, np.float32)}, [], {})
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert msg.startswith(f"cannot write the checkpoint of round 8 under {tmp_path / 'ck'}: "
+                        "the disk is full (No space left on device); the checkpoint of "
+                        "round 4 is kept")
+  assert sorted(os.listdir(tmp_path / "ck")) == ["4"]
+  np.testing.assert_array_equal(c.restore({"w": np.zeros(3, np.float32)}).state["w"], [4] * 3)
 
 
 @pytest.mark.parametrize("prev,new,every,total,expected", [
