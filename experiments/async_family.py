@@ -546,7 +546,10 @@ def run_seed(names, runs, devices, scales, clock, out_dir):
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
   if curves:  # accuracy and loss against the virtual clock, one line per run
     figure = os.path.join(out_dir, "curves.png")
-    experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)
+    experiment.plot_curves(
+        curves, figure, x_key="virtual_time", loss_window=10,
+        title=f"{getattr(fed, 'name', FLAGS.dataset)}, {model_name}; virtual clock, "
+              f"concurrency {FLAGS.concurrency}; {', '.join(curves)}")
     print(f"figure: {figure}")
   if len(summaries) > 1:
     lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "

@@ -99,6 +99,8 @@ class RunConfig:
   resume: bool = False
   overwrite: bool = False  # delete the output directory's previous run first
   tensorboard: bool = True
+  log_every: int = 0  # a console line every k rounds; 0 = about ten lines per run
+  quiet: bool = False  # no per-round lines, only each run's result and the table
 
   def __post_init__(self):
     for k, v in dataset_defaults(self.dataset).items():
@@ -155,6 +157,8 @@ def validate(cfg: RunConfig):
         f"(--rounds={cfg.rounds}), got {cfg.server_lr_switch_round}")
   check(cfg.dirichlet_alpha > 0, "dirichlet_alpha", f"must be > 0, got {cfg.dirichlet_alpha}")
   check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
+  check(cfg.log_every >= 0, "log_every", f"must be >= 0 (0: about ten lines per run), "
+        f"got {cfg.log_every}")
   check(cfg.rounds_per_call >= 1, "rounds_per_call",
         f"must be >= 1, got {cfg.rounds_per_call}")
   check(cfg.client_chunk >= -1, "client_chunk",
@@ -283,6 +287,11 @@ def define_flags():
                    "refuses a directory that holds one.")
   f.DEFINE_boolean("tensorboard", d.tensorboard, "Write TensorBoard scalars under "
                    "<output_dir>/tb.")
+  f.DEFINE_integer("log_every", d.log_every, "A console line every k rounds, and one at "
+                   "least every ~10 s (0: about ten lines per run; metrics.jsonl has every "
+                   "round).")
+  f.DEFINE_boolean("quiet", d.quiet, "No per-round lines: each run's result and the "
+                   "comparison table only.")
 
 
 def config_from_flags(FLAGS) -> RunConfig:
@@ -311,7 +320,8 @@ def config_from_flags(FLAGS) -> RunConfig:
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
       ckks_min_scale=FLAGS.ckks_min_scale, allow_insecure_ckks=FLAGS.allow_insecure_ckks,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
-      resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard)
+      resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard,
+      log_every=FLAGS.log_every, quiet=FLAGS.quiet)
   validate(cfg)
   return cfg
 
@@ -361,23 +371,32 @@ class Overall:
     return current_eta + max(self.left - current_left, 0) / max(rate, 1e-9)
 
 
+def log_interval(log_every: int, rounds: int) -> int:
+  """Rounds between console lines: ``log_every``, or for 0 about ten lines per run."""
+  return log_every if log_every > 0 else max(1, -(-rounds // 10))
+
+
 class Progress:
-  """One line per round: accuracy, arrivals, staleness; the last line of each jitted chunk
-  of rounds also gives rounds/s and the ETA (measured when the chunk came back: the
-  chunk's earlier rounds were not timed one by one). With ``position`` = (i, n), i.e.
-  algorithm i of n in one invocation, the lines say so and, with ``overall``, the ETA of
-  all n runs follows this run's."""
+  """A console line every ``every`` rounds, at the last round, and for the last round of
+  a chunk that comes back ``max_silence`` seconds or more after the previous line:
+  accuracy, arrivals, staleness, rounds/s and the ETA (measured when the chunk came
+  back). With ``position`` = (i, n), i.e. algorithm i of n in one invocation, the lines
+  say so and, with ``overall``, the ETA of all n runs follows this run's."""
 
   def __init__(self, name: str, total: int, start: int = 0, stream=sys.stdout,
-               position: Optional[tuple] = None, overall: Optional[Overall] = None):
+               position: Optional[tuple] = None, overall: Optional[Overall] = None,
+               every: int = 1, max_silence: float = 10.0):
     self.name, self.total, self.stream = name, total, stream
     self.t0, self.start = time.perf_counter(), start
     self.position, self.overall = position, overall
     self.last = start
+    self.every, self.max_silence = max(1, int(every)), max_silence
+    self.last_line = self.t0
 
   def __call__(self, rows: List[dict]):
     done = rows[-1]["round"] + 1
-    rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+    now = time.perf_counter()
+    rate = (done - self.start) / max(now - self.t0, 1e-9)
     eta = (self.total - done) / max(rate, 1e-9)
     where = ""
     if self.position is not None and self.position[1] > 1:
@@ -389,14 +408,19 @@ class Progress:
         tail = (f", all {self.overall.count} algorithms "
                 f"{self.overall.eta(eta, self.total - done):.0f}s")
     self.last = done
-    for i, r in enumerate(rows):
+    due = [r for i, r in enumerate(rows)
+           if (r["round"] + 1) % self.every == 0 or r["round"] + 1 == self.total or (
+               i == len(rows) - 1 and now - self.last_line >= self.max_silence)]
+    for i, r in enumerate(due):
       acc = "  -   " if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
-      timing = (f" | {rate:.2f} rounds/s ETA {eta:.0f}s{tail}" if i == len(rows) - 1
+      # The rate and ETA on the chunk's last line: its earlier rounds were not timed.
+      timing = (f" | {rate:.2f} rounds/s ETA {eta:.0f}s{tail}" if i == len(due) - 1
                 else "")
       print(f"[{self.name}]{where} round {r['round'] + 1:4d}/{self.total} acc {acc} "
             f"train_loss {r['train_loss']:.4f} online {r['online']} delayed {r['delayed']} "
             f"dropped {r['dropped']} staleness {r['mean_staleness']:.2f}{timing}",
             file=self.stream)
+      self.last_line = now
     self.stream.flush()
 
 
@@ -404,7 +428,8 @@ class Progress:
 # the continuation equals the uninterrupted run to float rounding, not bit for bit: the
 # upload sums are split differently.)
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                      "keep_checkpoints", "tensorboard", "devices", "allow_insecure_ckks")
+                      "keep_checkpoints", "tensorboard", "devices", "allow_insecure_ckks",
+                      "log_every", "quiet")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -574,6 +599,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   ``Progress``.
   """
   out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
+  quiet = quiet or cfg.quiet
   prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model_name, w0, apply_flat = build_model(cfg, fed_data) if model is None else model
@@ -636,7 +662,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   devices = sharding.select_devices(cfg.devices)
   run_ecfg, run_tl, state, data = sharding.shard_clients(ecfg, tl, state, data, devices)
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
-  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall)
+  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
+                      every=log_interval(cfg.log_every, cfg.rounds))
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
   tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=0 if cfg.resume else None)
@@ -804,7 +831,7 @@ def read_metrics(run_dir: str) -> List[dict]:
 
 
 def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
-                loss_window: int = 1) -> int:
+                loss_window: int = 1, title: str = "") -> int:
   """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key``
   (the 1-based round, or the virtual clock's ``virtual_time``), one line per run of
   ``runs`` (name -> its metrics.jsonl rows); the loss as a running mean over
@@ -837,6 +864,8 @@ def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
     ax.grid(True, alpha=0.3)
     if ax.lines:
       ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return lines
@@ -914,8 +943,17 @@ def _main(cfg: RunConfig, devices):
     print(f"[{algorithm_label(s)}] average best accuracy {s['average_best_accuracy']:.4f}, final "
           f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
     curves[name] = read_metrics(out_dir)
-  if len(names) > 1:
-    print(write_comparison(summaries, cfg.output_dir))
   figure = os.path.join(cfg.output_dir, "curves.png")
-  plot_curves(curves, figure)
+  plot_curves(curves, figure, title=figure_title(cfg, fed_data.name, model[0], names))
   print(f"figure: {figure}")
+  if len(names) > 1:  # last, where the eye lands when the run ends
+    print(write_comparison(summaries, cfg.output_dir))
+
+
+def figure_title(cfg: RunConfig, dataset: str, model: str, names: List[str]) -> str:
+  """The data set, partition, model, delays and algorithms of a run's figure."""
+  d = cfg.delay
+  law = f"mean {d.mean:g}" if d.distribution == "geometric" else f"max {d.max_delay}"
+  delays = f"δ = {d.fraction:g}, {d.distribution} delays ({law})" if d.fraction else "δ = 0"
+  return (f"{dataset} ({cfg.partition}, N = {cfg.num_clients}), {model}; {delays}; "
+          f"{', '.join(names)}")

@@ -437,7 +437,7 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
   return md
 
 
-def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
+def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str = "") -> int:
   """``path`` (PNG): average best accuracy, mean +- std over seeds, against the first swept
   value (log x when every value is positive and they span 10x or more), one line per
   algorithm and setting of the other swept values; without swept values, one bar per
@@ -472,6 +472,8 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
   seeds = sorted({r["num_seeds"] for r in rows})
   ax.set_ylabel(f"average best accuracy (mean +- std, {'/'.join(map(str, seeds))} seeds)")
   ax.grid(True, alpha=0.3)
+  if title:
+    ax.set_title(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn
@@ -805,7 +807,8 @@ def _run_all(FLAGS, base, cfgs, names, devices, fed_data):
   agg = aggregate(summaries, names)
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
-  print(write_aggregate(agg, names, base.output_dir))
   figure = os.path.join(base.output_dir, "aggregate.png")
-  plot_aggregate(agg, names, figure)
+  plot_aggregate(agg, names, figure, title=experiment.figure_title(
+      base, fed_data.name, base.model, base.algorithm.split(",")))
   print(f"figure: {figure}")
+  print(write_aggregate(agg, names, base.output_dir))  # last

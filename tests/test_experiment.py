@@ -437,3 +437,50 @@ def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(mon
                       overall=experiment.Overall(1, 6))([row(0)])
   assert out.getvalue().startswith("[fedavg] round    1/6 acc")
   assert "all 1" not in out.getvalue()
+
+
+def test_progress_prints_every_kth_round_the_last_and_one_after_a_silence(monkeypatch):
+  # Rounds 1-3 come back at 102 s, 4-6 at 104 s, 7-9 at 120 s (after 16 s of silence).
+  clock = itertools.chain([100.0, 102.0, 104.0, 120.0], itertools.repeat(121.0))
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  progress = experiment.Progress("run", total=10, stream=out, every=4)
+  row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
+                   "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
+  for chunk in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9]):
+    progress([row(t) for t in chunk])
+  printed = [int(l.split("round")[1].split("/")[0]) for l in out.getvalue().splitlines()]
+  # 4 and 8 (every 4th), 9 (its chunk came back 16 s after the last line), 10 (the last)
+  assert printed == [4, 8, 9, 10], out.getvalue()
+  assert experiment.log_interval(0, 100) == 10 and experiment.log_interval(0, 7) == 1
+  assert experiment.log_interval(3, 100) == 3
+
+
+def test_a_comparison_logs_about_ten_lines_per_run_ends_with_its_table_or_is_quiet(
+    tmp_path):
+  args = ["--algorithm=fedavg,fedprox", "--num_clients=6", "--rounds=20",
+          "--checkpoint_every=0", "--notensorboard"]
+  res = run(args + [f"--output_dir={tmp_path / 'a'}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = res.stdout.strip().splitlines()
+  for name in ("fedavg", "fedprox"):
+    rounds = [l for l in lines if l.startswith(f"[{name}] algorithm") and " round " in l]
+    assert len(rounds) == 10, rounds  # --log_every=0: every 2nd of 20 rounds
+  assert lines[-1].startswith("| fedprox |") and lines[-3].startswith("|---"), lines[-6:]
+  quiet = run(args + ["--quiet", f"--output_dir={tmp_path / 'q'}"])
+  assert quiet.returncode == 0, quiet.stderr[-3000:]
+  assert not [l for l in quiet.stdout.splitlines() if " round " in l]
+  assert quiet.stdout.strip().splitlines()[-1].startswith("| fedprox |")
+
+
+def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatch, tmp_path):
+  cfg = experiment.RunConfig(algorithm="pafed,fedavg", partition="shards", num_clients=30)
+  title = experiment.figure_title(cfg, "synthetic", "logreg", ["pafed", "fedavg"])
+  assert title == ("synthetic (shards, N = 30), logreg; δ = 0.3, uniform delays (max 3); "
+                   "pafed, fedavg")
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(Figure, "suptitle", lambda self, t, **kw: seen.append(t))
+  rows = [{"round": 0, "test_accuracy": 0.5, "train_loss": 1.0}]
+  experiment.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
+  assert seen == [title]
