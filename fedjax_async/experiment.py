@@ -631,6 +631,9 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     try:  # the flags first: another algorithm's state does not fit the template
       saved_config = ckpt.restore_meta()["config"]
       bad = config_mismatch(saved_config, run_cfg)
+      # A larger --rounds extends the run: its timeline's first rounds are the same draws.
+      extends = bad == ["rounds"] and int(saved_config["rounds"]) < cfg.rounds
+      bad = [] if extends else bad
       restored = None if bad else ckpt.restore(state)
     except checkpoint_lib.CheckpointError as e:
       ckpt.close()
@@ -649,8 +652,10 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     wall_before = float(restored.extra.get("wall_time_s", 0.0))
     last_ckpt[0] = restored.round
     if not quiet:
+      more = (f", extending its {saved_config['rounds']} rounds to {cfg.rounds}"
+              if extends else "")
       print(f"[{name}] resuming from the checkpoint of round {restored.round} "
-            f"({ckpt.directory})", flush=True)
+            f"({ckpt.directory}){more}", flush=True)
   elif cfg.resume and not quiet:
     print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
           flush=True)

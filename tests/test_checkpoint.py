@@ -146,6 +146,27 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
+def test_resume_with_more_rounds_extends_a_finished_run(reference, tmp_path):
+  """A finished 20-round run, resumed with --rounds=40, continues from its last checkpoint
+  to the 40-round run's result (its timeline's first 20 rounds are the same draws)."""
+  short = [a if not a.startswith("--rounds=") else "--rounds=20" for a in ARGS]
+  first = run(short + [f"--output_dir={tmp_path}"])
+  assert first.returncode == 0, first.stderr[-3000:]
+  res = run(ARGS + [f"--output_dir={tmp_path}", "--resume"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming from the checkpoint of round 20" in res.stdout
+  assert "extending its 20 rounds to 40" in res.stdout
+  got, want = read_rows(tmp_path / "metrics.jsonl"), read_rows(reference / "metrics.jsonl")
+  assert [r["round"] for r in got] == list(range(ROUNDS))
+  for a, b in zip(got, want):
+    for k in ("train_loss", "test_accuracy", "online", "delayed"):
+      assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["round"], k)
+  fewer = run([a if not a.startswith("--rounds=") else "--rounds=10" for a in ARGS]
+              + [f"--output_dir={tmp_path}", "--resume"])
+  assert fewer.returncode != 0 and "--rounds=40 (now 10)" in fewer.stderr
+
+
+@pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
 def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   ref_dir, cut_dir = reference, tmp_path / "cut"
 
