@@ -7,6 +7,7 @@ which validates it and names the flag when it is wrong) -> ``hparams`` dict / st
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -696,29 +697,36 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
 
     def on_chunk(state, rows):
       write_rows(rows)
-      if ckpt is not None and checkpoint_lib.should_save(
-          last_saved[0], int(state.round), cfg.checkpoint_every, cfg.rounds):
-        save(state)
+      if ckpt is not None and (checkpoint_lib.should_save(
+          last_saved[0], int(state.round), cfg.checkpoint_every, cfg.rounds) or (
+              interrupts.pending() and last_saved[0] < int(state.round))):
+        save(state)  # on a signal: the state this chunk ends with
       if not quiet:
         progress(rows)
       check_interrupted()
 
+    # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
+    # the chunk of rounds it arrives in, saving that state; a second one stops at once.
+    stop_softly = (interrupts.graceful(
+        f"[{name}] stopping at the end of this chunk of rounds to save it (a second "
+        "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
     try:
-      if cfg.secure_aggregation == "ckks":
-        from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-        state, _, _ = secure_engine.simulate(
-            apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
-            preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
-            min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
-            eval_every=cfg.eval_every,
-            stream=io.StringIO() if quiet else sys.stdout)
-      else:
-        runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
-        if not quiet and start_round < cfg.rounds:
-          runner = CompileTimer(runner, name)
-        state, _ = engine.simulate(runner, state, run_tl, cfg.hparams(), data,
-                                   eval_every=cfg.eval_every,
-                                   rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
+      with stop_softly:
+        if cfg.secure_aggregation == "ckks":
+          from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
+          state, _, _ = secure_engine.simulate(
+              apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
+              preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
+              min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
+              eval_every=cfg.eval_every,
+              stream=io.StringIO() if quiet else sys.stdout)
+        else:
+          runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
+          if not quiet and start_round < cfg.rounds:
+            runner = CompileTimer(runner, name)
+          state, _ = engine.simulate(runner, state, run_tl, cfg.hparams(), data,
+                                     eval_every=cfg.eval_every,
+                                     rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
     except engine.Diverged as e:
       write_rows(e.rows)  # the finite rounds of the chunk that diverged
       if (ckpt is not None and cfg.secure_aggregation == "none" and e.round is not None
