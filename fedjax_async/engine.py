@@ -92,6 +92,10 @@ class EngineConfig:
   uploads are folded into the rule's carry as the chunk is trained, a ``lax.scan`` carry,
   so the round's ``[K, d]`` uploads never exist (the same sums in a different order of
   additions). False keeps the ``[K, d]`` block.
+
+  ``progress`` (optional): called on the host with the number of rounds done at the end
+  of every round, from inside a compiled chunk of rounds (``jax.debug.callback``), so a
+  console can report a long chunk while it runs. It changes no result.
   """
 
   local: client_lib.LocalConfig
@@ -100,6 +104,7 @@ class EngineConfig:
   client_sharding: Optional[Any] = None
   client_chunk: Optional[int] = None
   stream_uploads: bool = True
+  progress: Optional[Callable[[Any], None]] = None
 
   def __post_init__(self):
     if self.ring_size < 1:
@@ -410,6 +415,8 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=
     hp_r = {**hp, **hp_t}
     s, metrics = round_step(s, row, hp_r, data, apply_flat=apply_flat, algorithm=algorithm,
                             cfg=cfg)
+    if cfg.progress is not None:
+      jax.debug.callback(cfg.progress, s.round)
     acc, loss = jax.lax.cond(
         do_eval,
         lambda w: evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),

@@ -394,6 +394,19 @@ class Progress:
     self.every, self.max_silence = max(1, int(every)), max_silence
     self.last_line = self.t0
 
+  def tick(self, rounds_done):
+    """From inside a compiled chunk (``EngineConfig.progress``): a line when none came for
+    ``max_silence`` seconds, so a long chunk of rounds shows that it runs."""
+    now = time.perf_counter()
+    if now - self.last_line < self.max_silence:
+      return
+    done = int(rounds_done)
+    rate = (done - self.start) / max(now - self.t0, 1e-9)
+    print(f"[{self.name}] round {done:4d}/{self.total} done (inside a compiled chunk of "
+          f"rounds) | {rate:.2f} rounds/s ETA {(self.total - done) / max(rate, 1e-9):.0f}s",
+          file=self.stream, flush=True)
+    self.last_line = now
+
   def __call__(self, rows: List[dict]):
     done = rows[-1]["round"] + 1
     now = time.perf_counter()
@@ -670,6 +683,8 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
   progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
                       every=log_interval(cfg.log_every, cfg.rounds))
+  if not quiet:  # a line from inside a long compiled chunk of rounds
+    run_ecfg = dataclasses.replace(run_ecfg, progress=progress.tick)
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
   tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=0 if cfg.resume else None)

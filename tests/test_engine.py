@@ -719,3 +719,17 @@ def test_engine_config_rejects_bad_values_naming_the_field(field, value):
     engine.EngineConfig(local, **kw)
   engine.EngineConfig(local, ring_size=2, client_chunk=None)  # the default stays valid
   engine.EngineConfig(local, ring_size=1, client_chunk=1, eval_batch=1)
+
+
+def test_progress_callback_reports_every_round_from_inside_a_chunk_and_changes_nothing():
+  tl = timeline_lib.build(N, 6, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 2), seed=3)
+  alg = get("fedavg")
+  seen, states = [], []
+  for progress in (None, lambda r: seen.append(int(r))):
+    cfg = dataclasses.replace(make_cfg(ring=3), progress=progress)
+    state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+    state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                               device_data(), rounds_per_call=3)
+    states.append(np.asarray(state.w))
+  assert seen == [1, 2, 3, 4, 5, 6]  # two compiled chunks of 3 rounds, a call per round
+  np.testing.assert_array_equal(states[0], states[1])

@@ -484,3 +484,15 @@ def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatc
   rows = [{"round": 0, "test_accuracy": 0.5, "train_loss": 1.0}]
   experiment.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
   assert seen == [title]
+
+
+def test_progress_tick_from_inside_a_chunk_prints_only_after_a_silence(monkeypatch):
+  clock = iter([100.0, 105.0, 112.0, 115.0])
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  progress = experiment.Progress("cnn", total=10, stream=out)  # starts at 100 s
+  progress.tick(1)  # 105 s: 5 s of silence, no line
+  progress.tick(2)  # 112 s: 12 s
+  progress.tick(3)  # 115 s: 3 s after that line
+  assert out.getvalue().splitlines() == [
+      "[cnn] round    2/10 done (inside a compiled chunk of rounds) | 0.17 rounds/s ETA 48s"]
