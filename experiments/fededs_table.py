@@ -219,8 +219,9 @@ def privacy_outputs(model, encryptor, theta0, layers, dev, cfg, gen, out_dir):
   orig = np.asarray(dev.x[0, :n])
   with_l = np.asarray(gen.shared.x[0, :n])
   without_l = np.asarray(no_layer.shared.x[0, :n])
-  fededs.save_encryption_grid(orig, with_l, os.path.join(out_dir, "encryption_grid.png"),
-                              without_l)
+  fededs.save_encryption_grid(
+      orig, with_l, os.path.join(out_dir, "encryption_grid.png"), without_l,
+      title=f"FedEDS encryptor, client 0, Fashion-MNIST, model {FLAGS.model} (Fig. 3)")
   rep = fededs.privacy_report(orig, with_l, without_l)
   rep["encryptor_loss_last_with_layer"] = float(np.mean(gen.encryptor_loss[:, -1]))
   rep["encryptor_loss_last_without_layer"] = float(np.mean(no_layer.encryptor_loss[:, -1]))

@@ -803,8 +803,10 @@ def privacy_report(originals, encrypted_with, encrypted_without,
 
 def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None,
                          titles: Sequence[str] = ("original", "encrypted (layer on)",
-                                                  "encrypted (layer off)")) -> None:
-  """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer)."""
+                                                  "encrypted (layer off)"),
+                         title: str = "") -> None:
+  """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer);
+  ``title`` above it (the data set and setting)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -825,6 +827,8 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
       ax.set_yticks([])
       if c == 0:
         ax.set_ylabel(titles[r], fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

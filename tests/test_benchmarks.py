@@ -640,8 +640,7 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("server_stream.py", ["--algorithms=fedfoo"],
      "--algorithms: each item must be one of fedavg, fedprox, fednova, fedadmm, pafed"),
     ("server_stream.py", ["--algorithms=fedasync"], "--algorithms: each item must be one of"),
-    # --model used to be checked in main only: it passed --only_check_args, then printed
-    # the whole usage text
+    # --model is checked with the flags, not in main (which printed the usage text)
     ("server_stream.py", ["--model=resnet"], "--model=resnet: value should be one of"),
     ("sweep_vs_sequential.py", ["--algorithm=foo"], "--algorithm: expected one of fedavg"),
     ("scaling.py", ["--verify=cnn:2:4"], "--verify: expected model:N:K with N >= K"),

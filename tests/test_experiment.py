@@ -479,6 +479,10 @@ def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatc
   rows = [{"round": 0, "test_accuracy": 0.5, "train_loss": 1.0}]
   experiment.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
   assert seen == [title]
+  from fedjax_async import fededs  # pylint: disable=g-import-not-at-top
+  imgs = np.zeros((2, 4, 4, 1))
+  fededs.save_encryption_grid(imgs, imgs, str(tmp_path / "g.png"), title="FedEDS, client 0")
+  assert seen == [title, "FedEDS, client 0"]
 
 
 def test_progress_tick_from_inside_a_chunk_prints_only_after_a_silence(monkeypatch):
