@@ -216,3 +216,36 @@ def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
     want = w + alphas[0] * m + alphas[1] * m1 + alphas[2] * m2
     assert np.max(np.abs(new_w - want)) < 1e-4
     w = new_w
+
+
+def test_round_estimate_matches_the_measured_ciphertexts_and_refuses_what_cannot_fit():
+  # Measured with OpenFHE 1.6.1 at 128-bit, d = 10 (depth 28): ring 2^16 and 30.4 MB per
+  # fresh ciphertext; the CNN's 1,663,370 parameters are 51 chunks of 32,768 slots.
+  est = secure_engine.round_estimate(1_663_370, 20, "secure", 10)
+  assert (est["ring"], est["depth"], est["chunks"]) == (2 ** 16, 28, 51)
+  assert abs(est["ciphertext_bytes"] / 1e6 - 30.4) < 0.1
+  assert abs(est["upload_bytes"] / 1e9 - 20 * 51 * 30.4e-3) < 0.1  # 31 GB of uploads
+  assert 800 < est["cpu_s"] < 900  # docs/crypto.md extrapolates ~870 s
+  small = secure_engine.round_estimate(7_850, 20, "secure", 10)
+  assert small["chunks"] == 1 and small["cpu_s"] == 57.0
+  with pytest.raises(ValueError, match=r"--secure_aggregation=ckks: one round's 20 uploads "
+                     r"of 1,663,370 parameters are 51 ciphertexts each of 30.4 MB \(ring "
+                     r"2\^16, depth 28\), 28.9 GiB before any computation, more than the "
+                     r"24.0 GiB available: use a smaller --model"):
+    secure_engine.check_round_fits(est, 20, 1_663_370, 24 * 2 ** 30)
+  secure_engine.check_round_fits(small, 20, 7_850, 24 * 2 ** 30)  # fits: no error
+
+
+@pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
+def test_a_ckks_run_that_cannot_fit_is_refused_before_any_key_is_made(setup, tmp_path,
+                                                                    monkeypatch):
+  cfg = dataclasses.replace(setup[0], rounds=2, secure_aggregation="ckks",
+                            ckks_preset="insecure_test", ckks_min_depth=4,
+                            allow_insecure_ckks=True, output_dir=str(tmp_path))
+  monkeypatch.setattr(secure_engine, "available_memory_bytes", lambda: 2 ** 20)  # 1 MiB
+  made = []
+  monkeypatch.setattr(secure_engine.secure_ducc, "make_protocol",
+                      lambda *a, **k: made.append(1))
+  with pytest.raises(ValueError, match="more than the 0.0 GiB available"):
+    experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
+  assert not made
