@@ -759,60 +759,6 @@ def test_classification_error_writes_under_the_results_dir_not_the_cwd(tmp_path)
                                             "classification_error.csv"), out.stderr[-2000:]
 
 
-def test_scaling_says_every_streamed_server_folds_its_uploads_in():
-  proc = subprocess.run(
-      [sys.executable, os.path.join(common.ROOT, "benchmarks", "scaling.py"), "--help"],
-      env=common.child_env(), capture_output=True, text=True, timeout=120)
-  text = " ".join(proc.stdout.split())
-  assert "FedAvg's uploads" not in text
-  assert "FedAvg, FedProx, FedNova, FedADMM, and PAFed through DUCC's running sums" in text
-  assert text.count("Algorithm.streamed_server") >= 2  # the docstring and --stream_uploads
-
-
-def test_cnn_profile_rows_carry_the_tag():
-  proc = _python(
-      "from absl import flags; import jax.numpy as jnp; from benchmarks import cnn_profile; "
-      "flags.FLAGS(['x', '--tag=t1', '--reps=1']); rows = []; "
-      "cnn_profile.measure('add', jnp.add, (jnp.ones(4), jnp.ones(4)), 1.0, 1.0, rows); "
-      "print('TAG', rows[0]['tag'])")
-  assert "TAG t1" in proc.stdout, proc.stderr[-2000:]
-
-
-def test_fraction_of_peak_chunks_clients_as_the_engine_does_by_default():
-  # as throughput.py, scaling.py and peers.py: -1, the engine's own choice
-  proc = _python("from absl import flags; from benchmarks import fraction_of_peak; "
-                 "print('DEFAULT', flags.FLAGS['client_chunk'].default)")
-  assert "DEFAULT -1" in proc.stdout, proc.stderr[-2000:]
-  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
-  # run_all's full runs still say which chunking they measure
-  for p in (run_all.Platform("cpu", 1, "cpu", 2), run_all.Platform("gpu", 1, "H100", 16)):
-    assert all(any(a.startswith("--client_chunk=") for a in s.args)
-               for s in run_all.plan(p, False, "py") if s.name == "fraction_of_peak")
-
-
-def test_report_figure_legend_sits_below_the_panels_and_names_a_few_lines(tmp_path,
-                                                                          monkeypatch):
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  saved = []
-  savefig = Figure.savefig
-  monkeypatch.setattr(Figure, "savefig",
-                      lambda fig, *a, **kw: (saved.append(fig), savefig(fig, *a, **kw))[1])
-  rows = [_row("scaling", f"tag{t}", "2026-01-01T00:00:00Z", sweep="n", model="logreg",
-               clients_per_round=10, num_clients=n, s_per_round=0.001 * t + 0.01,
-               peak_rss=n * 2e4) for t in range(40) for n in (100, 1000)]
-  assert report.plot(rows, str(tmp_path)) == {"scaling_n.png": 80}
-  fig, = saved
-  assert all(ax.get_legend() is None for ax in fig.axes)  # nothing over the axes
-  legend, = fig.legends
-  texts = [t.get_text() for t in legend.get_texts()]
-  assert len(texts) == report.LEGEND_MAX + 1
-  assert texts[-1].startswith(f"... and {40 - report.LEGEND_MAX} more lines")
-  fig.canvas.draw()
-  box = legend.get_window_extent()
-  assert all(box.y1 <= ax.get_window_extent().y0 for ax in fig.axes)  # below the panels
-
-
 def test_peers_says_a_peer_did_not_run_instead_of_a_nan_speed_up(monkeypatch, tmp_path,
                                                                  capsys):
   from benchmarks import peers  # pylint: disable=g-import-not-at-top
