@@ -555,14 +555,14 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
   """Refuses (ValueError naming --output_dir) a directory that cannot be written, or one
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
   outputs first."""
-  check_writable(directory)
   found = previous_outputs(directory, outputs)
-  if not found or resume:
-    return
-  if not overwrite:
+  if found and not (resume or overwrite):
     raise ValueError(f"--output_dir: {directory} already holds a run ({', '.join(found)}): "
                      "pass --resume to continue it, --overwrite to start over, or another "
                      "--output_dir")
+  check_writable(directory)  # after the refusal above: a refused folder is not touched
+  if not found or resume:
+    return
   for n in found:
     path = os.path.join(directory, n)
     if os.path.isdir(path) and not os.path.islink(path):

@@ -467,6 +467,7 @@ def test_run_all_checks_every_steps_flags_before_running_any(tmp_path):
   assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
+@pytest.mark.slow  # 50-100 s on 2 cores
 def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
   proc = subprocess.run(
       [sys.executable, os.path.join(common.ROOT, "benchmarks", "run_all.py"), "--quick",
@@ -519,6 +520,7 @@ def test_rows_name_the_allocator_the_process_runs_with():
   assert run(LD_PRELOAD=lib) == "tcmalloc"
 
 
+@pytest.mark.slow  # 50-100 s on 2 cores
 def test_multidevice_on_the_machines_own_devices(tmp_path):
   # a machine with two devices of its own (here: two host devices made by XLA_FLAGS in the
   # parent's environment, which --platform=default passes on untouched); D = 4 > 2 is

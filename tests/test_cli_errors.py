@@ -330,6 +330,7 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
   assert_one_line_error(both, "error: --overwrite: cannot be combined with --resume")
 
 
+@pytest.mark.slow  # ~100 s on 2 cores
 def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tmp_path):
   """SIGTERM during FedEDS's second run of a setting, then the same command with --resume:
   the finished base run and Alg. 1's encrypted sets are read back (not computed again), the

@@ -93,11 +93,12 @@ def small_data(dataset, clients=6, per_client=10, test=100):
   return data_lib.federate(x, y, parts, tx[:test], ty[:test], classes, dataset)
 
 
-# Each built-in data set with its default model and the small ones. The other
-# convolutional pairs compile for 1-3 minutes each (5 algorithms) on 2 cores: -m slow.
+# Each built-in data set with its default model and the small ones. The convolutional
+# pairs compile for 1-3 minutes each (5 algorithms) on 2 cores: -m slow.
 slow = pytest.mark.slow
 PAIRS = [("synthetic", "logreg"), ("synthetic", "mlp"), ("synthetic_iid", "logreg"),
-         ("fashion_mnist", "logreg"), ("fashion_mnist", "mlp"), ("fashion_mnist", "cnn"),
+         ("fashion_mnist", "logreg"), ("fashion_mnist", "mlp"),
+         pytest.param("fashion_mnist", "cnn", marks=slow),
          pytest.param("fashion_mnist", "simple_cnn", marks=slow),
          pytest.param("mnist", "cnn", marks=slow),
          pytest.param("cifar10", "cifar10_cnn", marks=slow),
