@@ -37,8 +37,8 @@ flags.adopt_module_key_flags(experiment)  # --help lists --algorithm, --rounds .
 flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 flags.register_validator(
-    "algorithm", lambda v: all(n in algorithms.names() for n in v.split(",")),
-    message=f"--algorithm: expected one of {', '.join(algorithms.names())} (or a "
+    "algorithm", lambda v: all(n in algorithms.names("rounds") for n in v.split(",")),
+    message=f"--algorithm: expected one of {', '.join(algorithms.names("rounds"))} (or a "
             "comma-separated list of them: the first is run)")
 FLAGS = flags.FLAGS
 

@@ -32,31 +32,24 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import async_engine
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import privacy
+from fedjax_async import sharding
+from fedjax_async import virtual_clock as vc
 
-from fedjax_async import async_engine  # noqa: E402
-from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
-from fedjax_async import client as client_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import privacy  # noqa: E402
-from fedjax_async import sharding  # noqa: E402
-from fedjax_async import virtual_clock as vc  # noqa: E402
-
-ALGORITHMS = {
-    "fedasync": "fedjax_async.algorithms.fedasync",
-    "fedbuff": "fedjax_async.algorithms.fedbuff",
-    "double_compensation": "fedjax_async.algorithms.double_compensation",
-    "privaasyncfed": "fedjax_async.algorithms.privaasyncfed",
-    "dp_fedasync": "fedjax_async.algorithms.dp_fedasync",
-}
+ALGORITHMS = algorithms.names("virtual_clock")
 STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}
 
 F = flags
@@ -296,8 +289,7 @@ def load(fl, pruned: bool = False):
 
 
 def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
-  import importlib  # pylint: disable=g-import-not-at-top
-  algorithm = importlib.import_module(ALGORITHMS[algo_name]).ALGORITHM
+  algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
   if algorithm.buffered:  # K arrivals per server update

@@ -37,21 +37,19 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedjax_async import algorithms  # noqa: E402
-from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
-from fedjax_async import data as data_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import fededs  # noqa: E402
-from fedjax_async import timeline as timeline_lib  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import data as data_lib
+from fedjax_async import engine
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import fededs
+from fedjax_async import timeline as timeline_lib
 
 flags.DEFINE_string("output_dir", "out/fededs", "Where tables, metrics and figures go.")
 flags.DEFINE_boolean("quick", False, "Few rounds on a data subset (minutes on 2 CPU cores): "

@@ -28,16 +28,14 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import numpy as np
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import sharding  # noqa: E402
-from fedjax_async import sweep  # noqa: E402
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import sharding
+from fedjax_async import sweep
 
 experiment.define_flags()
 flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "

@@ -30,15 +30,14 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import cli
+from fedjax_async import experiment
 
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-
-ASYNC = ("fedasync", "fedbuff", "double_compensation", "privaasyncfed", "dp_fedasync")
+ASYNC = algorithms.names("virtual_clock")
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
 
 
@@ -65,11 +64,10 @@ def mode_of(argv) -> str:
   if names is None:
     return "rounds"
   listed = [n for n in names.split(",") if n]
-  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
-  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names()]
+  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names("rounds")]
   if unknown:  # name both families: the round engine's check alone would list one
     sys.exit(f"error: --algorithm: unknown {', '.join(map(repr, unknown))}; on rounds: "
-             f"{', '.join(algorithms.names())}; on the virtual clock: {', '.join(ASYNC)}")
+             f"{', '.join(algorithms.names('rounds'))}; on the virtual clock: {', '.join(ASYNC)}")
   in_async = [n for n in listed if n in ASYNC]
   if in_async and len(in_async) != len(listed):
     sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "

@@ -19,7 +19,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,7 @@ def dataset_defaults(dataset: str) -> Dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  algorithm: str = "pafed"
+  algorithm: str = MAIN_JOB_ALGORITHMS
   dataset: str = "synthetic"
   model: str = "auto"
   num_clients: int = 30
@@ -89,7 +89,7 @@ class RunConfig:
   rounds_per_call: int = 10
   client_chunk: int = -1  # G: a round's clients in lax.scan chunks of G; 0 one vmap; -1 auto
   devices: int = 0  # D: a round's clients split over the first D devices; 0 = all of them
-  output_dir: str = "runs/latest"
+  output_dir: Optional[str] = None  # None: nothing written (the CLI's default: runs/latest)
   secure_aggregation: str = "none"
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
   ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
@@ -127,8 +127,8 @@ def validate(cfg: RunConfig):
   """Raises ValueError naming the offending flag."""
   names = cfg.algorithm.split(",")
   for name in names:
-    check(name in algorithms.names(), "algorithm",
-          f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names())}")
+    check(name in algorithms.names("rounds"), "algorithm",
+          f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names('rounds'))}")
   check(len(set(names)) == len(names), "algorithm",  # one output directory per name
         f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
         f"once, got {cfg.algorithm!r}")
@@ -193,6 +193,8 @@ def validate(cfg: RunConfig):
   check(not (cfg.resume and cfg.overwrite), "overwrite",
         "cannot be combined with --resume (--resume continues the run in --output_dir, "
         "--overwrite deletes it)")
+  check(not cfg.resume or cfg.output_dir is not None, "resume",
+        "continues the run in output_dir, and none is given")
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   check(cfg.model == "auto" or cfg.model in models.MODEL_NAMES, "model",
         f"unknown model {cfg.model!r}; choices: auto, {', '.join(models.MODEL_NAMES)}")
@@ -206,8 +208,8 @@ def define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
   d = RunConfig()
   f = flags
-  f.DEFINE_string("algorithm", MAIN_JOB_ALGORITHMS,
-                  f"Algorithm or comma-separated list; choices: {', '.join(algorithms.names())}.")
+  f.DEFINE_string("algorithm", d.algorithm,
+                  f"Algorithm or comma-separated list; choices: {', '.join(algorithms.names('rounds'))}.")
   f.DEFINE_string("dataset", d.dataset, "synthetic | synthetic_iid | fashion_mnist | mnist | "
                   "cifar10 | cifar100 | any tensorflow-datasets name.")
   f.DEFINE_string("model", d.model, "logreg | mlp | cnn | cifar10_cnn | cifar100_cnn | "
@@ -262,7 +264,7 @@ def define_flags():
   f.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
                    "(jax_num_cpu_devices) so that --devices can split the clients over the "
                    "cores; 0: JAX's default (one).")
-  f.DEFINE_string("output_dir", d.output_dir, "Where metrics and summaries go.")
+  f.DEFINE_string("output_dir", "runs/latest", "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")
   f.DEFINE_string("ckks_preset", d.ckks_preset, "secure (128-bit, HEStd_128_classic) | "
@@ -596,11 +598,31 @@ class CompileTimer:
     return fn(*args)
 
 
+@dataclasses.dataclass
+class Run:
+  """One algorithm's run: ``summary`` (summary.json), ``rows`` (metrics.jsonl, one dict per
+  round), the final ``engine.SimState`` (``state.w`` the global model) and ``model``
+  (name, initial flat weights, ``apply_flat(w, x) -> logits``)."""
+  summary: dict
+  rows: List[dict]
+  state: Any
+  model: tuple
+
+
 def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
             quiet: bool = False, position: Optional[tuple] = None,
             overall: Optional[Overall] = None) -> dict:
+  """``run(...).summary``."""
+  return run(cfg, name, fed_data, model, out_dir, quiet, position, overall).summary
+
+
+def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
+        quiet: bool = False, position: Optional[tuple] = None,
+        overall: Optional[Overall] = None) -> Run:
   """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl, summary.json, TensorBoard
-  scalars and (``cfg.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``.
+  scalars and (``cfg.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``
+  (``out_dir`` defaults to ``<cfg.output_dir>/<name>``; with neither, nothing is written
+  and the ``Run`` holds it all).
 
   A directory that holds a previous run is refused (ValueError naming --output_dir) unless
   ``cfg.resume`` or ``cfg.overwrite`` (which deletes that run's outputs first). With
@@ -612,12 +634,16 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   round and the checkpoint to resume from. ``position`` (i, n) and ``overall``: see
   ``Progress``.
   """
-  out_dir = os.path.join(cfg.output_dir, name) if out_dir is None else out_dir
+  if out_dir is None and cfg.output_dir is not None:
+    out_dir = os.path.join(cfg.output_dir, name)
   quiet = quiet or cfg.quiet
-  prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
+  if out_dir is not None:
+    prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
-  model_name, w0, apply_flat = build_model(cfg, fed_data) if model is None else model
-  os.makedirs(out_dir, exist_ok=True)
+  model = build_model(cfg, fed_data) if model is None else model
+  model_name, w0, apply_flat = model
+  if out_dir is not None:
+    os.makedirs(out_dir, exist_ok=True)
   algorithm = algorithms.get(name, cfg.admm_upload)
   tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
                           cfg.seed)
@@ -635,7 +661,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   state = initial_state()
   run_cfg = run_config_for(cfg, name)
   ckpt = None
-  if cfg.checkpoint_every > 0 or cfg.resume:
+  if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
     ckpt = checkpoint_lib.Checkpointer(os.path.join(out_dir, "checkpoints"),
                                        cfg.keep_checkpoints)
   rows_so_far: List[dict] = []
@@ -680,17 +706,19 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   # number); ``tl`` stays the unpadded timeline for the summary.
   devices = sharding.select_devices(cfg.devices)
   run_ecfg, run_tl, state, data = sharding.shard_clients(ecfg, tl, state, data, devices)
-  metrics_path = os.path.join(out_dir, "metrics.jsonl")
   progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
                       every=log_interval(cfg.log_every, cfg.rounds))
   if not quiet:  # a line from inside a long compiled chunk of rounds
     run_ecfg = dataclasses.replace(run_ecfg, progress=progress.tick)
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
-  tb = TensorBoard(out_dir, cfg.tensorboard, purge_step=0 if cfg.resume else None)
+  tb = TensorBoard(out_dir, cfg.tensorboard and out_dir is not None,
+                   purge_step=0 if cfg.resume else None)
   last_saved = [start_round]
   t0 = time.perf_counter()
-  with open(metrics_path, "w") as mf:
+  metrics_file = (open(os.path.join(out_dir, "metrics.jsonl"), "w") if out_dir is not None
+                  else contextlib.nullcontext(io.StringIO()))
+  with metrics_file as mf:
     for r in rows_so_far:  # rewritten from the checkpoint: drops rows after it
       mf.write(json_row(r) + "\n")
     mf.flush()
@@ -787,9 +815,10 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                       config=config_dict(cfg))
   if cfg.secure_aggregation == "ckks":
     summary["ckks_security"] = ckks_security(cfg.ckks_preset)
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  return summary
+  if out_dir is not None:
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return Run(summary, rows, state, model)
 
 
 def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,
@@ -928,54 +957,19 @@ def main_from_flags(FLAGS):
 
 
 def _main(cfg: RunConfig, devices):
-  names = cfg.algorithm.split(",")
-  out_dirs = {n: os.path.join(cfg.output_dir, n) if len(names) > 1 else cfg.output_dir
-              for n in names}
-  try:  # before any work: a directory holding a previous run is refused or cleared
-    if len(names) > 1:
-      prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, COMPARISON_OUTPUTS)
-    for d in out_dirs.values():
-      prepare_output_dir(d, cfg.resume, cfg.overwrite)
-  except (ValueError, OSError) as e:
-    sys.exit(f"error: {e}")
-  print(f"loading {cfg.dataset} ...", flush=True)
+  del devices  # selected again by simulate
+  from fedjax_async import api  # pylint: disable=g-import-not-at-top
   try:
-    fed_data = load_data(cfg)
-    model = build_model(cfg, fed_data)
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    result = api.simulate(cfg)
+  except engine.Diverged as e:
+    sys.exit(f"error: diverged: {e}")
+  except (ValueError, OSError, RuntimeError) as e:
+    if isinstance(e, jax.errors.JaxRuntimeError):  # XLA's own: the traceback says where
+      raise
     sys.exit(f"error: {e}")
-  print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
-        f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
-        f"parameters; jax devices: {jax.devices()}", flush=True)
-  if len(devices) > 1:
-    print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
-  tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
-                          cfg.seed)
-  warnings = [timeline_lib.dropped_warning(cfg.delay, tl),
-              timeline_lib.delayed_only_warning(tl) if "pafed" in names else None]
-  for warning in filter(None, warnings):
-    print(warning, file=sys.stderr, flush=True)
-  summaries, curves = [], {}
-  overall = Overall(len(names), cfg.rounds)
-  for i, name in enumerate(names):
-    out_dir = out_dirs[name]
-    try:
-      summaries.append(run_one(cfg, name, fed_data, model, out_dir,
-                               position=(i + 1, len(names)), overall=overall))
-    except engine.Diverged as e:
-      sys.exit(f"error: diverged: {e}")
-    except ValueError as e:
-      sys.exit(f"error: {e}")
-    check_interrupted()
-    s = summaries[-1]
-    print(f"[{algorithm_label(s)}] average best accuracy {s['average_best_accuracy']:.4f}, final "
-          f"{s['final_accuracy']:.4f}, {s['wall_time_s']:.1f}s -> {out_dir}", flush=True)
-    curves[name] = read_metrics(out_dir)
-  figure = os.path.join(cfg.output_dir, "curves.png")
-  plot_curves(curves, figure, title=figure_title(cfg, fed_data.name, model[0], names))
-  print(f"figure: {figure}")
-  if len(names) > 1:  # last, where the eye lands when the run ends
-    print(write_comparison(summaries, cfg.output_dir))
+  print(f"figure: {result.figure}")
+  if len(result.runs) > 1:  # last, where the eye lands when the run ends
+    print(result.table())
 
 
 def figure_title(cfg: RunConfig, dataset: str, model: str, names: List[str]) -> str:

@@ -439,6 +439,23 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
   assert "loading" not in out.stdout  # refused before the data was read
 
 
+def test_an_output_dir_on_a_read_only_disk_is_named_with_the_cause(tmp_path):
+  """A read-only tmpfs, mounted here (root only): the check every driver runs first."""
+  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  mnt = tmp_path / "ro"
+  mnt.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                           capture_output=True, text=True, check=False)
+  if mounted.returncode:
+    pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+  try:
+    with pytest.raises(ValueError, match=rf"^--output_dir={mnt}/out: cannot write there "
+                       rf"\(Read-only file system: {mnt}/out\); give a writable --output_dir$"):
+      experiment.check_writable(str(mnt / "out"))
+  finally:
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
 def test_num_arrivals_gives_fedbuff_and_fedasync_the_same_client_work(tmp_path):
   out = script(ASYNC, ["--num_clients=6", "--concurrency=2", "--num_arrivals=8",
                        "--eval_every=4", "--groups_per_call=2", "--buffer_k=2",
