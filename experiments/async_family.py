@@ -44,6 +44,7 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import cli
+from fedjax_async import config
 from fedjax_async import experiment
 from fedjax_async import privacy
 from fedjax_async import sharding
@@ -191,12 +192,7 @@ def validate(fl):
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
-  check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
-  check(fl.local_steps >= 0, "local_steps", f"must be >= 0 (0: E epochs), got "
-        f"{fl.local_steps}")
-  check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")
-  check(fl.lr > 0, "lr", f"must be > 0, got {fl.lr}")
-  check(0 <= fl.momentum < 1, "momentum", f"must be in [0, 1), got {fl.momentum}")
+  config.validate_local(fl, check)
   check(fl.mu >= 0, "mu", f"must be >= 0, got {fl.mu}")
   for a in parse_floats(fl.mix_alpha, "mix_alpha"):
     check(0 < a <= 1, "mix_alpha", f"must be in (0, 1], got {a}")

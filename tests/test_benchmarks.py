@@ -553,7 +553,7 @@ def test_multidevice_on_the_machines_own_devices(tmp_path):
     ("multidevice.py", "--k_strong=0"),
 ])
 def test_benchmark_counts_below_one_are_refused_naming_the_flag(script, flag):
-  # they used to run (cnn_profile with K = 0 and conv_in_scan with no repetition wrote rows)
+  # a count of zero would otherwise run and write rows of nothing
   proc = _check_args(script, flag)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [f"error: {flag}: 0 is not a positive integer"]
@@ -651,7 +651,7 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("scaling.py", ["--models=cnn", "--k_fixed_cnn=50", "--n_cnn=20,100"],
      "--n_cnn: each N must be >= --k_fixed_cnn=50"),
     ("fraction_of_peak.py", ["--examples=5", "--batch=10"], "--examples: must be >= --batch"),
-    # empty lists: they used to run nothing (conv_in_scan wrote an empty table)
+    # empty lists: refused rather than writing an empty table
     ("client_sizes.py", ["--mixes="], "--mixes: expected a non-empty comma-separated list"),
     ("client_sizes.py", ["--mixes=2000x2", "--max_examples=1000"],
      "--mixes: sizes must be in [1, --max_examples=1000]"),
