@@ -38,7 +38,7 @@ flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 flags.register_validator(
     "algorithm", lambda v: all(n in algorithms.names("rounds") for n in v.split(",")),
-    message=f"--algorithm: expected one of {', '.join(algorithms.names("rounds"))} (or a "
+    message=f"--algorithm: expected one of {', '.join(algorithms.names('rounds'))} (or a "
             "comma-separated list of them: the first is run)")
 FLAGS = flags.FLAGS
 
