@@ -146,9 +146,7 @@ COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 FLAGS = F.FLAGS
 
 
-def check(cond, flag, message):
-  if not cond:
-    raise ValueError(f"--{flag}: {message}")
+check = config.check  # ValueError "--flag: message"
 
 
 def parse_floats(text, flag):

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Dict, Optional
 
+import jax
 import numpy as np
 
 from fedjax_async import experiment
@@ -79,15 +80,14 @@ def simulate(config: Optional[experiment.RunConfig] = None, **fields) -> Result:
   devices = sharding.select_devices(cfg.devices)
   prepare(cfg)
   names = cfg.algorithm.split(",")
-  say = print  # the run's header and result lines (--quiet drops only the per-round ones)
-  say(f"loading {cfg.dataset} ...", flush=True)
+  print(f"loading {cfg.dataset} ...", flush=True)
   fed_data = experiment.load_data(cfg)
   model = experiment.build_model(cfg, fed_data)
-  say(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
-      f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
-      f"parameters; jax devices: {sharding.jax.devices()}", flush=True)
+  print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
+        f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
+        f"parameters; jax devices: {jax.devices()}", flush=True)
   if len(devices) > 1:
-    say(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
+    print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
   tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
                           cfg.seed)
   for warning in filter(None, [timeline_lib.dropped_warning(cfg.delay, tl),
@@ -103,9 +103,9 @@ def simulate(config: Optional[experiment.RunConfig] = None, **fields) -> Result:
     interrupts.check_interrupted()
     s = runs[name].summary
     where = f" -> {dirs[name]}" if name in dirs else ""
-    say(f"[{experiment.algorithm_label(s)}] average best accuracy "
-        f"{s['average_best_accuracy']:.4f}, final {s['final_accuracy']:.4f}, "
-        f"{s['wall_time_s']:.1f}s{where}", flush=True)
+    print(f"[{experiment.algorithm_label(s)}] average best accuracy "
+          f"{s['average_best_accuracy']:.4f}, final {s['final_accuracy']:.4f}, "
+          f"{s['wall_time_s']:.1f}s{where}", flush=True)
   result = Result(cfg, runs)
   if cfg.output_dir is not None:
     result.figure = os.path.join(cfg.output_dir, "curves.png")

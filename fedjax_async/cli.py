@@ -207,14 +207,14 @@ def main_from_flags(FLAGS):
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     cfg = config_from_flags(FLAGS)
-    devices = sharding.select_devices(cfg.devices)
+    sharding.select_devices(cfg.devices)  # a bad --devices named before any work
   except ValueError as e:
     sys.exit(f"error: {e}")
   # SIGTERM and Ctrl-C stop the run with one line naming the checkpoint to resume from
   # (no traceback) and exit status 143 / 130.
   try:
     with interrupts.handle_interrupts():
-      _main(cfg, devices)
+      _main(cfg)
   except KeyboardInterrupt as e:  # Interrupted from run_one says where; else no round ran
     e = e if isinstance(e, interrupts.Interrupted) else interrupts.Interrupted("", signal.SIGINT)
     print(str(e) or f"interrupted ({signal.Signals(e.signum).name}) while no round was "
@@ -222,8 +222,7 @@ def main_from_flags(FLAGS):
     sys.exit(e.exit_code)
 
 
-def _main(cfg, devices):
-  del devices  # selected again by simulate
+def _main(cfg):
   import jax  # pylint: disable=g-import-not-at-top
   from fedjax_async import api, engine  # pylint: disable=g-import-not-at-top
   try:
