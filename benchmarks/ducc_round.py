@@ -112,8 +112,7 @@ def main(argv):
   rec = list(range(FLAGS.kt_recipients)) if FLAGS.kt_recipients else None
   try:
     proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
-                                      ring_dim=FLAGS.ring_dim or None, recipients=rec,
-                                      seed=0)
+                                      ring_dim=FLAGS.ring_dim or None, recipients=rec)
   except ValueError as e:  # a ring too small for the security level
     raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
   setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0

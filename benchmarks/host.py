@@ -38,7 +38,7 @@ def cpu_model() -> str:
 # tcmalloc's shared library (Debian / Ubuntu package libtcmalloc-minimal4). Preloaded, it
 # keeps freed memory for reuse where glibc unmaps large blocks: an XLA:CPU call's buffers
 # (the CNN round's [K, d] uploads, 333 MB at K = 50) then come back without ~88k page
-# faults per call (docs/performance.md section 6m).
+# faults per call (docs/performance.md, "The allocator").
 TCMALLOC = "tcmalloc_minimal"
 
 

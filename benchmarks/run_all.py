@@ -36,13 +36,14 @@ the steps after it are listed as not run, and the report is written. The report
 steps run at toy sizes: the CPU dry run in the test suite.
 
 The steps run with tcmalloc preloaded where it is installed (``--allocator``; on CPU it
-spares each call the page faults of fresh large buffers, docs/performance.md section 6m);
-every row records the allocator. Before anything runs, every step's flags are checked
-(``--only_check_args``), so that a typo stops the suite at once and not hours in. A step
-that fails is reported and the next one runs; Ctrl-C stops the running step and prints
-what ran. The benchmarks append each row to ``<results_dir>/<benchmark>.jsonl`` as soon as
-it is measured (``peers.py``, whose ratios need every system's turns, at its end), so an
-interruption loses only the configuration it cut short.
+spares each call the page faults of fresh large buffers, docs/performance.md, "The
+allocator"); every row records the allocator. Before anything runs, every step's flags
+are checked (``--only_check_args``), so that a typo stops the suite at once and not hours
+in. A step that fails is reported and the next one runs; Ctrl-C stops the running step
+and prints what ran. The benchmarks append each row to
+``<results_dir>/<benchmark>.jsonl`` as soon as it is measured (``peers.py``, whose ratios
+need every system's turns, at its end), so an interruption loses only the configuration
+it cut short.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         Step("throughput", "throughput.py",
              ["--models=logreg", "--clients=10,50,200,1000", "--reps=3"]
              + ([f"--engine_devices={engine_devices}"] if engine_devices > 1 else [])),
-        # 20 rounds per call, as an experiment runs them (docs/performance.md section 3)
+        # 20 rounds per call, as an experiment runs them
         Step("scaling", "scaling.py",
              ["--sweep=k,n", "--models=logreg", "--rounds=20", "--reps=3"]),
         # k_fit: the CNN's K also with its uploads kept as [K, d], for the memory they cost

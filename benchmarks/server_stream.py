@@ -36,7 +36,7 @@ from fedjax_async.algorithms import pafed  # noqa: E402
 
 # The algorithms whose server folds the uploads in chunk by chunk (the others keep them
 # as a [K, d] block whatever EngineConfig.stream_uploads says: nothing to compare).
-STREAMED = tuple(n for n in algorithms.names()
+STREAMED = tuple(n for n in algorithms.names("rounds")
                  if algorithms.get(n).streamed_server is not None)
 
 FLAGS = flags.FLAGS

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
+from fedjax_async import cli  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import engine  # noqa: E402
 from fedjax_async import experiment  # noqa: E402
@@ -33,12 +34,12 @@ from fedjax_async import sweep  # noqa: E402
 from fedjax_async import timeline as timeline_lib  # noqa: E402
 
 experiment.define_flags()
-flags.adopt_module_key_flags(experiment)  # --help lists --algorithm, --rounds ... too
+flags.adopt_module_key_flags(cli)  # --help lists --algorithm, --rounds ... too
 flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 flags.register_validator(
-    "algorithm", lambda v: all(n in algorithms.names() for n in v.split(",")),
-    message=f"--algorithm: expected one of {', '.join(algorithms.names())} (or a "
+    "algorithm", lambda v: all(n in algorithms.names("rounds") for n in v.split(",")),
+    message=f"--algorithm: expected one of {', '.join(algorithms.names('rounds'))} (or a "
             "comma-separated list of them: the first is run)")
 FLAGS = flags.FLAGS
 

@@ -58,7 +58,7 @@ flags.DEFINE_integer("rounds", 0, "Rounds per timed run (0: 20 for logreg, 2 for
 flags.DEFINE_integer("examples", 60, "Examples per client.", lower_bound=1)
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
-flags.DEFINE_enum("algorithm", "fedavg", list(algorithms.names()), "Algorithm.")
+flags.DEFINE_enum("algorithm", "fedavg", list(algorithms.names("rounds")), "Algorithm.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client jit loop.")
 flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.")
 flags.DEFINE_integer("engine_devices", 1, "D > 1: also time the engine with each round's "

@@ -32,31 +32,25 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import async_engine
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import client as client_lib
+from fedjax_async import engine
+from fedjax_async import cli
+from fedjax_async import config
+from fedjax_async import experiment
+from fedjax_async import privacy
+from fedjax_async import sharding
+from fedjax_async import virtual_clock as vc
 
-from fedjax_async import async_engine  # noqa: E402
-from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
-from fedjax_async import client as client_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import privacy  # noqa: E402
-from fedjax_async import sharding  # noqa: E402
-from fedjax_async import virtual_clock as vc  # noqa: E402
-
-ALGORITHMS = {
-    "fedasync": "fedjax_async.algorithms.fedasync",
-    "fedbuff": "fedjax_async.algorithms.fedbuff",
-    "double_compensation": "fedjax_async.algorithms.double_compensation",
-    "privaasyncfed": "fedjax_async.algorithms.privaasyncfed",
-    "dp_fedasync": "fedjax_async.algorithms.dp_fedasync",
-}
+ALGORITHMS = algorithms.names("virtual_clock")
 STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}
 
 F = flags
@@ -71,9 +65,17 @@ F.DEFINE_integer("shards_per_client", 2, "Label shards per client.")
 F.DEFINE_string("data_dir", None, "Data directory.")
 F.DEFINE_string("data_source", "auto", "auto | idx | tfds.")
 F.DEFINE_integer("seed", 0, "Seed of data, clock, initialisation and clients.")
+F.DEFINE_string("seeds", "", "Comma list of seeds: every run once per seed, under "
+                "<output_dir>/seed<s>/, and comparison.md with the mean and standard "
+                "deviation over the seeds ('': --seed only).")
 # virtual clock
 F.DEFINE_integer("concurrency", 5, "C, clients in flight.")
-F.DEFINE_integer("num_updates", 200, "Server updates (model versions).")
+F.DEFINE_integer("num_updates", 200, "Server updates (model versions). FedBuff takes "
+                 "--buffer_k arrivals per update: see --num_arrivals.")
+F.DEFINE_integer("num_arrivals", 0, "If > 0: every run stops after this many client "
+                 "arrivals (FedBuff: num_arrivals / buffer_k server updates), so that a "
+                 "comparison gives each algorithm the same client work; replaces "
+                 "--num_updates.")
 F.DEFINE_integer("buffer_k", 5, "FedBuff's K (arrivals per server step).")
 F.DEFINE_string("compute_time", "lognormal:0.001,0.5", "Seconds per example: constant:a | "
                 "uniform:a,b | exponential:mean | lognormal:median,sigma.")
@@ -137,16 +139,14 @@ F.DEFINE_boolean("overwrite", False, "Delete this driver's outputs in --output_d
 # made with other values of these is still the same run (--eval_every is not among them:
 # it decides which rows carry a test accuracy).
 RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                     "groups_per_call")
+                     "groups_per_call", "seeds")
 # What a run writes in its folder, and the command in --output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 FLAGS = F.FLAGS
 
 
-def check(cond, flag, message):
-  if not cond:
-    raise ValueError(f"--{flag}: {message}")
+check = config.check  # ValueError "--flag: message"
 
 
 def parse_floats(text, flag):
@@ -156,24 +156,41 @@ def parse_floats(text, flag):
     raise ValueError(f"--{flag}: expected comma-separated numbers, got {text!r}") from None
 
 
+def parse_seeds(fl):
+  """The seeds of --seeds (or [--seed]); ValueError naming --seeds."""
+  if not fl.seeds.strip():
+    return [fl.seed]
+  try:
+    seeds = [int(v) for v in fl.seeds.split(",")]
+  except ValueError:
+    raise ValueError(f"--seeds: expected comma-separated integers, got {fl.seeds!r}") from None
+  check(all(v >= 0 for v in seeds), "seeds", f"must be >= 0, got {fl.seeds!r}")
+  check(len(set(seeds)) == len(seeds), "seeds", f"repeats a seed: {fl.seeds!r}")
+  return seeds
+
+
 def validate(fl):
   """Raises ValueError naming the offending flag."""
   names = fl.algorithm.split(",")
   for n in names:
     check(n in ALGORITHMS, "algorithm", f"unknown {n!r}; choices: {', '.join(ALGORITHMS)}")
+  parse_seeds(fl)
   check(fl.num_clients >= 1, "num_clients", f"must be >= 1, got {fl.num_clients}")
   check(1 <= fl.concurrency <= fl.num_clients, "concurrency",
         f"must be in [1, --num_clients={fl.num_clients}], got {fl.concurrency}")
   check(fl.num_updates >= 1, "num_updates", f"must be >= 1, got {fl.num_updates}")
+  check(fl.num_arrivals >= 0, "num_arrivals", f"must be >= 0 (0: off), got "
+        f"{fl.num_arrivals}")
+  check(not (fl.num_arrivals and fl["num_updates"].present), "num_arrivals",
+        "replaces --num_updates: give one of them")
+  if fl.num_arrivals and "fedbuff" in names:
+    check(fl.num_arrivals % fl.buffer_k == 0, "num_arrivals",
+          f"must be a multiple of --buffer_k={fl.buffer_k} (FedBuff's arrivals per "
+          f"server update), got {fl.num_arrivals}")
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
-  check(fl.local_epochs >= 1, "local_epochs", f"must be >= 1, got {fl.local_epochs}")
-  check(fl.local_steps >= 0, "local_steps", f"must be >= 0 (0: E epochs), got "
-        f"{fl.local_steps}")
-  check(fl.batch_size >= 1, "batch_size", f"must be >= 1, got {fl.batch_size}")
-  check(fl.lr > 0, "lr", f"must be > 0, got {fl.lr}")
-  check(0 <= fl.momentum < 1, "momentum", f"must be in [0, 1), got {fl.momentum}")
+  config.validate_local(fl, check)
   check(fl.mu >= 0, "mu", f"must be >= 0, got {fl.mu}")
   for a in parse_floats(fl.mix_alpha, "mix_alpha"):
     check(0 < a <= 1, "mix_alpha", f"must be in (0, 1], got {a}")
@@ -209,7 +226,7 @@ def validate(fl):
     check(all(c.scale_index < len(scales) for c in classes), "device_classes",
           f"scale index beyond --scales ({len(scales)} entries)")
   clock = vc.ClockConfig(
-      concurrency=fl.concurrency, num_updates=fl.num_updates, buffer_k=1,
+      concurrency=fl.concurrency, num_updates=fl.num_arrivals or fl.num_updates, buffer_k=1,
       epochs=fl.local_epochs, local_steps=fl.local_steps, batch_size=fl.batch_size,
       compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
       comm=vc.Distribution.parse(fl.comm_time, "comm_time"), device_classes=classes,
@@ -266,11 +283,12 @@ def load(fl, pruned: bool = False):
 
 
 def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
-  import importlib  # pylint: disable=g-import-not-at-top
-  algorithm = importlib.import_module(ALGORITHMS[algo_name]).ALGORITHM
+  algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
-  clock = dataclasses.replace(clock, buffer_k=fl.buffer_k) if algorithm.buffered else clock
+  if algorithm.buffered:  # K arrivals per server update
+    clock = dataclasses.replace(clock, buffer_k=fl.buffer_k, num_updates=(
+        fl.num_arrivals // fl.buffer_k if fl.num_arrivals else clock.num_updates))
   if algorithm.pruned and fl.prune_speedup:
     clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
   schedule = vc.simulate(clock, counts, fl.seed)
@@ -456,13 +474,31 @@ def _main(argv):
     check(not (FLAGS.resume and FLAGS.overwrite), "overwrite", "cannot be combined with "
           "--resume (--resume continues the runs in --output_dir, --overwrite deletes them)")
     runs = run_list(names)
+    seeds = parse_seeds(FLAGS)
     # before any work: a folder holding a run is refused, or cleared with --overwrite
-    outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
+    run_outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
         os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
+    outputs = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
+        os.path.join(f"seed{sd}", n) for sd in seeds for n in run_outputs)
     experiment.prepare_output_dir(FLAGS.output_dir, FLAGS.resume, FLAGS.overwrite, outputs)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  print(f"loading {FLAGS.dataset} ...", flush=True)
+  by_seed = {}
+  for seed in seeds:
+    FLAGS.seed = seed
+    out_dir = FLAGS.output_dir if len(seeds) == 1 else os.path.join(FLAGS.output_dir,
+                                                                    f"seed{seed}")
+    by_seed[seed] = run_seed(names, runs, devices, scales, clock, out_dir)
+  if len(seeds) > 1:
+    table = seed_table(by_seed)
+    with open(os.path.join(FLAGS.output_dir, "comparison.md"), "w") as f:
+      f.write(table + "\n")
+    print(table)
+
+
+def run_seed(names, runs, devices, scales, clock, out_dir):
+  """Every run of ``runs`` at FLAGS.seed under ``out_dir``; their summaries."""
+  print(f"loading {FLAGS.dataset} (seed {FLAGS.seed}) ...", flush=True)
   try:
     fed, model_name, w0, apply_flat, params, order = load(FLAGS, "privaasyncfed" in names)
   except ValueError as e:
@@ -474,7 +510,7 @@ def _main(argv):
     print(f"each group's members split over {len(devices)} devices (--devices)", flush=True)
   summaries, curves = [], {}
   for run_name, algo, alpha in runs:
-    out = FLAGS.output_dir if len(runs) == 1 else os.path.join(FLAGS.output_dir, run_name)
+    out = out_dir if len(runs) == 1 else os.path.join(out_dir, run_name)
     s = finished_run(FLAGS, run_name, out) if FLAGS.resume else None
     try:
       if s is None:
@@ -495,22 +531,63 @@ def _main(argv):
           f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
   if curves:  # accuracy and loss against the virtual clock, one line per run
-    figure = os.path.join(FLAGS.output_dir, "curves.png")
-    experiment.plot_curves(curves, figure, x_key="virtual_time", loss_window=10)
+    figure = os.path.join(out_dir, "curves.png")
+    experiment.plot_curves(
+        curves, figure, x_key="virtual_time", loss_window=10,
+        title=f"{getattr(fed, 'name', FLAGS.dataset)}, {model_name}; virtual clock, "
+              f"concurrency {FLAGS.concurrency}; {', '.join(curves)}")
     print(f"figure: {figure}")
   if len(summaries) > 1:
-    lines = ["| run | final acc | best acc | mean staleness | upd/virtual s | eps spent | "
-             "wall s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "
+             "upd/virtual s | eps spent | wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
       eps = s.get("privacy", {}).get("epsilon_spent_max", "")
       lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "
+                   f"{s['arrivals']} | {s['server_updates']} | "
                    f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
                    f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
-    table = "\n".join(lines)
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "comparison.md"), "w") as f:
+    note = arrivals_note(summaries)
+    table = "\n".join(lines) + (f"\n\n{note}" if note else "")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "comparison.md"), "w") as f:
       f.write(table + "\n")
     print(table)
+  return summaries
+
+
+def arrivals_note(summaries) -> str:
+  """A line saying so when the runs of a comparison took different numbers of client
+  arrivals (FedBuff takes --buffer_k per server update), else ''."""
+  arrivals = {s["run"]: s["arrivals"] for s in summaries}
+  if len(set(arrivals.values())) <= 1:
+    return ""
+  each = ", ".join(f"{r} {a}" for r, a in arrivals.items())
+  return (f"Note: the runs took different numbers of client arrivals ({each}): "
+          "--num_updates counts server updates; --num_arrivals=N gives every run N.")
+
+
+def seed_table(by_seed):
+  """Markdown: per run, the final and best accuracy as mean +- standard deviation (ddof 1)
+  over the seeds, and each seed's final accuracy."""
+  seeds = list(by_seed)
+  names = list(dict.fromkeys(s["run"] for runs in by_seed.values() for s in runs))
+  lines = [f"Mean +- standard deviation over seeds {', '.join(map(str, seeds))}.", "",
+           "| run | final acc | best acc | mean staleness | "
+           + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
+           "|---|---|---|---|" + "---|" * len(seeds)]
+  for name in names:
+    got = {sd: next((s for s in by_seed[sd] if s["run"] == name), None) for sd in seeds}
+    done = [s for s in got.values() if s is not None]
+
+    def stat(key):
+      v = np.array([s[key] for s in done], float)
+      return f"{v.mean():.4f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.4f}"
+
+    lines.append(f"| {name} | {stat('final_accuracy')} | {stat('best_accuracy')} | "
+                 f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
+                 + " | ".join("diverged" if got[sd] is None else
+                              f"{got[sd]['final_accuracy']:.4f}" for sd in seeds) + " |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

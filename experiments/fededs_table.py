@@ -8,11 +8,14 @@ and the S1 / S2 ablations of Tables VI-VII).
 
 Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
 by every base algorithm; then each base in --bases runs as ``base`` (fixed
---base_epochs, no sharing), ``s1`` (annealing only), ``s2`` (sharing only) and ``fededs``
+--base_epochs, no sharing), ``equal`` (FedEDS's total local epochs spread evenly: the
+same local steps, no sharing), ``s1`` (annealing only), ``s2`` (sharing only) and ``fededs``
 (both), as chosen by --variants. All variants use the same SGD (lr, momentum 0.9, weight
 decay 1e-4). Outputs: table.md / table.csv (final and best top-1 accuracy, rounds to
 --target_accuracy), rows.jsonl (per-round metrics), encryption_grid.png and
-privacy.json (PSNR / SSIM of encrypted vs original, layer on / off: Fig. 3).
+privacy.json (PSNR / SSIM of encrypted vs original, layer on / off: Fig. 3), shared.md
+(per setting: the encryptor's loss and the accuracy of a model trained on the shared
+sets alone).
 
 Nothing finished is lost to an interruption. Under ``runs/alpha<a>_K<k>/`` each setting
 keeps Alg. 1's encrypted sets (``alg1.npz``, written once complete) and each run its
@@ -34,21 +37,19 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedjax_async import algorithms  # noqa: E402
-from fedjax_async import checkpoint as checkpoint_lib  # noqa: E402
-from fedjax_async import data as data_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import fededs  # noqa: E402
-from fedjax_async import timeline as timeline_lib  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import data as data_lib
+from fedjax_async import engine
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import fededs
+from fedjax_async import timeline as timeline_lib
 
 flags.DEFINE_string("output_dir", "out/fededs", "Where tables, metrics and figures go.")
 flags.DEFINE_boolean("quick", False, "Few rounds on a data subset (minutes on 2 CPU cores): "
@@ -56,8 +57,10 @@ flags.DEFINE_boolean("quick", False, "Few rounds on a data subset (minutes on 2 
 flags.DEFINE_string("alphas", "0.1,0.5,10", "Dirichlet concentrations alpha.")
 flags.DEFINE_string("num_clients", "5,10,20", "Numbers of clients K.")
 flags.DEFINE_string("bases", "fedavg,fedprox,fednova", "Base algorithms.")
-flags.DEFINE_string("variants", "base,fededs", "Any of base, s1 (annealing only), "
-                    "s2 (sharing only), fededs.")
+flags.DEFINE_string("variants", "base,equal,fededs", "Any of base (--base_epochs per "
+                    "round), equal (no annealing, no sharing, FedEDS's total local epochs "
+                    "spread evenly over the rounds: the same local steps), s1 (annealing "
+                    "only), s2 (sharing only), fededs.")
 flags.DEFINE_integer("rounds", 30, "Communication rounds T (paper: 30 on Fashion-MNIST).")
 flags.DEFINE_string("model", "cnn", "cnn (PAFed CNN, split after FC 512) | mlp | resnet18 "
                     "(the paper's ResNet-18 without BatchNorm, split after the global pool; "
@@ -73,6 +76,9 @@ flags.DEFINE_integer("batch_size", 50, "Client minibatch size.")
 flags.DEFINE_integer("pretrain_epochs", 5, "E_c of Alg. 1.")
 flags.DEFINE_integer("encryptor_epochs", 20, "E_g of Alg. 1 (paper: 20).")
 flags.DEFINE_integer("unet_width", 16, "Channels of the UNet's first level.")
+flags.DEFINE_integer("utility_epochs", 5, "Epochs of training on the shared encrypted sets "
+                     "alone (and, for reference, on the raw training data) to measure what "
+                     "they teach (shared.md); 0: off.")
 flags.DEFINE_integer("share_rows", 0, "Share at most n encrypted rows per client (0 = all).")
 flags.DEFINE_string("transfer_mode", "sample", "sample (Eq. 8) | all (Eq. 7).")
 flags.DEFINE_integer("seed", 0, "Seed of partition, model, layers and training.")
@@ -95,16 +101,16 @@ FLAGS = flags.FLAGS
 QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2,fededs",
              rounds=5, train_subset=1000, test_subset=500, encryptor_epochs=3,
              pretrain_epochs=2, unet_width=4, hidden=64, model="mlp",
-             target_accuracy=0.6)
-VARIANTS = {"base": (False, False), "s1": (True, False), "s2": (False, True),
-            "fededs": (True, True)}
+             target_accuracy=0.6, utility_epochs=1)
+VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
+            "s2": (False, True), "fededs": (True, True)}
 # Flags that change no run's model or rows: the grid (a resumed command may add settings),
 # where the outputs go, and --quick (its presets are compared as the flags they set).
 RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every", "quick",
                      "alphas", "num_clients", "bases", "variants", "privacy")
 # Everything this driver writes into --output_dir (--overwrite deletes these alone).
 OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
-           "encryption_grid.png", "runs")
+           "encryption_grid.png", "shared.md", "runs")
 
 
 def _floats(name):
@@ -157,6 +163,7 @@ def validate():
             ("encryptor_epochs", FLAGS.encryptor_epochs >= 1, ">= 1"),
             ("unet_width", FLAGS.unet_width >= 1, ">= 1"),
             ("share_rows", FLAGS.share_rows >= 0, ">= 0"),
+            ("utility_epochs", FLAGS.utility_epochs >= 0, ">= 0 (0: off)"),
             ("rounds_per_call", FLAGS.rounds_per_call >= 1, ">= 1"),
             ("checkpoint_every", FLAGS.checkpoint_every >= 0, ">= 0 (0: off)"),
             ("seed", FLAGS.seed >= 0, ">= 0")]
@@ -210,8 +217,9 @@ def privacy_outputs(model, encryptor, theta0, layers, dev, cfg, gen, out_dir):
   orig = np.asarray(dev.x[0, :n])
   with_l = np.asarray(gen.shared.x[0, :n])
   without_l = np.asarray(no_layer.shared.x[0, :n])
-  fededs.save_encryption_grid(orig, with_l, os.path.join(out_dir, "encryption_grid.png"),
-                              without_l)
+  fededs.save_encryption_grid(
+      orig, with_l, os.path.join(out_dir, "encryption_grid.png"), without_l,
+      title=f"FedEDS encryptor, client 0, Fashion-MNIST, model {FLAGS.model} (Fig. 3)")
   rep = fededs.privacy_report(orig, with_l, without_l)
   rep["encryptor_loss_last_with_layer"] = float(np.mean(gen.encryptor_loss[:, -1]))
   rep["encryptor_loss_last_without_layer"] = float(np.mean(no_layer.encryptor_loss[:, -1]))
@@ -235,10 +243,13 @@ def run_flags() -> dict:
 
 
 def flags_mismatch(saved: dict, now: dict) -> str:
-  """'--lr=0.01 (now 0.02), ...' for the result-changing flags that differ ('' if none)."""
+  """'--lr=0.01 (now 0.02), ...' for the result-changing flags that differ ('' if none).
+  A flag that ``saved`` lacks (stored before the flag existed) counts as its default."""
   keys = sorted((set(saved) | set(now)) - set(RESUME_FREE_FLAGS))
-  return ", ".join(f"--{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in keys
-                   if saved.get(k) != now.get(k))
+  was = {k: saved[k] if k in saved else FLAGS[k].default if k in FLAGS else None
+         for k in keys}
+  return ", ".join(f"--{k}={was[k]!r} (now {now.get(k)!r})" for k in keys
+                   if was[k] != now.get(k))
 
 
 def setting_dir(out_dir, alpha, k):
@@ -306,7 +317,7 @@ def finished_run(run_dir: str, config: dict):
 
 
 def run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal, share, run_dir,
-                config):
+                config, fixed_epochs):
   """One run with checkpoints every --checkpoint_every rounds; with --resume it continues
   from the latest. Returns (result, rows); raises engine.Diverged."""
   os.makedirs(run_dir, exist_ok=True)
@@ -356,7 +367,7 @@ def run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal, share,
         experiment.check_interrupted()
 
       fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal, share=share,
-                 fixed_epochs=FLAGS.base_epochs, seed=FLAGS.seed,
+                 fixed_epochs=fixed_epochs, seed=FLAGS.seed,
                  rounds_per_call=FLAGS.rounds_per_call, on_chunk=on_chunk, state=state)
   finally:
     if ckpt is not None:
@@ -415,6 +426,8 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, done):
             f"encryptor loss {np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
             f"{np.mean(gen.encryptor_loss[:, -1]):.3f}", flush=True)
     shared = gen.shared
+    if FLAGS.utility_epochs:
+      shared_report(sdir, setting, gen, model, split(w0), dev, pool)
     if privacy_pending:
       privacy_outputs(model, encryptor, split(w0), layers, dev, cfg, gen, out_dir)
   base_hp = {"lr": FLAGS.lr, "momentum": 0.9, "server_lr": 1.0, "mu": FLAGS.mu,
@@ -429,8 +442,10 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, done):
       alg = fededs.wrap(algorithms.get(b), model, split, shared if share else None,
                         batch=cfg.transfer_batch, mode=FLAGS.transfer_mode, seed=FLAGS.seed)
       try:
+        fixed = (fededs.equal_work_epochs(FLAGS.rounds, cfg) if v == "equal"
+                 else FLAGS.base_epochs)
         res, rows = run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal,
-                                share, run_dir, config)
+                                share, run_dir, config, fixed)
       except engine.Diverged as e:
         print(f"[{name}] diverged: {e}; left out of the table", flush=True)
         continue
@@ -440,6 +455,71 @@ def run_setting(alpha, k, bases, variants, pool, out_dir, do_privacy, done):
             f"best {res['best_accuracy']:.4f} rounds->{FLAGS.target_accuracy:.0%} "
             f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", flush=True)
     done(res, rows)
+
+
+def shared_report(sdir, setting, gen, model, theta0, dev, pool):
+  """shared.json of a setting: Alg. 1's encryptor loss (first and last epoch, mean over
+  clients), and the test accuracy of a model trained --utility_epochs epochs from the
+  initial global model on the shared sets alone (L_dis with each sender's layer) beside
+  one trained as long on the raw training rows they were made from (CE)."""
+  path = os.path.join(sdir, "shared.json")
+  config = {**setting, **run_flags()}
+  if FLAGS.resume and os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved.get("config") == config:
+      return saved
+  _, _, vx, vy = pool
+  cfg = fededs_config()
+  key = jax.random.PRNGKey(FLAGS.seed + 7)
+  t0 = time.perf_counter()
+  shared_acc = fededs.shared_set_utility(model, gen.shared, theta0, vx, vy, key, cfg,
+                                         FLAGS.utility_epochs)
+  rows = gen.shared.x.shape[1]  # the rows each client shared (--share_rows)
+  raw_shared = fededs.SharedData(
+      dev.x[:, :rows], jax.nn.one_hot(dev.y[:, :rows], 10), gen.shared.counts,
+      {"gain": jax.numpy.ones_like(gen.shared.layers["gain"]),
+       "bias": jax.numpy.zeros_like(gen.shared.layers["bias"])})
+  raw_acc = fededs.shared_set_utility(model, raw_shared, theta0, vx, vy, key, cfg,
+                                      FLAGS.utility_epochs)
+  soft = np.asarray(gen.shared.soft)
+  rows_mask = np.arange(soft.shape[1])[None, :] < np.asarray(gen.shared.counts)[:, None]
+  y = np.asarray(dev.y)[:, :soft.shape[1]]
+  rep = {**setting, "encryptor_loss_first_epoch": float(np.mean(gen.encryptor_loss[:, 0])),
+         "encryptor_loss_last_epoch": float(np.mean(gen.encryptor_loss[:, -1])),
+         "soft_label_agreement": float(np.mean((soft.argmax(-1) == y)[rows_mask])),
+         "shared_set_accuracy": shared_acc, "raw_rows_accuracy": raw_acc,
+         "utility_epochs": FLAGS.utility_epochs, "config": config}
+  _atomic_json(path, rep)
+  print(f"[fededs] alpha={setting['alpha']} K={setting['num_clients']}: encryptor loss "
+        f"{rep['encryptor_loss_first_epoch']:.3f} -> {rep['encryptor_loss_last_epoch']:.3f}, "
+        f"soft labels agree with y on {rep['soft_label_agreement']:.1%}; trained "
+        f"{FLAGS.utility_epochs} epochs on the shared sets alone: {shared_acc:.2%} test "
+        f"accuracy (on the raw rows: {raw_acc:.2%}) ({time.perf_counter() - t0:.0f}s)",
+        flush=True)
+  return rep
+
+
+def write_shared(out_dir):
+  """shared.md: every setting's shared.json as one table."""
+  reps = []
+  for name in sorted(os.listdir(os.path.join(out_dir, "runs"))):
+    path = os.path.join(out_dir, "runs", name, "shared.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        reps.append(json.load(f))
+  if not reps:
+    return
+  lines = ["| alpha | K | encryptor loss, epoch 1 -> last | soft label = y | trained on the "
+           "shared sets alone | on the raw rows |", "|---|---|---|---|---|---|"]
+  for r in reps:
+    lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
+                 f"{r['encryptor_loss_first_epoch']:.3f} -> {r['encryptor_loss_last_epoch']:.3f}"
+                 f" | {100 * r['soft_label_agreement']:.1f} % | "
+                 f"{100 * r['shared_set_accuracy']:.2f} % | {100 * r['raw_rows_accuracy']:.2f} % |")
+  with open(os.path.join(out_dir, "shared.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
 
 
 def write_rows(finished, out_dir):
@@ -464,8 +544,8 @@ def write_tables(results, out_dir, echo=True):
   target = f"rounds to {FLAGS.target_accuracy:.0%}"
   lines = [f"| alpha | K | algorithm | final top-1 (%) | best top-1 (%) | {target} | "
            "client steps |", "|---|---|---|---|---|---|---|"]
-  names = {"base": "{b}", "s1": "{b} + S1 (annealing)", "s2": "{b} + S2 (sharing)",
-           "fededs": "FedEDS + {b}"}
+  names = {"base": "{b}", "equal": "{b}, equal work", "s1": "{b} + S1 (annealing)",
+           "s2": "{b} + S2 (sharing)", "fededs": "FedEDS + {b}"}
   for r in results:
     rt = r["rounds_to_target"]
     lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
@@ -554,6 +634,7 @@ def _main(alphas, ks, bases, variants):
         sys.exit(f"error: {e}")
       first = False
   write_tables([r for r, _ in finished], FLAGS.output_dir)
+  write_shared(FLAGS.output_dir)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,14 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import numpy as np
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import sharding  # noqa: E402
-from fedjax_async import sweep  # noqa: E402
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import sharding
+from fedjax_async import sweep
 
 experiment.define_flags()
 flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "
@@ -297,7 +295,8 @@ def header_for(base: experiment.RunConfig, config: str, num_seeds: int) -> str:
   return (f"**{config} configuration** — {base.dataset}, model {base.model}, "
           f"N={base.num_clients}, σ={base.participation}, E={base.local_epochs}, "
           f"B={base.batch_size}, lr={base.lr}, momentum={base.momentum}, ρ={base.rho}, "
-          f"α={base.alpha0}/{base.alpha1}/{base.alpha2}, T={base.rounds}, delays "
+          f"α={base.alpha0}/{base.alpha1}/{base.alpha2}, ADMM upload (Eq. 16) "
+          f"{base.admm_upload}, T={base.rounds}, delays "
           f"{base.delay.distribution} 1..{base.delay.max_delay} rounds, evaluation every "
           f"{base.eval_every} round(s) and in the last 10 on the {test}; metric: average "
           f"best accuracy over the last 10 rounds, mean ± std over {num_seeds} seeds. "

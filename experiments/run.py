@@ -27,17 +27,17 @@ from (exit status 130 / 143).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from fedjax_async import algorithms
+from fedjax_async import cli
+from fedjax_async import experiment
 
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-
-ASYNC = ("fedasync", "fedbuff", "double_compensation", "privaasyncfed", "dp_fedasync")
+ASYNC = algorithms.names("virtual_clock")
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
 
 
@@ -64,11 +64,10 @@ def mode_of(argv) -> str:
   if names is None:
     return "rounds"
   listed = [n for n in names.split(",") if n]
-  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
-  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names()]
+  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names("rounds")]
   if unknown:  # name both families: the round engine's check alone would list one
     sys.exit(f"error: --algorithm: unknown {', '.join(map(repr, unknown))}; on rounds: "
-             f"{', '.join(algorithms.names())}; on the virtual clock: {', '.join(ASYNC)}")
+             f"{', '.join(algorithms.names('rounds'))}; on the virtual clock: {', '.join(ASYNC)}")
   in_async = [n for n in listed if n in ASYNC]
   if in_async and len(in_async) != len(listed):
     sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "
@@ -100,8 +99,42 @@ def main_fededs(argv, driver):
   driver.main(argv)
 
 
+# What a flag of one engine means to a user who gives it to the other (cli.HINTS).
+ASYNC_HINTS = {
+    "rounds": "the virtual-clock algorithms count server updates, not rounds: use "
+              "--num_updates=N, or --num_arrivals=N to give every algorithm the same "
+              "number of client arrivals",
+    "participation": "the virtual clock keeps --concurrency clients training at a time "
+                     "instead of sampling a fraction per round",
+    "delay_fraction": "on the virtual clock staleness follows from the clients' "
+                      "--compute_time and --comm_time, not a delayed fraction",
+    "rounds_per_call": "the virtual clock's unit of a compiled call is --groups_per_call",
+}
+ROUNDS_HINTS = {
+    name: f"a flag of the virtual-clock algorithms ({', '.join(ASYNC)}); the round "
+          "engine's algorithms run --rounds"
+    for name in ("num_updates", "num_arrivals", "concurrency", "buffer_k")}
+HELP_SECTIONS = (("the round engine: --algorithm=pafed,fedadmm,fedavg,fedprox,fednova", []),
+                 (f"the virtual clock: --algorithm={','.join(ASYNC)}", ["--algorithm=fedasync"]),
+                 ("FedEDS: --algorithm=fedavg|fedprox|fednova --fededs", ["--fededs"]))
+
+
+def print_every_flag():
+  """--helpfull: the flags of all three drivers, each under a heading (each driver
+  defines its own, so each prints its own in a child process)."""
+  env = dict(os.environ, FEDJAX_ASYNC_HELP_SECTION="1")
+  for title, args in HELP_SECTIONS:
+    print(f"==== {title} ====", flush=True)
+    subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--helpfull"],
+                   env=env, check=False)
+
+
 def main():
+  if "--helpfull" in sys.argv[1:] and not os.environ.get("FEDJAX_ASYNC_HELP_SECTION"):
+    print_every_flag()
+    return
   mode = mode_of(sys.argv)
+  cli.HINTS.update(ASYNC_HINTS if mode == "async" else ROUNDS_HINTS)
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
     app.run(async_family.main, flags_parser=cli.parse_flags)

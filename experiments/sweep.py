@@ -26,17 +26,12 @@ not supported by sweeps and is refused when given.
 
 from __future__ import annotations
 
-import os
-import sys
+from absl import app
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-from fedjax_async import cli  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import sweep  # noqa: E402
+from fedjax_async import cli
+from fedjax_async import experiment
+from fedjax_async import sweep
 
 experiment.define_flags()
 sweep.define_sweep_flags()

@@ -1,3 +1,35 @@
-"""fedjax_async: a vectorised JAX/Flax simulator of privacy-preserving asynchronous FL."""
+"""fedjax_async: a vectorised JAX/Flax simulator of privacy-preserving asynchronous FL.
+
+  import fedjax_async as fa
+  result = fa.simulate(algorithm="pafed,fedavg", rounds=20)   # docs/api.md
+  print(result.table())
+
+Public names: ``simulate``, ``Result``, ``RunConfig``, ``DelayConfig``, ``algorithms``
+(the registry: ``algorithms.names()``). Imported on first use, so ``import fedjax_async``
+does not load JAX.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "simulate": ("fedjax_async.api", "simulate"),
+    "Result": ("fedjax_async.api", "Result"),
+    "RunConfig": ("fedjax_async.experiment", "RunConfig"),
+    "DelayConfig": ("fedjax_async.timeline", "DelayConfig"),
+    "algorithms": ("fedjax_async.algorithms", None),
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'fedjax_async' has no attribute {name!r}")
+  module, attr = _EXPORTS[name]
+  value = importlib.import_module(module)
+  return value if attr is None else getattr(value, attr)
+
+
+def __dir__():
+  return sorted(__all__)

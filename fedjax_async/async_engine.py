@@ -59,7 +59,7 @@ class Arrival(NamedTuple):
 
   valid: Array  # bool: a real arrival (False in padding slots)
   # int32: server versions between dispatch and arrival (0: trained from the current
-  # model); FedAsync's and PrivaAsyncFed's Alg. 1 t - tau is this + 1
+  # model); the t - tau of FedAsync's and PrivaAsyncFed's staleness functions
   staleness: Array
   flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
   w_start: Array  # [d] the (masked) model the client trained from, w_tau
@@ -115,6 +115,42 @@ def model_upload(w_start, w_end, hp):
 def delta_upload(w_start, w_end, hp):
   del hp
   return w_end - w_start
+
+
+def from_round_algorithm(algorithm) -> AsyncAlgorithm:
+  """A round-engine algorithm (``algorithms.base.Algorithm``) on the virtual clock.
+
+  Each arrival is a round of one update (K = 1): its ``client_final`` turns the client's
+  model into the upload (with the arrival's start model and step count), its
+  ``server_update`` applies it to the model current at the arrival, and the round index
+  its server-lr schedule reads counts the updates applied. Its clients must keep no state
+  (the virtual clock keeps none per client): FedAvg, FedProx, FedNova, or a new rule.
+  """
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  if algorithm.client_state_keys:
+    raise ValueError(f"{algorithm.name} keeps per-client state "
+                     f"({', '.join(algorithm.client_state_keys)}); the virtual clock's "
+                     "clients keep none")
+
+  def local_penalty(w, w_start, hp):
+    return algorithm.local_penalty(w, w_start, {}, hp)
+
+  def server_step(w, server_state, w_end, arrival, hp):
+    inner, version = server_state
+    upload = algorithm.client_final(arrival.w_start, w_end, {}, arrival.num_steps, hp).upload
+    fresh = arrival.valid & (arrival.staleness == 0)
+    one = base.Arrivals(
+        valid=arrival.valid[None], online=fresh[None],
+        delayed=(arrival.valid & ~fresh)[None], staleness=arrival.staleness[None],
+        num_examples=arrival.num_examples[None], num_steps=arrival.num_steps[None],
+        start_params=arrival.w_start[None])
+    new_w, inner, _ = algorithm.server_update(w, inner, upload[None], one, version, hp)
+    return new_w, (inner, version + 1)
+
+  return AsyncAlgorithm(
+      name=algorithm.name, local_penalty=local_penalty, client_upload=model_upload,
+      server_step=server_step,
+      init_server_state=lambda w0: (algorithm.init_server_state(w0), jnp.int32(0)))
 
 
 @dataclasses.dataclass(frozen=True)

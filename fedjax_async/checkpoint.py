@@ -16,8 +16,10 @@ structure of a template state (``engine.init_state`` of the same configuration).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 from typing import Any, List, NamedTuple, Optional
 
 import jax
@@ -94,10 +96,29 @@ class Checkpointer:
     meta = {"round": int(round_index), "rows": to_json_ready(rows),
             "config": to_json_ready(config), "extra": to_json_ready(extra or {})}
     with interrupts.deferred():
-      self.manager.save(int(round_index), args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state_to_leaves(state)), meta=ocp.args.JsonSave(meta)),
-                        force=True)
-      self.manager.wait_until_finished()
+      try:
+        self.manager.save(int(round_index), args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state_to_leaves(state)),
+            meta=ocp.args.JsonSave(meta)), force=True)
+        self.manager.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-except
+        raise self._unwritable(round_index, e) from None
+
+  def _unwritable(self, step: int, e: Exception) -> "CheckpointError":
+    """A failed save (full disk, permissions, a vanished folder): its partial step folder
+    removed, one line naming the folder, the cause and what is kept."""
+    for tmp in glob.glob(os.path.join(self.directory, "*.orbax-checkpoint-tmp*")):
+      shutil.rmtree(tmp, ignore_errors=True)
+    text = str(e).strip()
+    cause = next((line for line in text.splitlines() if "No space left" in line), None)
+    cause = "the disk is full (No space left on device)" if cause or getattr(
+        e, "errno", None) == 28 else f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    kept = self.latest_round()
+    keep = (f"the checkpoint of round {kept} is kept" if kept is not None
+            else "no earlier checkpoint exists")
+    return CheckpointError(f"cannot write the checkpoint of round {step} under "
+                           f"{self.directory}: {cause}; {keep} (free space or give another "
+                           "--output_dir, then rerun with --resume)")
 
   def latest_round(self) -> Optional[int]:
     return self.manager.latest_step()

@@ -1,14 +1,33 @@
-"""Command-line parsing shared by ``experiments/`` and ``benchmarks/`` (no JAX import).
+"""The command-line layer: the run flags made from ``RunConfig``'s defaults, flags ->
+config, and the parsing shared by ``experiments/`` and ``benchmarks/``. The library
+takes dataclasses; importing this module does not load JAX.
 
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.define_run_flags()
+  app.run(lambda argv: cli.main_from_flags(flags.FLAGS), flags_parser=cli.parse_flags)
 """
 
 from __future__ import annotations
 
+import difflib
+import signal
 import sys
-from typing import List
+from typing import Dict, List
 
 from absl import flags
+
+# Flags a driver does not define but a user may well give it (the other engine's), with
+# the sentence that replaces "unknown flag" for them; set by the driver before parsing.
+HINTS: Dict[str, str] = {}
+
+
+def unknown_flag_message(name: str, known) -> str:
+  """``--name: unknown flag; did you mean --x?`` (close names among ``known``), or the
+  driver's hint for ``name``."""
+  if name in HINTS:
+    return f"--{name}: {HINTS[name]}"
+  close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
+  guess = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
+  return f"--{name}: unknown flag{guess} (--helpfull lists them)"
 
 
 def parse_flags(argv: List[str]) -> List[str]:
@@ -17,7 +36,8 @@ def parse_flags(argv: List[str]) -> List[str]:
   status 1), before anything runs (``--only_check_args`` included):
 
   * a value absl cannot parse: ``error: --rounds=abc: invalid literal for int() ...``;
-  * an unknown flag: ``error: --no_such_flag: unknown flag (--helpfull lists them)``;
+  * an unknown flag: ``error: --roundz: unknown flag; did you mean --rounds? (--helpfull
+    lists them)``, or the driver's ``HINTS`` sentence for it;
   * a word that is not a flag (``clients=10``, a stray value), which would otherwise be
     ignored while the defaults ran: ``error: unexpected argument(s) 'clients=10' ...``.
   """
@@ -30,9 +50,189 @@ def parse_flags(argv: List[str]) -> List[str]:
     elif msg.startswith("flags ") and ": --" in msg:  # a multi-flag validator's message,
       msg = msg.split(": ", 1)[1]  # "flags a=5, b=10: --a: must be >= --b", names its flag
     elif isinstance(e, flags.UnrecognizedFlagError):
-      msg = f"--{e.flagname}: unknown flag (--helpfull lists them)"
+      msg = unknown_flag_message(e.flagname, list(flags.FLAGS))
     sys.exit(f"error: {msg}")
   if len(rest) > 1:
     sys.exit(f"error: unexpected argument(s) {' '.join(rest[1:])!r}: flags are written "
              "--name=value (see --help)")
   return rest
+
+
+# ------------------------------------------------------------------ run flags
+
+
+def define_run_flags():
+  """Defines the run flags (call once, from the experiment script)."""
+  from fedjax_async import algorithms, config  # pylint: disable=g-import-not-at-top
+  d = config.RunConfig()
+  f = flags
+  f.DEFINE_string("algorithm", d.algorithm,
+                  f"Algorithm or comma-separated list; choices: {', '.join(algorithms.names('rounds'))}.")
+  f.DEFINE_string("dataset", d.dataset, "synthetic | synthetic_iid | fashion_mnist | mnist | "
+                  "cifar10 | cifar100 | any tensorflow-datasets name.")
+  f.DEFINE_string("model", d.model, "logreg | mlp | cnn | cifar10_cnn | cifar100_cnn | "
+                  "simple_cnn | auto (by data set).")
+  f.DEFINE_integer("num_clients", d.num_clients, "N, number of clients.")
+  f.DEFINE_string("partition", d.partition, "iid | shards | dirichlet (image data sets).")
+  f.DEFINE_float("dirichlet_alpha", d.dirichlet_alpha, "Dirichlet concentration.")
+  f.DEFINE_integer("shards_per_client", d.shards_per_client, "Label shards per client.")
+  f.DEFINE_string("data_dir", None, "IDX directory or tensorflow-datasets data_dir.")
+  f.DEFINE_string("data_source", d.data_source, "auto | idx | tfds.")
+  f.DEFINE_float("participation", d.participation, "sigma, fraction sampled per round.")
+  f.DEFINE_float("delay_fraction", d.delay.fraction, "delta, fraction of sampled clients "
+                 "that are delayed (the library default is 0; the main job uses 0.3).")
+  f.DEFINE_string("delay_distribution", d.delay.distribution, "fixed | uniform | geometric.")
+  f.DEFINE_integer("max_delay", d.delay.max_delay, "Dmax (uniform) or k (fixed), rounds.")
+  f.DEFINE_float("delay_mean", d.delay.mean, "Mean delay for geometric delays, rounds.")
+  f.DEFINE_integer("buffer_size", 0, "R, past global models kept (0: Dmax + 1).")
+  f.DEFINE_integer("rounds", d.rounds, "T, communication rounds.")
+  f.DEFINE_integer("local_epochs", d.local_epochs, "E, local epochs.")
+  f.DEFINE_boolean("random_local_epochs", False, "E_i ~ U{1..E} per client and round.")
+  f.DEFINE_integer("local_steps", d.local_steps, "> 0: at most this many minibatch steps "
+                   "per client and round, within the E epochs' shuffles; 0: E epochs.")
+  f.DEFINE_integer("batch_size", d.batch_size, "B, local minibatch size.")
+  f.DEFINE_float("lr", d.lr, "Local learning rate.")
+  f.DEFINE_float("momentum", d.momentum, "Local SGD momentum.")
+  f.DEFINE_float("rho", d.rho, "ADMM penalty rho (FedADMM, PAFed).")
+  f.DEFINE_string("admm_upload", d.admm_upload, "FedADMM / PAFed upload (Eq. 16): "
+                  "received = (w_end - model received) + dy/rho, as Gong et al.'s code; "
+                  "last_local = (w_end - client's last local model) + dy/rho, the equation "
+                  "as printed (the global model's scale can diverge: docs/design.md).")
+  f.DEFINE_float("mu", d.mu, "FedProx proximal coefficient mu.")
+  by_dataset = "default: 0.4 on the synthetic data sets, 0.8 (the paper's) on the others"
+  f.DEFINE_float("alpha0", None, f"PAFed Eq. 17 weight of the online mean; {by_dataset}.")
+  f.DEFINE_float("alpha1", None, f"PAFed Eq. 17 weight of the non-conflicting delayed "
+                 f"mean; {by_dataset}.")
+  f.DEFINE_float("alpha2", None, f"PAFed Eq. 17 weight of the projected conflicting "
+                 f"mean; {by_dataset}.")
+  f.DEFINE_float("server_lr", d.server_lr,
+                 "Server learning rate eta (FedAvg, FedProx, FedNova, FedADMM).")
+  f.DEFINE_float("server_lr2", -1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
+  f.DEFINE_integer("server_lr_switch_round", -1, "Round where eta_2 starts (-1: never).")
+  f.DEFINE_integer("seed", d.seed, "Seed of data, timeline, initialisation and clients.")
+  f.DEFINE_integer("eval_every", d.eval_every, "Evaluate every k rounds (and the last 10).")
+  f.DEFINE_integer("rounds_per_call", d.rounds_per_call,
+                   "Rounds fused into one jitted scan between host visits.")
+  f.DEFINE_integer("client_chunk", d.client_chunk, "Train a round's clients as a lax.scan over "
+                   "chunks of this many vmapped clients (0: one vmap over all; -1: auto, "
+                   "1 for models of >= 100k parameters on CPU, else 0).")
+  f.DEFINE_integer("devices", d.devices, "D: split each round's clients over the first D "
+                   "devices JAX sees (0: all of them; 1: no sharding); sweeps split their "
+                   "runs over them instead.")
+  f.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
+                   "(jax_num_cpu_devices) so that --devices can split the clients over the "
+                   "cores; 0: JAX's default (one).")
+  f.DEFINE_string("output_dir", "runs/latest", "Where metrics and summaries go.")
+  f.DEFINE_string("secure_aggregation", d.secure_aggregation,
+                  "none | ckks (PAFed's server under OpenFHE CKKS).")
+  f.DEFINE_string("ckks_preset", d.ckks_preset, "secure (128-bit, HEStd_128_classic) | "
+                  "insecure_test (ring 2^11, NOT secure: tests and quick looks only).")
+  f.DEFINE_boolean("allow_insecure_ckks", d.allow_insecure_ckks, "Run "
+                   "--ckks_preset=insecure_test, which is NOT secure (the run warns and its "
+                   "summary and tables are marked INSECURE).")
+  f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
+                   "Min polynomial; the context depth is 2d + 8.")
+  f.DEFINE_float("ckks_min_scale", d.ckks_min_scale, "c in (0, 4]: the Min's input "
+                 "y = cos / 4 times c, so Wilkes' iteration sees (c y)^2 in [0, 1]; 4 cuts "
+                 "the class weights' error 4x at no depth (1 = Alg. 1 as printed).")
+  f.DEFINE_integer("checkpoint_every", d.checkpoint_every,
+                   "Checkpoint the simulation every k rounds (at the first chunk boundary "
+                   "at or past each multiple of k, and at the end) under "
+                   "<output_dir>/checkpoints; 0 = off.")
+  f.DEFINE_integer("keep_checkpoints", d.keep_checkpoints, "Checkpoints kept (max_to_keep).")
+  f.DEFINE_boolean("resume", d.resume, "Continue from the latest checkpoint in the output "
+                   "directory (fresh start when there is none).")
+  f.DEFINE_boolean("overwrite", d.overwrite, "Delete the previous run's outputs in the "
+                   "output directory (metrics.jsonl, summary.json, checkpoints, tb, "
+                   "comparison and curves) and start over; without it (or --resume) a run "
+                   "refuses a directory that holds one.")
+  f.DEFINE_boolean("tensorboard", d.tensorboard, "Write TensorBoard scalars under "
+                   "<output_dir>/tb.")
+  f.DEFINE_integer("log_every", d.log_every, "A console line every k rounds, and one at "
+                   "least every ~10 s (0: about ten lines per run; metrics.jsonl has every "
+                   "round).")
+  f.DEFINE_boolean("quiet", d.quiet, "No per-round lines: each run's result and the "
+                   "comparison table only.")
+
+
+def config_from_flags(FLAGS):
+  """The ``RunConfig`` of the parsed run flags, validated (ValueError naming the flag)."""
+  from fedjax_async import config  # pylint: disable=g-import-not-at-top
+  from fedjax_async import timeline as timeline_lib  # pylint: disable=g-import-not-at-top
+  delay = None
+  try:
+    delay = timeline_lib.DelayConfig(FLAGS.delay_fraction, FLAGS.delay_distribution,
+                                     FLAGS.max_delay, FLAGS.delay_mean, FLAGS.buffer_size)
+  except ValueError as e:
+    raise ValueError(str(e)) from None
+  cfg = config.RunConfig(
+      algorithm=FLAGS.algorithm, dataset=FLAGS.dataset, model=FLAGS.model,
+      num_clients=FLAGS.num_clients, partition=FLAGS.partition,
+      dirichlet_alpha=FLAGS.dirichlet_alpha, shards_per_client=FLAGS.shards_per_client,
+      data_dir=FLAGS.data_dir, data_source=FLAGS.data_source,
+      participation=FLAGS.participation, delay=delay, rounds=FLAGS.rounds,
+      local_epochs=FLAGS.local_epochs, random_local_epochs=FLAGS.random_local_epochs,
+      local_steps=FLAGS.local_steps,
+      batch_size=FLAGS.batch_size, lr=FLAGS.lr, momentum=FLAGS.momentum, rho=FLAGS.rho,
+      admm_upload=FLAGS.admm_upload, mu=FLAGS.mu, alpha0=FLAGS.alpha0,
+      alpha1=FLAGS.alpha1, alpha2=FLAGS.alpha2,
+      server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
+      server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
+      eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
+      client_chunk=FLAGS.client_chunk, devices=FLAGS.devices,
+      output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
+      ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
+      ckks_min_scale=FLAGS.ckks_min_scale, allow_insecure_ckks=FLAGS.allow_insecure_ckks,
+      checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
+      resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard,
+      log_every=FLAGS.log_every, quiet=FLAGS.quiet)
+  config.validate(cfg)
+  return cfg
+
+
+def quiet_library_logs(FLAGS):
+  """orbax logs every checkpoint step at INFO through absl; keep the progress lines
+  readable unless the user asked for a --verbosity."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  if "verbosity" not in FLAGS or not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+def main_from_flags(FLAGS):
+  """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, each error as
+  one ``error:`` line naming the flag, Ctrl-C / SIGTERM as one line and exit status
+  130 / 143."""
+  from fedjax_async import interrupts, sharding  # pylint: disable=g-import-not-at-top
+  quiet_library_logs(FLAGS)
+  try:
+    sharding.set_cpu_devices(FLAGS.cpu_devices)
+    cfg = config_from_flags(FLAGS)
+    sharding.select_devices(cfg.devices)  # a bad --devices named before any work
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  # SIGTERM and Ctrl-C stop the run with one line naming the checkpoint to resume from
+  # (no traceback) and exit status 143 / 130.
+  try:
+    with interrupts.handle_interrupts():
+      _main(cfg)
+  except KeyboardInterrupt as e:  # Interrupted from run_one says where; else no round ran
+    e = e if isinstance(e, interrupts.Interrupted) else interrupts.Interrupted("", signal.SIGINT)
+    print(str(e) or f"interrupted ({signal.Signals(e.signum).name}) while no round was "
+          "running", file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
+
+
+def _main(cfg):
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_async import api, engine  # pylint: disable=g-import-not-at-top
+  try:
+    result = api.simulate(cfg)
+  except engine.Diverged as e:
+    sys.exit(f"error: diverged: {e}")
+  except (ValueError, OSError, RuntimeError) as e:
+    if isinstance(e, jax.errors.JaxRuntimeError):  # XLA's own: the traceback says where
+      raise
+    sys.exit(f"error: {e}")
+  print(f"figure: {result.figure}")
+  if len(result.runs) > 1:  # last, where the eye lands when the run ends
+    print(result.table())

@@ -237,7 +237,7 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
     return data_loss + penalty(w), data_loss
 
   # The step reports the data loss: the penalty's value is never needed (only its
-  # gradient), so XLA drops its pass over the parameters (docs/performance.md §6n).
+  # gradient), so XLA drops its pass over the parameters.
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def client_step(carry, batch):

@@ -92,6 +92,10 @@ class EngineConfig:
   uploads are folded into the rule's carry as the chunk is trained, a ``lax.scan`` carry,
   so the round's ``[K, d]`` uploads never exist (the same sums in a different order of
   additions). False keeps the ``[K, d]`` block.
+
+  ``progress`` (optional): called on the host with the number of rounds done at the end
+  of every round, from inside a compiled chunk of rounds (``jax.debug.callback``), so a
+  console can report a long chunk while it runs. It changes no result.
   """
 
   local: client_lib.LocalConfig
@@ -100,6 +104,7 @@ class EngineConfig:
   client_sharding: Optional[Any] = None
   client_chunk: Optional[int] = None
   stream_uploads: bool = True
+  progress: Optional[Callable[[Any], None]] = None
 
   def __post_init__(self):
     if self.ring_size < 1:
@@ -114,10 +119,11 @@ class EngineConfig:
 
 
 # Models at least this large train one client at a time (``client_chunk=1``) on CPU by
-# default: measured on the 2-core CPU (docs/performance.md section 2a), the
-# 1.66M-parameter CNN round ran 1.3-1.7x faster that way than as one vmap of K clients
-# (each client's parameters stay in cache through its step), while 610-parameter logistic
-# regression ran 1.1-1.5x slower (it needs the vmap to amortise per-step overhead).
+# default: measured on a 2-core CPU (docs/performance.md, "The CNN round against the
+# roofline"), the 1.66M-parameter CNN round ran 1.3-1.7x faster that way than as one vmap
+# of K clients (each client's parameters stay in cache through its step), while
+# 610-parameter logistic regression ran 1.1-1.5x slower (it needs the vmap to amortise
+# per-step overhead).
 AUTO_CHUNK_MIN_PARAMS = 100_000
 
 
@@ -229,7 +235,7 @@ def streams_uploads(algorithm: base.Algorithm, cfg: EngineConfig, k: int) -> boo
 def _vmap_rows(fn: Callable) -> Callable:
   """``jax.vmap(fn)``, except that a chunk of one row calls ``fn`` on the row itself (and
   adds the axis back): the per-client program then has no batch dimension of size 1,
-  which XLA:CPU compiles into slower code (docs/performance.md §6o)."""
+  which XLA:CPU compiles into slower code."""
 
   def run(*args):
     if jax.tree.leaves(args)[0].shape[0] != 1:
@@ -374,6 +380,7 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
           num_valid, 1),
       "client_steps": jnp.sum(jnp.where(a.valid, a.num_steps, 0)).astype(jnp.int32),
       "nonfinite": ~jnp.all(jnp.isfinite(new_w)),
+      "model_norm": jnp.linalg.norm(new_w),  # ||w||: a diverging scale shows here first
   }
   metrics.update(alg_metrics)
   return new_state, metrics
@@ -408,6 +415,8 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=
     hp_r = {**hp, **hp_t}
     s, metrics = round_step(s, row, hp_r, data, apply_flat=apply_flat, algorithm=algorithm,
                             cfg=cfg)
+    if cfg.progress is not None:
+      jax.debug.callback(cfg.progress, s.round)
     acc, loss = jax.lax.cond(
         do_eval,
         lambda w: evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
@@ -453,7 +462,14 @@ def metrics_to_rows(metrics: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 class Diverged(RuntimeError):
-  """The global model or the test loss became NaN/Inf."""
+  """The global model or the test loss became NaN/Inf in ``round`` (1-based, as the
+  console counts rounds)."""
+
+  def __init__(self, message: str, round_number: Optional[int] = None,
+               rows: Optional[List[dict]] = None):
+    super().__init__(message)
+    self.round = round_number
+    self.rows = rows or []  # the finite rounds of the chunk that diverged
 
 
 def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
@@ -465,7 +481,8 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
 
   ``on_chunk(state, rows)`` is called after every jitted chunk (progress printing,
   metrics files, checkpoints). Raises ``Diverged`` naming the round when the global model
-  turns non-finite; the state passed to the last ``on_chunk`` is the last good one.
+  or the test loss turns non-finite; it carries the rows of that chunk's earlier rounds
+  (the state passed to the last ``on_chunk`` is the chunk's start, since donated).
   ``round_hp``: per-round values ``{key: [num_rounds]}`` (0-based engine rounds) that
   override ``hp[key]`` in each round, traced like ``hp`` (a schedule does not recompile).
   """
@@ -479,10 +496,8 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
       if v.shape != (total,):
         raise ValueError(f"round_hp[{k!r}]: expected one value per round, shape "
                          f"({total},), got {v.shape}")
-  all_rows = []
-  start = int(state.round)
-  while start < stop:
-    end = min(start + rounds_per_call, stop)
+
+  def run_chunk(state, start, end):
     t0 = time.perf_counter()
     slots = jax.tree.map(jnp.asarray, timeline.slice(start, end))
     args = (state, slots, jnp.asarray(schedule[start:end]), hp, data)
@@ -491,13 +506,20 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
     new_state, metrics = runner(*args)
     rows = metrics_to_rows(metrics)
     elapsed = time.perf_counter() - t0
-    bad = [r for r in rows if r["nonfinite"] or (r["test_loss"] is not None
-                                                 and not np.isfinite(r["test_loss"]))]
     for r in rows:
       r["wall_time"] = elapsed / len(rows)
-    if bad:
-      raise Diverged(f"round {bad[0]['round']}: the global model or test loss is "
-                     "not finite (NaN/Inf)")
+    return new_state, rows
+
+  all_rows = []
+  start = int(state.round)
+  while start < stop:
+    end = min(start + rounds_per_call, stop)
+    new_state, rows = run_chunk(state, start, end)
+    bad = [r["round"] for r in rows if r["nonfinite"] or (
+        r["test_loss"] is not None and not np.isfinite(r["test_loss"]))]
+    if bad:  # the chunk's state is gone (donated): its finite rows travel with the error
+      raise Diverged(f"round {bad[0] + 1}: the global model or test loss is not finite "
+                     "(NaN/Inf)", bad[0] + 1, [r for r in rows if r["round"] < bad[0]])
     state = new_state
     all_rows.extend(rows)
     if on_chunk is not None:

@@ -78,6 +78,18 @@ def transfer_weights(t, m: float = 3.0, eps: float = 0.01) -> Tuple[float, float
   return 1.0 / (1.0 + z), lam_dis
 
 
+def equal_work_epochs(num_rounds: int, cfg: "FedEDSConfig") -> list:
+  """Per-round local epochs of the equal-work baseline: the same total as FedEDS's
+  annealed E_1..E_T (Eq. 5), spread as evenly as integers allow (floor(total / T) each,
+  one more in the rounds where floor(r * extra / T) steps up). Every client takes
+  ceil(n_i / B) steps per epoch, so the baseline takes exactly FedEDS's local steps."""
+  total = sum(annealed_epochs(t, cfg.e_max, cfg.e_min, cfg.t_alpha, cfg.t_beta)
+              for t in range(1, num_rounds + 1))
+  base, extra = divmod(total, num_rounds)
+  return [base + ((r + 1) * extra // num_rounds - r * extra // num_rounds)
+          for r in range(num_rounds)]
+
+
 @dataclasses.dataclass(frozen=True)
 class FedEDSConfig:
   """The paper's Sec. VI-A3 settings (defaults) plus this implementation's choices."""
@@ -122,7 +134,8 @@ def round_hparams(base_hp: Dict[str, float], t: int, cfg: FedEDSConfig, *, annea
                   share: bool, fixed_epochs: int = 1) -> Dict[str, float]:
   """The engine ``hp`` of round t (1-based) for FedEDS / its ablations (Alg. 2, l. 2-3).
 
-  ``local_epochs`` is E_t (Eq. 5) with ``anneal`` else ``fixed_epochs``; with ``share``
+  ``local_epochs`` is E_t (Eq. 5) with ``anneal`` else ``fixed_epochs`` (an int, or a
+  per-round sequence indexed by t - 1, e.g. ``equal_work_epochs``); with ``share``
   the transfer weights come from Eqs. 9-10, else (1, 0). The engine's loss is
   CE + local_penalty, so ``wrap``'s penalty divides by lambda_c and the learning rate is
   scaled by lambda_c here: lr * lambda_c * (CE + pen / lambda_c) = lr * (lambda_c CE + pen),
@@ -131,7 +144,8 @@ def round_hparams(base_hp: Dict[str, float], t: int, cfg: FedEDSConfig, *, annea
   lam_c, lam_dis = transfer_weights(t, cfg.m, cfg.eps) if share else (1.0, 0.0)
   hp = dict(base_hp)
   hp["local_epochs"] = (annealed_epochs(t, cfg.e_max, cfg.e_min, cfg.t_alpha, cfg.t_beta)
-                        if anneal else fixed_epochs)
+                        if anneal else int(fixed_epochs) if np.ndim(fixed_epochs) == 0
+                        else int(fixed_epochs[t - 1]))
   hp["fededs_lambda_c"] = lam_c
   hp["fededs_lambda_dis"] = lam_dis
   hp["lr"] = base_hp["lr"] * lam_c
@@ -686,6 +700,37 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
                          round_hp=round_hp)
 
 
+def accuracy(model: SplitModel, theta, x, y, chunk: int = 1000) -> float:
+  """Top-1 accuracy of f(x; theta_g, theta_c) with the stochastic layer off."""
+  fn = jax.jit(lambda th, xb: jnp.argmax(model.forward(th[0], th[1], xb), -1))
+  hits = sum(int(jnp.sum(fn(theta, x[i:i + chunk]) == y[i:i + chunk]))
+             for i in range(0, len(y), chunk))
+  return hits / max(len(y), 1)
+
+
+def shared_set_utility(model: SplitModel, shared: SharedData, theta0, test_x, test_y, key,
+                       cfg: FedEDSConfig, epochs: int) -> float:
+  """What the shared sets teach on their own: test accuracy (layer off) of a model trained
+  from ``theta0`` on the union of every client's D_i^F alone, each row scored with its
+  sender's theta_l^i under L_dis (Eq. 6, as a receiving client uses it in Eq. 8), for
+  ``epochs`` epochs of the clients' SGD (lr, momentum, weight decay of ``cfg``)."""
+  num, rows = shared.x.shape[:2]
+  valid = np.flatnonzero((np.arange(rows)[None, :] < np.asarray(shared.counts)[:, None])
+                         .reshape(-1))
+  x = jnp.asarray(shared.x).reshape((num * rows,) + shared.x.shape[2:])[valid]
+  soft = jnp.asarray(shared.soft).reshape(num * rows, -1)[valid]
+  sender = jnp.asarray(np.repeat(np.arange(num), rows)[valid])
+
+  def loss_fn(th, xb, ib, mask):
+    return transfer_loss(model, th[0], th[1], xb, soft[ib], _take_layer(shared.layers,
+                                                                        sender[ib]), mask)
+
+  theta, _ = jax.jit(lambda th, k: _train_epochs(
+      loss_fn, _sgd(cfg), th, x, jnp.arange(len(valid)), len(valid), k, epochs,
+      cfg.batch_size))(theta0, key)
+  return accuracy(model, theta, test_x, test_y)
+
+
 def rounds_to_target(accuracies, target: float) -> Optional[int]:
   """The first (1-based) round whose test accuracy reaches ``target`` (None if never)."""
   for i, a in enumerate(accuracies):
@@ -758,8 +803,10 @@ def privacy_report(originals, encrypted_with, encrypted_without,
 
 def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None,
                          titles: Sequence[str] = ("original", "encrypted (layer on)",
-                                                  "encrypted (layer off)")) -> None:
-  """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer)."""
+                                                  "encrypted (layer off)"),
+                         title: str = "") -> None:
+  """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer);
+  ``title`` above it (the data set and setting)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -780,6 +827,8 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
       ax.set_yticks([])
       if c == 0:
         ax.set_ylabel(titles[r], fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from typing import List
+from typing import List, Optional
 
 
 class Interrupted(KeyboardInterrupt):
@@ -34,12 +34,35 @@ class Interrupted(KeyboardInterrupt):
 # waits for its end, so the drivers also check this list at every chunk boundary.
 _signals_received: List[int] = []
 _defer_depth = [0]
+_graceful: List[Optional[str]] = [None]  # within graceful(): the first signal's notice
 
 
 def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
   _signals_received.append(signum)
-  if not _defer_depth[0]:
-    raise Interrupted("", signum)
+  if _defer_depth[0]:
+    return
+  if _graceful[0] is not None and len(_signals_received) == 1:
+    print(_graceful[0], file=sys.stderr, flush=True)
+    return
+  raise Interrupted("", signum)
+
+
+def pending() -> bool:
+  """A signal was received and not raised yet (within ``graceful()`` or ``deferred()``)."""
+  return bool(_signals_received)
+
+
+@contextlib.contextmanager
+def graceful(notice: str):
+  """A block whose first signal is only recorded (and ``notice`` printed): the caller
+  stops at its next safe point (``pending()``), saving the state it holds there; a second
+  signal raises ``Interrupted`` at once."""
+  previous = _graceful[0]
+  _graceful[0] = notice
+  try:
+    yield
+  finally:
+    _graceful[0] = previous
 
 
 def check_interrupted():

@@ -218,10 +218,10 @@ def dense_matmul(x: Array, kernel: Array) -> Array:
   Autodiff's input gradient ``g @ kernel^T`` contracts the kernel on its minor axis, and
   XLA:CPU's GEMM runs that layout 4-12x slower than ``kernel @ g^T`` (the CNN's fc1,
   [10, 512] x [512, 3136]: 9.3 vs 1.9 ms jitted alone, 29.9 vs 2.5 ms in a vmap;
-  docs/performance.md section 6d). XLA's algebraic simplifier folds a plain
-  ``(kernel @ g.T).T`` back into the slow form; the optimisation barrier stops that,
-  leaving the fast dot and a transpose of the small ``[n, batch]`` result. Same values
-  as ``x @ kernel`` and its autodiff gradients.
+  docs/performance.md, "The CNN round against the roofline"). XLA's algebraic
+  simplifier folds a plain ``(kernel @ g.T).T`` back into the slow form; the
+  optimisation barrier stops that, leaving the fast dot and a transpose of the small
+  ``[n, batch]`` result. Same values as ``x @ kernel`` and its autodiff gradients.
   """
   return x @ kernel
 
@@ -579,7 +579,7 @@ class FlatApply:
   (``client.train``): from ``[d]`` every step copies the large kernels out of the vector
   and concatenates their gradients back into one (two parameter-sized copies per step
   that the pieces avoid; one client's 6-step CNN scan ran 1.14-1.17x faster with
-  the pieces, docs/performance.md section 6e).
+  the pieces).
   """
 
   model: nn.Module

@@ -24,7 +24,8 @@ over the K uploads. Everything else is replicated:
 On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (or ``--cpu_devices=4`` of
 the experiment scripts, i.e. ``jax_num_cpu_devices``) makes 4 host devices on one machine:
 they share its cores, and each runs its share of the clients on its own thread, which is
-how the engine uses several CPU cores for many small clients (docs/performance.md 6b).
+how the engine uses several CPU cores for many small clients (docs/performance.md,
+"Several devices").
 """
 
 from __future__ import annotations

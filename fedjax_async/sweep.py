@@ -346,7 +346,7 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
             fed_data) -> Prepared:
   """Per-run initial states (model init from each run's seed) and timelines, stacked."""
   base = cfgs[0]
-  algorithm = algorithms.get(algorithm_name)
+  algorithm = algorithms.get(algorithm_name, base.admm_upload)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
                              base.random_local_epochs,
@@ -437,7 +437,7 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
   return md
 
 
-def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
+def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str = "") -> int:
   """``path`` (PNG): average best accuracy, mean +- std over seeds, against the first swept
   value (log x when every value is positive and they span 10x or more), one line per
   algorithm and setting of the other swept values; without swept values, one bar per
@@ -472,6 +472,8 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str) -> int:
   seeds = sorted({r["num_seeds"] for r in rows})
   ax.set_ylabel(f"average best accuracy (mean +- std, {'/'.join(map(str, seeds))} seeds)")
   ax.grid(True, alpha=0.3)
+  if title:
+    ax.set_title(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn
@@ -491,7 +493,10 @@ def config_differences(saved: dict, current: dict) -> List[str]:
   RESULT_FREE_FIELDS)."""
   saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
   bad = [k for k in experiment.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
-  return [f"--{k}={saved.get(k)!r} (now {current.get(k)!r})" for k in bad]
+  def stored(k):
+    return (repr(saved[k]) if k in saved else
+            f"{experiment.STORED_BEFORE.get(k)!r}, stored before the flag existed")
+  return [f"--{k}={stored(k)} (now {current.get(k)!r})" for k in bad]
 
 
 def read_stored_run(run_dir: str, config: dict):
@@ -802,7 +807,8 @@ def _run_all(FLAGS, base, cfgs, names, devices, fed_data):
   agg = aggregate(summaries, names)
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
-  print(write_aggregate(agg, names, base.output_dir))
   figure = os.path.join(base.output_dir, "aggregate.png")
-  plot_aggregate(agg, names, figure)
+  plot_aggregate(agg, names, figure, title=experiment.figure_title(
+      base, fed_data.name, base.model, base.algorithm.split(",")))
   print(f"figure: {figure}")
+  print(write_aggregate(agg, names, base.output_dir))  # last

@@ -2,7 +2,7 @@
 # Idempotent set-up: a virtual environment with the pinned packages (Python 3.10: jax 0.6.2
 # and OpenFHE; Python 3.12: current JAX, OpenFHE where it loads; setup.cfg's markers pick
 # the ranges), and the Debian Fashion-MNIST data package (and tcmalloc, which the benchmark
-# suite preloads: docs/performance.md section 6m). Safe to run again: each step is skipped
+# suite preloads: docs/performance.md, "The allocator"). Safe to run again: each step is skipped
 # when done.
 # Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
 # (default "test"; on Python >= 3.11 the extra "crypto", openfhe, is tried on top),

@@ -14,7 +14,7 @@ here, before any test imports JAX; subprocesses inherit it, and ``run_script.xla
 keeps it where a test sets its own ``XLA_FLAGS``). Almost all of the suite's time is
 compilation of small programs, and LLVM's code generation is most of that: FedEDS's Alg. 1
 on the test's toy data compiled in 24 s instead of 53 s, the engine's round chunk in 3.4-4.4 s
-instead of 5.7-6.3 s, with the same run times (docs/performance.md section 6h). Results
+instead of 5.7-6.3 s, with the same run times (docs/performance.md, "Compile time"). Results
 can differ in the last bits (the order of some float sums), more after a chaotic run
 amplifies them; the tests compare runs made under the same option, with float32
 tolerances. An ``XLA_FLAGS`` that already sets ``xla_backend_extra_options`` is left as it

@@ -182,8 +182,8 @@ def test_fedasync_batched_equals_event_loop(ring_size):
   assert len(rows) == s.kept().sum()
 
   def rule(w, state, w_new, w_tau, staleness):
-    st = staleness + 1  # FedAsync Alg. 1: t - tau, t the version this mix produces
-    a = 0.6 * (1.0 if st <= 1 else 1.0 / (1.0 * (st - 1) + 1.0))
+    # hinge a = 1, b = 1 at t - tau = staleness (xcgoner/async_fl: epoch - worker_ts)
+    a = 0.6 * (1.0 if staleness <= 1 else 1.0 / (1.0 * (staleness - 1) + 1.0))
     return (1 - a) * w + a * w_new, state, True
 
   w_ref, nv = reference_loop(s, data, FEDASYNC_HP, rule, s.ring_size)
@@ -276,14 +276,13 @@ def test_loss_threshold_stops_local_training():
     losses.append(float(loss))
     w = w - 0.1 * g
     ws.append(w)
-  # The first step j >= 1 whose loss is below every earlier one: threshold L_j stops there.
+  # The first step j >= 1 whose loss is below every earlier one: a threshold halfway
+  # between L_j and the earlier losses' minimum stops there (not L_j itself: the engine's
+  # float32 loss may differ from this loop's in the last bit).
   j = next(j for j in range(1, len(losses)) if losses[j] < min(losses[:j]))
+  v = 0.5 * (losses[j] + min(losses[:j]))
 
-  # The threshold a hair above L_j (still below the earlier losses): the engine's loss and
-  # this loop's differ in the last bits on some JAX versions (0.12: L_1 one ulp apart).
-  threshold = losses[j] * (1 + 1e-6)
-  assert threshold < min(losses[:j])
-  never, at_once, mid = run(-1.0), run(100.0), run(threshold)
+  never, at_once, mid = run(-1.0), run(100.0), run(v)
   assert int(never.num_steps) == LOCAL.max_steps == 6
   np.testing.assert_allclose(never.w_end, ws[-1], rtol=1e-5, atol=1e-6)
   assert int(at_once.num_steps) == 0
@@ -479,27 +478,46 @@ def test_privaasyncfed_server_mixes_held_parameters_only():
   arr = async_engine.Arrival(True, 6, True, w, mask, 1.0, 1.0)
   hp = {"beta": 0.5, "hinge_a": 1.0, "hinge_b": 4.0}
   new, _ = privaasyncfed.server_step(w, (), up, arr, hp)
-  # staleness 6 (six server updates since dispatch): Alg. 1's t - tau = 7
-  a = 0.5 / (1.0 * (7 - 4) + 1.0)
+  # staleness 6 (six server updates since dispatch): t - tau = 6, Eq. 16 with FedAsync's +1
+  a = 0.5 / (1.0 * (6 - 4) + 1.0)
   np.testing.assert_allclose(new, [(1 - a) * 1, (1 - a) * 2, 3, 4], rtol=1e-6)
 
 
-@pytest.mark.parametrize("staleness", [0, 1, 2, 3, 4, 5, 9])
+# Hand values of a_t = a s(t - tau) with t - tau = the arrival's staleness, a fresh update
+# counting 0 as in the authors' code (xcgoner/async_fl worker_delay = epoch - worker_ts;
+# FedLab self.round - receive_model_time; PrivaAsyncFed Eq. 15 S(0) = 1, Fig. 2
+# alpha_k = beta at t - tau ~ 0). Hinge a = 10, b = 4: 1 while t - tau <= 4, then
+# 1 / (10 (t - tau - 4) + 1); polynomial a = 0.5: (t - tau + 1)^-0.5.
+HINGE_WEIGHTS = {0: 1.0, 1: 1.0, 3: 1.0, 4: 1.0, 5: 1 / 11, 6: 1 / 21, 9: 1 / 51}
+POLY_WEIGHTS = {0: 1.0, 1: 2 ** -.5, 3: 0.5, 8: 1 / 3}
+
+
+@pytest.mark.parametrize("staleness", sorted(HINGE_WEIGHTS))
 def test_privaasyncfed_and_fedasync_hinge_weigh_staleness_alike(staleness):
   """PrivaAsyncFed vs DP-FedAsync uses identical configurations (Sec. IV-B.3): with
-  beta = FedAsync's a, a full mask and the same hinge, both mix in the same alpha. Hand
-  values from Eq. 16 (with the +1 of docs/async.md) at t - tau = staleness + 1, a = 10,
-  b = 4: 0.6 up to t - tau = 4, then 0.6 / (10 (t - tau - 4) + 1)."""
+  beta = FedAsync's a = 0.6, a full mask and the same hinge, both mix in
+  0.6 * HINGE_WEIGHTS[staleness]: exactly 0.6 for a fresh update and at staleness 4."""
   w, up = jnp.zeros(3), jnp.ones(3)
   arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
   hp = {"beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0,
         "staleness_fn": 2.0, "poly_a": 0.5}
-  lag = staleness + 1
-  expected = 0.6 if lag <= 4 else 0.6 / (10.0 * (lag - 4) + 1.0)
+  expected = 0.6 * HINGE_WEIGHTS[staleness]
   priva, _ = privaasyncfed.server_step(w, (), up, arr, hp)
   fedasync_w, _ = fedasync.server_step(w, (), up, arr, hp)
   np.testing.assert_allclose(priva, expected, rtol=1e-6)
   np.testing.assert_allclose(fedasync_w, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("staleness", sorted(POLY_WEIGHTS))
+def test_fedasync_polynomial_counts_a_fresh_update_as_zero(staleness):
+  """FedAsync polynomial a = 0.5, mix a = 0.5: a fresh update is mixed in with exactly
+  0.5 (not 0.5 / sqrt(2)); staleness 3 with 0.5 * 4^-0.5 = 0.25."""
+  w, up = jnp.full(2, 2.0), jnp.full(2, 4.0)
+  arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(2), 1.0, 1.0)
+  hp = {"mix_alpha": 0.5, "staleness_fn": 1.0, "poly_a": 0.5}
+  a = 0.5 * POLY_WEIGHTS[staleness]
+  new, _ = fedasync.server_step(w, (), up, arr, hp)
+  np.testing.assert_allclose(new, (1 - a) * 2.0 + a * 4.0, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- client DP
@@ -510,23 +528,90 @@ def zero_grad_apply(w, x, train=False, rng=None):
   return jnp.zeros((x.shape[0], NUM_CLASSES)) + 0.0 * jnp.sum(w) * 0.0
 
 
-def test_dp_noise_std_matches_alg1_formula():
+def noise_sample(n, batch_size, hp_extra, algorithm=None, mask=None, d=40, draws=300):
+  """w_end of one noisy step from w0 = 0 with zero gradients (only the noise moves w), for
+  ``draws`` keys: a client of n examples, minibatch ``batch_size``, one local step."""
   data = tiny_data()
-  d = 40
-  lr, clip, eps, n = 0.5, 2.0, 0.25, 8
-  hp = {k: jnp.float32(v) for k, v in
-        dict(lr=lr, momentum=0.0, mu=0.0, dp_epsilon=eps, dp_clip=clip).items()}
-  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(8, 1, M), 2, 1)
-  w0 = jnp.zeros(d)
-  keys = jax.random.split(jax.random.PRNGKey(0), 300)
+  hp = {k: jnp.float32(v) for k, v in dict(lr=0.5, momentum=0.0, mu=0.0, dp_clip=2.0,
+                                            **hp_extra).items()}
+  cfg = async_engine.AsyncConfig(client_lib.LocalConfig(batch_size, 1, M, local_steps=1),
+                                 2, 1)
+  mask = jnp.ones(d) if mask is None else mask
+  keys = jax.random.split(jax.random.PRNGKey(0), draws)
   res = jax.vmap(lambda k: async_engine.train_local(
-      zero_grad_apply, dp_fedasync.ALGORITHM, w0, jnp.ones(d), data.x[0], data.y[0], n, k,
-      hp, cfg))(keys)
+      zero_grad_apply, algorithm or dp_fedasync.ALGORITHM, jnp.zeros(d), mask, data.x[0],
+      data.y[0], n, k, hp, cfg))(keys)
   assert int(res.num_steps[0]) == 1
-  expected = lr * 2 * clip / n / eps  # Delta f / epsilon = 0.5
-  sample = np.asarray(res.w_end).ravel()  # 12000 draws
+  return np.asarray(res.w_end)
+
+
+def test_dp_noise_std_matches_alg1_formula():
+  """Alg. 1 lines 15, 24: sigma = Delta f / eps, Delta f = lr 2C / |D_k| with |D_k| the
+  client's n = 12 examples, not its minibatch of B = 4 (which would give 3 x sigma)."""
+  lr, clip, eps, n = 0.5, 2.0, 0.25, 12
+  sample = noise_sample(n, 4, dict(dp_epsilon=eps)).ravel()  # 12000 draws
+  expected = lr * 2 * clip / n / eps  # = 2/3
   assert abs(sample.std() / expected - 1) < 0.03, (sample.std(), expected)
   assert abs(sample.mean()) < 4 * expected / np.sqrt(sample.size)
+
+
+def test_dp_calibrated_noise_std_uses_the_smallest_minibatch():
+  """--dp_noise=calibrated: sigma = z * lr 2C / b with b the client's smallest minibatch
+  (per-example clipping, replace-one): n = 10, B = 4 -> minibatches 4, 4, 2, so b = 2
+  and sigma = 0.5 * 0.5 * 4 / 2 = 0.5 (with |D_k| = 10 it would be 0.1, with B 0.25)."""
+  z = 0.5
+  sample = noise_sample(10, 4, dict(dp_epsilon=1.0, dp_noise_multiplier=z)).ravel()
+  expected = z * 0.5 * 2 * 2.0 / 2
+  assert abs(sample.std() / expected - 1) < 0.03, (sample.std(), expected)
+
+
+def test_dp_noise_stays_off_pruned_coordinates():
+  """PrivaAsyncFed: a client of pruning scale 0.5 adds noise only to the parameters of
+  its sub-model (Alg. 1 line 24 perturbs the client's W_k, the pruned model of Eq. 10);
+  every pruned coordinate of the trained model stays exactly 0, every held one moves
+  with std sigma = lr 2C / (|D_k| eps)."""
+  params = mlp_params(jax.random.PRNGKey(3))
+  w0, _ = jax.flatten_util.ravel_pytree(params)
+  mask = privaasyncfed.scale_masks(params, MLP_ORDER, (0.5,))[0]
+  held = mask > 0
+  assert 0 < held.sum() < mask.size
+  sample = noise_sample(12, 4, dict(dp_epsilon=1.0), privaasyncfed.ALGORITHM,
+                        jnp.asarray(mask), d=w0.size, draws=200)
+  np.testing.assert_array_equal(sample[:, ~held], 0.0)
+  expected = 0.5 * 2 * 2.0 / 12 / 1.0
+  assert abs(sample[:, held].std() / expected - 1) < 0.05
+
+
+def test_dp_clips_each_example_before_averaging():
+  """Eq. 17 (per-example clipping, --dp_clip_mode=example): the step is
+  -lr mean_i clip(g_i, C); Alg. 1 line 20 (batch): -lr clip(mean_i g_i, C). Hand
+  gradients of softmax regression at w = 0 (p = 1/3 each): g_i = (x_i (p - e_y),
+  p - e_y). Two examples x and -x of class 0: their kernel gradients cancel in the mean,
+  so clipping the mean keeps the bias gradient whole (norm 0.816 > C = 0.5 -> scaled to
+  C), while clipping each example first scales everything by C / ||g_i|| = 0.5 / 2.58."""
+  x1 = np.array([1.0, 2.0, 0.0, 2.0, 0.0], np.float32)  # |x| = 3
+  x = np.stack([x1, -x1])
+  y = np.array([0, 0], np.int32)
+  v = np.array([1 / 3 - 1, 1 / 3, 1 / 3])
+  grads = [np.concatenate([np.outer(xi, v).ravel(), v]) for xi in x]
+
+  def clip(g, c):
+    return g * min(1.0, c / np.linalg.norm(g))
+
+  expected = {"example": -0.8 * np.mean([clip(g, 0.5) for g in grads], axis=0),
+              "batch": -0.8 * clip(np.mean(grads, axis=0), 0.5)}
+  assert np.abs(expected["example"] - expected["batch"]).max() > 0.1
+  hp = {k: jnp.float32(v) for k, v in dict(lr=0.8, momentum=0.0, mu=0.0,
+                                            dp_epsilon=jnp.inf, dp_clip=0.5).items()}
+  d = D_IN * NUM_CLASSES + NUM_CLASSES
+  for mode in ("example", "batch"):
+    cfg = async_engine.AsyncConfig(client_lib.LocalConfig(2, 1, 2), 2, 1, dp_clip_mode=mode)
+    res = async_engine.train_local(logreg_apply, dp_fedasync.ALGORITHM, jnp.zeros(d),
+                                   jnp.ones(d), jnp.asarray(x), jnp.asarray(y), 2,
+                                   jax.random.PRNGKey(0), hp, cfg)
+    assert int(res.num_steps) == 1
+    np.testing.assert_allclose(res.w_end, expected[mode], rtol=1e-5, atol=1e-6,
+                               err_msg=mode)
 
 
 def test_dp_clipping_bounds_the_step():
@@ -555,3 +640,40 @@ def test_pruned_clients_work_scales_with_s_squared():
   slow = np.array([1.0, 2.0, 4.0, 8.0])[c.device_class]
   work = np.array([1.0, 0.75, 0.5, 0.25])[c.scale_index] ** 2
   np.testing.assert_allclose(c.duration, (4 + 1) * slow * work)
+
+
+# ------------------------------------------------------------- the driver's --seeds
+
+
+def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
+  """--seeds=0,1: each seed's runs under seed<s>/ (each equal to a --seed=<s> run), and
+  comparison.md with the mean and sample standard deviation of their final accuracies."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  import run_script  # pylint: disable=g-import-not-at-top
+  script = os.path.join(run_script.ROOT, "experiments", "async_family.py")
+  args = ["--algorithm=fedasync", "--num_clients=6", "--concurrency=2", "--num_updates=6",
+          "--eval_every=3", "--checkpoint_every=0"]
+
+  def run(*extra):
+    return subprocess.run([sys.executable, script] + args + list(extra),
+                          env=run_script.env(), capture_output=True, text=True, timeout=600)
+
+  out = run("--seeds=0,1", f"--output_dir={tmp_path / 'both'}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  single = run("--seed=1", f"--output_dir={tmp_path / 'one'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  acc = [json.load(open(tmp_path / "both" / f"seed{s}" / "summary.json"))["final_accuracy"]
+         for s in (0, 1)]
+  alone = json.load(open(tmp_path / "one" / "summary.json"))["final_accuracy"]
+  assert acc[1] == alone
+  row = [l for l in (tmp_path / "both" / "comparison.md").read_text().splitlines()
+         if l.startswith("| fedasync ")][0]
+  mean, std = (acc[0] + acc[1]) / 2, abs(acc[0] - acc[1]) / np.sqrt(2)
+  assert row.split("|")[2].strip() == f"{mean:.4f} ± {std:.4f}", row
+  bad = run("--seeds=0,0", f"--output_dir={tmp_path / 'bad'}")
+  assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
+      "error: --seeds: repeats a seed: '0,0'")

@@ -1,6 +1,7 @@
 """Checkpoints: round trip, schedule, kill -9 + --resume == uninterrupted, divergence,
 SIGTERM / SIGINT, TensorBoard steps across a resumption."""
 
+import errno
 import glob
 import json
 import os
@@ -108,6 +109,26 @@ def test_max_to_keep_and_latest(tmp_path):
   c.close()
 
 
+def test_a_full_disk_during_a_save_is_one_line_and_leaves_no_partial_checkpoint(tmp_path):
+  c = ckpt_lib.Checkpointer(str(tmp_path / "ck"), max_to_keep=2)
+  c.save(4, {"w": np.full(3, 4, np.float32)}, [], {})
+
+  def full_disk(step, **kwargs):  # what orbax leaves when the disk fills mid-write
+    os.makedirs(tmp_path / "ck" / f"{step}.orbax-checkpoint-tmp-1764115200")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  c.manager.save = full_disk
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    c.save(8, {"w": np.full(3, 8, np.float32)}, [], {})
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert msg.startswith(f"cannot write the checkpoint of round 8 under {tmp_path / 'ck'}: "
+                        "the disk is full (No space left on device); the checkpoint of "
+                        "round 4 is kept")
+  assert sorted(os.listdir(tmp_path / "ck")) == ["4"]
+  np.testing.assert_array_equal(c.restore({"w": np.zeros(3, np.float32)}).state["w"], [4] * 3)
+
+
 @pytest.mark.parametrize("prev,new,every,total,expected", [
     (0, 2, 4, 40, False), (2, 4, 4, 40, True), (4, 6, 4, 40, False), (3, 6, 4, 40, True),
     (38, 40, 7, 40, True), (0, 10, 0, 40, False), (0, 40, 0, 40, False)])
@@ -122,6 +143,27 @@ def reference(tmp_path_factory):
   ref = run(ARGS + [f"--output_dir={ref_dir}"])
   assert ref.returncode == 0, ref.stderr[-3000:]
   return ref_dir
+
+
+@pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
+def test_resume_with_more_rounds_extends_a_finished_run(reference, tmp_path):
+  """A finished 20-round run, resumed with --rounds=40, continues from its last checkpoint
+  to the 40-round run's result (its timeline's first 20 rounds are the same draws)."""
+  short = [a if not a.startswith("--rounds=") else "--rounds=20" for a in ARGS]
+  first = run(short + [f"--output_dir={tmp_path}"])
+  assert first.returncode == 0, first.stderr[-3000:]
+  res = run(ARGS + [f"--output_dir={tmp_path}", "--resume"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming from the checkpoint of round 20" in res.stdout
+  assert "extending its 20 rounds to 40" in res.stdout
+  got, want = read_rows(tmp_path / "metrics.jsonl"), read_rows(reference / "metrics.jsonl")
+  assert [r["round"] for r in got] == list(range(ROUNDS))
+  for a, b in zip(got, want):
+    for k in ("train_loss", "test_accuracy", "online", "delayed"):
+      assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["round"], k)
+  fewer = run([a if not a.startswith("--rounds=") else "--rounds=10" for a in ARGS]
+              + [f"--output_dir={tmp_path}", "--resume"])
+  assert fewer.returncode != 0 and "--rounds=40 (now 10)" in fewer.stderr
 
 
 @pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
@@ -172,7 +214,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     c.close()
   a, b = final[ref_dir], final[cut_dir]
   assert a.round == b.round == ROUNDS
-  assert sorted(a.state) == sorted(b.state) and len(a.state) >= 6
+  # round, w, ring, PAFed's duals, the key (and no server state)
+  assert sorted(a.state) == sorted(b.state) and len(a.state) >= 5
   for k in a.state:
     np.testing.assert_array_equal(a.state[k], b.state[k])
   with open(ref_dir / "summary.json") as f1, open(cut_dir / "summary.json") as f2:
@@ -191,21 +234,31 @@ def test_resume_refuses_a_different_configuration(reference, tmp_path):
 
 
 def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path):
-  # From round 6 on the server step is 1e38: the model overflows in round 6.
+  # From engine round 6 (the console's round 7) on the server step is 1e38: the model
+  # overflows there, in the middle of the chunk of rounds 6-7.
   args = ARGS[:4] + ["--rounds=12", "--algorithm=fedavg", "--server_lr2=1e38",
                      "--server_lr_switch_round=6"] + ARGS[5:]
   args = [a for a in args if not a.startswith("--algorithm=pafed")]
   res = run(args + [f"--output_dir={tmp_path}"])
   assert res.returncode != 0
-  assert "fedavg" in res.stderr and re.search(r"round 6\b", res.stderr), res.stderr[-2000:]
+  err = res.stderr.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: diverged: algorithm fedavg: "), err
+  assert "round 7:" in err[0] and "metrics.jsonl holds rounds 1-6" in err[0], err[0]
+  assert "last finite checkpoint: round 6" in err[0], err[0]
   c = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
-  assert c.latest_round() == 4  # the last good one (chunks of 2, every 4 rounds)
+  # The last finite state, after round 6, is kept, though checkpoints come every 4 rounds.
+  assert c.all_rounds() == [4, 6]
   good = c.restore_raw()
   assert all(np.isfinite(v).all() for v in good.state.values()
              if np.issubdtype(v.dtype, np.floating))
-  assert len(good.rows) == 4
+  assert len(good.rows) == 6
   c.close()
-  assert len(read_rows(tmp_path / "metrics.jsonl")) == 6  # rounds 0..5 were fine
+  rows = read_rows(tmp_path / "metrics.jsonl")
+  assert [r["round"] for r in rows] == list(range(6))  # rounds 0..5 were fine
+  # --resume continues from that checkpoint (and diverges again, in the same round).
+  res = run(args + [f"--output_dir={tmp_path}", "--resume"])
+  assert "resuming from the checkpoint of round 6" in res.stdout, res.stdout[-2000:]
+  assert "round 7:" in res.stderr
 
 
 def _start(args):
@@ -231,7 +284,8 @@ def _wait_for_rows(metrics, at_least, proc, timeout=240):
 
 
 def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
-  proc = _start(ARGS + [f"--output_dir={tmp_path}"])
+  # No periodic checkpoint before the end: the one named is the state held at the signal.
+  proc = _start(ARGS + ["--checkpoint_every=1000", f"--output_dir={tmp_path}"])
   seen = _wait_for_rows(tmp_path / "metrics.jsonl", 10, proc)
   assert proc.poll() is None, f"the run finished before it could be stopped ({seen} rows)"
   proc.send_signal(signal.SIGTERM)
@@ -243,7 +297,10 @@ def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
                    err.strip().splitlines()[-1])
   assert m, err[-3000:]
   at, last, where = int(m.group(1)), int(m.group(2)), m.group(3)
-  assert where == str(tmp_path / "checkpoints") and 8 <= last < at <= ROUNDS
+  # The run stopped at the end of the chunk the signal arrived in and saved that state:
+  # nothing computed was lost.
+  assert where == str(tmp_path / "checkpoints") and 10 <= last == at - 1 < ROUNDS
+  assert "stopping at the end of this chunk of rounds to save it" in err
   ck = ckpt_lib.Checkpointer(where)
   assert ck.latest_round() == last
   ck.close()

@@ -330,6 +330,7 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
   assert_one_line_error(both, "error: --overwrite: cannot be combined with --resume")
 
 
+@pytest.mark.slow  # ~100 s on 2 cores
 def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tmp_path):
   """SIGTERM during FedEDS's second run of a setting, then the same command with --resume:
   the finished base run and Alg. 1's encrypted sets are read back (not computed again), the
@@ -404,3 +405,79 @@ def test_unparsable_and_unknown_flags_are_one_line_errors(path):
   out = script(path, ["rounds=3"])  # a word that is not a flag: was ignored, or usage text
   assert_one_line_error(out, "error: unexpected argument(s) 'rounds=3': flags are written "
                         "--name=value (see --help)")
+
+
+def test_a_misspelt_flag_gets_a_suggestion_and_the_other_engines_flags_are_explained():
+  out = script(RUN, ["--roundz=3"])
+  assert_one_line_error(out, "error: --roundz: unknown flag; did you mean --rounds? "
+                        "(--helpfull lists them)")
+  out = script(RUN, ["--algorithm=fedasync", "--rounds=3"])
+  assert_one_line_error(out, "error: --rounds: the virtual-clock algorithms count server "
+                        "updates, not rounds: use --num_updates=N")
+  out = script(RUN, ["--num_updates=3"])
+  assert_one_line_error(out, "error: --num_updates: a flag of the virtual-clock algorithms")
+
+
+def test_helpfull_lists_the_flags_of_every_engine():
+  out = script(RUN, ["--helpfull"])
+  assert out.returncode == 0, out.stderr[-2000:]
+  sections = out.stdout.split("==== ")[1:]
+  assert [s.split(":", 1)[0] for s in sections] == ["the round engine", "the virtual clock",
+                                                    "FedEDS"]
+  for section, flag in zip(sections, ("--rounds:", "--num_arrivals:", "--alphas:")):
+    assert flag in section, (flag, section[:300])
+
+
+@pytest.mark.parametrize("path", [RUN, ASYNC])
+def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, path):
+  (tmp_path / "a_file").write_text("x")
+  target = tmp_path / "a_file" / "out"
+  out = script(path, ["--rounds=2" if path == RUN else "--num_updates=2",
+                      f"--output_dir={target}"])
+  assert_one_line_error(out, f"error: --output_dir={target}: cannot write there (Not a "
+                        "directory")
+  assert "loading" not in out.stdout  # refused before the data was read
+
+
+def test_an_output_dir_on_a_read_only_disk_is_named_with_the_cause(tmp_path):
+  """A read-only tmpfs, mounted here (root only): the check every driver runs first."""
+  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  mnt = tmp_path / "ro"
+  mnt.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                           capture_output=True, text=True, check=False)
+  if mounted.returncode:
+    pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+  try:
+    with pytest.raises(ValueError, match=rf"^--output_dir={mnt}/out: cannot write there "
+                       rf"\(Read-only file system: {mnt}/out\); give a writable --output_dir$"):
+      experiment.check_writable(str(mnt / "out"))
+  finally:
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_num_arrivals_gives_fedbuff_and_fedasync_the_same_client_work(tmp_path):
+  out = script(ASYNC, ["--num_clients=6", "--concurrency=2", "--num_arrivals=8",
+                       "--eval_every=4", "--groups_per_call=2", "--buffer_k=2",
+                       "--algorithm=fedasync,fedbuff", f"--output_dir={tmp_path}"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  for run, updates in (("fedasync", 8), ("fedbuff", 4)):
+    s = json.load(open(tmp_path / run / "summary.json"))
+    assert (s["arrivals"], s["server_updates"]) == (8, updates), run
+  table = open(tmp_path / "comparison.md").read()
+  assert "| arrivals | server updates |" in table and "Note:" not in table
+  bad = script(ASYNC, ["--num_arrivals=7", "--buffer_k=2", "--algorithm=fedbuff",
+                       f"--output_dir={tmp_path / 'bad'}"])
+  assert_one_line_error(bad, "error: --num_arrivals: must be a multiple of --buffer_k=2")
+  both = script(ASYNC, ["--num_arrivals=8", "--num_updates=4", f"--output_dir={tmp_path}"])
+  assert_one_line_error(both, "error: --num_arrivals: replaces --num_updates")
+
+
+def test_a_comparison_with_unequal_arrivals_says_so():
+  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  import async_family  # pylint: disable=g-import-not-at-top
+  runs = [{"run": "fedasync", "arrivals": 60}, {"run": "fedbuff", "arrivals": 300}]
+  note = async_family.arrivals_note(runs)
+  assert note.startswith("Note: the runs took different numbers of client arrivals "
+                         "(fedasync 60, fedbuff 300)") and "--num_arrivals" in note
+  assert async_family.arrivals_note(runs[:1] * 2) == ""

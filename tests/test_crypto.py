@@ -19,6 +19,7 @@ pytest.importorskip("openfhe", exc_type=ImportError)
 
 from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import vectors
@@ -30,15 +31,16 @@ D_EXACT = 10  # enough iterations for |cos| >= 0.4 to match the exact min (depth
 ALPHAS = (0.7, 0.5, 0.3)
 
 
-def _expected(w, online, delayed, min_fn, alphas=ALPHAS):
+def _expected(w, online, delayed, min_fn, alphas=ALPHAS, tol=0.0):
   """Eq. 17 with the plaintext DUCC (Alg. 4) of pafed.ducc."""
-  m, m1, m2 = (np.asarray(x, np.float64) for x in pafed.ducc(online, delayed, min_fn))
+  m, m1, m2 = (np.asarray(x, np.float64)
+               for x in pafed.ducc(online, delayed, min_fn, empty_class_tol=tol))
   return w + alphas[0] * m + alphas[1] * m1 + alphas[2] * m2
 
 
 @pytest.fixture(scope="module")
 def protocol():
-  return secure_ducc.make_protocol(3, DIM, PRESET, min_depth=D_SMALL, seed=0)
+  return secure_ducc.make_protocol(3, DIM, PRESET, min_depth=D_SMALL, log_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +161,8 @@ def test_secure_ducc_components_and_depth(protocol, round_data):
   cts = [c.encrypt_update(u) for c, u in zip(protocol.clients, online)]
   dcts = [protocol.clients[0].encrypt_update(u) for u in delayed]
   inv_norm = protocol.s1.masked_inverse_sqrt(s0.ducc_norm(cts, len(dcts)))
-  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS, 0.0, inv_norm))
+  inv = protocol.s1.masked_inverse(s0.ducc_begin(cts, dcts, ALPHAS, 0.0, inv_norm),
+                                   s0.empty_tests)
   new = s0.ducc_finish(inv, s0.encrypt_global(w))
   assert max(ckks.depth_used(c) for c in new) == ckks.ducc_depth(D_SMALL) == 18
 
@@ -167,7 +170,7 @@ def test_secure_ducc_components_and_depth(protocol, round_data):
 def test_secure_ducc_matches_exact_min():
   rng = np.random.default_rng(5)
   dim = 700
-  proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=D_EXACT, seed=3)
+  proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=D_EXACT)
   online = vectors.unit(rng.normal(size=(4, dim)) + 1.5 * rng.normal(size=dim))
   m_hat = vectors.unit(online.mean(0))
   delayed = vectors.with_cos(m_hat, [0.8, -0.45, 0.5, -0.9, 0.45], dim, rng)
@@ -177,6 +180,7 @@ def test_secure_ducc_matches_exact_min():
   assert np.min(np.abs(delayed @ online.mean(0))) > 0.2
   exact = _expected(w, online, delayed, jnp.minimum)
   assert np.max(np.abs(got - exact)) < 1e-3
+  assert len(proto.s1.decryption_log) == 0  # S1 keeps no log unless asked (log_size)
 
 
 @pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
@@ -187,6 +191,53 @@ def test_empty_classes_and_no_delayed(protocol, round_data):
   assert np.max(np.abs(got - (w + ALPHAS[0] * online.mean(0)))) < 1e-5
   got, _ = secure_ducc.secure_pafed_step(protocol, w, np.zeros((0, DIM)), online, ALPHAS)
   assert np.max(np.abs(got - w)) < 1e-5  # m = 0: s = 1/2, both classes empty
+
+
+@pytest.mark.parametrize("case", ["all_conflicting", "none_conflicting", "mixed"])
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
+def test_encrypted_empty_class_tolerance_matches_plaintext(protocol, round_data, case):
+  """With the tolerance k eps_d in play, the encrypted step equals pafed.ducc with the
+  same tolerance. All (none) conflicting: class 1 (2) holds only the Min's residue and is
+  empty under the tolerance; the step without it differs by > 0.01 (100 times the CKKS
+  tolerance asserted), so an encrypted test that ignored the tolerance fails here.
+  Mixed: no class is empty, the tolerance changes nothing."""
+  rng, online, m_hat = round_data
+  cos = {"all_conflicting": [-0.6, -0.3, -0.9], "none_conflicting": [0.5, 0.2, 0.9],
+         "mixed": [0.6, -0.5, 0.3]}[case]
+  delayed = vectors.with_cos(m_hat, cos, DIM, rng)
+  w = rng.normal(size=DIM) * 0.1
+  tol = len(cos) * cheon.max_min_error(D_SMALL)
+  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS, tol)
+  cheon_min = cheon.make_cheon_min(D_SMALL)
+  want = _expected(w, online, delayed, cheon_min, tol=tol)
+  assert np.max(np.abs(got - want)) < 1e-4
+  without = _expected(w, online, delayed, cheon_min)
+  gap = np.max(np.abs(without - want))
+  assert (gap < 1e-12) if case == "mixed" else (gap > 0.01), gap
+
+
+@pytest.mark.parametrize("end", [-1.0, 1.0])
+def test_near_empty_classes_with_every_blind_at_an_end_of_its_range(end, monkeypatch):
+  """d = 12 (eps_d = 2.1e-3, so tol = k eps_d is small) and delayed updates nearly
+  orthogonal to m, so a class total is within tol of 0: with every blind at 2^-8 (2^8)
+  the empty-class test must stay above CKKS noise (within the last level's range) and
+  the step must match pafed.ducc with the same tolerance. Measured: <= 2.2e-6; a squared
+  test s^2 (n^2 - tol^2) is 1e-10 at s = 2^-8, below the noise, and misreads the class
+  (errors 0.1-0.27), as does multiplying an Enc(0) indicator into a huge 1 / (r n)."""
+  end *= secure_ducc.BLIND_LOG2_RANGE
+  monkeypatch.setattr(secure_ducc.csprng, "blind", lambda r, signed=True: 2.0 ** end)
+  d, dim = 12, 64
+  proto = secure_ducc.make_protocol(2, dim, PRESET, min_depth=d)
+  rng = np.random.default_rng(0)
+  online = vectors.unit(rng.normal(size=(3, dim)) + 2.0 * rng.normal(size=dim))
+  m_hat = vectors.unit(online.mean(0))
+  for cos in ([0.002], [-0.002], [0.3, 0.001]):
+    delayed = vectors.with_cos(m_hat, cos, dim, rng)
+    tol = len(cos) * cheon.max_min_error(d)
+    w = rng.normal(size=dim) * 0.1
+    got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS, tol)
+    want = _expected(w, online, delayed, cheon.make_cheon_min(d), tol=tol)
+    assert np.max(np.abs(got - want)) < 1e-4, cos
 
 
 # --------------------------------------------------------- key transformation (Alg. 5)
@@ -211,21 +262,27 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
     assert np.linalg.norm(wrong - want) > 100 * np.linalg.norm(want)
   except entities.DecryptionError:
     pass
-  # What S1 decrypted: 4 blinded scalars (r0^2 ||n m||^2 for the normalisation, r1 n1,
-  # r2 n2, r3 ||m||^2), then w + r chunks.
-  log = s1.decryption_log
+  # What S1 decrypted: 8 blinded scalars (r0^2 ||n m||^2 for the normalisation, r1 n1,
+  # r2 n2, r3 ||m||^2, then the empty-class tests +-s (n - tol), +-s' (-n - tol) of
+  # both classes),
+  # then the w + r chunks.
+  log = list(s1.decryption_log)
   n_chunks = ckks.num_chunks(DIM, protocol.s0.ev.slots)
-  assert len(log) == 4 + n_chunks
+  assert len(log) == 8 + n_chunks
   m = online.mean(0)
   s = (delayed @ (m / np.linalg.norm(m)) + 1) / 2
   x = cheon.cheon_min(s, 0.5, D_SMALL)
-  true_scalars = [len(online) ** 2 * (m @ m), np.sum(s - x), np.sum(x - 0.5), m @ m]
-  for i, (v, t) in enumerate(zip(log[:4], true_scalars)):
-    assert np.ptp(v) < 1e-4 * abs(v[0])  # a replicated scalar, nothing else
-    ratio = v[0] / t
-    blind = 8 if i == 0 else 4  # r0^2 for the norm, r for the others
+  n1, n2 = np.sum(s - x), np.sum(x - 0.5)
+  tol = secure_ducc.EMPTY_EPS
+  true_scalars = [len(online) ** 2 * (m @ m), n1, n2, m @ m, n1 - tol, -n1 - tol, n2 - tol,
+                  -n2 - tol]
+  r = secure_ducc.BLIND_LOG2_RANGE
+  for i, (v, t) in enumerate(zip(log[:8], true_scalars)):
+    assert np.ptp(v) < 1e-4 * abs(v[0]) + 1e-8  # a replicated scalar, nothing else
+    ratio = abs(v[0] / t)
+    blind = 2 * r if i == 0 else r  # a squared blind for r0^2
     assert 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
-  masked = ckks.unchunk(log[4:], DIM)
+  masked = ckks.unchunk(log[8:], DIM)
   assert np.linalg.norm(masked - want) > 100 * np.linalg.norm(want)
   assert abs(np.corrcoef(masked, want)[0, 1]) < 0.1
   # S1 never saw an upload: no logged vector correlates with any client's update.
@@ -269,6 +326,9 @@ def test_s0_holds_no_secret_key(protocol, round_data):
                entities.KDC)
   bad = [p for p, o in found if isinstance(o, forbidden)]
   assert not bad, bad
+  # No seedable generator: S0's randomness is os.urandom's (fedjax_async.crypto.csprng).
+  assert not [p for p, o in found
+              if isinstance(o, (np.random.Generator, np.random.RandomState))]
   assert not any(callable(o) and hasattr(o, "__self__") for _, o in found)
   assert any(isinstance(o, entities.PublicMaterial) for _, o in found)
   # S0's code (and its evaluator's) never decrypts nor touches a secret key.
@@ -280,13 +340,31 @@ def test_s0_holds_no_secret_key(protocol, round_data):
   assert isinstance(protocol.s1._secret_key, entities.secret_key_type())
 
 
+def test_csprng_draws_are_fresh_uniform_and_ignore_numpy_seeds():
+  """S0's randomness: 2^16 uniforms on [-B, B] (mean, spread, range as a uniform's), two
+  draws after the same np.random.seed differ everywhere, blinds +-2^U(-R, R) take both
+  signs and span the range."""
+  np.random.seed(0)
+  a = csprng.uniform(-1024.0, 1024.0, 2 ** 16)
+  np.random.seed(0)
+  b = csprng.uniform(-1024.0, 1024.0, 2 ** 16)
+  assert a.min() >= -1024.0 and a.max() < 1024.0
+  assert abs(a.mean()) < 20.0 and abs(a.std() - 2048.0 / np.sqrt(12)) < 10.0
+  assert np.count_nonzero(a == b) == 0
+  blinds = np.array([csprng.blind(8.0) for _ in range(200)])
+  logs = np.log2(np.abs(blinds))
+  assert logs.min() >= -8.0 and logs.max() <= 8.0 and np.ptp(logs) > 12.0
+  assert 40 < np.count_nonzero(blinds > 0) < 160
+  assert all(csprng.blind(8.0, signed=False) > 0 for _ in range(50))
+
+
 # ----------------------------------------------------------------------- depth errors
 
 
 @pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
 def test_ducc_depth_error_names_needed_depth(round_data):
   rng, online, m_hat = round_data
-  proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10, seed=0)
+  proto = secure_ducc.make_protocol(1, 64, PRESET, min_depth=4, depth=10)
   with pytest.raises(ckks.DepthError, match=r"needs multiplicative depth 16"):
     secure_ducc.secure_pafed_step(proto, np.zeros(64), online[:, :64],
                                   vectors.unit(rng.normal(size=(2, 64))), ALPHAS)
@@ -313,7 +391,7 @@ def test_secure_preset_128_bit_round_matches_plaintext():
   one full round equals the plaintext DUCC with the same Min (slow: ~45 s)."""
   rng = np.random.default_rng(11)
   dim = 256
-  proto = secure_ducc.make_protocol(4, dim, "secure", min_depth=D_EXACT, seed=2)
+  proto = secure_ducc.make_protocol(4, dim, "secure", min_depth=D_EXACT)
   assert proto.cc.GetRingDimension() >= 2 ** 15
   online = vectors.unit(rng.normal(size=(2, dim)) + 1.5 * rng.normal(size=dim))
   m_hat = vectors.unit(online.mean(0))

@@ -216,7 +216,7 @@ def test_random_local_epochs_within_range():
 
 def np_weighted_mean(vs, ws):
   ws = np.asarray(ws, np.float64)
-  return (ws[:, None] * vs).sum(0) / ws.sum() if ws.sum() > 0 else np.zeros(vs.shape[1])
+  return (ws[:, None] * vs).sum(0) / ws.sum() if ws.sum() > 0 else 0.0  # no arrival: 0
 
 
 def np_ducc(online, delayed):
@@ -239,11 +239,14 @@ def np_ducc(online, delayed):
   return m, m1, m2
 
 
-def reference_run(name, tl, cfg, hp_values=HP):
-  """Plain loop: rounds, then clients one at a time; numpy server rules."""
+def reference_run(name, tl, cfg, hp_values=HP, admm_upload="received"):
+  """Plain loop: rounds, then clients one at a time; numpy server rules. ADMM clients
+  upload as Gong et al.'s FedADMM code (``update.py``: w_end minus the theta received,
+  plus the dual change over rho), or with ``admm_upload="last_local"`` minus the client's
+  last local model (Eq. 16 as printed)."""
   HP = hp_values  # noqa: N806 (the server rules below read it)
   x, y, counts, _, _ = toy_data()
-  alg = get(name)
+  alg = get(name, admm_upload)
   hp = {k: jnp.float32(v) for k, v in HP.items()}
   train_one = jax.jit(functools.partial(client_lib.train, apply_flat, alg, hp=hp,
                                         cfg=cfg.local))
@@ -257,9 +260,9 @@ def reference_run(name, tl, cfg, hp_values=HP):
     for j in np.flatnonzero(tl.valid[t]):
       c, disp = int(tl.client[t, j]), int(tl.dispatch[t, j])
       start = history[disp]
-      cstate = ({"dual": jnp.asarray(dual[c], jnp.float32),
-                 "last_local": jnp.asarray(last[c], jnp.float32)}
-                if alg.client_state_keys else {})
+      cstate = {"dual": jnp.asarray(dual[c], jnp.float32),
+                "last_local": jnp.asarray(last[c], jnp.float32)}
+      cstate = {k: cstate[k] for k in alg.client_state_keys}
       res = train_one(jnp.asarray(start, jnp.float32), cstate, x[c], y[c],
                       jnp.int32(counts[c]), engine.client_key(base_key, disp, c))
       w_end = np.asarray(res.w_end, np.float64)
@@ -272,7 +275,8 @@ def reference_run(name, tl, cfg, hp_values=HP):
         up = (start - w_end) / a
       else:  # ADMM client, Eqs. 10 and 16
         new_dual = dual[c] + HP["rho"] * (w_end - start)
-        up = (w_end - last[c]) + (new_dual - dual[c]) / HP["rho"]
+        prev = last[c] if admm_upload == "last_local" else start
+        up = (w_end - prev) + (new_dual - dual[c]) / HP["rho"]
         dual[c], last[c] = new_dual, w_end
         if name == "pafed":
           up = up / np.linalg.norm(up)
@@ -297,21 +301,23 @@ def reference_run(name, tl, cfg, hp_values=HP):
   return history
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.5])
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fednova", "fedadmm", "pafed"])
-def test_engine_equals_sequential_reference(name, delay):
+@pytest.mark.parametrize("name,delay,upload", [
+    (name, delay, "received") for name in ("fedavg", "fedprox", "fednova", "fedadmm",
+                                           "pafed") for delay in (0.0, 0.5)] + [
+    ("fedadmm", 0.5, "last_local"), ("pafed", 0.5, "last_local")])
+def test_engine_equals_sequential_reference(name, delay, upload):
   rounds = 6
   tl = timeline_lib.build(N, rounds, 0.4, timeline_lib.DelayConfig(delay, "uniform", 3),
                           seed=3)
   if delay:
     assert (tl.valid & ~tl.online).sum() > 0, "the timeline must contain stale arrivals"
   cfg = make_cfg(ring=4)
-  alg = get(name)
+  alg = get(name, upload)
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
   # Two calls of 3 rounds: one compiled chunk length (a ragged 4 + 2 compiled twice).
   state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                                 device_data(), rounds_per_call=3)
-  history = reference_run(name, tl, cfg)
+  history = reference_run(name, tl, cfg, admm_upload=upload)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
   assert [r["delayed"] for r in rows] == list((tl.valid & ~tl.online).sum(1))
   assert [r["online"] for r in rows] == list((tl.valid & tl.online).sum(1))
@@ -464,57 +470,69 @@ def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
 # ------------------------------------------------------------ staleness and ring buffer
 
 
+STEP = 0.01  # the recorder's server moves w by STEP * (t + 1) in round t
+
+
 def recorder_algorithm():
-  """FedAvg whose server also reports the start models it was handed."""
+  """Clients upload the model they end local training with; the server ignores the
+  uploads, moves w by STEP * (t + 1) (a different global model every round) and reports
+  them. With lr = 0 local training ends where it starts, so an upload is the model the
+  client was handed to train from."""
+
+  def client_final(w_start, w_end, client_state, num_steps, hp):
+    del w_start, num_steps, hp
+    return base.ClientOutput(w_end, client_state)
 
   def server_update(w, ss, uploads, arrivals, t, hp):
-    new_w, ss, _ = get("fedavg").server_update(w, ss, uploads, arrivals, t, hp)
-    return new_w, ss, {"start_params": arrivals.start_params}
+    del arrivals, hp
+    return w + STEP * (t + 1).astype(w.dtype), ss, {"uploads": uploads}
 
-  return base.Algorithm("recorder", base.no_penalty, base.delta_upload, server_update)
+  return base.Algorithm("recorder", local_penalty=base.no_penalty,
+                        client_final=client_final, server_update=server_update)
 
 
 def test_delayed_clients_start_from_their_dispatch_round_model():
+  """Each client's local training starts from the global model of its dispatch round:
+  w_t = w_0 + STEP * t (t + 1) / 2 by hand, whatever round the update arrives in."""
   rounds = 10
   tl = timeline_lib.build(N, rounds, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 3), seed=5)
   cfg = make_cfg(epochs=1, ring=4)
   alg = recorder_algorithm()
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  globals_seen = [np.asarray(W0)]
-
-  def on_chunk(s, rows):
-    globals_seen.append(np.asarray(s.w))
-
-  starts = []
-  runner = engine.make_runner(apply_flat, alg, cfg)
-  for t in range(rounds):  # one round per call so every global model is recorded
-    state, rows = engine.simulate(runner, state, tl, HP, device_data(), rounds_per_call=1,
-                                  stop_round=t + 1, on_chunk=on_chunk)
-    starts.append(rows[0]["start_params"])
-  checked = 0
+  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl,
+                            dict(HP, lr=0.0), device_data(), rounds_per_call=5)
+  stale = 0
   for t in range(rounds):
     for j in np.flatnonzero(tl.valid[t]):
-      disp = tl.dispatch[t, j]
-      np.testing.assert_array_equal(np.asarray(starts[t])[j], globals_seen[disp])
-      checked += int(disp < t)
-  assert checked > 0  # some of them were stale
+      disp = int(tl.dispatch[t, j])
+      want = W0 + np.float32(STEP * disp * (disp + 1) / 2)
+      np.testing.assert_allclose(np.asarray(rows[t]["uploads"])[j], want, atol=1e-6,
+                                 err_msg=f"round {t}, slot {j}, dispatched in {disp}")
+      stale += disp < t
+  assert stale >= 5  # stale clients, whose start differs from the current model by >= STEP
 
 
 def test_updates_older_than_the_buffer_are_dropped_and_counted():
-  rounds = 30
-  delay = timeline_lib.DelayConfig(0.6, "geometric", mean=3.0, buffer_size=2)
+  """R = 2 past models: an update of staleness >= 2 is dropped, not applied from the
+  ring slot a newer model has overwritten. The engine's FedAvg equals the plain loop over
+  the arrivals of staleness <= 1 alone, and the drops are counted in their rounds."""
+  rounds = 12
+  ring = 2
+  delay = timeline_lib.DelayConfig(0.6, "geometric", mean=3.0, buffer_size=ring)
   tl = timeline_lib.build(N, rounds, 0.5, delay, seed=2)
   # every dispatched update is either trained on arrival, dropped, or still in flight
-  dispatched = tl.sampled.sum()
-  assert tl.valid.sum() + tl.dropped.sum() + tl.in_flight_at_end == dispatched
-  assert tl.dropped.sum() > 0
-  assert tl.staleness()[tl.valid].max() <= 1  # R = 2 keeps staleness 0 and 1 only
+  assert tl.valid.sum() + tl.dropped.sum() + tl.in_flight_at_end == tl.sampled.sum()
+  assert tl.dropped.sum() >= 3
+  kept = tl._replace(valid=tl.valid & (tl.staleness() <= ring - 1))
   alg = get("fedavg")
-  cfg = make_cfg(epochs=1, ring=2)
-  state = engine.init_state(alg, W0, N, 2, 0)
-  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
-                            device_data(), rounds_per_call=10)
-  assert sum(r["dropped"] for r in rows) == tl.dropped.sum()
+  cfg = make_cfg(epochs=1, ring=ring)
+  state = engine.init_state(alg, W0, N, ring, 0)
+  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                                device_data(), rounds_per_call=6)
+  history = reference_run("fedavg", kept, cfg)
+  np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
+  assert [r["dropped"] for r in rows] == list(tl.dropped)
+  assert sum(r["delayed"] for r in rows) > 0  # staleness-1 updates do arrive
 
 
 def test_timeline_never_resamples_a_client_in_flight():
@@ -623,7 +641,7 @@ def test_admm_client_on_a_quadratic_solved_by_hand():
   last = jnp.array([0.0, 0.5, 0.5])
   rho = 0.5
   hp = {"rho": rho}
-  state = {"dual": y, "last_local": last}
+  state = {"dual": y}
   obj = lambda w: 0.5 * jnp.sum((w - c) ** 2) + fedadmm.admm_penalty(w, g, state, hp)
   w = g
   for _ in range(500):
@@ -633,8 +651,13 @@ def test_admm_client_on_a_quadratic_solved_by_hand():
   out = fedadmm.admm_client_final(g, w_star, state, 0, hp)
   new_y = y + rho * (w_star - g)  # Eq. 10
   np.testing.assert_allclose(out.state["dual"], new_y, atol=1e-6)
-  np.testing.assert_allclose(out.upload, (w_star - last) + (new_y - y) / rho, atol=1e-6)
-  np.testing.assert_allclose(out.state["last_local"], w_star)
+  # Eq. 16 from the model received (Gong et al.'s code): w* - g + (y+ - y) / rho.
+  np.testing.assert_allclose(out.upload, (w_star - g) + (new_y - y) / rho, atol=1e-6)
+  assert set(out.state) == {"dual"}  # no [N, d] last-local models kept
+  # Eq. 16 as printed: from the client's last local model, which is then replaced.
+  lit = fedadmm.admm_client_final(g, w_star, {"dual": y, "last_local": last}, 0, hp)
+  np.testing.assert_allclose(lit.upload, (w_star - last) + (new_y - y) / rho, atol=1e-6)
+  np.testing.assert_allclose(lit.state["last_local"], w_star)
   # PAFed uploads the same vector normalised to unit length (Alg. 3 line 8).
   p = pafed.client_final(g, w_star, state, 0, hp)
   np.testing.assert_allclose(p.upload, out.upload / jnp.linalg.norm(out.upload), atol=1e-6)
@@ -705,3 +728,17 @@ def test_engine_config_rejects_bad_values_naming_the_field(field, value):
     engine.EngineConfig(local, **kw)
   engine.EngineConfig(local, ring_size=2, client_chunk=None)  # the default stays valid
   engine.EngineConfig(local, ring_size=1, client_chunk=1, eval_batch=1)
+
+
+def test_progress_callback_reports_every_round_from_inside_a_chunk_and_changes_nothing():
+  tl = timeline_lib.build(N, 6, 0.5, timeline_lib.DelayConfig(0.5, "uniform", 2), seed=3)
+  alg = get("fedavg")
+  seen, states = [], []
+  for progress in (None, lambda r: seen.append(int(r))):
+    cfg = dataclasses.replace(make_cfg(ring=3), progress=progress)
+    state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
+    state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+                               device_data(), rounds_per_call=3)
+    states.append(np.asarray(state.w))
+  assert seen == [1, 2, 3, 4, 5, 6]  # two compiled chunks of 3 rounds, a call per round
+  np.testing.assert_array_equal(states[0], states[1])

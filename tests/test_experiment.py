@@ -225,6 +225,10 @@ def test_a_field_missing_from_a_stored_config_counts_as_its_default():
   assert experiment.config_mismatch(saved, dict(current, ckks_min_scale=4.0)) == [
       "ckks_min_scale"]
   assert experiment.config_mismatch(dict(saved, rounds=2), current) == ["rounds"]
+  # Runs stored before --admm_upload existed read Eq. 16 literally: they match only that.
+  saved = {k: v for k, v in current.items() if k != "admm_upload"}
+  assert experiment.config_mismatch(saved, current) == ["admm_upload"]
+  assert experiment.config_mismatch(saved, dict(current, admm_upload="last_local")) == []
 
 
 def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
@@ -433,3 +437,61 @@ def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(mon
                       overall=experiment.Overall(1, 6))([row(0)])
   assert out.getvalue().startswith("[fedavg] round    1/6 acc")
   assert "all 1" not in out.getvalue()
+
+
+def test_progress_prints_every_kth_round_the_last_and_one_after_a_silence(monkeypatch):
+  # Rounds 1-3 come back at 102 s, 4-6 at 104 s, 7-9 at 120 s (after 16 s of silence).
+  clock = itertools.chain([100.0, 102.0, 104.0, 120.0], itertools.repeat(121.0))
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  progress = experiment.Progress("run", total=10, stream=out, every=4)
+  row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
+                   "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
+  for chunk in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9]):
+    progress([row(t) for t in chunk])
+  printed = [int(l.split("round")[1].split("/")[0]) for l in out.getvalue().splitlines()]
+  # 4 and 8 (every 4th), 9 (its chunk came back 16 s after the last line), 10 (the last)
+  assert printed == [4, 8, 9, 10], out.getvalue()
+  assert experiment.log_interval(0, 100) == 10 and experiment.log_interval(0, 7) == 1
+  assert experiment.log_interval(3, 100) == 3
+
+
+def test_a_quiet_comparison_prints_no_round_lines_and_ends_with_its_table(tmp_path):
+  # (Which rounds get a line without --quiet: the Progress tests above.)
+  res = run(["--algorithm=fedavg,fedprox", "--num_clients=6", "--rounds=4",
+             "--checkpoint_every=0", "--notensorboard", "--quiet",
+             f"--output_dir={tmp_path}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = res.stdout.strip().splitlines()
+  assert not [l for l in lines if " round " in l], lines
+  assert lines[-1].startswith("| fedprox |") and lines[-3].startswith("|---"), lines[-6:]
+  assert lines[-5].startswith("figure: ")
+
+
+def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatch, tmp_path):
+  cfg = experiment.RunConfig(algorithm="pafed,fedavg", partition="shards", num_clients=30)
+  title = experiment.figure_title(cfg, "synthetic", "logreg", ["pafed", "fedavg"])
+  assert title == ("synthetic (shards, N = 30), logreg; δ = 0.3, uniform delays (max 3); "
+                   "pafed, fedavg")
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(Figure, "suptitle", lambda self, t, **kw: seen.append(t))
+  rows = [{"round": 0, "test_accuracy": 0.5, "train_loss": 1.0}]
+  experiment.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
+  assert seen == [title]
+  from fedjax_async import fededs  # pylint: disable=g-import-not-at-top
+  imgs = np.zeros((2, 4, 4, 1))
+  fededs.save_encryption_grid(imgs, imgs, str(tmp_path / "g.png"), title="FedEDS, client 0")
+  assert seen == [title, "FedEDS, client 0"]
+
+
+def test_progress_tick_from_inside_a_chunk_prints_only_after_a_silence(monkeypatch):
+  clock = iter([100.0, 105.0, 112.0, 115.0])
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  out = io.StringIO()
+  progress = experiment.Progress("cnn", total=10, stream=out)  # starts at 100 s
+  progress.tick(1)  # 105 s: 5 s of silence, no line
+  progress.tick(2)  # 112 s: 12 s
+  progress.tick(3)  # 115 s: 3 s after that line
+  assert out.getvalue().splitlines() == [
+      "[cnn] round    2/10 done (inside a compiled chunk of rounds) | 0.17 rounds/s ETA 48s"]

@@ -99,6 +99,18 @@ def test_round_hparams_scale_lr_and_schedule():
   np.testing.assert_array_equal(s1["fededs_lambda_dis"], [0, 0, 0])
 
 
+def test_equal_work_epochs_total_fededs_epochs_spread_evenly():
+  # Paper defaults, T = 10: FedEDS's E_t = 5, 3, 1 x 8 -> 16 epochs; the equal-work
+  # baseline runs 16 // 10 = 1 each and one more in 16 % 10 = 6 rounds, where
+  # floor(r 6 / 10) steps up (r = 2, 4, 5, 7, 9, 10): 1 2 1 2 2 1 2 1 2 2.
+  assert fededs.equal_work_epochs(10, fededs.FedEDSConfig()) == [1, 2, 1, 2, 2, 1, 2, 1, 2, 2]
+  # T = 3: 5 + 3 + 1 = 9 -> 3 each.
+  assert fededs.equal_work_epochs(3, fededs.FedEDSConfig()) == [3, 3, 3]
+  _, sched = fededs.hp_schedule({"lr": 0.01}, 4, fededs.FedEDSConfig(), anneal=False,
+                                share=False, fixed_epochs=[2, 1, 2, 1])
+  np.testing.assert_array_equal(sched["local_epochs"], [2, 1, 2, 1])
+
+
 def test_config_validation_names_field():
   with pytest.raises(ValueError, match="t_beta"):
     fededs.FedEDSConfig(t_alpha=3, t_beta=3)
@@ -315,6 +327,45 @@ def test_run_engine_annealing_and_transfer(generation, tmp_path):
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
   np.testing.assert_allclose(state2.w, state.w, rtol=1e-5, atol=1e-6)
+
+
+def test_equal_work_baseline_takes_fededs_local_steps():
+  """CFG's E_t over 4 rounds: 3, 2, 1, 1 = 7 epochs; the equal-work schedule 1, 2, 2, 2
+  (7 // 4 = 1, +1 in 3 rounds); with ceil(n / 8) = 3, 2, 2 steps per epoch, both take
+  7 x 7 = 49 client steps in all."""
+  x, y = _toy_data()
+  w0, apply_flat, _ = MODEL.flat(jax.random.PRNGKey(0))
+  data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
+  tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=0)
+  alg = fededs.wrap(fedavg.ALGORITHM)
+  hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
+  equal = fededs.equal_work_epochs(4, CFG)
+  assert equal == [1, 2, 2, 2]
+  _, rows = fededs.run(apply_flat, alg, w0, data, tl, hp, CFG, anneal=False, share=False,
+                       fixed_epochs=equal, rounds_per_call=4)
+  assert [r["client_steps"] for r in rows] == [7, 14, 14, 14]
+  assert sum(r["client_steps"] for r in rows) == 21 + 14 + 7 + 7
+
+
+def test_shared_set_utility_measures_what_the_labels_teach():
+  """Trained on correctly labelled rows (one-hot soft labels, identity layers) the toy
+  task is learnt (> 0.9 on held-out rows); on the same rows with uniform soft labels
+  (an encryptor at chance) it is not (chance is 1/3)."""
+  x, y = _toy_data()
+  tx, ty = _toy_data(seed=5)
+  tx, ty = tx.reshape((-1,) + SHAPE), ty.reshape(-1)
+  w0, _, split = MODEL.flat(jax.random.PRNGKey(0))
+  identity = {"gain": jnp.ones((N, F)), "bias": jnp.zeros((N, F))}
+  cfg = fededs.FedEDSConfig(batch_size=B, lr=0.05)
+  good = fededs.SharedData(x, jax.nn.one_hot(y, C), jnp.asarray(COUNTS), identity)
+  acc = fededs.shared_set_utility(MODEL, good, split(w0), tx, ty, jax.random.PRNGKey(0),
+                                  cfg, epochs=20)
+  assert acc > 0.9
+  flat = good._replace(soft=jnp.full((N, M, C), 1.0 / C))
+  cfg0 = fededs.FedEDSConfig(batch_size=B, lr=0.05, weight_decay=0.0)
+  chance = fededs.shared_set_utility(MODEL, flat, split(w0), tx, ty, jax.random.PRNGKey(0),
+                                     cfg0, epochs=20)
+  assert chance < 0.6
 
 
 # ------------------------------------------------------------------- privacy

@@ -289,7 +289,7 @@ def test_analytic_flops_count_every_tap_as_pytorchs_flop_counter_does():
                                  count="analytic")
   assert step == 2 * batch * (2 * conv1 + 3 * (conv2 + fc1 + fc2))
   # torch.utils.flop_counter on the same CNN in PyTorch gives 245.46304 and 723.84512
-  # MFLOP (docs/performance.md section 6m): the same numbers.
+  # MFLOP: the same numbers.
   assert (fwd, step) == (245_463_040, 723_845_120)
   # XLA's count skips the taps that fall on SAME padding, so it is lower for the CNN ...
   xla = models.train_step_flops(models.CNN(impl="lax"), (28, 28, 1), batch)

@@ -1,26 +1,66 @@
-"""Algorithm registry: one module per algorithm, each exporting ``ALGORITHM``."""
+"""Algorithm registry: one module per algorithm, each exporting ``ALGORITHM``.
+
+Two engines run them: the round engine (``engine.py``: clients sampled per round, delayed
+ones arriving rounds later) and the virtual clock (``virtual_clock.py``: every arrival
+updates the server, staleness from simulated compute and communication times).
+
+  names()                   # all ten
+  names("rounds")           # fedavg, fedprox, fednova, fedadmm, pafed
+  names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
+  engine_of("fedbuff")      # "virtual_clock"
+  get("pafed")              # the Algorithm / AsyncAlgorithm
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import Optional, Tuple
 
-# name -> module (round-based algorithms run on the round engine; the asynchronous
-# family of the virtual-clock issue registers itself here too).
-_MODULES = {
-    "fedavg": "fedjax_async.algorithms.fedavg",
-    "fedprox": "fedjax_async.algorithms.fedprox",
-    "fednova": "fedjax_async.algorithms.fednova",
-    "fedadmm": "fedjax_async.algorithms.fedadmm",
-    "pafed": "fedjax_async.algorithms.pafed",
+ENGINES = ("rounds", "virtual_clock")
+
+# name -> (engine, module). Adding an algorithm: its module, and one line here.
+_REGISTRY = {
+    "fedavg": ("rounds", "fedjax_async.algorithms.fedavg"),
+    "fedprox": ("rounds", "fedjax_async.algorithms.fedprox"),
+    "fednova": ("rounds", "fedjax_async.algorithms.fednova"),
+    "fedadmm": ("rounds", "fedjax_async.algorithms.fedadmm"),
+    "pafed": ("rounds", "fedjax_async.algorithms.pafed"),
+    "fedasync": ("virtual_clock", "fedjax_async.algorithms.fedasync"),
+    "fedbuff": ("virtual_clock", "fedjax_async.algorithms.fedbuff"),
+    "double_compensation": ("virtual_clock", "fedjax_async.algorithms.double_compensation"),
+    "privaasyncfed": ("virtual_clock", "fedjax_async.algorithms.privaasyncfed"),
+    "dp_fedasync": ("virtual_clock", "fedjax_async.algorithms.dp_fedasync"),
 }
 
+# The algorithms with FedADMM's client, whose Eq. 16 has two readings (``fedadmm.UPLOADS``).
+ADMM = ("fedadmm", "pafed")
 
-def names():
-  return tuple(_MODULES)
+
+def names(engine: Optional[str] = None) -> Tuple[str, ...]:
+  """The registered algorithms, all of them or those of one engine (``ENGINES``)."""
+  if engine is not None and engine not in ENGINES:
+    raise ValueError(f"unknown engine {engine!r}; choices: {', '.join(ENGINES)}")
+  return tuple(n for n, (e, _) in _REGISTRY.items() if engine in (None, e))
 
 
-def get(name: str):
-  """The ``Algorithm`` registered as ``name`` (ValueError listing the choices)."""
-  if name not in _MODULES:
-    raise ValueError(f"unknown algorithm {name!r}; choices: {', '.join(_MODULES)}")
-  return importlib.import_module(_MODULES[name]).ALGORITHM
+def engine_of(name: str) -> str:
+  """``"rounds"`` or ``"virtual_clock"``: the engine that runs ``name``."""
+  _check(name)
+  return _REGISTRY[name][0]
+
+
+def _check(name: str):
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown algorithm {name!r}; choices: {', '.join(_REGISTRY)}")
+
+
+def get(name: str, admm_upload: str = "received"):
+  """The algorithm registered as ``name`` (ValueError listing the choices): a
+  ``base.Algorithm`` for the round engine, an ``async_engine.AsyncAlgorithm`` for the
+  virtual clock. ``admm_upload`` selects the reading of Eq. 16 for the ADMM clients
+  (the others ignore it)."""
+  _check(name)
+  module = importlib.import_module(_REGISTRY[name][1])
+  if name in ADMM and admm_upload != "received":
+    return module.make_algorithm(upload=admm_upload)
+  return module.ALGORITHM

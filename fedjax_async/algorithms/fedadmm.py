@@ -1,12 +1,18 @@
 """FedADMM (Gong, Li, Freris, ICDE 2022).
 
-Client i keeps a dual variable y_i and its last local model w_i (both persist across rounds
-and change only when the client trains). With w_g the global model it received:
+Client i keeps a dual variable y_i (it persists across rounds and changes only when the
+client trains). With w_g the global model it received and trained from:
 
   local loss   f_i(w) + y_i^T (w - w_g) + rho/2 ||w - w_g||^2          (PAFed Eq. 8)
   dual update  y_i <- y_i + rho (w_i^+ - w_g)                           (PAFed Eq. 10)
-  upload       (w_i^+ - w_i) + (y_i^+ - y_i) / rho                       (PAFed Eq. 16)
+  upload       (w_i^+ - w_g) + (y_i^+ - y_i) / rho                       (PAFed Eq. 16)
   server       w <- w + eta * mean_k(upload_k)                           (PAFed Eq. 11)
+
+Eq. 16's w_i^{tau_r} is read as the model the client started training from, as Gong et
+al.'s released code computes it (``update.py``: ``weights - model_prev`` with
+``model_prev`` the received theta). ``upload="last_local"`` is the literal reading with
+the client's stored last local model (it also carries the global model's drift since the
+client last trained; docs/design.md measures what that does to the model's scale).
 
 Stale uploads (delayed clients) are averaged with the online ones, as FedADMM's server does
 with whatever arrives. eta switches to eta_2 from a given round (authors' code).
@@ -18,12 +24,21 @@ import jax.numpy as jnp
 
 from fedjax_async.algorithms import base
 
-STATE_KEYS = ("dual", "last_local")
+# Readings of Eq. 16's w_i^{tau_r}: the received global model (Gong et al.'s code) or the
+# client's last local model (the equation as printed).
+UPLOADS = ("received", "last_local")
 
 
-def init_client_state(w0):
-  # y_i^0 = 0 and w_i^0 = w^0 (PAFed Alg. 3 line 2).
-  return {"dual": jnp.zeros_like(w0), "last_local": w0}
+def state_keys(upload: str = "received") -> tuple:
+  return ("dual", "last_local") if upload == "last_local" else ("dual",)
+
+
+def make_init_client_state(upload: str = "received"):
+  def init_client_state(w0):
+    # y_i^0 = 0 (and w_i^0 = w^0) (PAFed Alg. 3 line 2).
+    state = {"dual": jnp.zeros_like(w0), "last_local": w0}
+    return {k: state[k] for k in state_keys(upload)}
+  return init_client_state
 
 
 def admm_penalty(w, w_start, client_state, hp):
@@ -33,13 +48,19 @@ def admm_penalty(w, w_start, client_state, hp):
 
 
 def admm_client_final(w_start, w_end, client_state, num_steps, hp):
-  """Dual update (Eq. 10) and the augmented upload (Eq. 16)."""
+  """Dual update (Eq. 10) and the augmented upload (Eq. 16), from the model received.
+
+  With a stored ``last_local`` in ``client_state`` (``upload="last_local"``) the upload
+  subtracts that instead, and the new local model is stored."""
   del num_steps
   rho = hp["rho"]
   dual = client_state["dual"]
-  new_dual = dual + rho * (w_end - w_start)
-  upload = (w_end - client_state["last_local"]) + (new_dual - dual) / rho
-  return base.ClientOutput(upload=upload, state={"dual": new_dual, "last_local": w_end})
+  new_dual = dual + rho * (w_end - w_start)  # Eq. 10
+  if "last_local" in client_state:
+    upload = (w_end - client_state["last_local"]) + (new_dual - dual) / rho
+    return base.ClientOutput(upload=upload, state={"dual": new_dual, "last_local": w_end})
+  upload = (w_end - w_start) + (new_dual - dual) / rho  # Eq. 16
+  return base.ClientOutput(upload=upload, state={"dual": new_dual})
 
 
 def arrival_weights(arrivals, hp):
@@ -56,16 +77,22 @@ def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
 
 
 STREAMED = base.streamed_linear(base.LinearServer(weight=arrival_weights, apply=apply_sum))
-server_update = base.streamed_server_update(STREAMED)
 
 
-ALGORITHM = base.Algorithm(
-    name="fedadmm",
-    local_penalty=admm_penalty,
-    client_final=admm_client_final,
-    server_update=server_update,
-    client_state_keys=STATE_KEYS,
-    init_client_state=init_client_state,
-    streamed_server=STREAMED,
-    separable_penalty=True,  # sum_j y_j (w_j - w_g,j) + rho/2 (w_j - w_g,j)^2
-)
+def make_algorithm(upload: str = "received") -> base.Algorithm:
+  """FedADMM with Eq. 16 read as ``upload`` (one of ``UPLOADS``)."""
+  if upload not in UPLOADS:
+    raise ValueError(f"admm_upload: expected one of {', '.join(UPLOADS)}, got {upload!r}")
+  return base.Algorithm(
+      name="fedadmm",
+      local_penalty=admm_penalty,
+      client_final=admm_client_final,
+      server_update=base.streamed_server_update(STREAMED),
+      client_state_keys=state_keys(upload),
+      init_client_state=make_init_client_state(upload),
+      streamed_server=STREAMED,
+      separable_penalty=True,  # sum_j y_j (w_j - w_g,j) + rho/2 (w_j - w_g,j)^2
+  )
+
+
+ALGORITHM = make_algorithm()

@@ -12,10 +12,12 @@ with one of the paper's staleness functions s (FedAsync Sec. 5.2):
 * polynomial: s(t - tau) = (t - tau + 1)^(-a_poly);
 * hinge:      s(t - tau) = 1 if t - tau <= b else 1 / (a_h (t - tau - b) + 1).
 
-Here t is the version the mix produces and tau the version the client was dispatched
-with, so t - tau >= 1: the engine's staleness (server versions between dispatch and
-arrival, 0 for an update from the current model) plus 1. The freshest update is weighted
-s(1): 2^(-a_poly) with the polynomial, and the hinge starts at staleness b.
+t - tau is the number of server versions between the client's dispatch and the update's
+arrival (the engine's ``Arrival.staleness``): 0 for an update trained from the current
+model, as FedAsync's released code counts it (xcgoner/async_fl:
+``worker_delay = epoch - worker_ts``, the model made at epoch e stamped e + 1) and FedLab
+(``staleness = self.round - receive_model_time``). A fresh update is thus weighted
+s(0) = 1 (a_t = a) and the hinge bends after staleness b.
 
 Hyperparameters: ``mix_alpha`` (a), ``staleness_fn`` (0 constant, 1 polynomial, 2 hinge;
 a traced code so sweeps can vmap it), ``poly_a``, ``hinge_a``, ``hinge_b``, ``mu``.
@@ -62,8 +64,8 @@ def mix(w, w_new, alpha):
 
 
 def server_step(w, server_state, upload, arrival, hp):
-  """w_t = (1 - a_t) w_{t-1} + a_t w_new, a_t = a s(t - tau), t - tau = staleness + 1."""
-  alpha = hp["mix_alpha"] * staleness_weight(arrival.staleness + 1, hp)
+  """w_t = (1 - a_t) w_{t-1} + a_t w_new, a_t = a s(t - tau) (Alg. 1), t - tau = staleness."""
+  alpha = hp["mix_alpha"] * staleness_weight(arrival.staleness, hp)
   return mix(w, upload, alpha), server_state
 
 

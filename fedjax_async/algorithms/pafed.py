@@ -1,7 +1,7 @@
 """PAFed (Miao et al., IEEE TIFS 2024), plaintext server.
 
-Client: the FedADMM client (Eqs. 8-10, 16), its upload normalised to unit length
-(Alg. 3 line 8). Server: the mean m of this round's online uploads, DUCC on the delayed
+Client: the FedADMM client (Eqs. 8-10, 16; ``fedadmm``), its upload normalised to unit
+length (Alg. 3 line 8). Server: the mean m of this round's online uploads, DUCC on the delayed
 uploads that arrived this round (Alg. 4, Eqs. 12-14), then Eq. 17:
 
   w <- w + alpha_0 m + alpha_1 m1 + alpha_2 m2.
@@ -161,8 +161,11 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
 
 
 def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0,
-                   name: str = "pafed") -> base.Algorithm:
-  """PAFed with the given Min (default exact) and empty-class tolerance (default 0)."""
+                   name: str = "pafed", upload: str = "received") -> base.Algorithm:
+  """PAFed with the given Min (default exact), empty-class tolerance (default 0) and
+  reading of Eq. 16 (``fedadmm.UPLOADS``; default the model received, as Gong et al.'s
+  FedADMM code)."""
+  fedadmm.make_algorithm(upload)  # validates ``upload``
   streamed = make_streamed_server(min_fn, empty_class_tol_per_update)
   return base.Algorithm(
       name=name,
@@ -170,8 +173,8 @@ def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.
       client_final=client_final,
       server_update=base.streamed_server_update(streamed),
       streamed_server=streamed,
-      client_state_keys=fedadmm.STATE_KEYS,
-      init_client_state=fedadmm.init_client_state,
+      client_state_keys=fedadmm.state_keys(upload),
+      init_client_state=fedadmm.make_init_client_state(upload),
       separable_penalty=True,  # FedADMM's (Eq. 8)
   )
 

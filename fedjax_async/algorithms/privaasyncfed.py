@@ -158,9 +158,9 @@ def scale_masks(params, order: Sequence[tuple], scales: Sequence[float] = SCALES
 def server_step(w, server_state, upload, arrival, hp):
   """Eqs. 12-15: mix only the held parameters with alpha = beta S_hinge(t - tau).
 
-  t - tau = staleness + 1, as FedAsync's (Alg. 1: the server sends version t with stamp
-  t, line 12, and the client's update arrives in a later round, so t - tau >= 1)."""
-  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness + 1,
+  t - tau = staleness (0 for an update trained from the current model): Eq. 15 requires
+  S(0) = 1 and Fig. 2 gives a client with t - tau ~ 0 the weight alpha_k = beta."""
+  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness,
                                                 hp.get("hinge_a", 10.0),
                                                 hp.get("hinge_b", 4.0))
   return w + alpha * arrival.mask * (upload - w), server_state

@@ -87,7 +87,9 @@ def ducc_depth_breakdown(min_iterations: int) -> Dict[str, int]:
     weight: W_j * u_j (Alg. 4 lines 5, 7).
     inverse: times Enc(1 / (r n)) returned by S1 (Alg. 4 line 11).
     projection: (m2 . m) / (n2 ||m||^2) then times m (Eq. 12 / Alg. 4 line 12).
-  Eq. 17 itself is additions only (alpha's are folded into masks).
+  Eq. 17 itself is additions only (alpha's are folded into masks). Off the critical
+  path: the empty-class tests (1 level after the Min); S0 picks S1's inverse for a
+  non-empty class by additions (no level).
   """
   d = int(min_iterations)
   return {"inner_product": 1, "pack": 1, "normalise": 1, "min": 2 * d if d > 0 else 1,

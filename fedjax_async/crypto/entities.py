@@ -7,14 +7,16 @@ Key separation (Sec. V-B "System initialization"):
 * ``Client`` i holds (pk_i, sk_i) and pk_s: it encrypts its unit-length update under pk_s
   (Alg. 3 line 9) and decrypts the global model with sk_i after the key transformation.
 * ``HelperServer`` (S1) holds sk_s. It only ever decrypts values masked by S0: w + r in
-  the key transformation (Alg. 5 line 7) and r * n in the masked-inverse exchange used for
-  the divisions of Alg. 4 line 11 / Eq. 12. Every decrypted value is appended to
-  ``decryption_log`` so tests can check the masking.
+  the key transformation (Alg. 5 line 7), r * n in the masked-inverse exchange used for
+  the divisions of Alg. 4 line 11 / Eq. 12, and the sign-flipped, blinded empty-class test
+  +-s_a (n - tol), +-s_b (-n - tol). ``decryption_log`` keeps the last ``log_size`` decryptions (none
+  by default) so that tests can check the masking.
 * ``AggregationServer`` (S0) lives in ``secure_ducc``; it receives only ``PublicMaterial``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import List, Optional, Sequence
@@ -35,8 +37,9 @@ class PublicMaterial:
   min_iterations: int
 
 
-# |r * n| at or below this counts as an empty class (CKKS noise is ~1e-9 here).
-INVERSE_EPS = 1e-6
+# S1 answers Enc(0) for a blinded value this close to 0 (no finite inverse); S0's
+# empty-class test, not this, decides which classes count as empty.
+ZERO_EPS = 1e-12
 
 
 class Client:
@@ -62,48 +65,54 @@ class Client:
 class HelperServer:
   """S1: holds sk_s; decrypts only S0-masked values (Alg. 5 lines 6-12, masked inverse)."""
 
-  def __init__(self, cc, keypair, client_pks: Sequence[object]):
+  def __init__(self, cc, keypair, client_pks: Sequence[object], log_size: int = 0):
     self._cc = cc
     self.pk_s = keypair.publicKey
     self._secret_key = keypair.secretKey
     self._client_pks = tuple(client_pks)
     self._ev = ckks.Evaluator(cc)
-    self.decryption_log: List[np.ndarray] = []
+    self.decryption_log = collections.deque(maxlen=int(log_size))
 
   def _decrypt(self, ct) -> np.ndarray:
     v = decrypt_vector(self._cc, self._secret_key, ct)
     self.decryption_log.append(v.copy())
     return v
 
-  def masked_inverse(self, cts: Sequence[object],
-                     thresholds: Optional[Sequence[float]] = None) -> List[object]:
-    """For each Enc(r * n) return Enc_pk_s(1 / (r * n)), or Enc(0) when |r * n| <= eps.
+  def _encrypt_scalar(self, value: float):
+    return self._ev.encrypt(self.pk_s, np.full(self._ev.slots, value))
 
-    ``thresholds`` (optional, one per ciphertext): S0's blinded empty-class tolerance
-    r * tol; a class with |r * n| <= r * tol counts as empty (approximate Min).
+  def masked_inverse(self, cts: Sequence[object], tests: Sequence[object] = ()):
+    """Alg. 4 line 11's divisions, blinded: one answer per denominator.
 
-    S1 sees r * n only (r > 0 random, chosen by S0). A class whose total weight is zero
-    gives zero (Alg. 4 line 11 as specified in ``pafed.ducc``'s docstring); the class-2
-    total n2 is *negative* (w2 = Min(s, 1/2) - 1/2 <= 0), and dividing by it is what makes
-    m2 a mean, so the sign is kept. The value is replicated in every slot; slot 0 is used.
+    ``cts``: Enc(r n) per denominator (r = +-2^u, random sign and magnitude, chosen by
+    S0); the inverse is 1 / (r n) (0 when |r n| <= ``ZERO_EPS``). ``tests[2 i]``,
+    ``tests[2 i + 1]`` go with ``cts[i]``: S0's empty-class tests, two blinded linear
+    values with hidden signs. For a tested denominator S1 returns four members,
+    Enc_pk_s(1 / (r n)) at index 2 pa + pb (pa, pb: test a, b positive) and Enc_pk_s(0)
+    at the other three; for an untested one, Enc_pk_s(1 / (r n)). S0 alone knows the
+    signs, so S1 cannot tell which members mean "empty". Each value is replicated in
+    every slot; slot 0 is used.
     """
+    values = [float(self._decrypt(ct)[0]) for ct in cts]
+    positive = [float(self._decrypt(ct)[0]) > 0.0 for ct in tests]
     out = []
-    thresholds = [0.0] * len(cts) if thresholds is None else list(thresholds)
-    for ct, thr in zip(cts, thresholds):
-      v = float(self._decrypt(ct)[0])
-      inv = 1.0 / v if abs(v) > max(INVERSE_EPS, thr) else 0.0
-      out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
+    for i, v in enumerate(values):
+      inv = 1.0 / v if abs(v) > ZERO_EPS else 0.0
+      if 2 * i + 1 < len(positive):
+        hit = 2 * positive[2 * i] + positive[2 * i + 1]
+        out.append(tuple(self._encrypt_scalar(inv if j == hit else 0.0) for j in range(4)))
+      else:
+        out.append(self._encrypt_scalar(inv))
     return out
 
   def masked_inverse_sqrt(self, cts: Sequence[object]) -> List[object]:
     """For each Enc(r^2 v) (v >= 0) return Enc_pk_s(1 / (r sqrt(v))), or Enc(0) when
-    r^2 v <= eps: S0's normalisation of the online mean (PAFed Sec. V-A), S1 seeing the
-    blinded r^2 ||m||^2 only. Slot 0 of the replicated value is used."""
+    r^2 v <= ``ZERO_EPS``: S0's normalisation of the online mean (PAFed Sec. V-A), S1
+    seeing the blinded r^2 ||m||^2 only. Slot 0 of the replicated value is used."""
     out = []
     for ct in cts:
       v = float(self._decrypt(ct)[0])
-      inv = 1.0 / math.sqrt(v) if v > INVERSE_EPS else 0.0
-      out.append(self._ev.encrypt(self.pk_s, np.full(self._ev.slots, inv)))
+      out.append(self._encrypt_scalar(1.0 / math.sqrt(v) if v > ZERO_EPS else 0.0))
     return out
 
   def key_transform(self, masked_cts: Sequence[object], recipients: Sequence[int]):
@@ -120,7 +129,7 @@ class KDC:
   """Key distribution centre (Alg. 3 line 1): context, all key pairs, sk_s eval keys."""
 
   def __init__(self, num_clients: int, depth: int, min_iterations: int, preset="secure",
-               ring_dim=None):
+               ring_dim=None, log_size: int = 0):
     self.cc = ckks.make_context(depth, preset, ring_dim)
     server_keys = self.cc.KeyGen()
     # Evaluation keys for S0's computations over ciphertexts under pk_s.
@@ -129,7 +138,7 @@ class KDC:
     client_keys = [self.cc.KeyGen() for _ in range(num_clients)]
     pks = tuple(k.publicKey for k in client_keys)
     self.public = PublicMaterial(self.cc, server_keys.publicKey, pks, int(min_iterations))
-    self.helper = HelperServer(self.cc, server_keys, pks)
+    self.helper = HelperServer(self.cc, server_keys, pks, log_size)
     self.clients = [Client(i, self.cc, server_keys.publicKey, k)
                     for i, k in enumerate(client_keys)]
 

@@ -7,7 +7,11 @@ orchestrator (``secure_pafed_step``) ferries between S0 and S1, so S0's work is 
 phases (``ducc_norm`` -> S1 ``masked_inverse_sqrt`` -> ``ducc_begin`` -> S1
 ``masked_inverse`` -> ``ducc_finish`` -> ``kt_mask`` -> S1 ``key_transform`` ->
 ``kt_unmask``). The first exchange gives S0 Enc(1 / ||m||): the paper normalises the
-online mean m before the Min (Sec. V-A: "We first normalize ...").
+online mean m before the Min (Sec. V-A: "We first normalize ..."); the second also
+carries the empty-class tests (``empty_class_test``).
+
+Randomness: every mask and blind is fresh from ``csprng`` (os.urandom), never from the
+experiment's seed; each cancels exactly, so results stay reproducible.
 
 Data layout: a [d] vector is ceil(d / (N/2)) ciphertexts of N/2 slots. Scalars derived
 from vectors (inner products, class totals) are *replicated* in every slot by EvalSum.
@@ -30,13 +34,17 @@ import numpy as np
 
 from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 
 SQRT2 = math.sqrt(2.0)
-# Multiplicative blinding factors r of the masked inverse: log-uniform in [2^-R, 2^R].
-BLIND_LOG2_RANGE = 4.0
+# Multiplicative blinds r = +-2^u of the masked inverse and of the empty-class test, u
+# uniform on [-R, R] (csprng.blind); R is bounded by CKKS precision (docs/crypto.md).
+BLIND_LOG2_RANGE = 8.0
 # Additive key-transformation mask r: uniform in [-B, B] per coordinate (Alg. 5 line 2).
 KT_MASK_BOUND = 1024.0
+# A class whose |total| is at most max(empty_class_tol, EMPTY_EPS) counts as empty.
+EMPTY_EPS = 1e-6
 # Clock of the timings. OpenFHE runs single-threaded here (OMP_NUM_THREADS=1), so
 # benchmarks on a shared machine may set ``time.process_time`` (CPU seconds of this
 # process, i.e. the uncontended wall time) instead of wall-clock time.
@@ -50,12 +58,11 @@ def _now():
 class AggregationServer:
   """S0: the encrypted DUCC (Alg. 4), Eq. 17 and its half of Alg. 5. No secret keys."""
 
-  def __init__(self, public: entities.PublicMaterial, seed: Optional[int] = None):
+  def __init__(self, public: entities.PublicMaterial):
     self.public = public
     self.ev = ckks.Evaluator(public.cc)
     self.min_iterations = public.min_iterations
     self.min_scale = 1.0  # c of ``cheon.cheon_min``: the Min's input y scaled by c
-    self.rng = np.random.default_rng(seed)
     self.timings: Dict[str, float] = {}
     self.global_ct: Optional[List[object]] = None  # Enc_pk_s(w) carried to the next round
     self._state: Dict[str, object] = {}
@@ -66,8 +73,10 @@ class AggregationServer:
     self.timings[key] = self.timings.get(key, 0.0) + _now() - t0
     return _now()
 
-  def _blind(self) -> float:
-    return float(2.0 ** self.rng.uniform(-BLIND_LOG2_RANGE, BLIND_LOG2_RANGE))
+  @staticmethod
+  def _blind(signed: bool = True) -> float:
+    """A fresh blind +-2^u from the OS's CSPRNG (never from the experiment's seed)."""
+    return csprng.blind(BLIND_LOG2_RANGE, signed)
 
   def check_depth(self):
     """Raise ``DepthError`` unless the context can hold 2d + 8 levels (Alg. 4 + Eq. 17)."""
@@ -100,7 +109,7 @@ class AggregationServer:
       return []
     t = _now()
     msum = [self.ev.add_many([u[c] for u in online]) for c in range(len(online[0]))]
-    r0 = self._blind()
+    r0 = self._blind(signed=False)  # S1 takes a square root of r0^2 ||msum||^2
     self._norm_blind = r0
     scaled = [self.ev.mult_const(x, r0 * r0, what="r0^2 m") for x in msum]
     out = [self._dot_replicated(msum, scaled, "||m||^2 for the normalisation")]
@@ -115,11 +124,11 @@ class AggregationServer:
 
     ``inverse_norm``: S1's answer to ``ducc_norm`` ([Enc(1 / (r0 ||sum||))]; needed when
     there are online and delayed updates). Returns the blinded denominators
-    [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1 (empty when no division is needed).
-    ``self.inverse_thresholds`` holds the blinded empty-class tolerances [r1 tol, r2 tol,
-    0] that go with them (``pafed.ducc``'s ``empty_class_tol``).
+    [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1 (empty when no division is needed);
+    ``self.empty_tests`` holds the empty-class tests that go with them
+    (``empty_class_test``; ``pafed.ducc``'s ``empty_class_tol``).
     """
-    self.inverse_thresholds = []
+    self.empty_tests = []
     self.check_depth()
     a0, a1, a2 = (float(a) for a in alphas)
     n, k = len(online), len(delayed)
@@ -159,7 +168,7 @@ class AggregationServer:
     r1, r2, r3 = self._blind(), self._blind(), self._blind()
     valid = np.zeros(slots)
     valid[:k] = 1.0
-    acc = {}
+    acc, tol = {}, max(float(empty_class_tol), EMPTY_EPS)
     for name, w, r, a in (("1", w1, r1, a1), ("2", w2, r2, a2)):
       # Broadcast slot j of w to all slots (times r * alpha), then Alg. 4 lines 5 / 7.
       wj = [self.ev.eval_sum(self.ev.mult_plain(w, ckks.one_hot(slots, j, r * a / c),
@@ -171,8 +180,9 @@ class AggregationServer:
       # Alg. 4 lines 6 / 8: the class totals n1, n2, blinded by r.
       st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
                                                            what="class total"))
+      tests, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
+      self.empty_tests += tests
     st["A1"], st["A2"] = acc["1"], acc["2"]
-    self.inverse_thresholds = [r1 * empty_class_tol, r2 * empty_class_tol, 0.0]
     t = self._tick("weighting", t)
     # Eq. 12 numerator and the blinded ||m||^2: with c = (r3 / n^2) msum,
     # r3 ||m||^2 = msum . c, and (m2 . m / ||m||^2) m = (A2 . msum) / (n2 ||msum||^2) msum.
@@ -182,15 +192,49 @@ class AggregationServer:
     self._tick("projection", t)
     return [st["v1"], st["v2"], st["v3"]]
 
+  def empty_class_test(self, w, total_mask: np.ndarray, tol: float):
+    """The class is empty when |n| <= tol, n = EvalSum(w * total_mask): two linear tests
+    for S1, Enc(sigma_a s_a (n - tol)) and Enc(sigma_b s_b (-n - tol)), and (sigma_a,
+    sigma_b). The class is not empty exactly when one of sigma_a, sigma_b times its value
+    is > 0. s_a, s_b are blinds independent of each other and of the total's r (so S1
+    cannot cancel one against another), sigma = +-1 hides which sign means what.
+    1 level each, off the critical path. (A single squared test s^2 (n^2 - tol^2) falls
+    below CKKS noise for small s and tol: s = 2^-8, tol = 2e-3 give 1e-10.)"""
+    tests, sigmas = [], []
+    for side in (1.0, -1.0):
+      s, sigma = self._blind(signed=False), float(csprng.signs(1)[0])
+      sn = self.ev.eval_sum(self.ev.mult_plain(w, s * sigma * side * total_mask,
+                                               what="empty-class test"))
+      tests.append(self.ev.add_const(sn, -sigma * s * tol))
+      sigmas.append(sigma)
+    return tests, tuple(sigmas)
+
+  def _class_factor(self, answer, sigmas):
+    """Enc(1 / (r n)) if the class is not empty, else Enc(0), from S1's four members
+    (``HelperServer.masked_inverse``; member 2 pa + pb holds 1 / (r n), pa / pb = test a /
+    b was positive, the others Enc(0)): the sum of the members whose (pa, pb) means
+    "n > tol or -n > tol" under S0's signs. Additions only: no level, and no ciphertext
+    product (a huge 1 / (r n) times an Enc(0) indicator would amplify CKKS noise)."""
+    sa, sb = sigmas
+    keep = [answer[2 * pa + pb] for pa in (0, 1) for pb in (0, 1)
+            if (pa if sa > 0 else 1 - pa) or (pb if sb > 0 else 1 - pb)]
+    return self.ev.add_many(keep)
+
   def ducc_finish(self, inverses: Sequence[object], w_ct: List[object]) -> List[object]:
-    """Alg. 4 lines 11-12 and Eq. 17 on Enc_pk_s(w): returns Enc_pk_s(w^{tau+1})."""
+    """Alg. 4 lines 11-12 and Eq. 17 on Enc_pk_s(w): returns Enc_pk_s(w^{tau+1}).
+
+    ``inverses``: S1's answers to ``ducc_begin``'s denominators and ``empty_tests``
+    (``HelperServer.masked_inverse``: four members per tested class, then
+    1 / (r3 ||m||^2))."""
     st = self._state
     t = _now()
     if st["n"] == 0:
       return list(w_ct)
     terms = [st["m_term"]]
     if st["k"] > 0:
-      inv1, inv2, inv3 = inverses
+      inv1 = self._class_factor(inverses[0], st["sigma1"])
+      inv2 = self._class_factor(inverses[1], st["sigma2"])
+      inv3 = inverses[2]
       # Alg. 4 line 11: m1 = A1 / n1, m2 = A2 / n2 (r and alpha cancel / stay).
       terms.append([self.ev.mult(a, inv1, what="Alg. 4 line 11: m1 / n1") for a in st["A1"]])
       terms.append([self.ev.mult(a, inv2, what="Alg. 4 line 11: m2 / n2") for a in st["A2"]])
@@ -210,8 +254,11 @@ class AggregationServer:
   # ------------------------------------------------------------------ Alg. 5
 
   def kt_mask(self, w_ct: List[object]) -> List[object]:
-    """Alg. 5 lines 2-5: Enc(w) + Enc_pk_s(r) with a fresh uniform mask r."""
-    r = self.rng.uniform(-KT_MASK_BOUND, KT_MASK_BOUND, size=len(w_ct) * self.ev.slots)
+    """Alg. 5 lines 2-5: Enc(w) + Enc_pk_s(r) with a fresh uniform mask r (CSPRNG).
+
+    r covers every slot: the slots past the model (zero in w) get values of their own,
+    independent of the model's, so S1 reads no known-plaintext slot."""
+    r = csprng.uniform(-KT_MASK_BOUND, KT_MASK_BOUND, len(w_ct) * self.ev.slots)
     self._state = {"kt_r": list(r.reshape(len(w_ct), self.ev.slots))}
     return [self.ev.add(c, self.ev.encrypt(self.public.pk_s, rb))
             for c, rb in zip(w_ct, self._state["kt_r"])]
@@ -255,8 +302,8 @@ class SecureProtocol:
 
 def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
                   ring_dim: Optional[int] = None, depth: Optional[int] = None,
-                  recipients: Optional[Sequence[int]] = None,
-                  seed: Optional[int] = None, min_scale: float = 1.0) -> SecureProtocol:
+                  recipients: Optional[Sequence[int]] = None, min_scale: float = 1.0,
+                  log_size: int = 0) -> SecureProtocol:
   """KDC setup (Alg. 3 line 1) sized for DUCC with ``min_depth`` Cheon iterations.
 
   Args:
@@ -267,15 +314,17 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
     ring_dim: override the preset's ring dimension.
     depth: override the context depth (default ``ckks.ducc_depth(min_depth)`` = 2d + 8).
     recipients: clients the key transformation re-encrypts for (default: all).
-    seed: S0's randomness (masks, blinding factors); None draws from the OS.
     min_scale: c in (0, 4], the Min's input y = cos / 4 scaled by c (``cheon.cheon_min``):
       1 is Alg. 1 as printed; 4 feeds Wilkes' iteration its whole range [0, 1] at no
       extra depth (a quarter of the error).
+    log_size: S1 keeps its last ``log_size`` decryptions in ``decryption_log`` (tests).
+
+  S0's masks and blinds come from the OS's CSPRNG (``csprng``), never from a seed.
   """
   cheon.check_ducc_scale(min_scale)
   depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
-  kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim)
-  s0 = AggregationServer(kdc.public, seed)
+  kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim, log_size)
+  s0 = AggregationServer(kdc.public)
   s0.min_scale = float(min_scale)
   rec = None if recipients is None else tuple(int(i) for i in recipients)
   return SecureProtocol(s0, kdc.helper, kdc.clients, int(dim), int(min_depth),
@@ -320,7 +369,7 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   t_norm = _now() - t1
   requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
   t1 = _now()
-  inverses = s1.masked_inverse(requests, s0.inverse_thresholds) if requests else []
+  inverses = s1.masked_inverse(requests, s0.empty_tests) if requests else []
   t_s1 = _now() - t1
   new_ct = s0.ducc_finish(inverses, w_ct)
   timings["ducc"] = _now() - t

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -37,6 +38,63 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
+INSECURE_WARNING = ("WARNING: --ckks_preset=insecure_test: CKKS with ring 2^11 and no "
+                    "security level (HEStd_NotSet) is NOT secure; for tests only")
+
+
+# The largest log2(Q) that 128-bit classic security allows per ring dimension N
+# (HomomorphicEncryption.org standard, the table OpenFHE applies for HEStd_128_classic).
+MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 438,
+                 2 ** 15: 881, 2 ** 16: 1747, 2 ** 17: 3523}
+# CPU seconds of one round at N = 2^16, 10 online + 10 delayed uploads: 57 with one chunk
+# of N/2 parameters, 16 more per further chunk (benchmarks/ducc_round.py, depth 28,
+# docs/crypto.md).
+ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
+
+
+def round_estimate(dim: int, uploads: int, preset: str, min_depth: int) -> dict:
+  """What one encrypted round needs, before any key is made: the ring dimension N (the
+  preset's, or the smallest that holds the context's modulus at 128-bit), ceil(dim /
+  (N/2)) chunks, a fresh ciphertext's bytes (2 N (depth + 1) 8-byte limbs), the bytes of
+  the round's uploads alone (a lower bound on its memory), and CPU seconds scaled from
+  the measured round (rough: linear in uploads, chunks and N)."""
+  from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
+  depth = ckks.ducc_depth(min_depth)
+  p = ckks.get_preset(preset)
+  log_q = p.first_mod_size + depth * p.scaling_mod_size
+  ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= log_q)
+  chunks = -(-dim // (ring // 2))
+  ct_bytes = 2 * ring * (depth + 1) * 8
+  cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
+           / ROUND_UPLOADS * ring / 2 ** 16)
+  return {"ring": ring, "depth": depth, "chunks": chunks, "ciphertext_bytes": ct_bytes,
+          "upload_bytes": uploads * chunks * ct_bytes, "cpu_s": cpu_s}
+
+
+def available_memory_bytes() -> int:
+  """MemAvailable of /proc/meminfo (else all physical memory)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_round_fits(est: dict, uploads: int, dim: int, available: int):
+  """ValueError naming the flags that change it when the round's uploads alone exceed
+  the memory available."""
+  if est["upload_bytes"] <= available:
+    return
+  raise ValueError(
+      f"--secure_aggregation=ckks: one round's {uploads} uploads of {dim:,} parameters are "
+      f"{est['chunks']} ciphertexts each of {est['ciphertext_bytes'] / 1e6:.1f} MB (ring "
+      f"2^{est['ring'].bit_length() - 1}, depth {est['depth']}), "
+      f"{est['upload_bytes'] / 2**30:.1f} GiB before any computation, more than the "
+      f"{available / 2**30:.1f} GiB available: use a smaller --model, fewer clients per "
+      "round (--participation, --delay_fraction) or a smaller --ckks_min_depth")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -58,7 +116,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
              on_chunk: Optional[Callable] = None, eval_every: int = 1,
-             stop_round: Optional[int] = None, stream=sys.stdout, seed: int = 0,
+             stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
 
@@ -74,13 +132,22 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     raise ValueError("--secure_aggregation=ckks: the encrypted server is PAFed's; got "
                      f"--algorithm={algorithm.name}")
   dim = int(state.w.shape[0])
+  preset = protocol.preset if protocol is not None else preset
+  if preset == "insecure_test":  # every run, whatever ``stream`` is
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
   if protocol is None:
+    uploads = int(tl.valid.sum(1).max())
+    est = round_estimate(dim, uploads, preset, min_depth)
+    check_round_fits(est, uploads, dim, available_memory_bytes())
+    print(f"[pafed/ckks] estimate per round: {uploads} uploads x {est['chunks']} "
+          f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
+          f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads (peak memory several times "
+          f"that), ~{est['cpu_s']:.0f} CPU s", file=stream, flush=True)
     print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
           f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
     t0 = time.perf_counter()
     protocol = secure_ducc.make_protocol(int(data.counts.shape[0]), dim, preset=preset,
-                                         min_depth=min_depth, seed=seed,
-                                         min_scale=min_scale)
+                                         min_depth=min_depth, min_scale=min_scale)
     print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
           f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)

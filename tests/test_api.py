@@ -1,0 +1,101 @@
+"""The public API: ``fedjax_async.simulate`` (in memory, the CLI's defaults, files only when
+asked) and the one algorithm registry."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fedjax_async as fa
+import run_script
+
+# Two rounds of FedAvg on the main job's data: a cheap run whose every field is a default.
+FIELDS = dict(algorithm="fedavg", rounds=2)
+pytestmark = pytest.mark.xdist_group("api")  # one worker: the compiled run is shared
+
+
+def without_times(rows):
+  return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def in_memory(tmp_path_factory):
+  cwd = os.getcwd()
+  empty = tmp_path_factory.mktemp("cwd")
+  os.chdir(empty)  # a run that wrote files by default would leave them here
+  try:
+    result = fa.simulate(**FIELDS)
+  finally:
+    os.chdir(cwd)
+  return result, empty
+
+
+def test_the_registry_lists_all_ten_algorithms_with_their_engine():
+  assert set(fa.algorithms.names()) == {
+      "fedavg", "fedprox", "fednova", "fedadmm", "pafed", "fedasync", "fedbuff",
+      "double_compensation", "privaasyncfed", "dp_fedasync"}
+  assert fa.algorithms.names("rounds") == ("fedavg", "fedprox", "fednova", "fedadmm",
+                                           "pafed")
+  assert fa.algorithms.engine_of("fedbuff") == "virtual_clock"
+  for name in fa.algorithms.names():  # each module's ALGORITHM is of its engine's kind
+    kind = type(fa.algorithms.get(name)).__name__
+    assert kind == {"rounds": "Algorithm", "virtual_clock": "AsyncAlgorithm"}[
+        fa.algorithms.engine_of(name)], name
+  with pytest.raises(ValueError, match="unknown algorithm 'fedsgd'; choices: fedavg"):
+    fa.algorithms.get("fedsgd")
+
+
+def test_simulate_writes_nothing_unless_asked_and_returns_rows_state_and_table(in_memory):
+  result, cwd = in_memory
+  assert os.listdir(cwd) == []
+  run = result.runs["fedavg"]
+  assert [r["round"] for r in run.rows] == [0, 1]
+  assert run.summary["final_accuracy"] == run.rows[-1]["test_accuracy"]
+  assert "| fedavg |" in result.table() and result.figure is None
+  # The state is the final model: its accuracy on the test set, recomputed here with the
+  # model's apply and a plain argmax, is the last row's.
+  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  fed = experiment.load_data(result.config)
+  logits = np.asarray(run.model[2](run.state.w, fed.test_x, train=False))
+  assert np.mean(np.argmax(logits, -1) == fed.test_y) == pytest.approx(
+      run.rows[-1]["test_accuracy"], abs=1e-6)
+
+
+def test_simulate_and_the_cli_share_their_defaults(in_memory, tmp_path):
+  """The same fields from Python and from experiments/run.py give the same rounds."""
+  out = subprocess.run(
+      [sys.executable, run_script.RUN, "--quiet", f"--output_dir={tmp_path}",
+       *[f"--{k}={v}" for k, v in FIELDS.items()]],
+      env=run_script.env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    cli_rows = [json.loads(line) for line in f]
+  assert without_times(cli_rows) == without_times(
+      json.loads(json.dumps(in_memory[0].runs["fedavg"].rows)))
+
+
+def test_simulate_writes_the_clis_files_when_given_an_output_dir(tmp_path):
+  result = fa.simulate(fa.RunConfig(**dict(FIELDS, algorithm="fedavg,fedprox")),
+                       output_dir=str(tmp_path), tensorboard=False, rounds=1)
+  assert sorted(os.listdir(tmp_path)) == ["comparison.csv", "comparison.md", "curves.png",
+                                          "fedavg", "fedprox"]
+  with open(tmp_path / "fedprox" / "summary.json") as f:
+    assert json.load(f)["final_accuracy"] == result.runs["fedprox"].summary["final_accuracy"]
+
+
+def test_simulate_refuses_a_bad_field_by_name():
+  with pytest.raises(ValueError, match=r"^--rounds: must be >= 1, got 0"):
+    fa.simulate(rounds=0)
+  with pytest.raises(ValueError, match="^--resume: continues the run in output_dir"):
+    fa.simulate(resume=True)
+
+
+def test_the_example_script_runs():
+  out = subprocess.run([sys.executable, os.path.join(run_script.ROOT, "examples",
+                                                     "quickstart.py"), "2"],
+                       env=run_script.env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "| pafed |" in out.stdout and "| fedavg |" in out.stdout, out.stdout
