@@ -255,7 +255,7 @@ DEVICE_SIZES = {
                         "--rounds=20", "--reps=3"],
         scaling_cnn=["--models=cnn", "--k_cnn=10,50,200,1000", "--rounds=2", "--reps=2"],
         peers=["--reps=2", "--engine_rounds=2"],
-        table_v=["--config=full"]),
+        table_v=["--config=full", "--checkpoint_every=0"]),  # no rerun there to resume
     True: dict(
         fop=["--model=logreg", "--clients=2", "--examples=20", "--rounds=1", "--reps=1"],
         tp=["--models=logreg", "--clients=2", "--rounds=2", "--reps=1"],
