@@ -23,13 +23,14 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
 * then ``report.py`` over the rows this run wrote: tables (``report.md``) and figures
   (PNG) next to the logs.
 
-``--device_suite`` is the run prepared for an accelerator lent for a short window (one
-command, about 25 minutes on one H100; BUILD.md "The device suite"): the steps above at the
-accelerator sizes, whatever the platform (the CNN's K sweep fitted for the largest K per
-round in the device's memory; the peers run by this Python, so pfl / Flower only where
-they are installed), and ``table_v``, the PAFed paper's Table V in its own configuration
-(``experiments/pafed_table.py --config=full``) for non-IID δ ∈ {0, 0.5}, the four
-algorithms, 2 seeds, the paper's values beside. ``--time_budget_min`` (24 by default there)
+``--device_suite`` is the run prepared for an accelerator lent for a short window (a lease
+of 15 minutes of device time, the machine's start included; BUILD.md "The device suite"):
+the steps above at the accelerator sizes, whatever the platform (the CNN's K sweep fitted
+for the largest K per round in the device's memory; the peers run by this Python, so pfl /
+Flower only where they are installed), and last ``table_v``, the PAFed paper's Table V in
+its own configuration (``experiments/pafed_table.py --config=full``) for non-IID
+δ ∈ {0, 0.5}, the four algorithms, 2 seeds, the paper's values beside (on such a lease it
+needs one of its own: ``--only=table_v``). ``--time_budget_min`` (9 by default there)
 bounds the whole run: a step still running at the end is stopped (its finished rows stay),
 the steps after it are listed as not run, and the report is written. The report
 (``report.md``) then has Table V after the performance tables. With ``--quick`` the same
@@ -70,7 +71,7 @@ from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)
 
 STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers", "table_v")
-DEVICE_SUITE_BUDGET_MIN = 24.0  # --time_budget_min's default with --device_suite
+DEVICE_SUITE_BUDGET_MIN = 9.0  # --time_budget_min's default with --device_suite
 
 FLAGS = flags.FLAGS
 
@@ -248,7 +249,8 @@ DEVICE_SIZES = {
     False: dict(
         fop=["--model=cnn", "--clients=10,50,200,1000", "--examples=60", "--rounds=2",
              "--reps=3"],
-        tp=["--models=logreg,cnn", "--clients=10,50,200,1000", "--reps=3"],
+        tp=["--models=logreg,cnn", "--clients=10,50,200,1000", "--reps=3",
+            "--fedjax_loop_max_clients=50"],
         tp_big=["--models=logreg", "--clients=10000", "--reps=3"],
         # the largest K per round that fits: fitted over K, in the device's memory
         scaling_logreg=["--models=logreg", "--k_logreg=10,100,1000,10000,100000",
@@ -285,22 +287,23 @@ def device_plan(p: Platform, quick: bool, results_dir: str,
           [f"--engine_devices={p.devices}"] if p.devices > 1 else [])),
       z["tp_big"] and Step("throughput", "throughput.py",
                            z["tp_big"] + ["--loop=false", "--fedjax_loop=false"]),
-      Step("table_v", "experiments/pafed_table.py",
-           z["table_v"] + ["--partitions=shards", "--deltas=0,0.5", "--num_seeds=2",
-                           "--algorithm=fedadmm,fedavg,fedprox,pafed",
-                           f"--output_dir={os.path.join(results_dir, 'table_v')}"] + data,
-           tagged=False),
-      Step("peers", "peers.py", z["peers"] + ["--systems=engine,loop,pfl,flower",
-                                              f"--peers_python={sys.executable}"]),
       Step("scaling", "scaling.py", ["--sweep=k_fit,n"] + z["scaling_logreg"]
            + ["--budget_gib=0", "--client_chunk=0"]),
       z["scaling_cnn"] and Step("scaling", "scaling.py", ["--sweep=k_fit,n"]
                                 + z["scaling_cnn"] + ["--budget_gib=0", "--client_chunk=0"]),
+      Step("peers", "peers.py", z["peers"] + ["--systems=engine,loop,pfl,flower",
+                                              f"--peers_python={sys.executable}"]),
       p.devices > 1 and Step(
           "multidevice", "multidevice.py",
           ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
            "--reps=1" if quick else "--reps=3"]
           + (["--k_strong=4", "--k_per_device=2", "--rounds=1"] if quick else [])),
+      # last: the longest step; on a 15-minute lease it needs one of its own (--only)
+      Step("table_v", "experiments/pafed_table.py",
+           z["table_v"] + ["--partitions=shards", "--deltas=0,0.5", "--num_seeds=2",
+                           "--algorithm=fedadmm,fedavg,fedprox,pafed",
+                           f"--output_dir={os.path.join(results_dir, 'table_v')}"] + data,
+           tagged=False),
   ]
   return [s for s in steps if s]
 

@@ -61,6 +61,10 @@ flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_b
 flags.DEFINE_enum("algorithm", "fedavg", list(algorithms.names("rounds")), "Algorithm.")
 flags.DEFINE_bool("loop", True, "Also time the sequential per-client jit loop.")
 flags.DEFINE_bool("fedjax_loop", True, "Also time fedjax's per-step jit pattern.")
+flags.DEFINE_integer("fedjax_loop_max_clients", 0, "Time fedjax's pattern only up to this "
+                     "many clients per round (0: at every K); one Python dispatch per local "
+                     "step, it took 31 s for 20 logreg rounds at K = 200 on an H200.",
+                     lower_bound=0)
 flags.DEFINE_integer("engine_devices", 1, "D > 1: also time the engine with each round's "
                      "clients split over D CPU devices (made here with jax_num_cpu_devices; "
                      "they share the machine's cores).", lower_bound=1)
@@ -92,7 +96,8 @@ def main(_):
         runners["engine_sharded"] = (prep_s, run_s)
       if FLAGS.loop:
         runners["loop"] = common.loop_runner(wl)
-      if FLAGS.fedjax_loop:
+      if FLAGS.fedjax_loop and (not FLAGS.fedjax_loop_max_clients
+                                or k <= FLAGS.fedjax_loop_max_clients):
         runners["fedjax_loop"] = common.fedjax_loop_runner(wl)
       t = common.timed_interleaved(runners, FLAGS.reps)
       t_engine = t["engine"]

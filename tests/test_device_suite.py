@@ -33,17 +33,20 @@ def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
   for p in (H100, CPU):  # the accelerator's sizes whatever the platform
     steps = run_all.device_plan(p, False, "/r")
     assert [s.name for s in steps] == ["fraction_of_peak", "throughput", "throughput",
-                                       "table_v", "peers", "scaling", "scaling"]
+                                       "scaling", "scaling", "peers", "table_v"]
     fop = steps[0]
     assert (_flag(fop, "model"), _flag(fop, "clients"), _flag(fop, "client_chunk")) == (
         "cnn", "10,50,200,1000", "0")  # one vmap of all K
     assert _flag(steps[1], "clients") == "10,50,200,1000"
+    # fedjax's per-step dispatch only where it ends within the lease (31 s for 20 logreg
+    # rounds at K = 200 on an H200)
+    assert _flag(steps[1], "fedjax_loop_max_clients") == "50"
     assert _flag(steps[2], "clients") == "10000" and _flag(steps[2], "loop") == "false"
-    for s in steps[5:]:  # the largest K per round that fits in the device's memory
+    for s in steps[3:5]:  # the largest K per round that fits in the device's memory
       assert _flag(s, "sweep") == "k_fit,n" and _flag(s, "budget_gib") == "0"
-    assert _flag(steps[6], "models") == "cnn" and _flag(steps[6], "k_cnn").endswith("1000")
-    assert _flag(steps[4], "peers_python") == sys.executable  # pfl / Flower where installed
-  table_v = run_all.device_plan(H100, False, "/r", data_dir="/d")[3]
+    assert _flag(steps[4], "models") == "cnn" and _flag(steps[4], "k_cnn").endswith("1000")
+    assert _flag(steps[5], "peers_python") == sys.executable  # pfl / Flower where installed
+  table_v = run_all.device_plan(H100, False, "/r", data_dir="/d")[-1]
   argv = table_v.argv("t", python="py")
   assert argv[1] == os.path.join(common.ROOT, "experiments", "pafed_table.py")
   assert "--tag=t" not in argv  # the driver has no --tag
@@ -53,17 +56,18 @@ def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
               "full", "shards", "0,0.5", "2", "fedadmm,fedavg,fedprox,pafed", "/r/table_v",
               "/d")
   eight = run_all.device_plan(run_all.Platform("gpu", 8, "H100", 16), False, "/r")
-  assert _flag(eight[-1], "devices") == "1,2,4,8" and eight[-1].name == "multidevice"
+  assert _flag(eight[-2], "devices") == "1,2,4,8" and eight[-2].name == "multidevice"
 
 
 def test_the_dry_run_is_the_device_plan_at_toy_sizes():
   full, tiny = (run_all.device_plan(H100, quick, "/r") for quick in (False, True))
   # the second throughput and scaling parts would only repeat the first ones at toy sizes
-  full = [full[i] for i in (0, 1, 3, 4, 5)]
+  full = [full[i] for i in (0, 1, 3, 5, 6)]
   assert [(s.name, s.script) for s in tiny] == [(s.name, s.script) for s in full]
   sizes = {"model", "models", "clients", "examples", "rounds", "reps", "k_logreg", "k_cnn",
            "n_logreg", "k_fixed_logreg", "engine_rounds", "config", "local_epochs",
-           "num_clients", "test_subset", "eval_every", "rounds_per_call", "checkpoint_every"}
+           "num_clients", "test_subset", "eval_every", "rounds_per_call", "checkpoint_every",
+           "fedjax_loop_max_clients"}
   for f, t in zip(full, tiny):
     other = lambda step: sorted(a for a in step.args if a[2:].split("=")[0] not in sizes)
     assert other(f) == other(t), f.name
@@ -216,3 +220,15 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
     assert (results / "logs" / "dry" / png).read_bytes()[:4] == b"\x89PNG"
   assert "| non-IID δ=0 |" in report and "| non-IID δ=0.5 |" in report
   assert "| 0.842 |" in report and "| 0.812 |" in report  # FedADMM's, δ = 0 and 0.5
+
+
+def test_fedjax_pattern_is_timed_only_up_to_its_client_cap(tmp_path):
+  env = dict(common.child_env(JAX_PLATFORMS="cpu"), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "throughput.py"),
+       "--models=logreg", "--clients=2,3", "--rounds=1", "--reps=1", "--examples=10",
+       "--noloop", "--fedjax_loop_max_clients=2"],
+      env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = {r["clients_per_round"]: r for r in map(json.loads, open(tmp_path / "throughput.jsonl"))}
+  assert rows[2]["fedjax_loop_s"] > 0 and rows[3]["fedjax_loop_s"] != rows[3]["fedjax_loop_s"]
