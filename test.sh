@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite, in two legs (fast tests; add -m slow for the slow ones, see BUILD.md):
-#   1. Python 3.10, jax 0.6.2 and OpenFHE (.venv): every test, pytest -n 2;
+#   1. Python 3.10, jax 0.6.2 and OpenFHE (.venv): every test but the py312_only ones;
 #   2. Python 3.12 and the newest JAX that setup.cfg allows (.venv312): the tests marked
 #      py312 (tests/conftest.py's list), the crypto ones skipped there with the reason
 #      (OpenFHE's 3.12 wheel does not load on Debian 12).
@@ -26,7 +26,10 @@ run_leg() {  # run_leg NAME VENV PYTEST_ARGS...
 
 if [[ ",$legs," == *,310,* ]]; then
   scripts/bootstrap.sh
-  run_leg "leg 1 (Python 3.10, jax 0.6.2, OpenFHE)" "${FEDJAX_VENV:-.venv}" "$@"
+  marker1=(-m "not slow and not py312_only")
+  for a in "$@"; do case "$a" in -m|-m*) marker1=();; esac; done
+  run_leg "leg 1 (Python 3.10, jax 0.6.2, OpenFHE)" "${FEDJAX_VENV:-.venv}" \
+    ${marker1[@]+"${marker1[@]}"} "$@"
 fi
 
 if [[ ",$legs," == *,312,* ]]; then
