@@ -82,42 +82,34 @@ def openfhe_error():
 
 
 # The second leg of ./test.sh (Python 3.12, the newest JAX setup.cfg allows) runs the tests
-# marked py312: a few minutes on 2 cores (BUILD.md "Tests"), so that both legs fit CI's
-# 20 minutes. They cover what differs between JAX versions: the engine against its plain
-# references, the virtual clock, checkpoints (orbax), a vmapped sweep, the public API's
-# main job end to end, and the device suite (whose machines run Python 3.12 and jax 0.11).
-# The tests marked py312_only run in that leg alone: the device suite's CPU dry run.
-PY312_MODULES = frozenset({"test_device_suite.py"})
+# marked py312: about a minute on 2 cores, so that both legs fit CI's 20 minutes (BUILD.md
+# "Tests"). They cover what differs between JAX versions: the engine against its plain
+# references, the virtual clock, checkpoints (orbax), the public API's main job end to end,
+# and the device suite's plan, flags and time budget (its CPU dry run is marked slow).
+PY312_MODULES = frozenset()
 PY312_TESTS = frozenset({
-    "test_async.py::test_fedasync_batched_equals_event_loop",
-    "test_async.py::test_loss_threshold_stops_local_training",
+    "test_device_suite.py::test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_"
+    "platform",
+    "test_device_suite.py::test_every_step_of_the_device_suite_passes_its_flag_checks",
+    "test_device_suite.py::test_a_step_still_running_at_the_deadline_is_stopped_with_what_it_"
+    "started",
+    "test_async.py::test_fedasync_batched_equals_event_loop[0]",
     "test_checkpoint.py::test_round_trip_restores_every_array_and_the_rows",
-    "test_engine.py::test_local_training_matches_hand_written_sgd",
-    "test_engine.py::test_engine_equals_sequential_reference",
+    "test_engine.py::test_engine_equals_sequential_reference[pafed-0.5-received]",
+    "test_engine.py::test_engine_equals_sequential_reference[fedadmm-0.5-last_local]",
     "test_engine.py::test_delayed_clients_start_from_their_dispatch_round_model",
-    "test_engine.py::test_ducc_mixed_matches_independent_numpy",
-    "test_engine.py::test_admm_client_on_a_quadratic_solved_by_hand",
     "test_api.py::test_simulate_writes_nothing_unless_asked_and_returns_rows_state_and_table",
-    "test_models.py::test_impls_agree_on_models",
-    "test_sweep.py::test_vmapped_sweep_equals_separate_runs",
-})
-PY312_ONLY = frozenset({
-    "test_device_suite.py::"
-    "test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_paper",
 })
 
 
 def mark_py312(items):
-  """Adds the ``py312`` mark to the second leg's tests (``PY312_MODULES``, ``PY312_TESTS``)
-  and ``py312_only`` to those that run there alone (``PY312_ONLY``)."""
+  """Adds the ``py312`` mark to the second leg's tests (``PY312_MODULES``, ``PY312_TESTS``)."""
   for item in items:
     module = os.path.basename(str(item.fspath))
     name = item.nodeid.split("::", 1)[-1]
     if (module in PY312_MODULES or f"{module}::{name}" in PY312_TESTS
         or f"{module}::{name.split('[')[0]}" in PY312_TESTS):
       item.add_marker(pytest.mark.py312)
-    if f"{module}::{name.split('[')[0]}" in PY312_ONLY:
-      item.add_marker(pytest.mark.py312_only)
 
 
 # Tests of other modules that need OpenFHE: those that run a crypto benchmark (their node

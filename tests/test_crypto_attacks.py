@@ -22,6 +22,8 @@ import shutil
 import numpy as np
 import pytest
 
+pytest.importorskip("openfhe", exc_type=ImportError)
+
 from fedjax_async import experiment
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities

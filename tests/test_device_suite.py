@@ -176,6 +176,7 @@ def _image_like_env(tmp_path):
 @pytest.mark.skipif(not os.path.isfile(os.path.join(FMNIST_DIR, "t10k-labels-idx1-ubyte.gz")),
                     reason=f"Fashion-MNIST IDX files not in {FMNIST_DIR} (apt-get install "
                     "dataset-fashion-mnist): Table V needs them")
+@pytest.mark.slow  # 155-220 s on 2 cores (five steps and Table V, each a JAX process)
 def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_paper(
     tmp_path):
   env = _image_like_env(tmp_path)
