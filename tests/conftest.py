@@ -86,7 +86,6 @@ def openfhe_error():
 # "Tests"). They cover what differs between JAX versions: the engine against its plain
 # references, the virtual clock, checkpoints (orbax), the public API's main job end to end,
 # and the device suite's plan, flags and time budget (its CPU dry run is marked slow).
-PY312_MODULES = frozenset()
 PY312_TESTS = frozenset({
     "test_device_suite.py::test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_"
     "platform",
@@ -103,12 +102,11 @@ PY312_TESTS = frozenset({
 
 
 def mark_py312(items):
-  """Adds the ``py312`` mark to the second leg's tests (``PY312_MODULES``, ``PY312_TESTS``)."""
+  """Adds the ``py312`` mark to the second leg's tests (``PY312_TESTS``)."""
   for item in items:
     module = os.path.basename(str(item.fspath))
     name = item.nodeid.split("::", 1)[-1]
-    if (module in PY312_MODULES or f"{module}::{name}" in PY312_TESTS
-        or f"{module}::{name.split('[')[0]}" in PY312_TESTS):
+    if f"{module}::{name}" in PY312_TESTS or f"{module}::{name.split('[')[0]}" in PY312_TESTS:
       item.add_marker(pytest.mark.py312)
 
 
