@@ -164,6 +164,13 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("K", "clients_per_round", "int"), ("ms/round", "s_per_round", "ms"),
          ("efficiency", "efficiency", "g3"),
          ("max abs diff vs unsharded", "max_abs_diff_vs_unsharded", "g3")], 4),
+    "multiprocess": (
+        "Client axis sharded over processes, localhost (`multiprocess.py`)",
+        lambda r: True,
+        [("scaling", "scaling", "str"), ("model", "model", "str"),
+         ("processes", "processes", "int"), ("devices each", "devices_per_process", "int"),
+         ("client data", "client_data", "str"), ("K", "clients_per_round", "int"),
+         ("ms/round", "s_per_round", "ms"), ("efficiency", "efficiency", "g3")], 4),
     "peers": (
         "pfl-research's CIFAR-10 workload, four systems in one run (`peers.py`)",
         lambda r: True,

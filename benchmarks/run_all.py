@@ -18,6 +18,8 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
   accelerator), and the largest N that fits;
 * ``multidevice``: weak and strong scaling of the client-sharded round (forced host devices
   on CPU; the machine's own devices on an accelerator with several);
+* ``multiprocess`` (CPU): the same over processes, 1 to 2 processes and 4 of one device
+  each, logreg and the CNN (``jax.distributed`` on localhost, docs/distributed.md);
 * ``peers``: pfl-research's CIFAR-10 workload by the engine, the loop, pfl and Flower (peers
   from ``--peers_python``; a peer that cannot run is reported as such);
 * then ``report.py`` over the rows this run wrote: tables (``report.md``) and figures
@@ -70,7 +72,8 @@ sys.path.insert(0, ROOT)
 from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)
 
-STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "peers", "table_v")
+STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "multiprocess", "peers",
+         "table_v")
 DEVICE_SUITE_BUDGET_MIN = 9.0  # --time_budget_min's default with --device_suite
 
 FLAGS = flags.FLAGS
@@ -190,6 +193,9 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         Step("multidevice", "multidevice.py",
              ["--devices=1,2", "--k_strong=4", "--k_per_device=2", "--rounds=1", "--reps=1"]
              + (["--platform=default"] if not cpu and p.devices > 1 else [])),
+        Step("multiprocess", "multiprocess.py",
+             ["--configs=1x1,2x1", "--k_strong=4", "--k_per_device=2", "--rounds=1",
+              "--reps=1"]),
         # 20 peer rounds: at 2 the toy rounds (~10 ms) vanished in pfl's set-up noise and
         # pfl came out "NOT RUN: too short to time"
         Step("peers", "peers.py",
@@ -216,6 +222,10 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
              ["--sweep=k_fit,n", "--models=cnn", "--n_cnn=20,60,120", "--rounds=1",
               "--examples=20"]),
         Step("multidevice", "multidevice.py", ["--reps=2"]),
+        Step("multiprocess", "multiprocess.py", []),
+        Step("multiprocess", "multiprocess.py",
+             ["--model=cnn", "--k_strong=4", "--k_per_device=1", "--rounds=2", "--reps=2",
+              "--configs=1x1,2x1,1x2,4x1"]),
         Step("peers", "peers.py", ["--reps=2", "--engine_rounds=2"] + peers),
     ]
   device_counts = [d for d in (1, 2, 4, 8, 16) if d <= p.devices]

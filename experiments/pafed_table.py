@@ -308,6 +308,10 @@ def main(argv):
   experiment.quiet_library_logs(FLAGS)
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
+    for name in ("coordinator_address", "num_processes", "process_id", "distributed"):
+      if FLAGS[name].present:
+        raise ValueError(f"--{name}: pafed_table.py runs in one process; its sweeps run "
+                         "across processes as experiments/sweep.py (docs/distributed.md)")
     apply_preset(FLAGS.config)
     sweep.check_unsupported_flags(FLAGS)  # its runs are sweeps: no tb/
     base = experiment.config_from_flags(FLAGS)

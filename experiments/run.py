@@ -110,6 +110,11 @@ ASYNC_HINTS = {
                       "--compute_time and --comm_time, not a delayed fraction",
     "rounds_per_call": "the virtual clock's unit of a compiled call is --groups_per_call",
 }
+# The process flags exist for the round engine and sweeps only (docs/distributed.md).
+ONE_PROCESS_HINTS = {
+    name: "FedEDS and the virtual clock run in one process; the round engine's algorithms "
+          "and sweeps run across processes (docs/distributed.md)"
+    for name in ("coordinator_address", "num_processes", "process_id", "distributed")}
 ROUNDS_HINTS = {
     name: f"a flag of the virtual-clock algorithms ({', '.join(ASYNC)}); the round "
           "engine's algorithms run --rounds"
@@ -135,6 +140,8 @@ def main():
     return
   mode = mode_of(sys.argv)
   cli.HINTS.update(ASYNC_HINTS if mode == "async" else ROUNDS_HINTS)
+  if mode != "rounds":
+    cli.HINTS.update(ONE_PROCESS_HINTS)
   if mode == "async":
     import async_family  # pylint: disable=g-import-not-at-top
     app.run(async_family.main, flags_parser=cli.parse_flags)

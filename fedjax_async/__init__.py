@@ -5,7 +5,8 @@
   print(result.table())
 
 Public names: ``simulate``, ``Result``, ``RunConfig``, ``DelayConfig``, ``algorithms``
-(the registry: ``algorithms.names()``). Imported on first use, so ``import fedjax_async``
+(the registry: ``algorithms.names()``), ``distributed`` (several processes:
+``distributed.initialize(...)`` before ``simulate``). Imported on first use, so ``import fedjax_async``
 does not load JAX.
 """
 
@@ -19,6 +20,7 @@ _EXPORTS = {
     "RunConfig": ("fedjax_async.experiment", "RunConfig"),
     "DelayConfig": ("fedjax_async.timeline", "DelayConfig"),
     "algorithms": ("fedjax_async.algorithms", None),
+    "distributed": ("fedjax_async.distributed", None),
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -22,6 +22,7 @@ from typing import Dict, Optional
 import jax
 import numpy as np
 
+from fedjax_async import distributed
 from fedjax_async import experiment
 from fedjax_async import interrupts
 from fedjax_async import sharding
@@ -77,6 +78,10 @@ def simulate(config: Optional[experiment.RunConfig] = None, **fields) -> Result:
   """
   cfg = dataclasses.replace(config or experiment.RunConfig(), **fields)
   experiment.validate(cfg)
+  if cfg.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:
+    raise ValueError("--secure_aggregation=ckks: the encrypted server (OpenFHE, on the "
+                     "host) runs in one process; run it without --coordinator_address / "
+                     "--distributed")
   devices = sharding.select_devices(cfg.devices)
   prepare(cfg)
   names = cfg.algorithm.split(",")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 from typing import Any, List, NamedTuple, Optional
@@ -43,10 +44,25 @@ def to_json_ready(obj):
   return json.loads(json.dumps(obj, default=_json_default))
 
 
+def _split_across_processes(x) -> bool:
+  """An array whose parts live in several processes (client state sharded across them):
+  orbax writes it from every process, each its own shards."""
+  return isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated)
+
+
 def state_to_leaves(state) -> dict:
-  """A pytree -> ``{"leaf_00000": np.ndarray, ...}`` (host copies, order of tree_leaves)."""
+  """A pytree -> ``{"leaf_00000": np.ndarray, ...}`` (host copies, order of tree_leaves;
+  an array split across processes stays a global ``jax.Array``)."""
   leaves = jax.tree_util.tree_leaves(state)
-  return {f"leaf_{i:05d}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
+  return {f"leaf_{i:05d}": x if _split_across_processes(x) else np.asarray(jax.device_get(x))
+          for i, x in enumerate(leaves)}
+
+
+def _restore_target(x):
+  """What orbax restores a leaf as: a numpy array, or a global array with ``x``'s sharding."""
+  if _split_across_processes(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  return np.asarray(jax.device_get(x))
 
 
 def leaves_to_state(leaves: dict, template):
@@ -62,7 +78,8 @@ def leaves_to_state(leaves: dict, template):
       raise ValueError(f"checkpoint state array {i} has shape {np.shape(a)}, the "
                        f"configuration expects {np.shape(b)}")
   return jax.tree_util.tree_unflatten(
-      treedef, [np.asarray(a, dtype=np.asarray(b).dtype) for a, b in zip(ordered, tmpl_leaves)])
+      treedef, [a if isinstance(a, jax.Array) else np.asarray(a, dtype=getattr(b, "dtype", None) or np.asarray(b).dtype)
+                for a, b in zip(ordered, tmpl_leaves)])
 
 
 class Restored(NamedTuple):
@@ -78,11 +95,32 @@ class CheckpointError(ValueError):
   message names the step's folder and what was wrong."""
 
 
+_REGISTERED = []
+
+
+def _one_replica_writes():
+  """Across processes: each shard written by one replica. orbax 0.11's replica-parallel
+  writes slice under ``jax.sharding.set_mesh``, which jax 0.6 lacks as a context manager."""
+  if _REGISTERED:
+    return
+  absl_logger = logging.getLogger("absl")  # orbax warns that it overrides its default
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  finally:
+    absl_logger.setLevel(level)
+  _REGISTERED.append(True)
+
+
 class Checkpointer:
   """Saves/restores simulation checkpoints under ``directory`` (one step per round)."""
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
+    if jax.distributed.is_initialized() and jax.process_count() > 1:
+      _one_replica_writes()
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=False)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -153,7 +191,8 @@ class Checkpointer:
     step = self.latest_round() if round_index is None else round_index
     if step is None:
       raise FileNotFoundError(f"no checkpoint under {self.directory}")
-    abstract = state_to_leaves(template)
+    abstract = {f"leaf_{i:05d}": _restore_target(x)
+                for i, x in enumerate(jax.tree_util.tree_leaves(template))}
     try:
       out = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))

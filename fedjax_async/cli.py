@@ -9,6 +9,7 @@ takes dataclasses; importing this module does not load JAX.
 from __future__ import annotations
 
 import difflib
+import os
 import signal
 import sys
 from typing import Dict, List
@@ -119,6 +120,18 @@ def define_run_flags():
   f.DEFINE_integer("devices", d.devices, "D: split each round's clients over the first D "
                    "devices JAX sees (0: all of them; 1: no sharding); sweeps split their "
                    "runs over them instead.")
+  f.DEFINE_enum("client_data", d.client_data, ["auto", "replicated", "sharded"],
+                "Clients' data and per-client state on the devices: replicated on each, or "
+                "sharded (each device, and each process, holds only its own clients); auto: "
+                "sharded across processes, replicated within one.")
+  f.DEFINE_string("coordinator_address", "", "Several processes: host:port of process 0 "
+                  "(jax.distributed.initialize); every process gets the same value.")
+  f.DEFINE_integer("num_processes", 0, "Several processes: how many (with "
+                   "--coordinator_address).")
+  f.DEFINE_integer("process_id", -1, "Several processes: this one's index, 0 .. "
+                   "--num_processes - 1.")
+  f.DEFINE_boolean("distributed", False, "Join the other processes of a SLURM job, an Open "
+                   "MPI launch or a TPU pod slice as JAX detects them (no other flag needed).")
   f.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
                    "(jax_num_cpu_devices) so that --devices can split the clients over the "
                    "cores; 0: JAX's default (one).")
@@ -179,7 +192,7 @@ def config_from_flags(FLAGS):
       server_lr=FLAGS.server_lr, server_lr2=FLAGS.server_lr2,
       server_lr_switch_round=FLAGS.server_lr_switch_round, seed=FLAGS.seed,
       eval_every=FLAGS.eval_every, rounds_per_call=FLAGS.rounds_per_call,
-      client_chunk=FLAGS.client_chunk, devices=FLAGS.devices,
+      client_chunk=FLAGS.client_chunk, devices=FLAGS.devices, client_data=FLAGS.client_data,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
       ckks_min_scale=FLAGS.ckks_min_scale, allow_insecure_ckks=FLAGS.allow_insecure_ckks,
@@ -198,6 +211,21 @@ def quiet_library_logs(FLAGS):
     logging.set_verbosity(logging.WARNING)
 
 
+def join_processes(FLAGS):
+  """``--coordinator_address`` / ``--num_processes`` / ``--process_id`` or ``--distributed``:
+  joins the other processes (``distributed.initialize``); their console output goes to
+  process 0's (the others print errors only)."""
+  from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
+  if distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                            FLAGS.process_id, auto=FLAGS.distributed):
+    if not distributed.is_main():
+      sys.stdout.flush()  # its file descriptor, so that streams bound earlier follow
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    line = distributed.describe()
+    if line:
+      print(line, flush=True)
+
+
 def main_from_flags(FLAGS):
   """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, each error as
   one ``error:`` line naming the flag, Ctrl-C / SIGTERM as one line and exit status
@@ -206,6 +234,7 @@ def main_from_flags(FLAGS):
   quiet_library_logs(FLAGS)
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
+    join_processes(FLAGS)
     cfg = config_from_flags(FLAGS)
     sharding.select_devices(cfg.devices)  # a bad --devices named before any work
   except ValueError as e:

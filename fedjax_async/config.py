@@ -62,6 +62,7 @@ class RunConfig:
   rounds_per_call: int = 10
   client_chunk: int = -1  # G: a round's clients in lax.scan chunks of G; 0 one vmap; -1 auto
   devices: int = 0  # D: a round's clients split over the first D devices; 0 = all of them
+  client_data: str = "auto"  # clients' data and state per device: sharding.data_placement
   output_dir: Optional[str] = None  # None: nothing written (the CLI's default: runs/latest)
   secure_aggregation: str = "none"
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
@@ -146,6 +147,8 @@ def validate(cfg: RunConfig):
         f"{cfg.client_chunk}")
   check(cfg.devices >= 0, "devices",
         f"must be >= 0 (0 = all devices JAX sees), got {cfg.devices}")
+  check(cfg.client_data in ("auto", "replicated", "sharded"), "client_data",
+        f"must be auto, replicated or sharded, got {cfg.client_data!r}")
   check(cfg.checkpoint_every >= 0, "checkpoint_every",
         f"must be >= 0 (0 = off), got {cfg.checkpoint_every}")
   check(cfg.keep_checkpoints >= 1, "keep_checkpoints",
@@ -192,7 +195,8 @@ def config_dict(cfg: RunConfig) -> dict:
 # the continuation equals the uninterrupted run to float rounding, not bit for bit: the
 # upload sums are split differently.)
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                      "keep_checkpoints", "tensorboard", "devices", "allow_insecure_ckks",
+                      "keep_checkpoints", "tensorboard", "devices", "client_data",
+                      "allow_insecure_ckks",
                       "log_every", "quiet")
 
 

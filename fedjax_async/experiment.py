@@ -28,6 +28,7 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import interrupts
+from fedjax_async import distributed
 from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 
@@ -226,7 +227,8 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model = build_model(cfg, fed_data) if model is None else model
   model_name, w0, apply_flat = model
-  if out_dir is not None:
+  writes = out_dir is not None and distributed.is_main()  # process 0 writes the files
+  if writes:
     os.makedirs(out_dir, exist_ok=True)
   algorithm = algorithms.get(name, cfg.admm_upload)
   tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
@@ -238,11 +240,20 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       cfg.delay.ring_size,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
                     else cfg.client_chunk or None))
-  data = engine.DeviceData.from_federated(fed_data)
+  # The engine's view: clients split over the devices (K padded to a multiple of their
+  # number; with several, each device gets only its slices of the host arrays);
+  # ``tl`` stays the unpadded timeline for the summary.
+  devices = sharding.select_devices(cfg.devices)
+  data = (engine.DeviceData.from_federated(fed_data) if len(devices) == 1 else
+          engine.DeviceData(fed_data.x, fed_data.y, fed_data.counts, fed_data.test_x,
+                            fed_data.test_y))
+  place = lambda s: sharding.shard_clients(ecfg, tl, s, data, devices, cfg.client_data)
+  run_ecfg, run_tl, state, data = place(engine.init_state(
+      algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed))
   def initial_state():
-    return engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed)
+    return place(engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
+                                   cfg.seed))[2]
 
-  state = initial_state()
   run_cfg = run_config_for(cfg, name)
   ckpt = None
   if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
@@ -271,7 +282,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                        "with different flags: " + ", ".join(
                            f"--{k}={saved_config.get(k)!r} (now {run_cfg.get(k)!r})"
                            for k in bad))
-    state = jax.tree.map(jnp.asarray, restored.state)
+    state = place(jax.tree.map(jnp.asarray, restored.state))[2]
     rows_so_far = restored.rows
     wall_before = float(restored.extra.get("wall_time_s", 0.0))
     last_ckpt[0] = restored.round
@@ -286,21 +297,16 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   start_round = int(state.round)
   if overall is not None:
     overall.skip(start_round)
-  # The engine's view: clients split over the devices (K padded to a multiple of their
-  # number); ``tl`` stays the unpadded timeline for the summary.
-  devices = sharding.select_devices(cfg.devices)
-  run_ecfg, run_tl, state, data = sharding.shard_clients(ecfg, tl, state, data, devices)
   progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
                       every=log_interval(cfg.log_every, cfg.rounds))
   if not quiet:  # a line from inside a long compiled chunk of rounds
     run_ecfg = dataclasses.replace(run_ecfg, progress=progress.tick)
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
-  tb = TensorBoard(out_dir, cfg.tensorboard and out_dir is not None,
-                   purge_step=0 if cfg.resume else None)
+  tb = TensorBoard(out_dir, cfg.tensorboard and writes, purge_step=0 if cfg.resume else None)
   last_saved = [start_round]
   t0 = time.perf_counter()
-  metrics_file = (open(os.path.join(out_dir, "metrics.jsonl"), "w") if out_dir is not None
+  metrics_file = (open(os.path.join(out_dir, "metrics.jsonl"), "w") if writes
                   else contextlib.nullcontext(io.StringIO()))
   with metrics_file as mf:
     for r in rows_so_far:  # rewritten from the checkpoint: drops rows after it
@@ -324,9 +330,12 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
 
     def on_chunk(state, rows):
       write_rows(rows)
+      stop = distributed.any_process(interrupts.pending())  # all processes stop together
+      if stop and not interrupts.pending():
+        interrupts.record(signal.SIGTERM)  # the signal reached another process
       if ckpt is not None and (checkpoint_lib.should_save(
           last_saved[0], int(state.round), cfg.checkpoint_every, cfg.rounds) or (
-              interrupts.pending() and last_saved[0] < int(state.round))):
+              stop and last_saved[0] < int(state.round))):
         save(state)  # on a signal: the state this chunk ends with
       if not quiet:
         progress(rows)
@@ -362,8 +371,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
         # or the initial one, run on to it (its chunk's state was donated to XLA).
         start = initial_state()
         if last_ckpt[0] is not None:
-          start = jax.tree.map(jnp.asarray, ckpt.restore(start, last_ckpt[0]).state)
-        start = sharding.shard_clients(ecfg, tl, start, data, devices)[2]
+          start = place(jax.tree.map(jnp.asarray, ckpt.restore(start, last_ckpt[0]).state))[2]
         finite, _ = engine.simulate(runner, start, run_tl, cfg.hparams(), data,
                                     eval_every=cfg.eval_every, stop_round=e.round - 1,
                                     rounds_per_call=cfg.rounds_per_call)
@@ -399,7 +407,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                       config=config_dict(cfg))
   if cfg.secure_aggregation == "ckks":
     summary["ckks_security"] = ckks_security(cfg.ckks_preset)
-  if out_dir is not None:
+  if writes:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
   return Run(summary, rows, state, model)

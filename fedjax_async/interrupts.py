@@ -47,6 +47,12 @@ def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
   raise Interrupted("", signum)
 
 
+def record(signum: int):
+  """Records ``signum`` as received here (another process of the run received it): the
+  drivers then stop at their next safe point as if it had arrived here."""
+  _signals_received.append(int(signum))
+
+
 def pending() -> bool:
   """A signal was received and not raised yet (within ``graceful()`` or ``deferred()``)."""
   return bool(_signals_received)

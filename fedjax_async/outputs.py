@@ -107,14 +107,22 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
                        outputs=RUN_OUTPUTS):
   """Refuses (ValueError naming --output_dir) a directory that cannot be written, or one
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
-  outputs first."""
+  outputs first. Across processes (``fedjax_async.distributed``) every process checks the
+  folder as it was and process 0 alone deletes."""
+  from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
+  distributed.sync(f"prepare {directory}")  # no process has written into it yet
+  _prepare(directory, resume, overwrite, outputs, delete=distributed.is_main())
+  distributed.sync(f"prepared {directory}")
+
+
+def _prepare(directory: str, resume: bool, overwrite: bool, outputs, delete: bool):
   found = previous_outputs(directory, outputs)
   if found and not (resume or overwrite):
     raise ValueError(f"--output_dir: {directory} already holds a run ({', '.join(found)}): "
                      "pass --resume to continue it, --overwrite to start over, or another "
                      "--output_dir")
   check_writable(directory)  # after the refusal above: a refused folder is not touched
-  if not found or resume:
+  if not found or resume or not delete:
     return
   for n in found:
     path = os.path.join(directory, n)

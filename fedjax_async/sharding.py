@@ -7,9 +7,11 @@ over the K uploads. Everything else is replicated:
 
 * the global model ``w``, the ring buffer ``[R, d]`` and the server state (small);
 * the per-client state ``[N, d]`` (ADMM/PAFed duals and last local models) and the padded
-  client data ``[N, M, ...]``: every device holds all of it, so the gather by client id
-  of a round is local. (Sharding these over N as well would save memory per device at
-  the price of an all-to-all per round; not done here.)
+  client data ``[N, M, ...]``: by default every device holds all of it, so the gather by
+  client id of a round is local; ``client_data="sharded"`` (the default across processes,
+  ``fedjax_async.distributed``) splits them by client instead, each device holding N / D
+  clients, and XLA gathers a round's rows across devices (an all-reduce of the gathered
+  minibatch rows per local step and of the state rows per round).
 
 ``experiments/run.py --devices=D`` does all of it (``shard_clients``); by hand::
 
@@ -97,23 +99,64 @@ def select_devices(requested: int, flag: str = "devices") -> list:
   return list(available[:requested or len(available)])
 
 
-def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence[Any]):
+CLIENT_DATA = ("auto", "replicated", "sharded")
+
+
+def data_placement(client_data: str, num_devices: int) -> str:
+  """``"replicated"`` or ``"sharded"`` for ``RunConfig.client_data``: ``auto`` shards the
+  clients when the devices span several processes (each process then holds only its own
+  clients), and replicates them over the devices of one process (no gathers across
+  devices)."""
+  if client_data not in CLIENT_DATA:
+    raise ValueError(f"--client_data: one of {', '.join(CLIENT_DATA)}, got {client_data!r}")
+  if client_data == "auto":
+    return "sharded" if jax.process_count() > 1 and num_devices > 1 else "replicated"
+  return client_data
+
+
+def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence[Any],
+                  client_data: str = "auto"):
   """(cfg, tl, state, data) ready to run a round's clients split over ``devices``.
 
   ``cfg`` is an ``engine.EngineConfig``: it gets ``client_sharding`` over a 1-D mesh of
-  ``devices``; the timeline's slot axis K is padded to a multiple of their number; the
-  state and the data are replicated on all of them. One device: returned unchanged (the
-  unsharded engine, bit for bit).
+  ``devices``; the timeline's slot axis K is padded to a multiple of their number. The
+  client data ``[N, M, ...]`` and the per-client state ``[N, d]`` are replicated on every
+  device, or split by client (``client_data``, see ``data_placement``; N must then be a
+  multiple of the device count); the rest is replicated. Across processes every process
+  places only the slices its devices hold (``distributed.place``). One device: returned
+  unchanged (the unsharded engine, bit for bit).
   """
   if len(devices) <= 1:
     return cfg, tl, state, data
   mesh = client_mesh(devices)
   cfg = dataclasses.replace(cfg, client_sharding=client_sharding(mesh))
+  by_client = data_placement(client_data, len(devices)) == "sharded"
+  # by client: data is (x, y, counts, test_x, test_y), an engine.DeviceData
+  num_clients = data[2].shape[0] if by_client else 0
+  if by_client and num_clients % mesh.size:
+    raise ValueError(f"--client_data=sharded: the {num_clients} clients do not split evenly "
+                     f"over {mesh.size} devices; use a --num_clients that is a multiple of "
+                     f"{mesh.size}, or --client_data=replicated")
+  split, rep = client_sharding(mesh), replicated(mesh)
+  data_s = jax.tree.map(lambda _: rep, data)
+  state_s = jax.tree.map(lambda _: rep, state)
+  if by_client:  # the clients' rows split: x, y, counts and the [N, d] client state
+    data_s = type(data)(*([split] * 3 + [rep] * 2)) if hasattr(data, "_fields") else (
+        split, split, split, rep, rep)
+    if hasattr(state, "client_state"):
+      state_s = state_s._replace(client_state={k: split for k in state.client_state})
+  if jax.process_count() > 1:
+    from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
+    put = lambda tree, shardings: jax.tree.map(
+        lambda x, s: x if getattr(x, "sharding", None) == s else distributed.place(
+            jax.device_get(x), s), tree, shardings)
+  else:
+    put = jax.device_put
   # Wait for the copies: a device whose copy of the data is still being written starts
   # the round late, and XLA:CPU (jax 0.6) aborts the process when a device reaches a
   # collective 10 s after the others (measured: replicating 4.8 GB of padded Synthetic
   # data to a second CPU device takes longer than that here).
-  state, data = jax.block_until_ready(replicate((state, data), mesh))
+  state, data = jax.block_until_ready((put(state, state_s), put(data, data_s)))
   return cfg, pad_timeline(tl, mesh.size), state, data
 
 

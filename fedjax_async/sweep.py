@@ -51,6 +51,8 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import experiment
+from fedjax_async import cli
+from fedjax_async import distributed
 from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 
@@ -294,7 +296,7 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
     chunk = shard_runs(pad_runs(chunk, total), mesh)
     c0 = time.perf_counter()
     states, metrics = runner(states, chunk, jnp.asarray(schedule[start:end]), hp, data)
-    host = jax.device_get(metrics)
+    host = distributed.to_host(metrics)  # gathered from every process's runs
     elapsed = time.perf_counter() - c0
     for i in range(num_runs):
       rows = engine.metrics_to_rows(unstack(host, i))
@@ -310,7 +312,7 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
       for r in rows:
         if r["round"] >= bad:
           r["test_accuracy"] = None
-  host_states = jax.device_get(jax.tree.map(lambda x: x[:num_runs], states))
+  host_states = distributed.to_host(jax.tree.map(lambda x: x[:num_runs], states))
   return SweepResult(host_states, per_run, diverged, wall)
 
 
@@ -544,8 +546,9 @@ class ComputationCheckpoint:
         for c in group]}
     self.label = f"{algorithm_name} x{len(group)}"
     self.can_resume, self.manager, self.last = False, None, 0
-    if os.path.isdir(self.directory) and not resume:
+    if os.path.isdir(self.directory) and not resume and distributed.is_main():
       shutil.rmtree(self.directory)  # a fresh computation: not its own checkpoints
+    distributed.sync(f"fresh {self.directory}")
     if os.path.isdir(self.directory):
       self._find()
     if self.every > 0 and self.manager is None:
@@ -598,8 +601,8 @@ class ComputationCheckpoint:
         or not checkpoint_lib.should_save(self.last, end, self.every, self.total)):
       return
     num_runs = len(rows)
-    self.manager.save(end, jax.tree.map(lambda x: x[:num_runs], states), rows, self.config,
-                      {"wall_time_s": seconds})
+    self.manager.save(end, distributed.to_host(jax.tree.map(lambda x: x[:num_runs], states)),
+                      rows, self.config, {"wall_time_s": seconds})
     self.last = end
 
   def close(self):
@@ -608,6 +611,9 @@ class ComputationCheckpoint:
 
   def remove(self):
     self.close()
+    distributed.sync(f"remove {self.directory}")
+    if not distributed.is_main():
+      return
     shutil.rmtree(self.directory, ignore_errors=True)
     parent = os.path.dirname(self.directory)
     for d in (parent, os.path.dirname(parent)):  # checkpoints/<alg>, checkpoints if empty
@@ -689,7 +695,7 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
       s["diverged_round"] = res.diverged_round[i]
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
-      if out_dir is not None:
+      if out_dir is not None and distributed.is_main():
         write_run(run_dir(c), res.rows[i], s)
       done.append(s)
     if ckpt is not None:
@@ -768,6 +774,7 @@ def main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
+    cli.join_processes(FLAGS)
     check_unsupported_flags(FLAGS)
     base = experiment.config_from_flags(FLAGS)
     sweeps = sweeps_from_flags(FLAGS)
@@ -805,6 +812,8 @@ def _run_all(FLAGS, base, cfgs, names, devices, fed_data):
     summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
                            FLAGS.max_runs_per_computation, mesh, resume=base.resume)
   agg = aggregate(summaries, names)
+  if not distributed.is_main():  # process 0 writes the sweep's files
+    return
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output_dir, "aggregate.png")

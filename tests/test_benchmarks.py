@@ -419,7 +419,9 @@ def test_run_all_plans_the_issue_sizes_for_each_platform():
   cpu = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), False, "py")
   args = {(s.name, i): s.args for i, s in enumerate(cpu)}
   assert [s.name for s in cpu] == ["fraction_of_peak", "fraction_of_peak", "throughput",
-                                   "scaling", "scaling", "multidevice", "peers"]
+                                   "scaling", "scaling", "multidevice", "multiprocess",
+                                   "multiprocess", "peers"]
+  assert "--model=cnn" in cpu[7].args and "4x1" in cpu[7].args[-1]  # the issue's configs
   assert "--clients=10,50,200" in cpu[0].args and "--client_chunk=1" in cpu[0].args
   assert "--clients=1000" in cpu[1].args and "--loop=false" in cpu[1].args
   assert "--engine_devices=2" in args[("throughput", 2)]  # both cores
@@ -474,14 +476,15 @@ def test_run_all_quick_runs_every_step_and_reports_its_rows(tmp_path):
        "--skip=peers", f"--results_dir={tmp_path}", "--tag=smoke"],
       env=common.child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  for step in ("fraction_of_peak", "throughput", "scaling", "multidevice"):
+  for step in ("fraction_of_peak", "throughput", "scaling", "multidevice", "multiprocess"):
     assert f"| {step} | ok |" in proc.stdout
     assert (tmp_path / "logs" / "smoke" / f"{step}.log").exists()
     assert all(json.loads(l)["tag"] == "smoke"
                for l in open(tmp_path / f"{step}.jsonl"))
   report_md = (tmp_path / "logs" / "smoke" / "report.md").read_text()
   for title in ("fraction of the matmul peak", "Engine vs per-client loops",
-                "Time and peak memory", "largest N", "sharded over devices"):
+                "Time and peak memory", "largest N", "sharded over devices",
+                "sharded over processes"):
     assert title in report_md
   assert "| smoke | strong | logreg | 2 | yes | 4 |" in report_md
   for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
