@@ -19,10 +19,7 @@ timing.
 """
 
 import functools
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402

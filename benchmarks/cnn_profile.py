@@ -16,10 +16,7 @@ Optional: ``--trace_dir=DIR`` also writes a ``jax.profiler`` trace of one full s
 
 from __future__ import annotations
 
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

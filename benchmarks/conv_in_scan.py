@@ -12,10 +12,8 @@ input (as a layer inside a network needs both), as a rolled ``lax.scan`` and unr
 """
 
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -18,11 +18,8 @@ extrapolated to 51 chunks:
 from __future__ import annotations
 
 import csv
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags

@@ -30,9 +30,7 @@ float32); each row records ``matmul_precision`` and ``device_kind``.
 
 import copy
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 

@@ -27,10 +27,8 @@ Rows go to ``benchmarks/results/logreg_profile.jsonl``. Nothing here asserts a t
 import collections
 import os
 import re
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402

@@ -290,7 +290,6 @@ def main_driver(argv):
   if args.only_check_args:
     sys.exit(0)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  sys.path.insert(0, ROOT)
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   mach = common.machine()
   systems = args.systems.split(",")

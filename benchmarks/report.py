@@ -16,10 +16,8 @@ import glob
 import json
 import math
 import os
-import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 

@@ -67,7 +67,6 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "benchmarks")
-sys.path.insert(0, ROOT)
 
 from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)

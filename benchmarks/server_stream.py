@@ -18,10 +18,7 @@ Rows go to ``benchmarks/results/server_stream.jsonl`` / ``.csv``. Nothing here a
 timing.
 """
 
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402

@@ -37,10 +37,8 @@ CPU). On recent NVIDIA GPUs JAX computes float32 dots and convolutions in TF32 b
   ... --models=logreg --clients=10,50,200,1000 --engine_devices=2
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 

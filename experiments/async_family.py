@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -46,6 +45,7 @@ from fedjax_async import engine
 from fedjax_async import cli
 from fedjax_async import config
 from fedjax_async import experiment
+from fedjax_async import loop
 from fedjax_async import privacy
 from fedjax_async import sharding
 from fedjax_async import virtual_clock as vc
@@ -282,6 +282,39 @@ def load(fl, pruned: bool = False):
   return fed, name, w0, apply_flat, params, order
 
 
+def checkpoint_mismatch(saved: dict, now: dict):
+  return [f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
+          for k in experiment.config_mismatch(saved, now)]
+
+
+class ArrivalProgress:
+  """A console line per compiled call: server version, arrivals, the last accuracy seen,
+  loss, staleness, arrivals per second and the ETA from the versions still to come."""
+
+  def __init__(self, run_name: str, num_updates: int, rows_before):
+    self.name, self.num_updates = run_name, num_updates
+    self.before = len(rows_before)
+    self.first = rows_before[-1]["arrival_version"] + 1 if rows_before else 0
+    self.done, self.last_acc = self.before, float("nan")
+    self.t0 = time.perf_counter()
+
+  def __call__(self, rows):
+    self.done += len(rows)
+    acc = [r["test_accuracy"] for r in rows
+           if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
+    if acc:
+      self.last_acc = acc[-1]
+    elapsed = max(time.perf_counter() - self.t0, 1e-9)
+    rate = (self.done - self.before) / elapsed
+    version = rows[-1]["arrival_version"] + 1
+    eta = (self.num_updates - version) * elapsed / max(version - self.first, 1)
+    print(f"[{self.name}] version {version}/{self.num_updates}"
+          f" arrivals {self.done} acc {self.last_acc:.4f} "
+          f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
+          f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
+          f"arrivals/s ETA {eta:.0f}s", flush=True)
+
+
 def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
@@ -324,82 +357,39 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   runner = async_engine.make_runner(apply_flat, algorithm, cfg)
   os.makedirs(out_dir, exist_ok=True)
   config = run_config(fl, run_name)
-  ckpt_dir = os.path.join(out_dir, "checkpoints")
-  start_group, rows_before, wall_before = 0, [], 0.0
-  if not fl.resume and os.path.isdir(ckpt_dir):
-    shutil.rmtree(ckpt_dir)  # a fresh run: the previous one's checkpoints are not its own
-  ckpt = checkpoint_lib.Checkpointer(ckpt_dir) if fl.checkpoint_every or fl.resume else None
-  if fl.resume and ckpt.latest_round() is not None:
-    try:  # the flags first, then the state
-      saved, now = ckpt.restore_meta()["config"], checkpoint_lib.to_json_ready(config)
-      bad = experiment.config_mismatch(saved, now)
-      if bad:
-        ckpt.close()
-        raise ValueError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
-                         "flags: " + ", ".join(f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
-                                               for k in bad)
-                         + "; rerun without --resume to start over")
-      restored = ckpt.restore(state)
-    except checkpoint_lib.CheckpointError as e:
-      ckpt.close()
-      raise ValueError(f"--resume: {e}; delete that folder to resume from the one before, "
-                       "or rerun without --resume to start over") from None
-    state = jax.tree.map(jnp.asarray, restored.state)
+  num_groups = groups["valid"].shape[0]
+  ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
+                          every=fl.checkpoint_every * fl.groups_per_call, total=num_groups,
+                          resume=fl.resume, mismatch=checkpoint_mismatch, unit="group")
+  resumed = ckpt.restore(state)
+  start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
+  if resumed is not None:
+    state = jax.tree.map(jnp.asarray, resumed.state)
     if mesh is not None:
       state = jax.block_until_ready(sharding.replicate(state, mesh))
-    start_group, rows_before = restored.round, restored.rows
-    wall_before = float(restored.extra.get("wall_time_s", 0.0))
-    print(f"[{run_name}] resumed from {ckpt_dir} at group {start_group} of "
-          f"{groups['valid'].shape[0]} ({len(rows_before)} arrivals done)", flush=True)
-  t0 = time.perf_counter()
-  done, last_acc = [len(rows_before)], [float("nan")]  # last accuracy, shown between evals
-  all_rows = list(rows_before)
+    print(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
+          f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)", flush=True)
+  progress = ArrivalProgress(run_name, schedule.num_updates, rows_before)
+  metrics = loop.MetricsFile(os.path.join(out_dir, "metrics.jsonl"), rows_before)
   group_end = [start_group]
-  num_groups = groups["valid"].shape[0]
-  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as mf:
-    for r in rows_before:  # a resumed run rewrites the rows of its checkpoint first
-      mf.write(json.dumps(r) + "\n")
+  host = loop.HostLoop(metrics, ckpt, lambda _: group_end[0], progress,
+                       resumed.wall_before if resumed else 0.0)
 
-    def on_chunk(new_state, rows):
-      for r in rows:
-        mf.write(json.dumps(r) + "\n")
-      mf.flush()
-      all_rows.extend(rows)
-      group_end[0] = min(group_end[0] + fl.groups_per_call, num_groups)
-      calls = -(-(group_end[0] - start_group) // fl.groups_per_call)
-      if ckpt is not None and fl.checkpoint_every and (
-          calls % fl.checkpoint_every == 0 or group_end[0] == num_groups):
-        ckpt.save(group_end[0], new_state, all_rows, config,
-                  {"wall_time_s": wall_before + time.perf_counter() - t0})
-      done[0] += len(rows)
-      if not rows:
-        return
-      acc = [r["test_accuracy"] for r in rows
-             if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
-      if acc:
-        last_acc[0] = acc[-1]
-      elapsed = max(time.perf_counter() - t0, 1e-9)
-      rate = (done[0] - len(rows_before)) / elapsed
-      version = rows[-1]["arrival_version"] + 1
-      # ETA from the server versions still to come at the rate seen so far
-      first = rows_before[-1]["arrival_version"] + 1 if rows_before else 0
-      eta = (schedule.num_updates - version) * elapsed / max(version - first, 1)
-      print(f"[{run_name}] version {version}/{schedule.num_updates}"
-            f" arrivals {done[0]} acc {last_acc[0]:.4f} "
-            f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
-            f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
-            f"arrivals/s ETA {eta:.0f}s", flush=True)
+  def on_chunk(new_state, rows):
+    group_end[0] = min(group_end[0] + fl.groups_per_call, num_groups)
+    host(new_state, rows)
 
-    try:
-      state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
-                                       scale_index, eval_every=fl.eval_every,
-                                       groups_per_call=fl.groups_per_call,
-                                       on_chunk=on_chunk, start_group=start_group)
-    finally:
-      if ckpt is not None:
-        ckpt.close()
+  try:
+    state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
+                                     scale_index, eval_every=fl.eval_every,
+                                     groups_per_call=fl.groups_per_call,
+                                     on_chunk=on_chunk, start_group=start_group)
+  finally:
+    metrics.close()
+    ckpt.close()
+  all_rows = metrics.rows
   rows = all_rows
-  wall = wall_before + time.perf_counter() - t0
+  wall = host.wall()
   accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
   summary = {
       "run": run_name, "algorithm": algo_name, "dataset": getattr(fed, "name", fl.dataset),

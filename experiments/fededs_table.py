@@ -49,6 +49,7 @@ from fedjax_async import engine
 from fedjax_async import cli
 from fedjax_async import experiment
 from fedjax_async import fededs
+from fedjax_async import loop
 from fedjax_async import timeline as timeline_lib
 
 flags.DEFINE_string("output_dir", "out/fededs", "Where tables, metrics and figures go.")
@@ -316,68 +317,51 @@ def finished_run(run_dir: str, config: dict):
   return summary["result"], rows
 
 
+def checkpoint_mismatch(saved: dict, now: dict):
+  """The flags (and the run's name) that differ between a checkpoint and this run."""
+  bad = [flags_mismatch(saved, now)] if flags_mismatch(saved, now) else []
+  if saved.get("run") != now.get("run"):
+    bad.append(f"run {saved.get('run')!r} (now {now.get('run')!r})")
+  return bad
+
+
 def run_variant(name, alg, apply_flat, w0, dev, tl, base_hp, cfg, anneal, share, run_dir,
                 config, fixed_epochs):
   """One run with checkpoints every --checkpoint_every rounds; with --resume it continues
   from the latest. Returns (result, rows); raises engine.Diverged."""
   os.makedirs(run_dir, exist_ok=True)
-  ckpt_dir = os.path.join(run_dir, "checkpoints")
-  if not FLAGS.resume and os.path.isdir(ckpt_dir):
-    shutil.rmtree(ckpt_dir)  # a fresh run: another run's checkpoints are not its own
-  ckpt = (checkpoint_lib.Checkpointer(ckpt_dir) if FLAGS.checkpoint_every or FLAGS.resume
-          else None)
-  state, rows_before, wall_before = None, [], 0.0
+  ckpt = loop.Checkpoints(os.path.join(run_dir, "checkpoints"), config,
+                          every=FLAGS.checkpoint_every, total=FLAGS.rounds,
+                          resume=FLAGS.resume, mismatch=checkpoint_mismatch)
   try:
-    if FLAGS.resume and ckpt.latest_round() is not None:
-      try:  # the flags first, then the state
-        saved = ckpt.restore_meta()["config"]
-        bad = flags_mismatch(saved, config)
-        if bad or saved.get("run") != config["run"]:
-          raise ResumeError(f"--resume: the checkpoint under {ckpt_dir} was made with other "
-                           f"flags: {bad or saved.get('run')}; rerun with --overwrite to "
-                           "start over")
-        restored = ckpt.restore(fededs.init_state(alg, w0, int(dev.counts.shape[0])))
-      except checkpoint_lib.CheckpointError as e:
-        raise ResumeError(f"--resume: {e}; delete that folder to resume from the one before, "
-                         "or rerun with --overwrite to start over") from None
-      state = jax.tree.map(jax.numpy.asarray, restored.state)
-      rows_before = restored.rows
-      wall_before = float(restored.extra.get("wall_time_s", 0.0))
-      print(f"[{name}] resumed from the checkpoint of round {restored.round} "
-            f"({ckpt_dir})", flush=True)
-    progress = experiment.Progress(name, FLAGS.rounds, len(rows_before))
-    all_rows, last_saved = list(rows_before), [len(rows_before)]
-    t0 = time.perf_counter()
-    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as mf:
-      for r in rows_before:  # rewritten from the checkpoint: drops rows after it
-        mf.write(experiment.json_row(r) + "\n")
-
-      def on_chunk(new_state, rows):
-        all_rows.extend(rows)
-        for r in rows:
-          mf.write(experiment.json_row(r) + "\n")
-        mf.flush()
-        new_round = int(new_state.round)
-        if ckpt is not None and checkpoint_lib.should_save(
-            last_saved[0], new_round, FLAGS.checkpoint_every, FLAGS.rounds):
-          ckpt.save(new_round, new_state, all_rows, config,
-                    {"wall_time_s": wall_before + time.perf_counter() - t0})
-          last_saved[0] = new_round
-        progress(rows)
-        experiment.check_interrupted()
-
+    try:
+      resumed = ckpt.restore(fededs.init_state(alg, w0, int(dev.counts.shape[0])))
+    except ValueError as e:
+      raise ResumeError(str(e)) from None
+    state, rows_before = None, []
+    if resumed is not None:
+      state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
+      print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+            f"({ckpt.directory})", flush=True)
+    metrics = loop.MetricsFile(os.path.join(run_dir, "metrics.jsonl"), rows_before)
+    host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
+                         experiment.Progress(name, FLAGS.rounds, len(rows_before)),
+                         resumed.wall_before if resumed else 0.0)
+    try:
       fededs.run(apply_flat, alg, w0, dev, tl, base_hp, cfg, anneal=anneal, share=share,
                  fixed_epochs=fixed_epochs, seed=FLAGS.seed,
-                 rounds_per_call=FLAGS.rounds_per_call, on_chunk=on_chunk, state=state)
+                 rounds_per_call=FLAGS.rounds_per_call, on_chunk=host, state=state)
+    finally:
+      metrics.close()
   finally:
-    if ckpt is not None:
-      ckpt.close()
+    ckpt.close()
+  all_rows = metrics.rows
   rows = [checkpoint_lib.to_json_ready(r) for r in all_rows]
   accs = [r["test_accuracy"] for r in rows]
   res = {"final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),
          "rounds_to_target": fededs.rounds_to_target(accs, FLAGS.target_accuracy),
          "total_client_steps": int(sum(r["client_steps"] for r in rows)),
-         "seconds": wall_before + time.perf_counter() - t0}
+         "seconds": host.wall()}
   return res, rows
 
 

@@ -313,7 +313,7 @@ def main(argv):
         raise ValueError(f"--{name}: pafed_table.py runs in one process; its sweeps run "
                          "across processes as experiments/sweep.py (docs/distributed.md)")
     apply_preset(FLAGS.config)
-    sweep.check_unsupported_flags(FLAGS)  # its runs are sweeps: no tb/
+    cli.check_sweep_flags(FLAGS)  # its runs are sweeps: no tb/
     base = experiment.config_from_flags(FLAGS)
     mesh = sweep.run_mesh(sharding.select_devices(base.devices))
     deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}

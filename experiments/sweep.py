@@ -31,17 +31,16 @@ from absl import flags
 
 from fedjax_async import cli
 from fedjax_async import experiment
-from fedjax_async import sweep
 
 experiment.define_flags()
-sweep.define_sweep_flags()
+cli.define_sweep_flags()
 flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's runs/latest
 
 
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
   experiment.quiet_library_logs(flags.FLAGS)
-  sweep.main_from_flags(flags.FLAGS)
+  cli.sweep_main_from_flags(flags.FLAGS)
 
 
 if __name__ == "__main__":

@@ -681,60 +681,6 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
 
 
-# ------------------------------------------------------------------------------ CLI
-
-
-def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("dataset", "fashion_mnist", f"One of {DATASETS} or a tfds name.")
-  flags.DEFINE_string("partition", "shards", f"One of {PARTITIONS}.")
-  flags.DEFINE_integer("num_clients", 100, "Number of clients.")
-  flags.DEFINE_float("alpha", 0.5, "Dirichlet concentration.")
-  flags.DEFINE_integer("shards_per_client", 2, "Shards per client.")
-  flags.DEFINE_integer("min_size", 10, "Dirichlet: minimum examples per client.")
-  flags.DEFINE_integer("seed", 0, "Seed.")
-  flags.DEFINE_string("data_dir", None, "IDX directory or tensorflow-datasets data_dir.")
-  flags.DEFINE_string("data_source", "auto", f"One of {DATA_SOURCES}.")
-  flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): alpha.")
-  flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): beta.")
-  flags.DEFINE_bool("tfds_download", False, "Let tensorflow-datasets download the data.")
-  flags.DEFINE_string("png", None, "Write the histogram heat map to this PNG file.")
-  return flags.FLAGS
-
-
-def main():
-  from absl import app  # pylint: disable=g-import-not-at-top
-  fl = _define_flags()
-
-  def _run(argv):
-    del argv  # stray words: refused by cli.parse_flags
-    folder = os.path.dirname(os.path.abspath(fl.png)) if fl.png else ""
-    if folder and not os.path.isdir(folder):  # say so before loading, not after
-      raise SystemExit(f"error: --png: cannot write {fl.png}: folder {folder} does not exist")
-    if fl.png and os.path.isdir(fl.png):
-      raise SystemExit(f"error: --png: {fl.png} is a directory; expected a file name such "
-                       "as hist.png")
-    try:
-      data = load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
-                  alpha=fl.alpha, shards_per_client=fl.shards_per_client,
-                  min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
-                  data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
-                  synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
-    except (ValueError, OSError, RuntimeError) as e:  # messages name the file or the flag
-      raise SystemExit(f"error: {e}") from None
-    hist = label_histogram(data)
-    print(f"{data.name}: {data.num_clients} clients, {int(data.counts.sum())} train "
-          f"examples (max {data.max_examples} per client), {len(data.test_y)} test, "
-          f"features {data.feature_shape}, {data.num_classes} classes")
-    print(format_histogram(hist))
-    if fl.png:
-      title = f"{data.name} {fl.partition} ({data.num_clients} clients)"
-      save_histogram_png(hist, fl.png, title)
-      print(f"wrote {fl.png}")
-
+if __name__ == "__main__":  # the command line: fedjax_async/cli.py
   from fedjax_async import cli  # pylint: disable=g-import-not-at-top
-  app.run(_run, flags_parser=cli.parse_flags)
-
-
-if __name__ == "__main__":
-  main()
+  cli.data_main()

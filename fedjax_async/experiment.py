@@ -17,17 +17,17 @@ import os
 import signal
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
-from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import interrupts
+from fedjax_async import loop
 from fedjax_async import distributed
 from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
@@ -226,10 +226,101 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model = build_model(cfg, fed_data) if model is None else model
-  model_name, w0, apply_flat = model
   writes = out_dir is not None and distributed.is_main()  # process 0 writes the files
   if writes:
     os.makedirs(out_dir, exist_ok=True)
+  setup = _setup(cfg, name, fed_data, model)
+  ckpt, state, resumed = _resume(cfg, name, out_dir, setup, quiet)
+  start_round = int(state.round)
+  if overall is not None:
+    overall.skip(start_round)
+  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
+                      every=log_interval(cfg.log_every, cfg.rounds))
+  ecfg = setup.run_ecfg
+  if not quiet:  # a line from inside a long compiled chunk of rounds
+    ecfg = dataclasses.replace(ecfg, progress=progress.tick)
+  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
+  # event files is purged (session restart at step 0), the restored rows written again.
+  metrics = loop.MetricsFile(
+      os.path.join(out_dir, "metrics.jsonl") if writes else None,
+      resumed.rows if resumed else (),
+      TensorBoard(out_dir, cfg.tensorboard and writes, purge_step=0 if cfg.resume else None))
+  host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
+                       None if quiet else progress,
+                       resumed.wall_before if resumed else 0.0)
+  # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
+  # the chunk of rounds it arrives in, saving that state; a second one stops at once.
+  stop_softly = (interrupts.graceful(
+      f"[{name}] stopping at the end of this chunk of rounds to save it (a second "
+      "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
+  runner = engine.make_runner(setup.apply_flat, setup.algorithm, ecfg)
+  if not quiet and start_round < cfg.rounds:
+    runner = CompileTimer(runner, name)
+  try:
+    with stop_softly:
+      state = _simulate(cfg, setup, ecfg, runner, state, host, quiet)
+  except engine.Diverged as e:
+    _diverged(e, cfg, name, setup, runner, host, ckpt)
+  except KeyboardInterrupt as e:
+    raise _interrupted(e, cfg, name, len(metrics.rows), ckpt) from None
+  finally:
+    metrics.close()
+    if ckpt is not None:
+      ckpt.close()
+  rows = metrics.rows
+  summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
+                      num_params=int(np.size(model[1])), rounds=cfg.rounds, wall=host.wall(),
+                      config=config_dict(cfg))
+  if cfg.secure_aggregation == "ckks":
+    summary["ckks_security"] = ckks_security(cfg.ckks_preset)
+  if writes:
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return Run(summary, rows, state, model)
+
+
+def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
+            quiet: bool):
+  """(checkpoints or None, the state to start from, the restored checkpoint or None)."""
+  ckpt = None
+  if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
+    ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), run_config_for(cfg, name),
+                            every=cfg.checkpoint_every, total=cfg.rounds, resume=cfg.resume,
+                            mismatch=_mismatch, keep=cfg.keep_checkpoints)
+  state, resumed = setup.state, None
+  if ckpt is not None:
+    # A larger --rounds extends the run: its timeline's first rounds are the same draws.
+    extends = lambda saved, bad: ([b.split("=")[0] for b in bad] == ["--rounds"]
+                                  and int(saved["rounds"]) < cfg.rounds)
+    resumed = ckpt.restore(state, extends)
+  if resumed is not None:
+    state = setup.place(jax.tree.map(jnp.asarray, resumed.state))[2]
+    if not quiet:
+      more = (f", extending its {resumed.config['rounds']} rounds to {cfg.rounds}"
+              if int(resumed.config["rounds"]) < cfg.rounds else "")
+      print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+            f"({ckpt.directory}){more}", flush=True)
+  elif cfg.resume and not quiet and ckpt is not None:
+    print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
+          flush=True)
+  return ckpt, state, resumed
+
+
+class _Setup(NamedTuple):
+  """One algorithm's run, built: its timeline, engine configuration and placed state."""
+  algorithm: Any
+  apply_flat: Callable
+  tl: timeline_lib.Timeline  # unpadded, for the summary
+  run_tl: timeline_lib.Timeline  # padded to the devices
+  run_ecfg: engine.EngineConfig
+  data: engine.DeviceData
+  state: engine.SimState  # the initial state, placed
+  place: Callable  # state -> (ecfg, tl, placed state, data): sharding.shard_clients
+  initial: Callable[[], engine.SimState]  # a fresh initial state, placed
+
+
+def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
+  _, w0, apply_flat = model
   algorithm = algorithms.get(name, cfg.admm_upload)
   tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
                           cfg.seed)
@@ -241,176 +332,81 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
                     else cfg.client_chunk or None))
   # The engine's view: clients split over the devices (K padded to a multiple of their
-  # number; with several, each device gets only its slices of the host arrays);
-  # ``tl`` stays the unpadded timeline for the summary.
+  # number; with several, each device gets only its slices of the host arrays).
   devices = sharding.select_devices(cfg.devices)
   data = (engine.DeviceData.from_federated(fed_data) if len(devices) == 1 else
           engine.DeviceData(fed_data.x, fed_data.y, fed_data.counts, fed_data.test_x,
                             fed_data.test_y))
   place = lambda s: sharding.shard_clients(ecfg, tl, s, data, devices, cfg.client_data)
-  run_ecfg, run_tl, state, data = place(engine.init_state(
-      algorithm, w0, fed_data.num_clients, ecfg.ring_size, cfg.seed))
-  def initial_state():
-    return place(engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
-                                   cfg.seed))[2]
+  initial = lambda: engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
+                                      cfg.seed)
+  run_ecfg, run_tl, state, data = place(initial())  # (place then reuses the placed data)
+  return _Setup(algorithm, apply_flat, tl, run_tl, run_ecfg, data, state, place,
+                lambda: place(initial())[2])
 
-  run_cfg = run_config_for(cfg, name)
-  ckpt = None
-  if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
-    ckpt = checkpoint_lib.Checkpointer(os.path.join(out_dir, "checkpoints"),
-                                       cfg.keep_checkpoints)
-  rows_so_far: List[dict] = []
-  wall_before = 0.0
-  last_ckpt: List[Optional[int]] = [None]  # the round of the newest complete checkpoint
-  if cfg.resume and ckpt.latest_round() is not None:
-    try:  # the flags first: another algorithm's state does not fit the template
-      saved_config = ckpt.restore_meta()["config"]
-      bad = config_mismatch(saved_config, run_cfg)
-      # A larger --rounds extends the run: its timeline's first rounds are the same draws.
-      extends = bad == ["rounds"] and int(saved_config["rounds"]) < cfg.rounds
-      bad = [] if extends else bad
-      restored = None if bad else ckpt.restore(state)
-    except checkpoint_lib.CheckpointError as e:
-      ckpt.close()
-      earlier = [r for r in ckpt.all_rounds() if r < ckpt.latest_round()]
-      raise ValueError(f"--resume: {e}; delete that folder to resume from "
-                       + (f"the checkpoint of round {max(earlier)}" if earlier else
-                          "round 0") + ", or pass --overwrite to start over") from None
-    if bad:
-      ckpt.close()
-      raise ValueError("--resume: the checkpoint under " + ckpt.directory + " was made "
-                       "with different flags: " + ", ".join(
-                           f"--{k}={saved_config.get(k)!r} (now {run_cfg.get(k)!r})"
-                           for k in bad))
-    state = place(jax.tree.map(jnp.asarray, restored.state))[2]
-    rows_so_far = restored.rows
-    wall_before = float(restored.extra.get("wall_time_s", 0.0))
-    last_ckpt[0] = restored.round
-    if not quiet:
-      more = (f", extending its {saved_config['rounds']} rounds to {cfg.rounds}"
-              if extends else "")
-      print(f"[{name}] resuming from the checkpoint of round {restored.round} "
-            f"({ckpt.directory}){more}", flush=True)
-  elif cfg.resume and not quiet:
-    print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
-          flush=True)
-  start_round = int(state.round)
-  if overall is not None:
-    overall.skip(start_round)
-  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
-                      every=log_interval(cfg.log_every, cfg.rounds))
-  if not quiet:  # a line from inside a long compiled chunk of rounds
-    run_ecfg = dataclasses.replace(run_ecfg, progress=progress.tick)
-  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
-  # event files is purged (session restart at step 0), the restored rows written again.
-  tb = TensorBoard(out_dir, cfg.tensorboard and writes, purge_step=0 if cfg.resume else None)
-  last_saved = [start_round]
-  t0 = time.perf_counter()
-  metrics_file = (open(os.path.join(out_dir, "metrics.jsonl"), "w") if writes
-                  else contextlib.nullcontext(io.StringIO()))
-  with metrics_file as mf:
-    for r in rows_so_far:  # rewritten from the checkpoint: drops rows after it
-      mf.write(json_row(r) + "\n")
-    mf.flush()
-    tb.write(rows_so_far)
 
-    def save(state):
-      tb.sync()  # the checkpoint's rounds are on disk in TensorBoard before it exists
-      with interrupts.deferred():  # a signal during the save: after it, and named
-        ckpt.save(int(state.round), state, rows_so_far, run_cfg,
-                  {"wall_time_s": wall_before + time.perf_counter() - t0})
-        last_saved[0] = last_ckpt[0] = int(state.round)
+def _mismatch(saved: dict, now: dict) -> List[str]:
+  return [f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
+          for k in config_mismatch(saved, now)]
 
-    def write_rows(rows):
-      rows_so_far.extend(rows)
-      for r in rows:
-        mf.write(json_row(r) + "\n")
-      mf.flush()
-      tb.write(rows)
 
-    def on_chunk(state, rows):
-      write_rows(rows)
-      stop = distributed.any_process(interrupts.pending())  # all processes stop together
-      if stop and not interrupts.pending():
-        interrupts.record(signal.SIGTERM)  # the signal reached another process
-      if ckpt is not None and (checkpoint_lib.should_save(
-          last_saved[0], int(state.round), cfg.checkpoint_every, cfg.rounds) or (
-              stop and last_saved[0] < int(state.round))):
-        save(state)  # on a signal: the state this chunk ends with
-      if not quiet:
-        progress(rows)
-      check_interrupted()
-
-    # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
-    # the chunk of rounds it arrives in, saving that state; a second one stops at once.
-    stop_softly = (interrupts.graceful(
-        f"[{name}] stopping at the end of this chunk of rounds to save it (a second "
-        "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
-    try:
-      with stop_softly:
-        if cfg.secure_aggregation == "ckks":
-          from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-          state, _, _ = secure_engine.simulate(
-              apply_flat, algorithm, run_ecfg, state, run_tl, cfg.hparams(), data,
-              preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
-              min_scale=cfg.ckks_min_scale, on_chunk=on_chunk,
-              eval_every=cfg.eval_every,
-              stream=io.StringIO() if quiet else sys.stdout)
-        else:
-          runner = engine.make_runner(apply_flat, algorithm, run_ecfg)
-          if not quiet and start_round < cfg.rounds:
-            runner = CompileTimer(runner, name)
-          state, _ = engine.simulate(runner, state, run_tl, cfg.hparams(), data,
-                                     eval_every=cfg.eval_every,
-                                     rounds_per_call=cfg.rounds_per_call, on_chunk=on_chunk)
-    except engine.Diverged as e:
-      write_rows(e.rows)  # the finite rounds of the chunk that diverged
-      if (ckpt is not None and cfg.secure_aggregation == "none" and e.round is not None
-          and e.round - 1 > last_saved[0]):
-        # The last finite state (after round e.round - 1): the newest checkpoint's state,
-        # or the initial one, run on to it (its chunk's state was donated to XLA).
-        start = initial_state()
-        if last_ckpt[0] is not None:
-          start = place(jax.tree.map(jnp.asarray, ckpt.restore(start, last_ckpt[0]).state))[2]
-        finite, _ = engine.simulate(runner, start, run_tl, cfg.hparams(), data,
-                                    eval_every=cfg.eval_every, stop_round=e.round - 1,
-                                    rounds_per_call=cfg.rounds_per_call)
-        save(finite)
-      last = last_ckpt[0]
-      where = (f"; metrics.jsonl holds rounds 1-{len(rows_so_far)}" if rows_so_far else "")
-      where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
-                if last is not None else "; no checkpoint was written")
-      raise engine.Diverged(f"algorithm {name}: {e}{where}; a smaller --lr or "
-                            "--server_lr (PAFed: --alpha0/1/2) usually avoids it",
-                            e.round) from None
-    except KeyboardInterrupt as e:
-      signum = getattr(e, "signum", signal.SIGINT)
-      at = f"[{name}] interrupted at round {len(rows_so_far) + 1}/{cfg.rounds}"
-      if last_ckpt[0] is not None:
-        how = (f"the last checkpoint is round {last_ckpt[0]} in {ckpt.directory}: rerun "
-               "the same command with --resume to continue")
-      elif cfg.checkpoint_every > 0:
-        how = (f"no checkpoint yet (one every {cfg.checkpoint_every} rounds): rerun the "
-               "same command with --resume to start it again")
-      else:
-        how = ("no checkpoint (--checkpoint_every=0): rerun the same command with "
-               "--resume to start it again")
-      raise Interrupted(f"{at}; {how}", signum) from None
-    finally:
-      tb.close()
-      if ckpt is not None:
-        ckpt.close()
-  wall = wall_before + time.perf_counter() - t0
-  rows = rows_so_far
-  summary = summarize(rows, tl, name=name, dataset=fed_data.name, model=model_name,
-                      num_params=int(np.size(w0)), rounds=cfg.rounds, wall=wall,
-                      config=config_dict(cfg))
+def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: bool):
+  """The rounds from ``state`` on: the round engine (``runner``), or the encrypted
+  server's loop."""
   if cfg.secure_aggregation == "ckks":
-    summary["ckks_security"] = ckks_security(cfg.ckks_preset)
-  if writes:
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-  return Run(summary, rows, state, model)
+    from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
+    return secure_engine.simulate(
+        setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl, cfg.hparams(),
+        setup.data, preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
+        min_scale=cfg.ckks_min_scale, on_chunk=host, eval_every=cfg.eval_every,
+        stream=io.StringIO() if quiet else sys.stdout)[0]
+  return engine.simulate(runner, state, setup.run_tl, cfg.hparams(), setup.data,
+                         eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call,
+                         on_chunk=host)[0]
+
+
+def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runner, host,
+              ckpt):
+  """Writes the finite rows of the chunk that diverged, checkpoints the last finite state
+  and raises ``engine.Diverged`` naming the round, the algorithm and that checkpoint."""
+  host.metrics(e.rows)
+  if (ckpt is not None and cfg.secure_aggregation == "none" and e.round is not None
+      and e.round - 1 > ckpt.last_saved):
+    # The last finite state (after round e.round - 1): the newest checkpoint's state, or
+    # the initial one, run on to it (its chunk's state was donated to XLA).
+    start = setup.initial()
+    if ckpt.latest is not None:
+      start = setup.place(jax.tree.map(
+          jnp.asarray, ckpt.manager.restore(start, ckpt.latest).state))[2]
+    finite, _ = engine.simulate(runner, start, setup.run_tl, cfg.hparams(), setup.data,
+                                eval_every=cfg.eval_every, stop_round=e.round - 1,
+                                rounds_per_call=cfg.rounds_per_call)
+    host.save(finite)
+  rows = host.metrics.rows
+  last = ckpt.latest if ckpt is not None else None
+  where = f"; metrics.jsonl holds rounds 1-{len(rows)}" if rows else ""
+  where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
+            if last is not None else "; no checkpoint was written")
+  raise engine.Diverged(f"algorithm {name}: {e}{where}; a smaller --lr or --server_lr "
+                        "(PAFed: --alpha0/1/2) usually avoids it", e.round) from None
+
+
+def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: int,
+                 ckpt) -> Interrupted:
+  """The ``Interrupted`` of a stopped run, naming the round and the checkpoint to resume
+  from."""
+  signum = getattr(e, "signum", signal.SIGINT)
+  at = f"[{name}] interrupted at round {rounds_done + 1}/{cfg.rounds}"
+  if ckpt is not None and ckpt.latest is not None:
+    how = (f"the last checkpoint is round {ckpt.latest} in {ckpt.directory}: rerun the "
+           "same command with --resume to continue")
+  elif cfg.checkpoint_every > 0:
+    how = (f"no checkpoint yet (one every {cfg.checkpoint_every} rounds): rerun the same "
+           "command with --resume to start it again")
+  else:
+    how = ("no checkpoint (--checkpoint_every=0): rerun the same command with --resume "
+           "to start it again")
+  return Interrupted(f"{at}; {how}", signum)
 
 
 def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,

@@ -51,9 +51,7 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import experiment
-from fedjax_async import cli
 from fedjax_async import distributed
-from fedjax_async import sharding
 from fedjax_async import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
@@ -62,8 +60,6 @@ SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "serve
 # Config fields that do not change a stored run's results (beyond those a resumption may
 # change, experiment.RESUME_FREE_FIELDS): a run stored under other values is still reused.
 RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
-# Flags of experiments/run.py that sweeps do not support (refused when given).
-UNSUPPORTED_FLAGS = ("tensorboard",)
 # The delay's fields under their flag names (config differences are named by flag).
 _DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
                 "max_delay": "max_delay", "mean": "delay_mean", "buffer_size": "buffer_size"}
@@ -712,47 +708,10 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 
 
-# ---------------------------------------------------------------------------- flags
-
-
-def define_sweep_flags():
-  """--num_seeds, --max_runs_per_computation and --sweep_<name> for each sweepable name."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_integer("num_seeds", 1, "Seeds --seed .. --seed+num_seeds-1 per setting.")
-  flags.DEFINE_integer("max_runs_per_computation", 0,
-                       "Split the runs of an algorithm into vmapped computations of at most "
-                       "this many runs (memory); 0 = all runs in one.")
-  for name in SWEEPABLE:
-    flags.DEFINE_string(f"sweep_{name}", "", f"Comma-separated values of --{name} "
-                        "(cartesian product with the other sweeps and the seeds).")
-
-
-def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
-  out = {}
-  for name in SWEEPABLE:
-    values = parse_values(f"sweep_{name}", getattr(FLAGS, f"sweep_{name}"))
-    if values:
-      out[name] = values
-  if FLAGS.max_runs_per_computation < 0:
-    raise ValueError("--max_runs_per_computation: must be >= 0, got "
-                     f"{FLAGS.max_runs_per_computation}")
-  return out
-
-
 # What a sweep writes in --output_dir: refused there without --resume (read the finished
 # runs back) or --overwrite (delete these first), as experiments/run.py does.
 SWEEP_OUTPUTS = ("runs", "checkpoints", "sweep.json", "aggregate.csv", "aggregate.md",
                  "aggregate.png")
-
-
-def check_unsupported_flags(FLAGS) -> None:
-  """--tensorboard given to a sweep: ValueError (a sweep writes each run's metrics.jsonl
-  and summary.json when its computation finishes, and no TensorBoard files)."""
-  for name in UNSUPPORTED_FLAGS:
-    if name in FLAGS and FLAGS[name].present and FLAGS[name].value:
-      raise ValueError(f"--{name}: not supported by sweeps (no TensorBoard files; each "
-                       "run's metrics.jsonl and summary.json are written when its "
-                       "computation finishes)")
 
 
 def load_checked(cfg: experiment.RunConfig):
@@ -770,27 +729,6 @@ def load_checked(cfg: experiment.RunConfig):
   return fed_data, model
 
 
-def main_from_flags(FLAGS):
-  """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
-  try:
-    sharding.set_cpu_devices(FLAGS.cpu_devices)
-    cli.join_processes(FLAGS)
-    check_unsupported_flags(FLAGS)
-    base = experiment.config_from_flags(FLAGS)
-    sweeps = sweeps_from_flags(FLAGS)
-    names = list(sweeps)
-    cfgs = grid(base, sweeps, FLAGS.num_seeds)
-    devices = sharding.select_devices(base.devices)  # the run axis is split over them
-    experiment.prepare_output_dir(base.output_dir, base.resume, base.overwrite,
-                                  SWEEP_OUTPUTS)
-    fed_data, _ = load_checked(base)
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
-  experiment.exit_on_interrupt(
-      lambda: _run_all(FLAGS, base, cfgs, names, devices, fed_data),
-      interrupted_message(base.output_dir, base.checkpoint_every, "--resume"))
-
-
 def interrupted_message(out_dir: str, checkpoint_every: int, how: str) -> str:
   """What an interrupted sweep kept and how to continue (``how``: the flag to rerun with,
   or '' where the driver always reads its runs back)."""
@@ -802,22 +740,27 @@ def interrupted_message(out_dir: str, checkpoint_every: int, how: str) -> str:
   return f"{kept}: {rerun} to continue (finished runs are read back)"
 
 
-def _run_all(FLAGS, base, cfgs, names, devices, fed_data):
+def run_grid(base: experiment.RunConfig, cfgs: Sequence[experiment.RunConfig],
+             names: Sequence[str], fed_data, devices, num_seeds: int,
+             max_runs_per_computation: int = 0) -> Optional[str]:
+  """Every algorithm of ``base.algorithm`` over ``cfgs`` (``grid``), the runs split over
+  ``devices``; writes ``sweep.json`` and the aggregate (csv, md, png) under
+  ``base.output_dir`` and returns the aggregate table (process 0; None elsewhere)."""
   mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
-        f"{FLAGS.num_seeds} seeds) on {len(devices)} device(s)", flush=True)
+        f"{num_seeds} seeds) on {len(devices)} device(s)", flush=True)
   os.makedirs(base.output_dir, exist_ok=True)
   summaries = []
   for alg in base.algorithm.split(","):
     summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
-                           FLAGS.max_runs_per_computation, mesh, resume=base.resume)
+                           max_runs_per_computation, mesh, resume=base.resume)
   agg = aggregate(summaries, names)
   if not distributed.is_main():  # process 0 writes the sweep's files
-    return
+    return None
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output_dir, "aggregate.png")
   plot_aggregate(agg, names, figure, title=experiment.figure_title(
       base, fed_data.name, base.model, base.algorithm.split(",")))
   print(f"figure: {figure}")
-  print(write_aggregate(agg, names, base.output_dir))  # last
+  return write_aggregate(agg, names, base.output_dir)

@@ -5,6 +5,7 @@
                                    # clock flag file, FedEDS --quick (~19 min on 2 shared cores),
                                    # from this checkout or from a worktree of COMMIT
   python scripts/golden.py compare A B          # every metric equal, wall times aside
+  FEDJAX_ASYNC_GOLDEN_JOBS=main,virtual_clock python scripts/golden.py record ...  # some
 
 A refactoring that must not change results records before and after and compares; the
 comparison lists each differing file, row and key (exit status 1 when any differs).
@@ -32,6 +33,11 @@ ROWS = (".jsonl", ".json", ".csv")
 
 
 def record(out: str, commit: str = ""):
+  only = [j for j in os.environ.get("FEDJAX_ASYNC_GOLDEN_JOBS", "").split(",") if j]
+  unknown = sorted(set(only) - set(JOBS))
+  if unknown:
+    sys.exit(f"error: FEDJAX_ASYNC_GOLDEN_JOBS: unknown job(s) {', '.join(unknown)}; "
+             f"choices: {', '.join(JOBS)}")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with tempfile.TemporaryDirectory() as tmp:
     if commit:  # that commit's code, imported before the installed package
@@ -42,6 +48,8 @@ def record(out: str, commit: str = ""):
     env = dict(os.environ, PYTHONPATH=src)
     try:
       for name, cmd in JOBS.items():
+        if only and name not in only:
+          continue
         target = os.path.join(os.path.abspath(out), name)
         print(f"[golden] {name}: {' '.join(cmd)} --output_dir={target}", flush=True)
         subprocess.run([sys.executable, *cmd, f"--output_dir={target}", "--overwrite"],

@@ -418,4 +418,4 @@ def test_resume_with_another_algorithm_names_the_flag_not_a_state_mismatch(tmp_p
   assert res.returncode == 1, res.stderr[-3000:]
   assert res.stderr.strip().splitlines()[-1] == (
       f"error: --resume: the checkpoint under {tmp_path}/checkpoints was made with "
-      "different flags: --algorithm='fedavg' (now 'pafed')"), res.stderr[-3000:]
+      "other flags: --algorithm='fedavg' (now 'pafed')"), res.stderr[-3000:]

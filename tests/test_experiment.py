@@ -294,12 +294,12 @@ def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_
 
 def test_rerun_into_a_run_directory_is_refused_before_any_work_unless_resume_or_overwrite(
     tmp_path):
-  args = TINY + ["--algorithm=fedavg,pafed", "--rounds=4", "--rounds_per_call=2",
+  args = TINY + ["--algorithm=fedavg,fedprox", "--rounds=4", "--rounds_per_call=2",
                  "--checkpoint_every=2", f"--output_dir={tmp_path}"]
   first = run(args)
   assert first.returncode == 0, first.stderr[-3000:]
   # each run says it is compiling (the first chunk is mostly compilation)
-  for name in ("fedavg", "pafed"):
+  for name in ("fedavg", "fedprox"):
     assert f"[{name}] compiling the round program (2 rounds per call) ..." in first.stdout
     assert re.search(rf"\[{name}\] compiled in \d+\.\d s", first.stdout)
   before = {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "**"), recursive=True)}

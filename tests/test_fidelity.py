@@ -95,12 +95,13 @@ def small_data(dataset, clients=6, per_client=10, test=100):
 
 # Each built-in data set with its default model and the small ones. The convolutional
 # pairs compile for 1-3 minutes each (5 algorithms) on 2 cores: -m slow. The fast suite
-# keeps one cell of each small model on real data and one on Synthetic; the other two
-# small cells (20-27 s each) run with -m slow.
+# keeps logreg on Synthetic and the MLP on Fashion-MNIST (whose logreg runs every
+# algorithm in test_fashion_mnist_logreg_keeps_every_algorithms_scale_and_loss_bounded);
+# the other small cells (20-27 s each) run with -m slow.
 slow = pytest.mark.slow
 PAIRS = [("synthetic", "logreg"), pytest.param("synthetic", "mlp", marks=slow),
          pytest.param("synthetic_iid", "logreg", marks=slow),
-         ("fashion_mnist", "logreg"), ("fashion_mnist", "mlp"),
+         pytest.param("fashion_mnist", "logreg", marks=slow), ("fashion_mnist", "mlp"),
          pytest.param("fashion_mnist", "cnn", marks=slow),
          pytest.param("fashion_mnist", "simple_cnn", marks=slow),
          pytest.param("mnist", "cnn", marks=slow),

@@ -101,6 +101,7 @@ def test_multiprocess_rounds_killed_and_resumed_equal_one_process(tmp_path):
                run_script.read_rows(ref / "metrics.jsonl"))
 
 
+@pytest.mark.slow  # 30 s on 2 cores; the round engine's test above runs in CI
 @pytest.mark.xdist_group("multiprocess")
 def test_multiprocess_sweep_splits_its_runs_and_equals_one_process(tmp_path):
   args = ["--algorithm=fedavg", "--num_clients=20", "--rounds=6", "--rounds_per_call=3",

@@ -1,0 +1,185 @@
+"""The host side of a run, written once: checkpoints and resumption, the metrics file and
+what happens between two compiled chunks.
+
+Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: the round
+engine (``engine.simulate``, driven by ``experiment.run``), the virtual clock
+(``async_engine.simulate``, driven by ``experiments/async_family.py``) and FedEDS
+(``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
+callback, built from the pieces below (after pfl-research's ``run`` and its callbacks):
+
+* ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
+  first, then each chunk's rows, flushed;
+* ``Checkpoints``: orbax checkpoints every k rounds (or groups), at the end, and at a
+  signal; with ``resume`` the latest one is restored after its configuration was
+  compared with this run's (a ValueError naming the flags that differ, or the folder that
+  cannot be read and the checkpoint to fall back to);
+* the signal check: a SIGINT / SIGTERM received by any process stops every process after
+  the same chunk, after its checkpoint (``distributed.any_process``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import distributed
+from fedjax_async import interrupts
+from fedjax_async.outputs import TensorBoard, json_row
+
+
+@dataclasses.dataclass
+class Resumed:
+  """What a restored checkpoint gives a run: where it stopped, its state and rows."""
+  position: int  # rounds (or groups) done
+  state: Any
+  rows: List[dict]
+  wall_before: float  # seconds the run had taken before
+  config: dict  # the configuration the checkpoint was made with
+
+
+class Checkpoints:
+  """The checkpoints of one run under ``directory``.
+
+  ``config`` is stored with each checkpoint and compared on resumption through
+  ``mismatch(saved, now) -> ["--flag=old (now new)", ...]``. ``every`` (0: none) and
+  ``total`` are in ``unit``s (rounds, groups). Without ``resume`` a previous run's
+  checkpoints in ``directory`` are deleted (it is a fresh run)."""
+
+  def __init__(self, directory: str, config: dict, *, every: int, total: int, resume: bool,
+               mismatch: Callable[[dict, dict], List[str]], keep: int = 2,
+               unit: str = "round"):
+    self.directory, self.config = os.path.abspath(directory), config
+    self.every, self.total, self.resume, self.unit = every, total, resume, unit
+    self.mismatch = mismatch
+    if not resume and os.path.isdir(self.directory) and distributed.is_main():
+      shutil.rmtree(self.directory)  # a fresh run: the previous one's are not its own
+    distributed.sync(f"fresh {self.directory}")
+    self.manager = (checkpoint_lib.Checkpointer(self.directory, keep)
+                    if every > 0 or resume else None)
+    self.latest: Optional[int] = None  # the position of the newest complete checkpoint
+    self.last_saved = 0
+
+  def restore(self, template, extends: Optional[Callable[[dict, List[str]], bool]] = None
+              ) -> Optional[Resumed]:
+    """The latest checkpoint in ``template``'s structure; None without ``resume`` or
+    without a checkpoint. ``extends(saved_config, differences)``: whether these
+    differences continue the saved run (a larger --rounds), not replace it."""
+    if not self.resume or self.manager is None or self.manager.latest_round() is None:
+      return None
+    try:
+      try:  # the flags first: another algorithm's state does not fit the template
+        saved = self.manager.restore_meta()["config"]
+        bad = self.mismatch(saved, checkpoint_lib.to_json_ready(self.config))
+        if bad and not (extends is not None and extends(saved, bad)):
+          raise ValueError(f"--resume: the checkpoint under {self.directory} was made with "
+                           f"other flags: {', '.join(bad)}")
+        r = self.manager.restore(template)
+      except checkpoint_lib.CheckpointError as e:
+        earlier = [p for p in self.manager.all_rounds() if p < self.manager.latest_round()]
+        fallback = (f"the checkpoint of {self.unit} {max(earlier)}" if earlier
+                    else f"{self.unit} 0")
+        raise ValueError(f"--resume: {e}; delete that folder to resume from {fallback}, or "
+                         "pass --overwrite to start over") from None
+    except ValueError:
+      self.close()
+      raise
+    self.latest = self.last_saved = r.round
+    return Resumed(r.round, r.state, r.rows, float(r.extra.get("wall_time_s", 0.0)), saved)
+
+  def due(self, position: int, stopping: bool = False) -> bool:
+    """A checkpoint is due at ``position``: a multiple of ``every`` reached (or the end),
+    or the run is stopping at a signal with rounds done since the last one."""
+    if self.manager is None:
+      return False
+    return (checkpoint_lib.should_save(self.last_saved, position, self.every, self.total)
+            or (stopping and self.last_saved < position))
+
+  def save(self, position: int, state, rows: Sequence[dict], wall_time_s: float):
+    self.manager.save(position, state, list(rows), self.config,
+                      {"wall_time_s": wall_time_s})
+    self.latest = self.last_saved = position
+
+  def close(self):
+    if self.manager is not None:
+      self.manager.close()
+
+
+class MetricsFile:
+  """``metrics.jsonl`` at ``path`` (None: rows kept in memory only) and TensorBoard
+  scalars: the ``rows_before`` (of a restored checkpoint) written first, which drops any
+  row written after that checkpoint, then each chunk's rows."""
+
+  def __init__(self, path: Optional[str], rows_before: Sequence[dict] = (),
+               tensorboard: Optional[TensorBoard] = None):
+    self.rows = list(rows_before)
+    self.file = open(path, "w") if path is not None else None  # pylint: disable=consider-using-with
+    self.tb = tensorboard
+    self._write(self.rows)
+
+  def _write(self, rows):
+    if self.file is not None:
+      for r in rows:
+        self.file.write(json_row(r) + "\n")
+      self.file.flush()
+    if self.tb is not None:
+      self.tb.write(rows)
+
+  def __call__(self, rows: Sequence[dict]):
+    self.rows.extend(rows)
+    self._write(rows)
+
+  def sync(self):
+    """Every row so far on disk (before a checkpoint that holds them is written)."""
+    if self.tb is not None:
+      self.tb.sync()
+
+  def close(self):
+    if self.file is not None:
+      self.file.close()
+    if self.tb is not None:
+      self.tb.close()
+
+
+def stopping() -> bool:
+  """Whether a signal arrived in any process (recorded here too, so that every process
+  stops after the same chunk)."""
+  stop = distributed.any_process(interrupts.pending())
+  if stop and not interrupts.pending():
+    interrupts.record(signal.SIGTERM)
+  return stop
+
+
+class HostLoop:
+  """``on_chunk(state, rows)``: the rows to ``metrics``, a checkpoint when due (at the
+  position ``position(state)``), ``progress(rows)``, then ``Interrupted`` when a signal
+  arrived (after its checkpoint)."""
+
+  def __init__(self, metrics: MetricsFile, checkpoints: Optional[Checkpoints],
+               position: Callable[[Any], int], progress: Optional[Callable] = None,
+               wall_before: float = 0.0):
+    self.metrics, self.checkpoints, self.position = metrics, checkpoints, position
+    self.progress, self.wall_before = progress, wall_before
+    self.t0 = time.perf_counter()
+
+  def wall(self) -> float:
+    """Seconds of the run so far, a resumed run's earlier ones included."""
+    return self.wall_before + time.perf_counter() - self.t0
+
+  def save(self, state, position: Optional[int] = None):
+    self.metrics.sync()
+    self.checkpoints.save(self.position(state) if position is None else position, state,
+                          self.metrics.rows, self.wall())
+
+  def __call__(self, state, rows: Sequence[dict]):
+    self.metrics(rows)
+    stop = stopping()
+    if self.checkpoints is not None and self.checkpoints.due(self.position(state), stop):
+      self.save(state)
+    if self.progress is not None and rows:
+      self.progress(rows)
+    interrupts.check_interrupted()
