@@ -100,9 +100,12 @@ class Checkpoints:
             or (stopping and self.last_saved < position))
 
   def save(self, position: int, state, rows: Sequence[dict], wall_time_s: float):
-    self.manager.save(position, state, list(rows), self.config,
-                      {"wall_time_s": wall_time_s})
-    self.latest = self.last_saved = position
+    """A signal during the save is raised after it, and after this checkpoint is known
+    as the latest (the message of the ``Interrupted`` names it)."""
+    with interrupts.deferred():
+      self.manager.save(position, state, list(rows), self.config,
+                        {"wall_time_s": wall_time_s})
+      self.latest = self.last_saved = position
 
   def close(self):
     if self.manager is not None:
