@@ -38,6 +38,9 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
   collectives go through gloo. ValueError naming ``--coordinator_address`` /
   ``--num_processes`` / ``--process_id`` when they do not add up.
   """
+  if num_processes < 0 or process_id < -1:
+    raise ValueError(f"--num_processes / --process_id: must be >= 0 (0 / -1: not given), "
+                     f"got --num_processes={num_processes} --process_id={process_id}")
   given = bool(coordinator_address) or num_processes > 0 or process_id >= 0
   if not (given or auto):
     return False

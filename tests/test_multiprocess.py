@@ -121,6 +121,8 @@ def test_process_flags_that_do_not_add_up_are_named_in_one_line():
     distributed.initialize("", 2, 0)
   with pytest.raises(ValueError, match=r"^--process_id: must be in \[0, --num_processes\)"):
     distributed.initialize("localhost:1", 2, 2)
+  with pytest.raises(ValueError, match=r"^--num_processes / --process_id: must be >= 0"):
+    distributed.initialize("", -2)
   assert not distributed.joined() and distributed.is_main()
   proc = subprocess.run([sys.executable, run_script.RUN, "--algorithm=fedasync",
                          "--num_processes=2"], env=run_script.env(), capture_output=True,
