@@ -63,10 +63,18 @@ def parse_flags(argv: List[str]) -> List[str]:
 
 
 def define_run_flags():
-  """Defines the run flags (call once, from the experiment script)."""
-  from fedjax_async import algorithms, config  # pylint: disable=g-import-not-at-top
+  """Defines the run flags (call once, from the experiment script), each with
+  ``RunConfig``'s default."""
+  from fedjax_async import config  # pylint: disable=g-import-not-at-top
   d = config.RunConfig()
-  f = flags
+  for define in (_define_data_flags, _define_training_flags, _define_execution_flags,
+                 _define_output_flags):
+    define(flags, d)
+
+
+def _define_data_flags(f, d):
+  """The run flags of the algorithm, the data, the model, participation and delays."""
+  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
   f.DEFINE_string("algorithm", d.algorithm,
                   f"Algorithm or comma-separated list; choices: {', '.join(algorithms.names('rounds'))}.")
   f.DEFINE_string("dataset", d.dataset, "synthetic | synthetic_iid | fashion_mnist | mnist | "
@@ -87,6 +95,10 @@ def define_run_flags():
   f.DEFINE_float("delay_mean", d.delay.mean, "Mean delay for geometric delays, rounds.")
   f.DEFINE_integer("buffer_size", 0, "R, past global models kept (0: Dmax + 1).")
   f.DEFINE_integer("rounds", d.rounds, "T, communication rounds.")
+
+
+def _define_training_flags(f, d):
+  """The run flags of local training and the algorithms' hyperparameters."""
   f.DEFINE_integer("local_epochs", d.local_epochs, "E, local epochs.")
   f.DEFINE_boolean("random_local_epochs", False, "E_i ~ U{1..E} per client and round.")
   f.DEFINE_integer("local_steps", d.local_steps, "> 0: at most this many minibatch steps "
@@ -111,6 +123,10 @@ def define_run_flags():
   f.DEFINE_float("server_lr2", -1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
   f.DEFINE_integer("server_lr_switch_round", -1, "Round where eta_2 starts (-1: never).")
   f.DEFINE_integer("seed", d.seed, "Seed of data, timeline, initialisation and clients.")
+
+
+def _define_execution_flags(f, d):
+  """The run flags of how a run executes: evaluation, compiled chunks, devices and processes."""
   f.DEFINE_integer("eval_every", d.eval_every, "Evaluate every k rounds (and the last 10).")
   f.DEFINE_integer("rounds_per_call", d.rounds_per_call,
                    "Rounds fused into one jitted scan between host visits.")
@@ -135,6 +151,10 @@ def define_run_flags():
   f.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
                    "(jax_num_cpu_devices) so that --devices can split the clients over the "
                    "cores; 0: JAX's default (one).")
+
+
+def _define_output_flags(f, d):
+  """The run flags of outputs, checkpoints, encryption and the console."""
   f.DEFINE_string("output_dir", "runs/latest", "Where metrics and summaries go.")
   f.DEFINE_string("secure_aggregation", d.secure_aggregation,
                   "none | ckks (PAFed's server under OpenFHE CKKS).")

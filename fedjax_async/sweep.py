@@ -617,6 +617,29 @@ class ComputationCheckpoint:
         os.rmdir(d)
 
 
+def _read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
+               extra_config: Optional[dict], quiet: bool) -> Dict[int, dict]:
+  """``{index: summary}`` of the runs of ``cfgs`` stored under ``out_dir`` with the same
+  configuration; the stored runs made with other flags are named (they run again)."""
+  found: Dict[int, dict] = {}
+  stale = []
+  for i, c in enumerate(cfgs):
+    stored = read_stored_run(run_dir(c), stored_config(c, algorithm_name, extra_config))
+    if stored is not None and not stored[2]:
+      found[i] = stored[0]
+    elif stored is not None:
+      stale.append((run_dir(c), stored[2]))
+  if not quiet and found:
+    print(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
+          f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)", flush=True)
+  if not quiet and stale:
+    diffs = sorted({d for _, ds in stale for d in ds})
+    print(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
+          f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
+          f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
+  return found
+
+
 def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
@@ -632,23 +655,8 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   compared with each summary's config). Returns the run summaries in ``cfgs``' order."""
   check_same_static(cfgs, names)
   run_dir = lambda c: os.path.join(out_dir, "runs", algorithm_name, run_name(c, names))
-  found: Dict[int, dict] = {}
-  if resume and out_dir is not None:
-    stale = []
-    for i, c in enumerate(cfgs):
-      stored = read_stored_run(run_dir(c), stored_config(c, algorithm_name, extra_config))
-      if stored is not None and not stored[2]:
-        found[i] = stored[0]
-      elif stored is not None:
-        stale.append((run_dir(c), stored[2]))
-    if not quiet and found:
-      print(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
-            f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)", flush=True)
-    if not quiet and stale:
-      diffs = sorted({d for _, ds in stale for d in ds})
-      print(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
-            f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
-            f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
+  found = (_read_back(cfgs, algorithm_name, run_dir, out_dir, extra_config, quiet)
+           if resume and out_dir is not None else {})
   todo = [c for i, c in enumerate(cfgs) if i not in found]
   size = max_runs_per_computation or len(todo) or 1
   done: List[dict] = []

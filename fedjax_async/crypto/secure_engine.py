@@ -111,6 +111,40 @@ def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
   return tuple(int(i) for i in np.unique(tl.client[later][sel]))
 
 
+def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_depth: int,
+                    min_scale: float, stream) -> secure_ducc.SecureProtocol:
+  """The KDC's set-up, after the round's estimate is printed and checked against the
+  memory available (a ValueError naming the flag that changes it)."""
+  est = round_estimate(dim, uploads, preset, min_depth)
+  check_round_fits(est, uploads, dim, available_memory_bytes())
+  print(f"[pafed/ckks] estimate per round: {uploads} uploads x {est['chunks']} "
+        f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
+        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads (peak memory several times "
+        f"that), ~{est['cpu_s']:.0f} CPU s", file=stream, flush=True)
+  print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
+        f"pairs for S1 and {num_clients} clients ...", file=stream, flush=True)
+  t0 = time.perf_counter()
+  protocol = secure_ducc.make_protocol(num_clients, dim, preset=preset,
+                                       min_depth=min_depth, min_scale=min_scale)
+  print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
+        f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
+  return protocol
+
+
+def _round_rows(metrics: dict, evaluated, t: int, t_round: float) -> List[dict]:
+  """The round's metrics row (with the test accuracy and loss when ``evaluated``);
+  ``engine.Diverged`` when the model or the test loss is not finite."""
+  acc, loss = evaluated if evaluated is not None else (jnp.float32(jnp.nan),
+                                                       jnp.float32(jnp.nan))
+  metrics["test_accuracy"], metrics["test_loss"] = acc, loss
+  rows = engine.metrics_to_rows(jax.tree.map(lambda v: jnp.asarray(v)[None], metrics))
+  rows[0]["wall_time"] = time.perf_counter() - t_round
+  if rows[0]["nonfinite"] or (rows[0]["test_loss"] is not None
+                              and not np.isfinite(rows[0]["test_loss"])):
+    raise engine.Diverged(f"round {t}: the global model or test loss is not finite")
+  return rows
+
+
 def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
@@ -136,20 +170,8 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   if preset == "insecure_test":  # every run, whatever ``stream`` is
     print(INSECURE_WARNING, file=sys.stderr, flush=True)
   if protocol is None:
-    uploads = int(tl.valid.sum(1).max())
-    est = round_estimate(dim, uploads, preset, min_depth)
-    check_round_fits(est, uploads, dim, available_memory_bytes())
-    print(f"[pafed/ckks] estimate per round: {uploads} uploads x {est['chunks']} "
-          f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
-          f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads (peak memory several times "
-          f"that), ~{est['cpu_s']:.0f} CPU s", file=stream, flush=True)
-    print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
-          f"pairs for S1 and {data.counts.shape[0]} clients ...", file=stream, flush=True)
-    t0 = time.perf_counter()
-    protocol = secure_ducc.make_protocol(int(data.counts.shape[0]), dim, preset=preset,
-                                         min_depth=min_depth, min_scale=min_scale)
-    print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
-          f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
+    protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
+                               preset, min_depth, min_scale, stream)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
@@ -188,16 +210,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
     alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
     state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
-    if schedule[t]:
-      acc, loss = eval_fn(state.w)
-    else:
-      acc, loss = jnp.float32(jnp.nan), jnp.float32(jnp.nan)
-    metrics["test_accuracy"], metrics["test_loss"] = acc, loss
-    rows = engine.metrics_to_rows(jax.tree.map(lambda v: jnp.asarray(v)[None], metrics))
-    rows[0]["wall_time"] = time.perf_counter() - t_round
-    if rows[0]["nonfinite"] or (rows[0]["test_loss"] is not None
-                                and not np.isfinite(rows[0]["test_loss"])):
-      raise engine.Diverged(f"round {t}: the global model or test loss is not finite")
+    rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t, t_round)
     for s in STAGES:
       totals[s] += timings[s]
     print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(
