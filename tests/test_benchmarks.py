@@ -340,6 +340,7 @@ def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # 25-31 s on 2 cores
 def test_scaling_k_fit_runs_the_k_sweep_both_ways_and_fits_each(tmp_path):
   # Logistic regression in chunks of 2 (so its round streams): each K once with the
   # uploads summed chunk by chunk (sweep "k") and once kept as [K, d] ("k_kept"), then one
