@@ -282,11 +282,6 @@ def load(fl, pruned: bool = False):
   return fed, name, w0, apply_flat, params, order
 
 
-def checkpoint_mismatch(saved: dict, now: dict):
-  return [f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
-          for k in experiment.config_mismatch(saved, now)]
-
-
 class ArrivalProgress:
   """A console line per compiled call: server version, arrivals, the last accuracy seen,
   loss, staleness, arrivals per second and the ETA from the versions still to come."""
@@ -360,7 +355,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   num_groups = groups["valid"].shape[0]
   ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
                           every=fl.checkpoint_every * fl.groups_per_call, total=num_groups,
-                          resume=fl.resume, mismatch=checkpoint_mismatch, unit="group")
+                          resume=fl.resume, mismatch=experiment.mismatch_flags, unit="group")
   resumed = ckpt.restore(state)
   start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
   if resumed is not None:

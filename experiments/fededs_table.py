@@ -319,7 +319,8 @@ def finished_run(run_dir: str, config: dict):
 
 def checkpoint_mismatch(saved: dict, now: dict):
   """The flags (and the run's name) that differ between a checkpoint and this run."""
-  bad = [flags_mismatch(saved, now)] if flags_mismatch(saved, now) else []
+  flags = flags_mismatch(saved, now)
+  bad = [flags] if flags else []
   if saved.get("run") != now.get("run"):
     bad.append(f"run {saved.get('run')!r} (now {now.get('run')!r})")
   return bad

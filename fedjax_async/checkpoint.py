@@ -27,6 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_async import distributed
 from fedjax_async import interrupts
 
 
@@ -44,23 +45,18 @@ def to_json_ready(obj):
   return json.loads(json.dumps(obj, default=_json_default))
 
 
-def _split_across_processes(x) -> bool:
-  """An array whose parts live in several processes (client state sharded across them):
-  orbax writes it from every process, each its own shards."""
-  return isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated)
-
-
 def state_to_leaves(state) -> dict:
   """A pytree -> ``{"leaf_00000": np.ndarray, ...}`` (host copies, order of tree_leaves;
-  an array split across processes stays a global ``jax.Array``)."""
+  an array split across processes stays a global ``jax.Array``: orbax writes it from
+  every process, each its own shards)."""
   leaves = jax.tree_util.tree_leaves(state)
-  return {f"leaf_{i:05d}": x if _split_across_processes(x) else np.asarray(jax.device_get(x))
+  return {f"leaf_{i:05d}": x if distributed.split_across_processes(x) else np.asarray(jax.device_get(x))
           for i, x in enumerate(leaves)}
 
 
 def _restore_target(x):
   """What orbax restores a leaf as: a numpy array, or a global array with ``x``'s sharding."""
-  if _split_across_processes(x):
+  if distributed.split_across_processes(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
   return np.asarray(jax.device_get(x))
 
@@ -78,7 +74,8 @@ def leaves_to_state(leaves: dict, template):
       raise ValueError(f"checkpoint state array {i} has shape {np.shape(a)}, the "
                        f"configuration expects {np.shape(b)}")
   return jax.tree_util.tree_unflatten(
-      treedef, [a if isinstance(a, jax.Array) else np.asarray(a, dtype=getattr(b, "dtype", None) or np.asarray(b).dtype)
+      treedef, [a if isinstance(a, jax.Array) else
+                np.asarray(a, dtype=b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype)
                 for a, b in zip(ordered, tmpl_leaves)])
 
 

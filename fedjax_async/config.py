@@ -212,6 +212,12 @@ def run_config_for(cfg: RunConfig, name: str) -> dict:
 STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0}
 
 
+def mismatch_flags(saved: dict, current: dict) -> List[str]:
+  """``config_mismatch`` as ``["--flag=saved (now current)", ...]``, for the messages."""
+  return [f"--{k}={saved.get(k)!r} (now {current.get(k)!r})"
+          for k in config_mismatch(saved, current)]
+
+
 def config_mismatch(saved: dict, current: dict) -> List[str]:
   """Fields (flag names) whose values differ, ignoring the resume-free ones. A field that
   ``saved`` lacks (stored before the field existed) counts as what such runs ran with:

@@ -27,6 +27,7 @@ from typing import Optional
 import jax
 import numpy as np
 
+
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
                *, auto: bool = False) -> bool:
   """Joins this process to the others (``jax.distributed.initialize``); must run before
@@ -101,11 +102,17 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.asarray([bool(flag)]))))
 
 
+def split_across_processes(x) -> bool:
+  """Whether ``x`` is a global array whose parts live in several processes (no process
+  can read all of it by itself)."""
+  return isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated)
+
+
 def to_host(tree):
   """Host (numpy) copies of ``tree``'s arrays. An array split across processes is
   gathered from all of them (``process_allgather``); the others are copied as they are."""
   def one(x):
-    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+    if split_across_processes(x):
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))

@@ -43,7 +43,7 @@ from fedjax_async.cli import config_from_flags, main_from_flags, quiet_library_l
 from fedjax_async.cli import define_run_flags as define_flags  # noqa: E402,F401
 from fedjax_async.config import (  # noqa: E402,F401
     MAIN_JOB_ALGORITHMS, RESUME_FREE_FIELDS, STORED_BEFORE, RunConfig, check, config_dict,
-    config_mismatch, dataset_defaults, run_config_for, validate)
+    config_mismatch, dataset_defaults, mismatch_flags, run_config_for, validate)
 from fedjax_async.outputs import (  # noqa: E402,F401
     COMPARISON_OUTPUTS, INSECURE_CKKS, RUN_OUTPUTS, TensorBoard, algorithm_label,
     check_writable, ckks_security, comparison_table, figure_title, json_row, plot_curves,
@@ -286,7 +286,7 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
   if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
     ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), run_config_for(cfg, name),
                             every=cfg.checkpoint_every, total=cfg.rounds, resume=cfg.resume,
-                            mismatch=_mismatch, keep=cfg.keep_checkpoints)
+                            mismatch=mismatch_flags, keep=cfg.keep_checkpoints)
   state, resumed = setup.state, None
   if ckpt is not None:
     # A larger --rounds extends the run: its timeline's first rounds are the same draws.
@@ -343,11 +343,6 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
   run_ecfg, run_tl, state, data = place(initial())  # (place then reuses the placed data)
   return _Setup(algorithm, apply_flat, tl, run_tl, run_ecfg, data, state, place,
                 lambda: place(initial())[2])
-
-
-def _mismatch(saved: dict, now: dict) -> List[str]:
-  return [f"--{k}={saved.get(k)!r} (now {now.get(k)!r})"
-          for k in config_mismatch(saved, now)]
 
 
 def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: bool):
