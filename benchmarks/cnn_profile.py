@@ -25,13 +25,14 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
+from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 flags.DEFINE_integer("clients", 50, "K, clients vmapped together.", lower_bound=1)
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best reported).", lower_bound=1)
-flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
-flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
+flags.DEFINE_enum("impl", "vjp", list(layers.CONV_IMPLS), "Conv implementation.")
+flags.DEFINE_enum("dense", "fast", list(layers.DENSE_IMPLS),
                   "Dense layers (the other choice is timed too, as a full step).")
 flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one full step here.")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
@@ -77,7 +78,7 @@ def main(argv):
   bw = stream_bandwidth()
   net = models.get_model("cnn", 10, (28, 28, 1), impl=FLAGS.impl, dense=FLAGS.dense)
   w0, apply_flat = models.flat_model(net, (28, 28, 1), jax.random.key(0))
-  other_dense = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
+  other_dense = [d for d in layers.DENSE_IMPLS if d != FLAGS.dense][0]
   _, apply_other = models.flat_model(
       models.get_model("cnn", 10, (28, 28, 1), impl=FLAGS.impl, dense=other_dense),
       (28, 28, 1), jax.random.key(0))
@@ -136,11 +137,11 @@ def main(argv):
   x1 = jax.random.normal(keys[0], (k, bsz, 3136))
   g1 = jax.random.normal(keys[1], (k, bsz, 512))
   w1 = jax.random.normal(keys[2], (k, 3136, 512))
-  # models.Dense computes the input gradient as (W g^T)^T (models.dense_matmul).
-  dense_dx = lambda x, w, g: jax.vjp(lambda x: models.dense_matmul(x, w), x)[1](g)[0]
+  # layers.Dense computes the input gradient as (W g^T)^T (layers.dense_matmul).
+  dense_dx = lambda x, w, g: jax.vjp(lambda x: layers.dense_matmul(x, w), x)[1](g)[0]
   for name, fn, args in (("fc1 forward x @ W", lambda x, w: x @ w, (x1, w1)),
                          ("fc1 input gradient g @ W^T", lambda g, w: g @ w.T, (g1, w1)),
-                         ("fc1 input gradient (W g^T)^T, models.dense_matmul", dense_dx,
+                         ("fc1 input gradient (W g^T)^T, layers.dense_matmul", dense_dx,
                           (x1, w1, g1)),
                          ("fc1 weight gradient x^T @ g", lambda x, g: x.T @ g, (x1, g1))):
     measure(name, jax.vmap(fn), args, peak, bw, rows)
@@ -151,16 +152,16 @@ def main(argv):
 
   for shape, ksize in (((bsz, 28, 28, 1), 5), ((bsz, 14, 14, 32), 5)):
     x = jax.random.normal(keys[2], (k,) + shape)
-    for ext, fn in (("xla", models._patches_xla), ("slices", models._patches_slices)):  # pylint: disable=protected-access
+    for ext, fn in (("xla", layers._patches_xla), ("slices", layers._patches_slices)):  # pylint: disable=protected-access
       measure(f"patches ({ext}) of {list(shape)}, {ksize}x{ksize}",
               fwd_bwd(lambda x, fn=fn: fn(x, (ksize, ksize), (1, 1), "SAME")), (x,), peak, bw,
               rows)
   for shape in ((bsz, 28, 28, 32), (bsz, 14, 14, 64)):
     x = jax.random.normal(keys[2], (k,) + shape)
     measure(f"max pool (nn.max_pool, select-and-scatter bwd) of {list(shape)}",
-            fwd_bwd(models.max_pool2_window), (x,), peak, bw, rows)
-    measure(f"max pool (reshape + max: models.max_pool2) of {list(shape)}",
-            fwd_bwd(models.max_pool2), (x,), peak, bw, rows)
+            fwd_bwd(layers.max_pool2_window), (x,), peak, bw, rows)
+    measure(f"max pool (reshape + max: layers.max_pool2) of {list(shape)}",
+            fwd_bwd(layers.max_pool2), (x,), peak, bw, rows)
   common.write_rows("cnn_profile", rows)
   if FLAGS.trace_dir:
     jax.block_until_ready(step(ws, mom, xs, ys))

@@ -180,7 +180,7 @@ class Workload:
   rounds: int = 3
   algorithm: str = "fedavg"
   impl: str = "vjp"
-  dense: str = "fast"  # the conv models' dense layers: models.DENSE_IMPLS
+  dense: str = "fast"  # the conv models' dense layers: layers.DENSE_IMPLS
   seed: int = 0
   jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
 

@@ -29,12 +29,13 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
+from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flagcheck.int_list("clients", ["10", "50"], "Client counts C.")
-flagcheck.choice_list("impls", ["lax", "patches", "slices", "vjp"], models.CONV_IMPLS,
-                      "Conv implementations (fedjax_async.models.CONV_IMPLS).")
+flagcheck.choice_list("impls", ["lax", "patches", "slices", "vjp"], layers.CONV_IMPLS,
+                      "Conv implementations (fedjax_async.layers.CONV_IMPLS).")
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_integer("matmul_n", 2048, "Size of the peak matmul.", lower_bound=1)

@@ -4,7 +4,7 @@ XLA:CPU runs a convolution inside a while loop far slower than the same convolut
 top level when its operands are not in the default layout (jax-ml/jax#12868). The
 engine runs every local step inside ``lax.scan``, so this decides the conv impl. For each
 impl (``lax``: autodiff backward; ``slices``: im2col + GEMM; ``vjp``: the hand-written
-default-layout backward of ``models.canonical_conv``) and each layer shape, it times 3 SGD
+default-layout backward of ``layers.canonical_conv``) and each layer shape, it times 3 SGD
 steps of ``sum(sin(conv(x, k)))`` on a batch of 10, with respect to the kernel and the
 input (as a layer inside a network needs both), as a rolled ``lax.scan`` and unrolled.
 
@@ -21,10 +21,10 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
-from fedjax_async import models  # noqa: E402
+from fedjax_async import layers  # noqa: E402
 
 FLAGS = flags.FLAGS
-flagcheck.choice_list("impls", ["lax", "slices", "vjp"], models.CONV_IMPLS,
+flagcheck.choice_list("impls", ["lax", "slices", "vjp"], layers.CONV_IMPLS,
                       "Conv implementations.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions (best is reported).", lower_bound=1)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
@@ -39,7 +39,7 @@ def conv_fn(impl, padding):
     return lambda x, k: jax.lax.conv_general_dilated(
         x, k, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
   extract = {"slices": "slices", "vjp": "vjp", "patches": "xla"}[impl]
-  return lambda x, k: models.patch_conv(x, k, (1, 1), padding, extract)
+  return lambda x, k: layers.patch_conv(x, k, (1, 1), padding, extract)
 
 
 def make_train(conv, unroll):

@@ -13,11 +13,21 @@ and extrapolates to --target_dim (default: the Fashion-MNIST CNN, 1,663,370 para
 Default (about 5-10 min on 2 cores): 128-bit, d=10 (depth 28, N=2^16), 1 and 2 chunks,
 extrapolated to 51 chunks:
   python benchmarks/ducc_round.py --dims=32768,65536 --out_csv=/tmp/ducc_round.csv
+
+``--design=streamed`` runs ``streamed_ducc`` (vectors at depth 2, N=2^14; scalars at
+depth 2d + 5), which fits the CNN itself (measured, not extrapolated):
+  python benchmarks/ducc_round.py --design=streamed --dims=1663370 --target_dim=0 \
+      --kt_recipients=10 --out_jsonl=benchmarks/results/ducc_round.jsonl
+``--out_jsonl`` appends one row per size: dim, online, delayed, preset, measured (false
+for an extrapolated row), peak_rss_gib, server_s (S0 + S1), client_encrypt_s and
+client_decrypt_s (per client), key_transform_s, the stages and where it ran.
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import resource
 import time
 
 
@@ -31,6 +41,7 @@ from benchmarks import host
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import streamed_ducc
 from fedjax_async.crypto import vectors
 
 FLAGS = flags.FLAGS
@@ -53,6 +64,10 @@ flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or No
 flagcheck.power_of_two("ring_dim", 0, "Ring dimension, a power of two (0: OpenFHE's "
                         "choice).")
 flags.DEFINE_string("out_csv", "", "CSV output path.")
+flags.DEFINE_string("out_jsonl", "", "Append one JSON row per size to this file.")
+flags.DEFINE_enum("design", "one_context", ["one_context", "streamed"],
+                  "one_context: secure_ducc (every product at the Min's depth); streamed: "
+                  "streamed_ducc (vectors in a depth-2 context, scalars in a deep one).")
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "cpu: process CPU seconds (OpenFHE is single-threaded here, so this is "
                   "the uncontended wall time on a shared machine); wall: perf_counter.")
@@ -61,12 +76,26 @@ CONSTANT_STAGES = ("min",)
 # "normalise": S0's ||m||^2 for S1 and S1's masked 1/||m|| (the Min's unit mean, Sec. V-A).
 STAGES = ("client_encrypt", "normalise", "inner_products", "min", "weighting", "division",
           "projection", "eq17", "key_transform", "decrypt")
+# streamed_ducc's stages: S0 receive (msum), inner products, S1's refreshes, the scalar
+# work (Min, class totals, division, coefficients), the chunked update, Alg. 5.
+STREAMED_STAGES = ("client_encrypt", "receive", "inner_products", "s1_refresh", "min",
+                   "class_totals", "division", "coefficients", "combine", "key_transform",
+                   "decrypt")
+
+
+def stages():
+  return STREAMED_STAGES if FLAGS.design == "streamed" else STAGES
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident memory so far (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def reference(w, online, delayed, alphas, d):
   """Eq. 17 with DUCC (Alg. 4) in float64 numpy and the same Cheon Min (Alg. 1)."""
   m = online.mean(0)
-  s = (delayed @ m + 1) / 2
+  s = (delayed @ (m / np.linalg.norm(m)) + 1) / 2  # the mean normalised (Sec. V-A)
   x = cheon.cheon_min(s, 0.5, d)
   w1, w2 = s - x, x - 0.5
   m1 = (w1 @ delayed) / w1.sum() if w1.sum() != 0 else 0 * m
@@ -86,17 +115,63 @@ def measure(proto, dim, rng):
   w = rng.normal(size=dim) * 0.05
   alphas = (1.0, 0.5, 0.5)
   proto.dim = dim
+  step = (streamed_ducc.streamed_pafed_step if FLAGS.design == "streamed" else
+          secure_ducc.secure_pafed_step)
   t0, c0 = time.perf_counter(), time.process_time()
-  got, timings = secure_ducc.secure_pafed_step(proto, w, online, delayed, alphas)
+  got, timings = step(proto, w, online, delayed, alphas)
   total = (time.process_time() - c0) if FLAGS.clock == "cpu" else time.perf_counter() - t0
   wall = time.perf_counter() - t0
   want = reference(w, online, delayed, alphas, FLAGS.min_depth)
-  row = {s: proto.last_breakdown.get(s, 0.0) for s in STAGES}
-  row.update(dim=dim, chunks=ckks.num_chunks(dim, proto.s0.ev.slots), total_s=total,
+  row = {s: proto.last_breakdown.get(s, 0.0) for s in stages()}
+  slots = proto.s0.vev.slots if FLAGS.design == "streamed" else proto.s0.ev.slots
+  uploads = len(online) + len(delayed)
+  row.update(dim=dim, chunks=ckks.num_chunks(dim, slots), total_s=total,
              wall_s=wall,
              max_abs_err=float(np.max(np.abs(got - want))),
-             update_norm=float(np.linalg.norm(want - w)))
+             update_norm=float(np.linalg.norm(want - w)),
+             server_s=timings["ducc"] + timings["key_transform"],
+             client_encrypt_s=timings["client_encrypt"] / uploads,
+             client_decrypt_s=timings["decrypt"], key_transform_s=timings["key_transform"],
+             peak_rss_gib=peak_rss_gib(), measured=True)
   return row
+
+
+def primitive_costs(proto, repeats: int = 5) -> dict:
+  """CPU seconds of one vector-context primitive each (streamed design): encryption,
+  decryption with decoding, unrelinearised product, relinearisation, slot sum."""
+  ev, s1 = proto.s0.vev, proto.s1.vector
+  x = np.random.default_rng(0).normal(size=ev.slots) * 1e-3
+  cts = [ev.encrypt(proto.s0.vector_public.pk_s, x) for _ in range(2)]
+
+  def timed(fn):
+    c0 = time.process_time()
+    for _ in range(repeats):
+      out = fn()
+    return (time.process_time() - c0) / repeats, out
+
+  costs = {}
+  costs["encrypt"], _ = timed(lambda: ev.encrypt(proto.s0.vector_public.pk_s, x))
+  costs["decrypt"], _ = timed(lambda: s1._decrypt(cts[0]))  # pylint: disable=protected-access
+  costs["product"], prod = timed(lambda: ev.cc.EvalMultNoRelin(cts[0], cts[1]))
+  costs["relinearise"], _ = timed(lambda: ev.cc.Relinearize(prod))
+  costs["slot_sum"], _ = timed(lambda: ev.eval_sum(cts[0]))
+  return costs
+
+
+def predict(costs: dict, chunks: int, online: int, delayed: int, recipients: int) -> dict:
+  """The streamed round's model-size work from the primitives (docs/crypto.md, "Cost
+  model"): per client C encryptions and C decryptions; S0 2 (k + 1) C products, C + k + 1
+  relinearisations, k + 1 slot sums; Alg. 5 C encryptions by S0, C decryptions and
+  (R + 1) C encryptions by S1. The scalar steps (the Min...) are not in it."""
+  k1 = delayed + 1
+  return {
+      "client_encrypt_s": chunks * costs["encrypt"],
+      "client_decrypt_s": chunks * costs["decrypt"],
+      "s0_vectors_s": (2 * k1 * chunks * costs["product"]
+                       + (chunks + k1) * costs["relinearise"] + k1 * costs["slot_sum"]),
+      "key_transform_s": chunks * (costs["encrypt"] + costs["decrypt"]
+                                   + (recipients + 1) * costs["encrypt"]),
+  }
 
 
 def main(argv):
@@ -108,46 +183,70 @@ def main(argv):
   t0, c0 = time.perf_counter(), time.process_time()
   rec = list(range(FLAGS.kt_recipients)) if FLAGS.kt_recipients else None
   try:
-    proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
-                                      ring_dim=FLAGS.ring_dim or None, recipients=rec)
+    if FLAGS.design == "streamed":
+      proto = streamed_ducc.make_streamed_protocol(
+          FLAGS.num_clients, dims[0], preset, FLAGS.min_depth, recipients=rec,
+          ring_dim=FLAGS.ring_dim or None, max_delayed=FLAGS.delayed)
+      proto.keep_client_models = False  # each recipient's model is sent away
+    else:
+      proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
+                                        ring_dim=FLAGS.ring_dim or None, recipients=rec)
   except ValueError as e:  # a ring too small for the security level
     raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
   setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
   cc = proto.cc
-  print(f"setup (KDC keygen) {setup:.1f}s wall, {setup_cpu:.1f}s cpu: N={cc.GetRingDimension()} "
-        f"depth={cc.GetMultiplicativeDepth()} security={FLAGS.security} "
+  deep = proto.s0.ev.cc
+  print(f"setup (KDC keygen) {setup:.1f}s wall, {setup_cpu:.1f}s cpu: design={FLAGS.design} "
+        f"N={cc.GetRingDimension()} depth={cc.GetMultiplicativeDepth()} "
+        + (f"(scalars: N={deep.GetRingDimension()} depth={deep.GetMultiplicativeDepth()}) "
+           if deep is not cc else "") + f"security={FLAGS.security} "
         f"online={FLAGS.online} delayed={FLAGS.delayed} K={FLAGS.num_clients} "
         f"kt_recipients={FLAGS.kt_recipients or FLAGS.num_clients}", flush=True)
   # Warm-up (OpenFHE's lazily built tables): one encryption, product, EvalSum.
   c = proto.clients[0].encrypt_update(np.ones(8))[0]
-  proto.s0.ev.eval_sum(proto.s0.ev.mult(c, c))
+  ev = proto.s0.vev if FLAGS.design == "streamed" else proto.s0.ev
+  ev.eval_sum(ev.mult(c, c))
+  costs = primitive_costs(proto) if FLAGS.design == "streamed" else None
+  if costs:
+    print("vector-context primitives (CPU ms): " + ", ".join(
+        f"{k} {v * 1e3:.2f}" for k, v in costs.items()), flush=True)
   rng = np.random.default_rng(0)
   rows = []
   for dim in dims:
+    if costs:
+      pred = predict(costs, ckks.num_chunks(dim, proto.s0.vev.slots), FLAGS.online,
+                     FLAGS.delayed, FLAGS.kt_recipients or FLAGS.num_clients)
+      print(f"predicted at {dim}: " + ", ".join(f"{k} {v:.2f}" for k, v in pred.items()),
+            flush=True)
     row = measure(proto, dim, rng)
+    if costs:
+      row.update({"predicted_" + k: v for k, v in pred.items()},
+                 primitives_ms={k: v * 1e3 for k, v in costs.items()})
     rows.append(row)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in row.items()), flush=True)
   if FLAGS.target_dim and len(rows) >= 2:
     chunks = np.array([r["chunks"] for r in rows], float)
-    target_chunks = ckks.num_chunks(FLAGS.target_dim, proto.s0.ev.slots)
-    ext = {"dim": FLAGS.target_dim, "chunks": target_chunks, "extrapolated": True}
-    for s in STAGES:
+    target_chunks = ckks.num_chunks(
+        FLAGS.target_dim, (proto.s0.vev if FLAGS.design == "streamed" else proto.s0.ev).slots)
+    ext = {"dim": FLAGS.target_dim, "chunks": target_chunks, "extrapolated": True,
+           "measured": False}
+    for s in stages():
       ys = [r[s] for r in rows]
       if s in CONSTANT_STAGES:  # one packed ciphertext: no chunk term
         ext[s] = float(np.mean(ys))
       else:
         b, a = np.polyfit(chunks, ys, 1)
         ext[s] = float(a + b * target_chunks)
-    ext["total_s"] = float(sum(ext[s] for s in STAGES))
+    ext["total_s"] = float(sum(ext[s] for s in stages()))
     ext["wall_s"] = float("nan")  # wall time on a shared machine does not extrapolate
     rows.append(ext)
     print("extrapolated (linear in chunks): " +
           " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in ext.items()), flush=True)
   print(f"stage times are {FLAGS.clock} seconds")
-  keys = ["dim", "chunks"] + list(STAGES) + ["total_s", "wall_s", "max_abs_err",
-                                              "update_norm"]
+  keys = ["dim", "chunks"] + list(stages()) + ["total_s", "wall_s", "max_abs_err",
+                                                "update_norm"]
   print("\n" + " | ".join(keys))
   for r in rows:
     print(" | ".join(f"{r.get(k, float('nan')):.4g}" if not isinstance(r.get(k), int)
@@ -159,6 +258,14 @@ def main(argv):
                               extrasaction="ignore")
       writer.writeheader()
       writer.writerows(dict(r, **prov) for r in rows)
+  if FLAGS.out_jsonl:
+    prov = host.openfhe_host()
+    with open(FLAGS.out_jsonl, "a") as f:
+      for r in rows:
+        f.write(json.dumps(dict(r, design=FLAGS.design, preset=preset, online=FLAGS.online,
+                                delayed=FLAGS.delayed, min_depth=FLAGS.min_depth,
+                                kt_recipients=FLAGS.kt_recipients or FLAGS.num_clients,
+                                clock=FLAGS.clock, **prov)) + "\n")
 
 
 if __name__ == "__main__":

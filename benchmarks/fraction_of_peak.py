@@ -36,6 +36,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
+from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -46,9 +47,9 @@ flags.DEFINE_integer("examples", 60, "Examples per client (examples/batch local 
 flags.DEFINE_integer("batch", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_integer("rounds", 2, "Rounds fused per timed call.", lower_bound=1)
 flags.DEFINE_integer("reps", 3, "Timed repetitions (best is reported).", lower_bound=1)
-flags.DEFINE_enum("impl", "vjp", list(models.CONV_IMPLS), "Conv implementation.")
-flags.DEFINE_enum("dense", "fast", list(models.DENSE_IMPLS),
-                  "Dense layers: models.Dense (fast input gradient) or flax's nn.Dense.")
+flags.DEFINE_enum("impl", "vjp", list(layers.CONV_IMPLS), "Conv implementation.")
+flags.DEFINE_enum("dense", "fast", list(layers.DENSE_IMPLS),
+                  "Dense layers: layers.Dense (fast input gradient) or flax's nn.Dense.")
 flags.DEFINE_bool("compare_dense", False,
                   "Also time the engine with the other --dense choice, taking turns.")
 flags.DEFINE_bool("compare_flat_carry", False,
@@ -79,7 +80,7 @@ def main(_):
         f"{FLAGS.model} fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch} by "
         f"XLA's count, {step_flops_analytic / 1e6:.1f} counted from the model")
   rows = []
-  other = [d for d in models.DENSE_IMPLS if d != FLAGS.dense][0]
+  other = [d for d in layers.DENSE_IMPLS if d != FLAGS.dense][0]
   mm_prepare, mm_run, mm_flops = common.matmul_runner()
   for k in map(int, FLAGS.clients):
     runners = {"matmul_peak": (mm_prepare, mm_run)}

@@ -306,7 +306,7 @@ def main_driver(argv):
     chunk = common.client_chunk(args.client_chunk, wl.dim)
     runners = {}
     # "engine_flax_dense": the engine with flax's nn.Dense (autodiff backward) instead of
-    # models.Dense, both timed in the same run.
+    # layers.Dense, both timed in the same run.
     for name, dense in (("engine", "fast"), ("engine_flax_dense", "flax")):
       if name in systems:
         wl_e = wl if dense == wl.dense else dataclasses.replace(wl, dense=dense)

@@ -36,6 +36,7 @@ from fedjax_async import cli
 from fedjax_async import experiment
 from fedjax_async import sharding
 from fedjax_async import sweep
+from fedjax_async import sweep_store
 
 experiment.define_flags()
 flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "
@@ -126,8 +127,8 @@ def read_runs(dirs, cfgs=None, alg=None):
   out, stale = [], []
   for i, d in enumerate(dirs):
     config = ({} if cfgs is None else
-              sweep.stored_config(cfgs[i], alg, extra_config()))
-    stored = sweep.read_stored_run(d, config)
+              sweep_store.stored_config(cfgs[i], alg, extra_config()))
+    stored = sweep_store.read_stored_run(d, config)
     if stored is None:
       return None
     if cfgs is not None and stored[2]:
@@ -166,7 +167,7 @@ def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds:
           continue
         results[(part, alg)] = done
         continue
-      summaries = [sweep.read_stored_run(d, sweep.stored_config(c, alg, extra_config()))
+      summaries = [sweep_store.read_stored_run(d, sweep_store.stored_config(c, alg, extra_config()))
                    for d, c in zip(dirs, cfgs)]
       if all(s is not None and not s[2] for s in summaries):
         results[(part, alg)] = [s[:2] for s in summaries]

@@ -165,6 +165,10 @@ def _define_output_flags(f, d):
                    "summary and tables are marked INSECURE).")
   f.DEFINE_integer("ckks_min_depth", d.ckks_min_depth, "d, iterations of Cheon et al.'s "
                    "Min polynomial; the context depth is 2d + 8.")
+  f.DEFINE_string("ckks_design", d.ckks_design, "one_context (Alg. 4 as printed, every "
+                  "product at the Min's depth) | streamed (model-size vectors at depth 2, "
+                  "the scalars moved to a deep context by S1; fits the CNN, "
+                  "docs/crypto.md).")
   f.DEFINE_float("ckks_min_scale", d.ckks_min_scale, "c in (0, 4]: the Min's input "
                  "y = cos / 4 times c, so Wilkes' iteration sees (c y)^2 in [0, 1]; 4 cuts "
                  "the class weights' error 4x at no depth (1 = Alg. 1 as printed).")
@@ -215,7 +219,8 @@ def config_from_flags(FLAGS):
       client_chunk=FLAGS.client_chunk, devices=FLAGS.devices, client_data=FLAGS.client_data,
       output_dir=FLAGS.output_dir, secure_aggregation=FLAGS.secure_aggregation,
       ckks_preset=FLAGS.ckks_preset, ckks_min_depth=FLAGS.ckks_min_depth,
-      ckks_min_scale=FLAGS.ckks_min_scale, allow_insecure_ckks=FLAGS.allow_insecure_ckks,
+      ckks_min_scale=FLAGS.ckks_min_scale, ckks_design=FLAGS.ckks_design,
+      allow_insecure_ckks=FLAGS.allow_insecure_ckks,
       checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, tensorboard=FLAGS.tensorboard,
       log_every=FLAGS.log_every, quiet=FLAGS.quiet)

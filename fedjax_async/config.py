@@ -68,6 +68,9 @@ class RunConfig:
   ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
   ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
   ckks_min_scale: float = 1.0  # c, the Min's input scale (cheon.cheon_min; 1 = Alg. 1)
+  # one_context: secure_ducc (Alg. 4 as printed, every product at the Min's depth);
+  # streamed: streamed_ducc (vectors at depth 2, scalars refreshed by S1; CNN size)
+  ckks_design: str = "one_context"
   allow_insecure_ckks: bool = False  # run --ckks_preset=insecure_test (not secure)
   checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
   keep_checkpoints: int = 2
@@ -164,6 +167,8 @@ def validate(cfg: RunConfig):
         or cfg.allow_insecure_ckks, "ckks_preset",
         "insecure_test is NOT secure (ring 2^11, no security level); use "
         "--ckks_preset=secure, or pass --allow_insecure_ckks to run it anyway")
+  check(cfg.ckks_design in ("one_context", "streamed"), "ckks_design",
+        f"must be 'one_context' or 'streamed', got {cfg.ckks_design!r}")
   check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
         f"must be in 1..30, got {cfg.ckks_min_depth}")
   if cfg.secure_aggregation == "ckks":

@@ -353,7 +353,7 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
     return secure_engine.simulate(
         setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl, cfg.hparams(),
         setup.data, preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
-        min_scale=cfg.ckks_min_scale, on_chunk=host, eval_every=cfg.eval_every,
+        min_scale=cfg.ckks_min_scale, design=cfg.ckks_design, on_chunk=host, eval_every=cfg.eval_every,
         stream=io.StringIO() if quiet else sys.stdout)[0]
   return engine.simulate(runner, state, setup.run_tl, cfg.hparams(), setup.data,
                          eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call,

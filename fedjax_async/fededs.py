@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from fedjax_async import client as client_lib
+from fedjax_async import layers
 from fedjax_async import models
 from fedjax_async.algorithms import base
 
@@ -168,8 +169,8 @@ class CNNFeatures(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = models.max_pool2(nn.relu(models.make_conv("vjp", 32, (5, 5), name="conv1")(x)))
-    x = models.max_pool2(nn.relu(models.make_conv("vjp", 64, (5, 5), name="conv2")(x)))
+    x = layers.max_pool2(nn.relu(layers.make_conv("vjp", 32, (5, 5), name="conv1")(x)))
+    x = layers.max_pool2(nn.relu(layers.make_conv("vjp", 64, (5, 5), name="conv2")(x)))
     return nn.relu(nn.Dense(self.hidden, name="fc1")(_flatten(x)))
 
 
@@ -331,8 +332,8 @@ class UNet(nn.Module):
   def __call__(self, x):
     w = self.width
     x1 = _DoubleConv(w)(x)
-    x2 = _DoubleConv(2 * w)(models.max_pool2(x1))
-    x3 = _DoubleConv(4 * w)(models.max_pool2(x2))
+    x2 = _DoubleConv(2 * w)(layers.max_pool2(x1))
+    x3 = _DoubleConv(4 * w)(layers.max_pool2(x2))
     u2 = nn.ConvTranspose(2 * w, (2, 2), strides=(2, 2))(x3)
     u2 = _DoubleConv(2 * w)(jnp.concatenate([u2, x2], -1))
     u1 = nn.ConvTranspose(w, (2, 2), strides=(2, 2))(u2)

@@ -30,14 +30,11 @@ checkpoint, to the rows and states of an uninterrupted one.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import os
-import shutil
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -47,22 +44,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_async import algorithms
-from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import experiment
+from fedjax_async import sweep_store
 from fedjax_async import distributed
 from fedjax_async import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
 SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "server_lr",
              "delay_fraction")
-# Config fields that do not change a stored run's results (beyond those a resumption may
-# change, experiment.RESUME_FREE_FIELDS): a run stored under other values is still reused.
-RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
-# The delay's fields under their flag names (config differences are named by flag).
-_DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
-                "max_delay": "max_delay", "mean": "delay_mean", "buffer_size": "buffer_size"}
 
 
 class SetupError(ValueError):
@@ -369,277 +360,6 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
 # ---------------------------------------------------------------------------- outputs
 
 
-def write_run(out_dir: str, rows: List[dict], summary: dict):
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
-    for r in rows:
-      f.write(experiment.json_row(r) + "\n")
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-
-
-def aggregate(summaries: List[dict], names: Sequence[str]) -> List[dict]:
-  """Mean and std over seeds of average best / final accuracy per (algorithm, setting).
-
-  Diverged runs (``diverged_round`` set) are left out of the means and stds and counted in
-  ``diverged``; a setting whose runs all diverged has NaN means and stds."""
-  groups: Dict[tuple, List[dict]] = {}
-  for s in summaries:
-    key = (s["algorithm"],) + tuple(s["setting"][n] for n in names)
-    groups.setdefault(key, []).append(s)
-  out = []
-  stat = lambda f, v: float(f(v)) if len(v) else float("nan")
-  for key, group in groups.items():
-    ok = [g for g in group if g["diverged_round"] is None]
-    abest = np.array([g["average_best_accuracy"] for g in ok], float)
-    final = np.array([g["final_accuracy"] for g in ok], float)
-    row = {"algorithm": key[0]}
-    row.update(dict(zip(names, key[1:])))
-    row.update({
-        "num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
-        "average_best_accuracy_mean": stat(np.mean, abest),
-        "average_best_accuracy_std": stat(np.std, abest),
-        "final_accuracy_mean": stat(np.mean, final),
-        "final_accuracy_std": stat(np.std, final),
-        "diverged": len(group) - len(ok),
-    })
-    out.append(row)
-  return out
-
-
-def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str:
-  """aggregate.csv and aggregate.md (Markdown returned)."""
-  cols = (["algorithm"] + list(names) +
-          ["num_seeds", "average_best_accuracy_mean", "average_best_accuracy_std",
-           "final_accuracy_mean", "final_accuracy_std", "diverged"])
-  with open(os.path.join(out_dir, "aggregate.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(cols)
-    for r in rows:
-      w.writerow([r[c] for c in cols])
-  header = ["algorithm", *names, "seeds", "average best accuracy¹", "final accuracy¹",
-            "diverged"]
-  lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-  cell = lambda r, k: ("all diverged" if r["diverged"] >= r["num_seeds"] else
-                       f"{r[k + '_mean']:.4f} ± {r[k + '_std']:.4f}")
-  for r in rows:
-    cells = [r["algorithm"], *(f"{r[n]:g}" for n in names), str(r["num_seeds"]),
-             cell(r, "average_best_accuracy"), cell(r, "final_accuracy"),
-             str(r["diverged"])]
-    lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", "¹ mean ± std over the seeds whose run did not diverge (a non-finite loss); "
-            "the diverged runs, counted in `diverged`, are left out."]
-  md = "\n".join(lines)
-  with open(os.path.join(out_dir, "aggregate.md"), "w") as f:
-    f.write(md + "\n")
-  return md
-
-
-def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str = "") -> int:
-  """``path`` (PNG): average best accuracy, mean +- std over seeds, against the first swept
-  value (log x when every value is positive and they span 10x or more), one line per
-  algorithm and setting of the other swept values; without swept values, one bar per
-  algorithm. Returns the number of lines (or bars) drawn."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(6.0, 4.0))
-  FigureCanvasAgg(fig)
-  ax = fig.add_subplot(1, 1, 1)
-  mean = lambda r: r["average_best_accuracy_mean"]
-  std = lambda r: r["average_best_accuracy_std"]
-  if not names:
-    ax.bar([r["algorithm"] for r in rows], [mean(r) for r in rows],
-           yerr=[std(r) for r in rows], capsize=4)
-    drawn = len(rows)
-  else:
-    x_name, others = names[0], list(names[1:])
-    lines: Dict[tuple, List[dict]] = {}
-    for r in rows:
-      lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
-    for key, pts in lines.items():
-      pts = sorted(pts, key=lambda r: r[x_name])
-      label = " ".join([key[0]] + [f"{n}={v:g}" for n, v in zip(others, key[1:])])
-      ax.errorbar([r[x_name] for r in pts], [mean(r) for r in pts],
-                  yerr=[std(r) for r in pts], marker="o", capsize=3, label=label)
-    xs = [r[x_name] for r in rows]
-    if min(xs) > 0 and max(xs) >= 10 * min(xs):
-      ax.set_xscale("log")
-    ax.set_xlabel(x_name)
-    ax.legend(fontsize=7)
-    drawn = len(lines)
-  seeds = sorted({r["num_seeds"] for r in rows})
-  ax.set_ylabel(f"average best accuracy (mean +- std, {'/'.join(map(str, seeds))} seeds)")
-  ax.grid(True, alpha=0.3)
-  if title:
-    ax.set_title(title, fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  return drawn
-
-
-def _flat_config(config: dict) -> dict:
-  """A stored config with the delay's fields under their flag names."""
-  flat = {k: v for k, v in config.items() if k != "delay"}
-  for k, v in (config.get("delay") or {}).items():
-    flat[_DELAY_FLAGS.get(k, k)] = v
-  return flat
-
-
-def config_differences(saved: dict, current: dict) -> List[str]:
-  """``--flag=<stored> (now <current>)`` for each flag whose value differs between a stored
-  run's config and ``current`` (``experiment.config_mismatch``, by flag name, ignoring the
-  RESULT_FREE_FIELDS)."""
-  saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
-  bad = [k for k in experiment.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
-  def stored(k):
-    return (repr(saved[k]) if k in saved else
-            f"{experiment.STORED_BEFORE.get(k)!r}, stored before the flag existed")
-  return [f"--{k}={stored(k)} (now {current.get(k)!r})" for k in bad]
-
-
-def read_stored_run(run_dir: str, config: dict):
-  """``(summary, rows, differences)`` of the finished run under ``run_dir`` (summary.json is
-  written last), or None when there is none; ``differences``: ``config_differences``
-  against ``config`` (empty: the stored run is the one ``config`` asks for)."""
-  s_path = os.path.join(run_dir, "summary.json")
-  if not (os.path.isfile(s_path) and os.path.isfile(os.path.join(run_dir, "metrics.jsonl"))):
-    return None
-  try:
-    with open(s_path) as f:
-      summary = json.load(f)
-    rows = experiment.read_metrics(run_dir)
-  except (OSError, ValueError):  # unreadable: treated as not run
-    return None
-  if not isinstance(summary.get("config"), dict):
-    return summary, rows, ["(no configuration stored)"]
-  return summary, rows, config_differences(summary["config"], config)
-
-
-def stored_config(cfg: experiment.RunConfig, algorithm_name: str,
-                  extra_config: Optional[dict] = None) -> dict:
-  """The config a run of ``cfg`` stores in its summary.json (plus ``extra_config``)."""
-  return dict(experiment.run_config_for(cfg, algorithm_name), **(extra_config or {}))
-
-
-class ComputationCheckpoint:
-  """Checkpoints of one vmapped computation (its runs' stacked state and rows) under
-  ``<out_dir>/checkpoints/<algorithm>/<key>/``, ``key`` naming the computation's runs, every
-  ``checkpoint_every`` rounds of the first config (0: none). With ``resume`` a checkpoint
-  made with the same configurations can be restored (``can_resume``, ``restore``); one
-  made with other flags, or that cannot be read, is discarded (saying why) and the
-  computation starts over, as a stored run made with other flags is run again."""
-
-  def __init__(self, out_dir: str, algorithm_name: str, group, names, extra_config,
-               resume: bool, quiet: bool):
-    base = group[0]
-    self.every, self.total, self.quiet = base.checkpoint_every, base.rounds, quiet
-    self.keep = base.keep_checkpoints
-    run_names = [run_name(c, names) for c in group]
-    key = hashlib.sha1("\n".join(run_names).encode()).hexdigest()[:12]
-    self.directory = os.path.join(out_dir, "checkpoints", algorithm_name, key)
-    self.config = {"runs": run_names, "configs": [
-        checkpoint_lib.to_json_ready(stored_config(c, algorithm_name, extra_config))
-        for c in group]}
-    self.label = f"{algorithm_name} x{len(group)}"
-    self.can_resume, self.manager, self.last = False, None, 0
-    if os.path.isdir(self.directory) and not resume and distributed.is_main():
-      shutil.rmtree(self.directory)  # a fresh computation: not its own checkpoints
-    distributed.sync(f"fresh {self.directory}")
-    if os.path.isdir(self.directory):
-      self._find()
-    if self.every > 0 and self.manager is None:
-      self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
-
-  def _find(self):
-    self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
-    if self.manager.latest_round() is None:
-      return
-    try:
-      saved = self.manager.restore_meta()["config"]
-      diffs = sorted({d for a, b in zip(saved.get("configs", []), self.config["configs"])
-                      for d in config_differences(a, b)})
-      if saved.get("runs") != self.config["runs"]:
-        diffs = ["(other runs)"]
-    except checkpoint_lib.CheckpointError as e:
-      diffs = [f"unreadable: {e}"]
-    if diffs:
-      self._discard(", ".join(diffs))
-      return
-    self.can_resume = True
-
-  def _discard(self, why: str):
-    self.close()
-    if not self.quiet:
-      print(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
-            "computation starts over", flush=True)
-    shutil.rmtree(self.directory)
-    self.manager = None
-
-  def restore(self, template):
-    """(start_round, rows, wall_before, states) from the latest checkpoint; (0, None, 0,
-    template) when its state cannot be read (discarded, saying so)."""
-    try:
-      r = self.manager.restore(template)
-    except checkpoint_lib.CheckpointError as e:
-      self._discard(f"unreadable: {e}")
-      if self.every > 0:
-        self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
-      return 0, None, 0.0, template
-    self.last = r.round
-    if not self.quiet:
-      print(f"[{self.label}] resuming from the checkpoint of round {r.round} "
-            f"({self.directory})", flush=True)
-    return r.round, r.rows, float(r.extra.get("wall_time_s", 0.0)), r.state
-
-  def maybe_save(self, end: int, states, rows, seconds: float):
-    """Saves at a multiple of ``every`` (not at the end: the runs are written then)."""
-    if (self.manager is None or end >= self.total
-        or not checkpoint_lib.should_save(self.last, end, self.every, self.total)):
-      return
-    num_runs = len(rows)
-    self.manager.save(end, distributed.to_host(jax.tree.map(lambda x: x[:num_runs], states)),
-                      rows, self.config, {"wall_time_s": seconds})
-    self.last = end
-
-  def close(self):
-    if self.manager is not None:
-      self.manager.close()
-
-  def remove(self):
-    self.close()
-    distributed.sync(f"remove {self.directory}")
-    if not distributed.is_main():
-      return
-    shutil.rmtree(self.directory, ignore_errors=True)
-    parent = os.path.dirname(self.directory)
-    for d in (parent, os.path.dirname(parent)):  # checkpoints/<alg>, checkpoints if empty
-      if os.path.isdir(d) and not os.listdir(d):
-        os.rmdir(d)
-
-
-def _read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
-               extra_config: Optional[dict], quiet: bool) -> Dict[int, dict]:
-  """``{index: summary}`` of the runs of ``cfgs`` stored under ``out_dir`` with the same
-  configuration; the stored runs made with other flags are named (they run again)."""
-  found: Dict[int, dict] = {}
-  stale = []
-  for i, c in enumerate(cfgs):
-    stored = read_stored_run(run_dir(c), stored_config(c, algorithm_name, extra_config))
-    if stored is not None and not stored[2]:
-      found[i] = stored[0]
-    elif stored is not None:
-      stale.append((run_dir(c), stored[2]))
-  if not quiet and found:
-    print(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
-          f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)", flush=True)
-  if not quiet and stale:
-    diffs = sorted({d for _, ds in stale for d in ds})
-    print(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
-          f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
-          f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
-  return found
-
-
 def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
@@ -655,7 +375,7 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   compared with each summary's config). Returns the run summaries in ``cfgs``' order."""
   check_same_static(cfgs, names)
   run_dir = lambda c: os.path.join(out_dir, "runs", algorithm_name, run_name(c, names))
-  found = (_read_back(cfgs, algorithm_name, run_dir, out_dir, extra_config, quiet)
+  found = (sweep_store.read_back(cfgs, algorithm_name, run_dir, out_dir, extra_config, quiet)
            if resume and out_dir is not None else {})
   todo = [c for i, c in enumerate(cfgs) if i not in found]
   size = max_runs_per_computation or len(todo) or 1
@@ -663,7 +383,8 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   for g in range(0, len(todo), size):
     group = list(todo[g:g + size])
     prep = prepare(group, algorithm_name, fed_data)
-    ckpt = ComputationCheckpoint(out_dir, algorithm_name, group, names, extra_config,
+    ckpt = sweep_store.ComputationCheckpoint(out_dir, algorithm_name, group,
+                                             [run_name(c, names) for c in group], extra_config,
                                  resume, quiet) if out_dir is not None else None
     start, rows_before, wall_before, states = 0, None, 0.0, prep.states
     if ckpt is not None and ckpt.can_resume:
@@ -694,13 +415,14 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
                                dataset=fed_data.name, model=prep.model_name,
                                num_params=prep.num_params, rounds=c.rounds,
                                wall=res.wall_time_s / len(group),
-                               config=stored_config(c, algorithm_name, extra_config))
+                               config=sweep_store.stored_config(c, algorithm_name,
+                                                                extra_config))
       s["setting"] = setting_of(c, names)
       s["diverged_round"] = res.diverged_round[i]
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
       if out_dir is not None and distributed.is_main():
-        write_run(run_dir(c), res.rows[i], s)
+        sweep_store.write_run(run_dir(c), res.rows[i], s)
       done.append(s)
     if ckpt is not None:
       ckpt.remove()  # its runs are stored: the checkpoint has served
@@ -762,13 +484,13 @@ def run_grid(base: experiment.RunConfig, cfgs: Sequence[experiment.RunConfig],
   for alg in base.algorithm.split(","):
     summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
                            max_runs_per_computation, mesh, resume=base.resume)
-  agg = aggregate(summaries, names)
+  agg = sweep_store.aggregate(summaries, names)
   if not distributed.is_main():  # process 0 writes the sweep's files
     return None
   with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output_dir, "aggregate.png")
-  plot_aggregate(agg, names, figure, title=experiment.figure_title(
+  sweep_store.plot_aggregate(agg, names, figure, title=experiment.figure_title(
       base, fed_data.name, base.model, base.algorithm.split(",")))
   print(f"figure: {figure}")
-  return write_aggregate(agg, names, base.output_dir)
+  return sweep_store.write_aggregate(agg, names, base.output_dir)

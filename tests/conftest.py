@@ -116,6 +116,7 @@ CRYPTO_SCRIPTS = ("classification_error.py", "ducc_round.py", "min_depth.py")
 CRYPTO_TESTS = frozenset({
     "test_benchmarks.py::test_classification_error_writes_under_the_results_dir_not_the_cwd",
     "test_benchmarks.py::test_ducc_round_times_every_stage_of_the_protocol",
+    "test_benchmarks.py::test_ducc_round_streamed_writes_the_measured_row_with_the_issue_keys",
     "test_engine.py::test_ducc_classifies_by_the_direction_of_the_online_mean",
     "test_experiment.py::test_ckks_min_scale_is_checked_and_only_taken_with_ckks",
 })

@@ -812,6 +812,32 @@ def test_ducc_round_times_every_stage_of_the_protocol(tmp_path):
     assert r["cpu"] and r["time"] and re.fullmatch(r"([0-9a-f]{40}(\+dirty)?)?", r["git"])
 
 
+def test_ducc_round_streamed_writes_the_measured_row_with_the_issue_keys(tmp_path):
+  """--design=streamed, insecure toy ring: one JSON row per size with the keys the round's
+  table reads (measured whole, so ``measured`` true), the cost model's prediction beside
+  the measured stages, and an error against the plaintext DUCC at CKKS noise."""
+  out = tmp_path / "dr.jsonl"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", "ducc_round.py"),
+       "--design=streamed", "--security=insecure", "--dims=3000", "--ring_dim=2048",
+       "--min_depth=3", "--online=2", "--delayed=2", "--num_clients=3", "--target_dim=0",
+       "--kt_recipients=2", f"--out_jsonl={out}"], env=common.child_env(),
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (row,) = [json.loads(l) for l in open(out)]
+  for key in ("dim", "online", "delayed", "preset", "measured", "peak_rss_gib", "server_s",
+              "client_encrypt_s", "key_transform_s"):
+    assert key in row, key
+  assert (row["dim"], row["chunks"], row["online"], row["delayed"]) == (3000, 3, 2, 2)
+  assert row["measured"] is True and row["preset"] == "insecure_test"
+  assert row["design"] == "streamed" and row["kt_recipients"] == 2
+  assert 0 < row["key_transform_s"] < row["server_s"] and row["peak_rss_gib"] > 0
+  assert row["max_abs_err"] < 1e-5
+  assert set(row["primitives_ms"]) == {"encrypt", "decrypt", "product", "relinearise",
+                                       "slot_sum"}
+  assert row["predicted_key_transform_s"] > 0
+
+
 @pytest.mark.parametrize("script,args", [
     ("ducc_round.py", ["--dims=1024", "--target_dim=0"]),
     ("min_depth.py", ["--security=128"]),

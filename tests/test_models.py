@@ -12,6 +12,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 from jax import lax  # noqa: E402
 
+from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -41,8 +42,8 @@ def test_patch_conv_matches_flax_conv(padding, ksize, cin, cout, strides):
   shifted = jax.tree.map(lambda a: a + 0.1, params)
   y_ref = ref.apply(shifted, x)
   y_lax = _ref_conv(x, shifted["params"]["kernel"], strides, padding)
-  for extract in models.PATCH_EXTRACTORS:
-    ours = models.PatchConv(cout, ksize, strides, padding, extract=extract)
+  for extract in layers.PATCH_EXTRACTORS:
+    ours = layers.PatchConv(cout, ksize, strides, padding, extract=extract)
     # Same names, shapes and (same rng => same) initial values as nn.Conv.
     jax.tree.map(np.testing.assert_array_equal, params, ours.init(kp, x))
     np.testing.assert_allclose(ours.apply(shifted, x), y_ref, **TOL)
@@ -61,7 +62,7 @@ def test_canonical_conv_backward_equals_autodiff(padding, ksize, cin, cout):
   pads = (lax.padtype_to_pads((11, 10), ksize, (1, 1), padding)
           if isinstance(padding, str) else padding)
   pads = tuple(tuple(p) for p in pads)
-  y, vjp = jax.vjp(lambda x, k: models.canonical_conv(x, k, pads), x, kernel)
+  y, vjp = jax.vjp(lambda x, k: layers.canonical_conv(x, k, pads), x, kernel)
   y_ref, vjp_ref = jax.vjp(lambda x, k: _ref_conv(x, k, (1, 1), pads), x, kernel)
   np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4)
   g = jax.random.normal(kg, y.shape)
@@ -86,7 +87,7 @@ def test_patch_conv_vmapped_over_client_kernels(padding, extract):
   x = jax.random.normal(kx, (clients, 5, 9, 9, cin))
   kernels = jax.random.normal(kk, (clients, *ksize, cin, cout))
   biases = jax.random.normal(kb, (clients, cout))
-  layer = models.PatchConv(cout, ksize, padding=padding, extract=extract)
+  layer = layers.PatchConv(cout, ksize, padding=padding, extract=extract)
 
   def one(kernel, bias, xc):
     return layer.apply({"params": {"kernel": kernel, "bias": bias}}, xc)
@@ -187,7 +188,7 @@ def test_cifar100_batch_norm_is_stateless_and_dropout_only_in_training():
 
 def test_batch_stat_norm_normalises_with_batch_statistics():
   x = 3.0 + 2.0 * jax.random.normal(jax.random.key(0), (6, 5, 5, 4))
-  norm = models.BatchStatNorm()
+  norm = layers.BatchStatNorm()
   params = {"params": {"scale": jnp.full((4,), 2.0), "bias": jnp.full((4,), -1.0)}}
   y = norm.apply(params, x)
   np.testing.assert_allclose(np.mean(y, axis=(0, 1, 2)), -1.0, atol=1e-5)
@@ -322,12 +323,12 @@ def test_max_pool2_equals_flax_max_pool_in_value_and_gradient():
   v = jax.random.normal(jax.random.key(3), (2, 28, 28, 8))
   for h, w in ((28, 28), (7, 7)):  # 7: odd sizes crop the last row/column (VALID)
     vs = v[:, :h, :w]
-    np.testing.assert_array_equal(models.max_pool2(jax.nn.relu(vs)),
-                                  models.max_pool2_window(jax.nn.relu(vs)))
-    g = jax.random.normal(jax.random.key(4), models.max_pool2(vs).shape)
+    np.testing.assert_array_equal(layers.max_pool2(jax.nn.relu(vs)),
+                                  layers.max_pool2_window(jax.nn.relu(vs)))
+    g = jax.random.normal(jax.random.key(4), layers.max_pool2(vs).shape)
     grad = lambda pool: jax.grad(lambda u: jnp.sum(pool(jax.nn.relu(u)) * g))(vs)
-    np.testing.assert_array_equal(grad(models.max_pool2), grad(models.max_pool2_window))
-    assert np.count_nonzero(grad(models.max_pool2)) > 0
+    np.testing.assert_array_equal(grad(layers.max_pool2), grad(layers.max_pool2_window))
+    assert np.count_nonzero(grad(layers.max_pool2)) > 0
 
 
 @pytest.mark.parametrize("x_shape", [(5, 37), (2, 3, 37)])
@@ -336,7 +337,7 @@ def test_dense_matches_flax_dense_in_value_and_gradients(x_shape):
   x = jax.random.normal(kx, x_shape)
   ref = nn.Dense(11)
   params = jax.tree.map(lambda a: a + 0.1, ref.init(kp, x))  # non-zero bias
-  ours = models.Dense(11)
+  ours = layers.Dense(11)
   assert jax.tree.map(jnp.shape, ours.init(kp, x)) == jax.tree.map(jnp.shape, params)
   cot = jax.random.normal(kg, x_shape[:-1] + (11,))
 
@@ -358,7 +359,7 @@ def test_dense_input_gradient_under_vmap_over_client_kernels():
   w = jax.random.normal(kw, (3, 9, 6))  # each client its own kernel
   g = jax.random.normal(kg, (3, 4, 6))
   vjp = lambda f: jax.vmap(lambda x, w, g: jax.vjp(f, x, w)[1](g))(x, w, g)
-  (dx, dw), (dx_ref, dw_ref) = vjp(models.dense_matmul), vjp(jnp.matmul)
+  (dx, dw), (dx_ref, dw_ref) = vjp(layers.dense_matmul), vjp(jnp.matmul)
   for c in range(3):  # hand-written: dx = g W^T, dW = x^T g
     np.testing.assert_allclose(dx[c], np.asarray(g[c]) @ np.asarray(w[c]).T, **TOL)
     np.testing.assert_allclose(dw[c], np.asarray(x[c]).T @ np.asarray(g[c]), **TOL)
@@ -377,7 +378,7 @@ def test_dense_input_gradient_is_compiled_with_the_kernel_as_left_operand():
   # plus a small transpose, not the [batch, n] dot that contracts W on its minor axis
   # (4-14x slower on XLA:CPU). Without the optimisation barrier XLA folds it back.
   x, w, g = jnp.ones((10, 300)), jnp.ones((300, 40)), jnp.ones((10, 40))
-  ours = _dot_output_shapes(lambda x, w, g: jax.vjp(models.dense_matmul, x, w)[1](g)[0],
+  ours = _dot_output_shapes(lambda x, w, g: jax.vjp(layers.dense_matmul, x, w)[1](g)[0],
                             x, w, g)
   autodiff = _dot_output_shapes(lambda x, w, g: jax.vjp(jnp.matmul, x, w)[1](g)[0], x, w, g)
   assert ours == ["f32[300,10]"]

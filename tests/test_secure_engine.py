@@ -116,6 +116,33 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
   assert all(r["he_ducc_s"] > 0 for r in sec_rows)
 
 
+@pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
+def test_streamed_design_rounds_equal_the_plaintext_server_on_the_same_uploads(setup):
+  """--ckks_design=streamed through the engine: from the encrypted run's own state, the
+  plaintext server with the same Min and tolerance gives the same model every round."""
+  cfg, w0, apply_flat, tl, ecfg, data = setup
+  rounds = 4
+  plain_alg = pafed.make_algorithm(cheon.make_cheon_min(D), cheon.max_min_error(D))
+  state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
+                            cfg.seed)
+  states = [state]
+  _, rows, _ = secure_engine.simulate(
+      apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
+      preset="insecure_test", min_depth=D, design="streamed", stop_round=rounds,
+      stream=io.StringIO(), on_chunk=lambda s, r: states.append(s))
+  hp = {k: jnp.asarray(v, jnp.float32) for k, v in cfg.hparams().items()}
+  phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
+                                       algorithm=plain_alg, cfg=ecfg))
+  for t in range(rounds):
+    slots = jax.tree.map(lambda a: jnp.asarray(a[0]), tl.slice(t, t + 1))
+    phase = phase_fn(states[t], slots, hp, data)
+    w_plain, _, _ = plain_alg.server_update(states[t].w, states[t].server_state,
+                                            phase.uploads, phase.arrivals, states[t].round, hp)
+    np.testing.assert_allclose(np.asarray(states[t + 1].w), np.asarray(w_plain), atol=1e-4,
+                               err_msg=f"round {t}")
+  assert sum(r["delayed"] for r in rows) > 0
+
+
 def test_next_round_recipients_are_the_clients_dispatched_next_round():
   # Online in round t + 1, and delayed ones dispatched in t + 1 that arrive later.
   tl = timeline_lib.build(20, ROUNDS, 0.5, timeline_lib.DelayConfig(0.4, "uniform", 2),
@@ -236,9 +263,24 @@ def test_round_estimate_matches_the_measured_ciphertexts_and_refuses_what_cannot
   with pytest.raises(ValueError, match=r"--secure_aggregation=ckks: one round's 20 uploads "
                      r"of 1,663,370 parameters are 51 ciphertexts each of 30.4 MB \(ring "
                      r"2\^16, depth 28\), 28.9 GiB before any computation, more than the "
-                     r"24.0 GiB available: use a smaller --model"):
+                     r"24.0 GiB available: use a smaller --model.* or --ckks_design=streamed "
+                     r"\(~4.5 GiB\)"):
     secure_engine.check_round_fits(est, 20, 1_663_370, 24 * 2 ** 30)
   secure_engine.check_round_fits(small, 20, 7_850, 24 * 2 ** 30)  # fits: no error
+  # The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): ring 2^14 at
+  # depth 2, 0.79 MB per ciphertext, 204 chunks; measured 3.5 GiB peak and 87 CPU s of
+  # server time with 20 recipients (the estimate bounds memory from above: all 20 uploads
+  # kept).
+  st = secure_engine.round_estimate(1_663_370, 20, "secure", 10, "streamed")
+  assert (st["ring"], st["depth"], st["chunks"]) == (2 ** 14, 2, 204)
+  assert st["ciphertext_bytes"] == 2 * 2 ** 14 * 3 * 8
+  assert 3.8 * 2 ** 30 < st["memory_bytes"] < 5 * 2 ** 30
+  assert 75 < st["cpu_s"] < 100
+  secure_engine.check_round_fits(st, 20, 1_663_370, 8 * 2 ** 30)  # fits in 8 GiB
+  with pytest.raises(ValueError, match=r"--ckks_design=streamed: one round of 20 uploads of "
+                     r"1,663,370 parameters holds ~4.5 GiB \(204 ciphertexts of 0.79 MB per "
+                     r"upload\), more than the 2.0 GiB available: use a smaller --model"):
+    secure_engine.check_round_fits(st, 20, 1_663_370, 2 * 2 ** 30)
 
 
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once

@@ -18,6 +18,7 @@ from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async import engine
 from fedjax_async import experiment
 from fedjax_async import sweep
+from fedjax_async import sweep_store
 from fedjax_async import timeline as timeline_lib
 import run_script
 
@@ -147,13 +148,13 @@ def test_aggregate_mean_and_std_over_seeds():
       {"algorithm": "a", "setting": {"lr": 0.2}, "average_best_accuracy": 0.9,
        "final_accuracy": 0.8, "config": {"seed": 0}, "diverged_round": None},
   ]
-  agg = sweep.aggregate(summaries, ["lr"])
+  agg = sweep_store.aggregate(summaries, ["lr"])
   first = next(r for r in agg if r["lr"] == 0.1)
   assert first["num_seeds"] == 2 and first["diverged"] == 1
   assert first["average_best_accuracy_mean"] == pytest.approx(0.5)  # seed 1 diverged
   assert first["average_best_accuracy_std"] == pytest.approx(0.0)
   assert first["final_accuracy_mean"] == pytest.approx(0.4)
-  agg = sweep.aggregate([summaries[0], dict(summaries[1], diverged_round=None)], ["lr"])
+  agg = sweep_store.aggregate([summaries[0], dict(summaries[1], diverged_round=None)], ["lr"])
   assert agg[0]["average_best_accuracy_mean"] == pytest.approx(0.6)  # no diverged run
   assert agg[0]["average_best_accuracy_std"] == pytest.approx(0.1)
 
@@ -166,11 +167,11 @@ def test_diverged_runs_are_left_out_of_the_means(tmp_path):
       "final_accuracy": acc, "config": {"seed": seed}, "diverged_round": bad}
   summaries = [run(0.1, 0, 0.8, None), run(0.1, 1, 0.025, 4), run(50.0, 0, 0.025, 4),
                run(50.0, 1, 0.025, 3)]
-  agg = sweep.aggregate(summaries, ["lr"])
+  agg = sweep_store.aggregate(summaries, ["lr"])
   assert agg[0]["average_best_accuracy_mean"] == pytest.approx(0.8)
   assert agg[0]["final_accuracy_mean"] == pytest.approx(0.8) and agg[0]["diverged"] == 1
   assert np.isnan(agg[1]["average_best_accuracy_mean"]) and agg[1]["diverged"] == 2
-  md = sweep.write_aggregate(agg, ["lr"], str(tmp_path))
+  md = sweep_store.write_aggregate(agg, ["lr"], str(tmp_path))
   lines = md.splitlines()
   assert "| fedadmm | 0.1 | 2 | 0.8000 ± 0.0000 | 0.8000 ± 0.0000 | 1 |" in lines
   assert "| fedadmm | 50 | 2 | all diverged | all diverged | 2 |" in lines
@@ -186,11 +187,11 @@ def test_plot_aggregate_draws_one_line_per_algorithm_and_other_setting(tmp_path)
   rows = [row(a, lr, rho) for a in ("pafed", "fedavg") for lr in (0.01, 0.1)
           for rho in (0.1, 1.0)]
   # x = lr; lines: 2 algorithms x 2 values of rho
-  assert sweep.plot_aggregate(rows, ["lr", "rho"], str(tmp_path / "a.png")) == 4
-  assert sweep.plot_aggregate(rows[:2], ["lr"], str(tmp_path / "b.png")) == 1
+  assert sweep_store.plot_aggregate(rows, ["lr", "rho"], str(tmp_path / "a.png")) == 4
+  assert sweep_store.plot_aggregate(rows[:2], ["lr"], str(tmp_path / "b.png")) == 1
   # seeds only: one bar per algorithm
   bars = [{k: v for k, v in r.items() if k not in ("lr", "rho")} for r in rows[::4]]
-  assert sweep.plot_aggregate(bars, [], str(tmp_path / "c.png")) == 2
+  assert sweep_store.plot_aggregate(bars, [], str(tmp_path / "c.png")) == 2
   for name in ("a.png", "b.png", "c.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
@@ -249,7 +250,7 @@ def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
          "average_best_accuracy_mean": 0.5, "average_best_accuracy_std": 0.01,
          "final_accuracy_mean": 0.4, "final_accuracy_std": 0.02, "diverged": 0}
   for names in ((), ("lr",)):
-    md = sweep.write_aggregate([row], names, str(tmp_path))
+    md = sweep_store.write_aggregate([row], names, str(tmp_path))
     counts = {line.count("|") for line in md.splitlines() if line.startswith("|")}
     assert counts == {len(names) + 6}, md
 
@@ -277,13 +278,13 @@ def test_config_differences_name_the_flags():
   cfg = dataclasses.replace(BASE, rounds=8, lr=0.05,
                             delay=timeline_lib.DelayConfig(0.5, "uniform", 2))
   saved = json.loads(json.dumps(experiment.run_config_for(BASE, "fedavg")))
-  diffs = sweep.config_differences(saved, experiment.run_config_for(cfg, "fedavg"))
+  diffs = sweep_store.config_differences(saved, experiment.run_config_for(cfg, "fedavg"))
   assert diffs == ["--delay_fraction=0.3 (now 0.5)", "--lr=0.1 (now 0.05)",
                    "--rounds=6 (now 8)"]
   # settings that do not change the results are not differences
   same = dataclasses.replace(BASE, rounds_per_call=2, output_dir="elsewhere",
                              tensorboard=True, client_chunk=4)
-  assert sweep.config_differences(saved, experiment.run_config_for(same, "fedavg")) == []
+  assert sweep_store.config_differences(saved, experiment.run_config_for(same, "fedavg")) == []
 
 
 def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, monkeypatch,

@@ -109,8 +109,11 @@ def depth_used(ct) -> int:
 # --------------------------------------------------------------------------- context
 
 
-def make_context(depth: int, preset="secure", ring_dim: Optional[int] = None):
-  """A CKKS ``CryptoContext`` with ``depth`` levels and N/2 slots (the full batch)."""
+def make_context(depth: int, preset="secure", ring_dim: Optional[int] = None,
+                 batch_size: Optional[int] = None):
+  """A CKKS ``CryptoContext`` with ``depth`` levels and N/2 slots (the full batch), or
+  ``batch_size`` slots (a power of two <= N/2: sparse packing, whose EvalSum needs
+  log2(batch_size) rotation keys instead of log2(N/2))."""
   preset = get_preset(preset)
   params = openfhe.CCParamsCKKSRNS()
   params.SetSecurityLevel(preset.security_level)
@@ -118,6 +121,8 @@ def make_context(depth: int, preset="secure", ring_dim: Optional[int] = None):
   if rd is not None:
     params.SetRingDim(int(rd))
     params.SetBatchSize(int(rd) // 2)
+  if batch_size is not None:
+    params.SetBatchSize(int(batch_size))
   params.SetMultiplicativeDepth(int(depth))
   params.SetScalingModSize(preset.scaling_mod_size)
   params.SetFirstModSize(preset.first_mod_size)
@@ -137,7 +142,8 @@ def make_context(depth: int, preset="secure", ring_dim: Optional[int] = None):
 
 
 def num_slots(cc) -> int:
-  return cc.GetRingDimension() // 2
+  """The context's slots: its batch size (N/2 unless packed sparsely)."""
+  return int(cc.GetBatchSize()) or cc.GetRingDimension() // 2
 
 
 # --------------------------------------------------------------------------- packing

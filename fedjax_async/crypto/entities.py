@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import openfhe
@@ -153,7 +153,7 @@ def decrypt_vector(cc, secret_key, ct) -> np.ndarray:
     pt = cc.Decrypt(secret_key, ct)
   except RuntimeError as e:
     raise DecryptionError(str(e)) from e
-  pt.SetLength(cc.GetRingDimension() // 2)
+  pt.SetLength(ckks.num_slots(cc))
   return np.asarray(pt.GetRealPackedValue(), np.float64)
 
 

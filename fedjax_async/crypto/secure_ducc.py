@@ -92,6 +92,15 @@ class AggregationServer:
     """Enc_pk_s(w) (S0 initialises w^0 in Alg. 3 line 2; public-key encryption)."""
     return [self.ev.encrypt(self.public.pk_s, b) for b in ckks.chunk(w, self.ev.slots)]
 
+  def start_model(self, w_global: Optional[np.ndarray]) -> List[object]:
+    """Enc_pk_s(w) for the round: ``w_global`` encrypted (the first round, or a resumed
+    run), or with None the Enc_pk_s(w) the last key transformation carried over."""
+    if w_global is not None:
+      return self.encrypt_global(np.asarray(w_global, np.float64))
+    if self.global_ct is None:
+      raise ValueError("no encrypted global model carried over; pass w_global")
+    return self.global_ct
+
   def _dot_replicated(self, xs, ys, what):
     """Enc(x . y) in every slot: chunk-wise products, added, then EvalSum."""
     prods = [self.ev.mult(x, y, what=what) for x, y in zip(xs, ys)]
@@ -357,12 +366,7 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   de_cts = _encrypt_uploads(protocol, delayed, len(online))
   timings["client_encrypt"] = _now() - t
   t = _now()
-  if w_global is None:
-    if s0.global_ct is None:
-      raise ValueError("no encrypted global model carried over; pass w_global")
-    w_ct = s0.global_ct
-  else:
-    w_ct = s0.encrypt_global(np.asarray(w_global, np.float64))
+  w_ct = s0.start_model(w_global)
   norm_request = s0.ducc_norm(on_cts, len(de_cts))
   t1 = _now()
   inverse_norm = s1.masked_inverse_sqrt(norm_request) if norm_request else []

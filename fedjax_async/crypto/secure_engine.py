@@ -1,7 +1,8 @@
 """The round loop with PAFed's server under CKKS (``--secure_aggregation=ckks``).
 
 The same round as ``fedjax_async.engine.round_step``, with step 5 (the server) replaced by
-the encrypted protocol of ``secure_ducc``:
+the encrypted protocol of ``secure_ducc`` (``--ckks_design=one_context``) or
+``streamed_ducc`` (``streamed``):
 
 1-4. ``engine.client_phase`` (jitted): gather from the ring buffer, vmapped ADMM local
      training, unit-normalised uploads (Alg. 3 line 8), dual variables scattered back.
@@ -36,6 +37,7 @@ from fedjax_async import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import streamed_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
 INSECURE_WARNING = ("WARNING: --ckks_preset=insecure_test: CKKS with ring 2^11 and no "
@@ -50,15 +52,26 @@ MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 
 # of N/2 parameters, 16 more per further chunk (benchmarks/ducc_round.py, depth 28,
 # docs/crypto.md).
 ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
+# The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): OpenFHE's ring
+# for the depth-2 vector context at 128 bits, the scalar context's keys (relinearisation
+# and 4 rotation keys at N = 2^16, measured RSS), and CPU seconds of the round's scalar
+# work plus its model-size work per (upload x ciphertext), the key transformation for as
+# many recipients as uploads (21 s + 0.016 s x 20 x 204 = 86 s; measured 86.7).
+STREAMED_RING_128 = 2 ** 14
+STREAMED_KEY_BYTES = int(0.9 * 2 ** 30)
+STREAMED_CPU_S_FIXED, STREAMED_CPU_S_PER_UPLOAD_CHUNK = 21.0, 0.016
 
 
-def round_estimate(dim: int, uploads: int, preset: str, min_depth: int) -> dict:
+def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
+                   design: str = "one_context") -> dict:
   """What one encrypted round needs, before any key is made: the ring dimension N (the
   preset's, or the smallest that holds the context's modulus at 128-bit), ceil(dim /
   (N/2)) chunks, a fresh ciphertext's bytes (2 N (depth + 1) 8-byte limbs), the bytes of
   the round's uploads alone (a lower bound on its memory), and CPU seconds scaled from
   the measured round (rough: linear in uploads, chunks and N)."""
   from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
+  if design == "streamed":
+    return _streamed_estimate(dim, uploads, ckks.get_preset(preset))
   depth = ckks.ducc_depth(min_depth)
   p = ckks.get_preset(preset)
   log_q = p.first_mod_size + depth * p.scaling_mod_size
@@ -68,7 +81,24 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int) -> dict:
   cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
            / ROUND_UPLOADS * ring / 2 ** 16)
   return {"ring": ring, "depth": depth, "chunks": chunks, "ciphertext_bytes": ct_bytes,
-          "upload_bytes": uploads * chunks * ct_bytes, "cpu_s": cpu_s}
+          "upload_bytes": uploads * chunks * ct_bytes,
+          "memory_bytes": uploads * chunks * ct_bytes, "cpu_s": cpu_s,
+          "streamed_memory_bytes": _streamed_estimate(dim, uploads, p)["memory_bytes"]}
+
+
+def _streamed_estimate(dim: int, uploads: int, p) -> dict:
+  """``round_estimate`` of ``streamed_ducc``: S0 keeps the delayed uploads (at most all
+  of them), then the key transformation holds one copy per recipient (at most all)."""
+  ring = p.ring_dim or STREAMED_RING_128
+  chunks = -(-dim // (ring // 2))
+  ct_bytes = 2 * ring * (streamed_ducc.VECTOR_DEPTH + 1) * 8
+  held = (uploads + 4) * chunks * ct_bytes  # delayed (or recipients) + msum, w, w', mask
+  keys = STREAMED_KEY_BYTES if p.ring_dim is None else 0
+  return {"ring": ring, "depth": streamed_ducc.VECTOR_DEPTH, "chunks": chunks,
+          "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
+          "memory_bytes": held + keys,
+          "cpu_s": STREAMED_CPU_S_FIXED + STREAMED_CPU_S_PER_UPLOAD_CHUNK * uploads * chunks
+          * ring / STREAMED_RING_128}
 
 
 def available_memory_bytes() -> int:
@@ -86,15 +116,23 @@ def available_memory_bytes() -> int:
 def check_round_fits(est: dict, uploads: int, dim: int, available: int):
   """ValueError naming the flags that change it when the round's uploads alone exceed
   the memory available."""
-  if est["upload_bytes"] <= available:
+  if est["memory_bytes"] <= available:
     return
+  if est["depth"] == streamed_ducc.VECTOR_DEPTH:
+    raise ValueError(
+        f"--secure_aggregation=ckks --ckks_design=streamed: one round of {uploads} uploads "
+        f"of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB ({est['chunks']} "
+        f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.2f} MB per upload), more than the "
+        f"{available / 2**30:.1f} GiB available: use a smaller --model or fewer clients per "
+        "round (--participation, --delay_fraction)")
   raise ValueError(
       f"--secure_aggregation=ckks: one round's {uploads} uploads of {dim:,} parameters are "
       f"{est['chunks']} ciphertexts each of {est['ciphertext_bytes'] / 1e6:.1f} MB (ring "
       f"2^{est['ring'].bit_length() - 1}, depth {est['depth']}), "
       f"{est['upload_bytes'] / 2**30:.1f} GiB before any computation, more than the "
       f"{available / 2**30:.1f} GiB available: use a smaller --model, fewer clients per "
-      "round (--participation, --delay_fraction) or a smaller --ckks_min_depth")
+      "round (--participation, --delay_fraction), a smaller --ckks_min_depth, or "
+      f"--ckks_design=streamed (~{est['streamed_memory_bytes'] / 2**30:.1f} GiB)")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -112,20 +150,27 @@ def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
 
 
 def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_depth: int,
-                    min_scale: float, stream) -> secure_ducc.SecureProtocol:
+                    min_scale: float, stream, design: str = "one_context"):
   """The KDC's set-up, after the round's estimate is printed and checked against the
   memory available (a ValueError naming the flag that changes it)."""
-  est = round_estimate(dim, uploads, preset, min_depth)
+  est = round_estimate(dim, uploads, preset, min_depth, design)
   check_round_fits(est, uploads, dim, available_memory_bytes())
-  print(f"[pafed/ckks] estimate per round: {uploads} uploads x {est['chunks']} "
+  print(f"[pafed/ckks] estimate per round ({design}): {uploads} uploads x {est['chunks']} "
         f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
-        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads (peak memory several times "
-        f"that), ~{est['cpu_s']:.0f} CPU s", file=stream, flush=True)
+        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads, ~"
+        f"{est['memory_bytes'] / 2**30:.2f} GiB held, ~{est['cpu_s']:.0f} CPU s",
+        file=stream, flush=True)
   print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
         f"pairs for S1 and {num_clients} clients ...", file=stream, flush=True)
   t0 = time.perf_counter()
-  protocol = secure_ducc.make_protocol(num_clients, dim, preset=preset,
-                                       min_depth=min_depth, min_scale=min_scale)
+  if design == "streamed":
+    protocol = streamed_ducc.make_streamed_protocol(
+        num_clients, dim, preset=preset, min_depth=min_depth, min_scale=min_scale,
+        max_delayed=uploads)
+    protocol.keep_client_models = False
+  else:
+    protocol = secure_ducc.make_protocol(num_clients, dim, preset=preset,
+                                         min_depth=min_depth, min_scale=min_scale)
   print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
         f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
   return protocol
@@ -147,9 +192,9 @@ def _round_rows(metrics: dict, evaluated, t: int, t_round: float) -> List[dict]:
 
 def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
-             data: engine.DeviceData, *, protocol: Optional[secure_ducc.SecureProtocol] = None,
+             data: engine.DeviceData, *, protocol=None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
-             on_chunk: Optional[Callable] = None, eval_every: int = 1,
+             design: str = "one_context", on_chunk: Optional[Callable] = None, eval_every: int = 1,
              stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
@@ -171,7 +216,10 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     print(INSECURE_WARNING, file=sys.stderr, flush=True)
   if protocol is None:
     protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
-                               preset, min_depth, min_scale, stream)
+                               preset, min_depth, min_scale, stream, design)
+  step = (streamed_ducc.streamed_pafed_step
+          if isinstance(protocol, streamed_ducc.StreamedProtocol)
+          else secure_ducc.secure_pafed_step)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
@@ -199,7 +247,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     protocol.recipients = next_round_recipients(tl, t)
     # Round 0 (or a resumed run) starts from w in the clear (Alg. 3 line 2); afterwards
     # S0 continues from Enc_pk_s(w) carried over by the key transformation.
-    new_w, timings = secure_ducc.secure_pafed_step(
+    new_w, timings = step(
         protocol, np.asarray(state.w, np.float64) if first else None,
         uploads[online], uploads[delayed], alphas,
         int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)

@@ -1,0 +1,468 @@
+"""Encrypted DUCC at the paper's model size: the vectors in a shallow CKKS context, read
+chunk by chunk; the few scalars in a deep one (PAFed Alg. 4, Eq. 12, Eq. 17, Alg. 5).
+
+``secure_ducc`` runs every product at the Min's depth 2d + 8, so a 1.66M-parameter model
+is 51 ciphertexts of 30 MB per upload (N = 2^16). Here the model-size work is linear in
+the uploads, which needs depth 2 only:
+
+    w' = w + gamma * msum + sum_j beta_j u_j                                  (Eq. 17)
+    beta_j = a1 w1_j / n1 + a2 w2_j / n2                           (Alg. 4 lines 5-11)
+    gamma  = a0 / n - a2 (sum_j w2_j ip_j) / (n2 ||msum||^2)            (Eq. 12 on m2)
+
+with msum = sum of the n online uploads, ip_j = msum . u_j for the k delayed ones, w1, w2
+DUCC's class weights from the Min (Eq. 13). The round, with S0's computations:
+
+1. vectors (context V, depth 2, N = 2^14 at 128 bits): msum as the online uploads arrive
+   (each dropped once added); ip_j and ||msum||^2 as sums over chunks of unrelinearised
+   products, relinearised and slot-summed once each;
+2. S1 refreshes the inner products and the mean's squared norm into the scalar context
+   S: S0 sends ip_j + a_j and ||m||^2 + a (m = msum / n; additive masks uniform on
+   [-B, B], as Alg. 5 masks w), S1 returns them under the scalar key (the ip_j packed in
+   slots), S0 subtracts the masks in plaintext; then S0 blinds r0^2 ||m||^2 there and S1
+   returns Enc_S(1 / (r0 ||m||)) (``secure_ducc``'s normalisation exchange, in the deep
+   context, where a blind of 2^-8 keeps its precision);
+3. scalars (context S, depth 2d + 5): the Min, class totals, empty-class tests and masked
+   inverses exactly as ``secure_ducc``; then beta (packed) and gamma;
+4. S1 refreshes beta_j + b_j and gamma + b (additive masks again) into V, one replicated
+   ciphertext each; S0 forms w' chunk by chunk: sum_j Enc(beta_j + b_j) * u_j (products
+   added before one relinearisation per chunk) minus sum_j b_j u_j (plaintext
+   constants);
+5. the key transformation (Alg. 5) in V, for the next round's recipients; S0 removes its
+   mask r from S1's re-encryptions by a plaintext subtraction (Enc_pk_i(w + r) - r), which
+   is the paper's Enc_pk_i(w + r) - Enc_pk_i(r) without its encryptions.
+
+What S1 decrypts, beyond ``secure_ducc``'s blinded scalars and w + r: the additively
+masked ip_j, ||m||^2 and coefficients (2k + 3 scalars per round, each masked once). The
+trust is the one S1 already has for the masked divisions (docs/crypto.md, "Streamed
+design"). Randomness from ``csprng`` as everywhere in S0.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from fedjax_async.crypto import ckks
+from fedjax_async.crypto import cheon
+from fedjax_async.crypto import csprng
+from fedjax_async.crypto import entities
+from fedjax_async.crypto import secure_ducc
+
+# Levels of the vector context: ip_j = msum . u_j (1), ||m||^2 = ||msum||^2 / n^2 (2);
+# the update's sum_j Enc(beta_j) * u_j (1).
+VECTOR_DEPTH = 2
+# The additive masks of the two refreshes: uniform on [-B, B] (as Alg. 5's mask).
+REFRESH_MASK_BOUND = secure_ducc.KT_MASK_BOUND
+
+
+def scalar_depth_breakdown(min_iterations: int) -> Dict[str, int]:
+  """Levels of the scalar context, from the refreshed inner products (fresh, level 0):
+  normalise (the packing mask, then times 1 / ||msum||), the Min (2 per iteration),
+  weight (w1, w2 times their masks), inverse (times S1's 1 / (r n)), projection
+  (sum_j w2_j ip_j / n2 times 1 / ||msum||^2, Eq. 12)."""
+  d = int(min_iterations)
+  return {"normalise": 2, "min": 2 * d if d > 0 else 1, "weight": 1, "inverse": 1,
+          "projection": 1}
+
+
+def scalar_depth(min_iterations: int) -> int:
+  """2d + 5 for d Min iterations."""
+  return sum(scalar_depth_breakdown(min_iterations).values())
+
+
+class StreamedHelper:
+  """S1 with a key pair in each context (``entities.HelperServer`` per context, one log).
+
+  Decrypts only S0-masked values: those of ``secure_ducc`` (blinded class totals and
+  tests, w + r) plus the additively masked inner products and coefficients it moves
+  between the contexts (``refresh_inner_products``, ``refresh_coefficients``)."""
+
+  def __init__(self, vector: entities.HelperServer, scalar: entities.HelperServer,
+               log_size: int = 0):
+    self.vector, self.scalar = vector, scalar
+    self.decryption_log = collections.deque(maxlen=int(log_size))
+    vector.decryption_log = scalar.decryption_log = self.decryption_log
+
+  def masked_inverse(self, cts, tests=()):
+    return self.scalar.masked_inverse(cts, tests)
+
+  def key_transform_each(self, masked_cts, recipients):
+    """Alg. 5 lines 6-12, one recipient at a time: Dec_sk_s(w + r) once, then yields
+    (i, Enc_pk_i(w + r)) for each recipient and last (None, Enc_pk_s(w + r)), so that a
+    round holds one recipient's copy of the model, not all of them."""
+    h = self.vector
+    plain = [h._decrypt(ct) for ct in masked_cts]  # pylint: disable=protected-access
+    for i in recipients:
+      yield i, [h._ev.encrypt(h._client_pks[i], p) for p in plain]  # pylint: disable=protected-access
+    yield None, [h._ev.encrypt(h.pk_s, p) for p in plain]  # pylint: disable=protected-access
+
+  def masked_inverse_sqrt(self, cts):
+    return self.scalar.masked_inverse_sqrt(cts)
+
+  def refresh_inner_products(self, masked_ips: Sequence[object], masked_norm) -> Tuple:
+    """[Enc_V(ip_j + a_j)] and Enc_V(||m||^2 + a) (replicated) -> Enc_S of the masked ip_j
+    packed in slots 0..k-1, and Enc_S(||m||^2 + a) replicated."""
+    packed = np.zeros(self.scalar._ev.slots)  # pylint: disable=protected-access
+    packed[:len(masked_ips)] = [self.vector._decrypt(c)[0] for c in masked_ips]  # pylint: disable=protected-access
+    norm = float(self.vector._decrypt(masked_norm)[0])  # pylint: disable=protected-access
+    ev = self.scalar._ev  # pylint: disable=protected-access
+    return ev.encrypt(self.scalar.pk_s, packed), self.scalar._encrypt_scalar(norm)  # pylint: disable=protected-access
+
+  def refresh_coefficients(self, masked_betas, masked_gamma, k: int) -> List[object]:
+    """Enc_S(beta_j + b_j) packed and Enc_S(gamma + b) -> k + 1 replicated Enc_V values."""
+    betas = self.scalar._decrypt(masked_betas)[:k]  # pylint: disable=protected-access
+    gamma = float(self.scalar._decrypt(masked_gamma)[0])  # pylint: disable=protected-access
+    return [self.vector._encrypt_scalar(float(v)) for v in list(betas) + [gamma]]  # pylint: disable=protected-access
+
+
+class StreamedServer(secure_ducc.AggregationServer):
+  """S0 of the streamed design. ``self.ev`` is the scalar context's evaluator (the Min,
+  the class totals and tests, shared with ``secure_ducc``); ``self.vev`` the vector
+  context's. Public material only."""
+
+  def __init__(self, vector_public: entities.PublicMaterial,
+               scalar_public: entities.PublicMaterial):
+    super().__init__(scalar_public)
+    self.vector_public = vector_public
+    self.vev = ckks.Evaluator(vector_public.cc)
+    self.start_round()
+
+  def check_depth(self):
+    need = scalar_depth(self.min_iterations)
+    if self.ev.depth < need:
+      parts = ", ".join(f"{k}={v}" for k, v in
+                        scalar_depth_breakdown(self.min_iterations).items())
+      raise ckks.DepthError(
+          f"streamed DUCC with Min d={self.min_iterations} needs scalar depth {need} "
+          f"({parts}) but the scalar CKKS context has depth {self.ev.depth}")
+    if self.vev.depth < VECTOR_DEPTH:
+      raise ckks.DepthError(f"streamed DUCC needs vector depth {VECTOR_DEPTH} but the "
+                            f"vector CKKS context has depth {self.vev.depth}")
+
+  def encrypt_global(self, w: np.ndarray) -> List[object]:
+    return [self.vev.encrypt(self.vector_public.pk_s, b)
+            for b in ckks.chunk(w, self.vev.slots)]
+
+  # ------------------------------------------------------------------ 1. vectors
+
+  def start_round(self):
+    self.timings = {}
+    self._msum: Optional[List[object]] = None
+    self._n = 0
+    self._delayed: List[List[object]] = []
+    self._state = {}
+
+  def receive(self, cts: List[object], online: bool):
+    """One client's Enc_pk_s(u) chunks: an online one is added to msum and not kept."""
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    if online:
+      self._n += 1
+      self._msum = (list(cts) if self._msum is None else
+                    [self.vev.add(a, b) for a, b in zip(self._msum, cts)])
+    else:
+      self._delayed.append(list(cts))
+    self._tick("receive", t)
+
+  def _dot(self, xs, ys):
+    """Enc(x . y) replicated: products of all chunks added unrelinearised, then one
+    relinearisation and one slot sum."""
+    cc = self.vev.cc
+    self.vev._check(xs[0], ys[0], what="inner product over chunks")  # pylint: disable=protected-access
+    acc = None
+    for x, y in zip(xs, ys):
+      p = cc.EvalMultNoRelin(x, y)
+      acc = p if acc is None else cc.EvalAdd(acc, p)
+    return self.vev.eval_sum(cc.Relinearize(acc))
+
+  def inner_products(self) -> Tuple[List[object], object]:
+    """Alg. 4 line 5 over chunks: ([Enc_V(ip_j + a_j)], Enc_V(r0^2 ||m||^2)) for S1's
+    ``refresh_inner_products``; ([], None) when no Min is needed (n = 0 or k = 0)."""
+    if self._n == 0 or not self._delayed:
+      return [], None
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    k = len(self._delayed)
+    if k > self.ev.slots:
+      raise ValueError(f"{k} delayed uploads exceed the scalar context's {self.ev.slots} "
+                       f"slots: make the protocol with max_delayed >= {k}")
+    a = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, k + 1)
+    masked = [self.vev.add_const(self._dot(self._msum, u), a[j])
+              for j, u in enumerate(self._delayed)]
+    # ||m||^2 = ||msum||^2 / n^2 <= 1: its blind r0^2 (2^-16..2^16) is applied in the
+    # scalar context, where small values keep their precision (``normalise``).
+    norm = self.vev.add_const(self.vev.mult_const(self._dot(self._msum, self._msum),
+                                                  1.0 / self._n ** 2, what="||m||^2"), a[k])
+    self._state.update(ip_mask=a)
+    self._tick("inner_products", t)
+    return masked, norm
+
+  # ------------------------------------------------------------------ 3. scalars
+
+  def normalise(self, refreshed) -> List[object]:
+    """The masks off the refreshed values (plaintext subtractions), then the blinded
+    [Enc_S(r0^2 ||m||^2)] for S1's ``masked_inverse_sqrt`` (the paper normalises the
+    online mean before the Min, Sec. V-A)."""
+    self.check_depth()
+    packed, norm = refreshed
+    st, k = self._state, len(self._delayed)
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    a_mask = np.zeros(self.ev.slots)
+    a_mask[:k] = st["ip_mask"][:k]
+    st["ip"] = self.ev.cc.EvalSub(packed, self.ev.encode(a_mask))  # ip_j in slot j
+    st["r0"] = r0 = self._blind(signed=False)
+    norm = self.ev.add_const(norm, -st["ip_mask"][k])
+    out = [self.ev.mult_const(norm, r0 * r0, what="r0^2 ||m||^2")]
+    self._tick("normalise", t)
+    return out
+
+  def scalars_begin(self, inverse_norm, alphas, empty_class_tol: float = 0.0) -> List[object]:
+    """Alg. 4 lines 5-10 on the packed inner products, given S1's [Enc(1 / (r0 ||m||))]:
+    the Min, the blinded class totals [Enc(r1 n1), Enc(r2 n2)] for S1's
+    ``masked_inverse`` (with ``empty_tests``)."""
+    inv_norm = inverse_norm[0]
+    st, k, slots, c = self._state, len(self._delayed), self.ev.slots, self.min_scale
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    ip = st["ip"]
+    valid = np.zeros(slots)
+    valid[:k] = 1.0
+    # S1 returned 1 / (r0 ||m||) = n / (r0 ||msum||); r0 / n off it at once, so that no
+    # later constant or value carries a blind's range (2^-8 .. 2^8) twice.
+    inv_msum = self.ev.mult_const(inv_norm, st["r0"] / self._n, what="1 / ||msum||")
+    # z_j = c ip_j / (4 sqrt 2 ||msum||) = c y_j / sqrt 2 (as secure_ducc.ducc_begin).
+    z = self.ev.mult_plain(ip, valid * (c / (4.0 * secure_ducc.SQRT2)),
+                           what="packing inner products")
+    z = self.ev.mult(z, inv_msum, what="normalise: times 1 / ||msum||")
+    y = self.ev.mult_const(z, secure_ducc.SQRT2, what="Alg. 1: y")
+    half_m = cheon.he_half_abs_from_z(self.ev, z, self.min_iterations)
+    m_d = self.ev.add(half_m, half_m)
+    st.update(inv_msum=inv_msum, valid=valid, alphas=tuple(map(float, alphas)),
+              w1=self.ev.add(y, m_d), w2=self.ev.sub(y, m_d))
+    t = self._tick("min", t)
+    self.empty_tests, requests, tol = [], [], max(float(empty_class_tol),
+                                                  secure_ducc.EMPTY_EPS)
+    for name in ("1", "2"):
+      r = st["r" + name] = self._blind()
+      w = st["w" + name]
+      requests.append(self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
+                                                          what="class total")))
+      tests, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
+      self.empty_tests += tests
+    self._tick("class_totals", t)
+    return requests
+
+  def scalars_finish(self, inverses) -> Tuple[object, object]:
+    """beta (packed) and gamma, each plus a fresh additive mask, for S1's
+    ``refresh_coefficients``."""
+    st, slots, c = self._state, self.ev.slots, self.min_scale
+    a0, a1, a2 = st["alphas"]
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    inv1 = self._class_factor(inverses[0], st["sigma1"])  # 1 / (r1 n1), or 0 if empty
+    inv2 = self._class_factor(inverses[1], st["sigma2"])
+    valid = st["valid"]
+    beta = self.ev.add(
+        self.ev.mult(self.ev.mult_plain(st["w1"], valid * (st["r1"] * a1 / c),
+                                        what="weight: a1 w1"), inv1,
+                     what="Alg. 4 line 11: / n1"),
+        self.ev.mult(self.ev.mult_plain(st["w2"], valid * (st["r2"] * a2 / c),
+                                        what="weight: a2 w2"), inv2,
+                     what="Alg. 4 line 11: / n2"))
+    # Eq. 12: a2 (sum_j w2_j ip_j) / (n2 ||msum||^2), r2 folded into the mask.
+    ipm = self.ev.mult_plain(st["ip"], valid * (a2 * st["r2"] / c),
+                             what="Eq. 12: masked inner products")
+    p = self.ev.eval_sum(self.ev.mult(st["w2"], ipm, what="Eq. 12: w2_j ip_j"))
+    inv_nn = self.ev.square(st["inv_msum"], what="Eq. 12: 1 / ||msum||^2")
+    proj = self.ev.mult(self.ev.mult(p, inv2, what="Eq. 12: / n2"), inv_nn,
+                        what="Eq. 12: / ||msum||^2")
+    b = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, len(self._delayed) + 1)
+    st["coef_mask"] = b
+    b_packed = np.zeros(slots)
+    b_packed[:len(self._delayed)] = b[:-1]
+    masked_beta = self.ev.cc.EvalAdd(beta, self.ev.encode(b_packed))
+    masked_gamma = self.ev.add_const(self.ev.cc.EvalNegate(proj), a0 / self._n + b[-1])
+    self._tick("coefficients", t)
+    return masked_beta, masked_gamma
+
+  # ------------------------------------------------------------------ 4. the update
+
+  def combine(self, coefficients: Sequence[object], w_ct: List[object]) -> List[object]:
+    """Eq. 17 chunk by chunk: w + sum_j Enc(beta_j + b_j) u_j + Enc(gamma + b) msum
+    - (sum_j b_j u_j + b msum), one relinearisation per chunk."""
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    cc, vectors = self.vev.cc, self._delayed + [self._msum]
+    b = self._state["coef_mask"]
+    self.vev._check(coefficients[0], vectors[0][0], what="sum_j beta_j u_j")  # pylint: disable=protected-access
+    out = []
+    for ci, w_c in enumerate(w_ct):
+      acc = None
+      for coef, vec in zip(coefficients, vectors):
+        p = cc.EvalMultNoRelin(coef, vec[ci])
+        acc = p if acc is None else cc.EvalAdd(acc, p)
+      unmask = cc.EvalLinearWSum([vec[ci] for vec in vectors], [float(x) for x in b])
+      out.append(self.vev.add(w_c, self.vev.sub(cc.Relinearize(acc), unmask)))
+    self._release()
+    self._tick("combine", t)
+    return out
+
+  def _release(self):
+    """The round's uploads are read for the last time: S0 drops them (memory)."""
+    self._delayed, self._msum = [], None
+
+  def online_only(self, alphas, w_ct: List[object]) -> List[object]:
+    """No delayed upload: w + a0 msum / n (Eq. 17 with m1 = m2 = 0); no exchange."""
+    t = secure_ducc._now()  # pylint: disable=protected-access
+    scale = float(alphas[0]) / self._n
+    out = [self.vev.add(w, self.vev.mult_const(m, scale, what="Eq. 17: a0 m"))
+           for w, m in zip(w_ct, self._msum)]
+    self._release()
+    self._tick("combine", t)
+    return out
+
+  # ------------------------------------------------------------------ 5. Alg. 5
+
+  def kt_mask(self, w_ct: List[object]) -> List[object]:
+    """Alg. 5 lines 2-5 in the vector context: Enc(w) + Enc_pk_s(r), r fresh (CSPRNG)."""
+    slots = self.vev.slots
+    r = csprng.uniform(-secure_ducc.KT_MASK_BOUND, secure_ducc.KT_MASK_BOUND,
+                       len(w_ct) * slots).reshape(len(w_ct), slots)
+    self._state = {"kt_r": r}
+    return [self.vev.add(c, self.vev.encrypt(self.vector_public.pk_s, rb))
+            for c, rb in zip(w_ct, r)]
+
+  def kt_unmask(self, cts: List[object]) -> List[object]:
+    """Alg. 5 lines 13-17 for one recipient: Enc_pk_i(w + r) - r, r subtracted as a
+    plaintext (each chunk's r encoded once, for every recipient), in place."""
+    if "kt_r_encoded" not in self._state:
+      self._state["kt_r_encoded"] = [self.vev.encode(rb) for rb in self._state.pop("kt_r")]
+    for c, p in zip(cts, self._state["kt_r_encoded"]):
+      self.vev.cc.EvalSubInPlace(c, p)
+    return cts
+
+
+@dataclasses.dataclass
+class StreamedProtocol:
+  """All entities of one deployment of the streamed design (``make_streamed_protocol``)."""
+
+  s0: StreamedServer
+  s1: StreamedHelper
+  clients: List[entities.Client]
+  dim: int
+  min_iterations: int
+  preset: str
+  min_scale: float = 1.0
+  recipients: Optional[Tuple[int, ...]] = None  # None: every client (Alg. 5 line 8)
+  last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
+  # {client i: Enc_pk_i(w^{tau+1})} of the last round; only client 0's (the one decrypted)
+  # unless ``keep_client_models`` (a deployment sends each away at once).
+  last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
+  keep_client_models: bool = True
+
+  @property
+  def cc(self):
+    return self.s0.vector_public.cc
+
+
+def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
+                           min_depth: int = 10, recipients: Optional[Sequence[int]] = None,
+                           min_scale: float = 1.0, log_size: int = 0,
+                           ring_dim: Optional[int] = None,
+                           max_delayed: int = 16) -> StreamedProtocol:
+  """The KDC's set-up (Alg. 3 line 1) for the streamed design: a vector context of depth
+  ``VECTOR_DEPTH`` (clients' and S1's key pairs, S1's evaluation keys) and a scalar
+  context of depth ``scalar_depth(min_depth)`` (S1's key pair and evaluation keys) whose
+  ciphertexts hold ``max_delayed`` slots rounded up to a power of two (sparse packing:
+  its slot sums need log2 of that many rotation keys, 145 MB each at N = 2^16).
+  ``ring_dim`` overrides both contexts' ring (``preset`` must allow it)."""
+  cheon.check_ducc_scale(min_scale)
+  d = int(min_depth)
+  vcc = ckks.make_context(VECTOR_DEPTH, preset, ring_dim)
+  slots = 2 ** max(1, math.ceil(math.log2(max(int(max_delayed), 2))))
+  scc = ckks.make_context(scalar_depth(d), preset, ring_dim,
+                          batch_size=min(slots, ckks.num_slots(vcc)))
+  keys = []
+  for cc in (vcc, scc):
+    kp = cc.KeyGen()
+    cc.EvalMultKeyGen(kp.secretKey)
+    cc.EvalSumKeyGen(kp.secretKey)
+    keys.append(kp)
+  client_keys = [vcc.KeyGen() for _ in range(num_clients)]
+  pks = tuple(k.publicKey for k in client_keys)
+  s0 = StreamedServer(entities.PublicMaterial(vcc, keys[0].publicKey, pks, d),
+                      entities.PublicMaterial(scc, keys[1].publicKey, (), d))
+  s0.min_scale = float(min_scale)
+  s1 = StreamedHelper(entities.HelperServer(vcc, keys[0], pks),
+                      entities.HelperServer(scc, keys[1], ()), log_size)
+  clients = [entities.Client(i, vcc, keys[0].publicKey, k) for i, k in enumerate(client_keys)]
+  rec = None if recipients is None else tuple(int(i) for i in recipients)
+  return StreamedProtocol(s0, s1, clients, int(dim), d, ckks.get_preset(preset).name,
+                          float(min_scale), rec)
+
+
+def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarray],
+                        online_uploads, delayed_uploads, alphas=(1.0, 1.0, 1.0),
+                        empty_class_tol: float = 0.0):
+  """One PAFed server round in the streamed design, as ``secure_ducc.secure_pafed_step``
+  (same arguments and timings keys): each client's upload is encrypted and handed to S0
+  one at a time, so S0 never holds the online ones together."""
+  s0, s1, dim = protocol.s0, protocol.s1, protocol.dim
+  online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
+  delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
+  clients, now = protocol.clients, secure_ducc._now  # pylint: disable=protected-access
+  s0.start_round()
+  timings = {"client_encrypt": 0.0}
+  s1_time = {"refresh": 0.0, "division": 0.0}
+  for i, (u, is_online) in enumerate([(u, True) for u in online] +
+                                     [(u, False) for u in delayed]):
+    t = now()
+    cts = clients[i % len(clients)].encrypt_update(u)
+    timings["client_encrypt"] += now() - t
+    s0.receive(cts, is_online)
+  t_server = now()
+  w_ct = s0.start_model(w_global)
+  if len(online) == 0:  # m = 0: s = 1/2, both classes empty (plaintext reference)
+    new_ct = list(w_ct)
+  elif len(delayed) == 0:
+    new_ct = s0.online_only(alphas, w_ct)
+  else:
+    masked, norm = s0.inner_products()
+    t = now()
+    refreshed = s1.refresh_inner_products(masked, norm)
+    s1_time["refresh"] += now() - t
+    request = s0.normalise(refreshed)
+    t = now()
+    inverse_norm = s1.masked_inverse_sqrt(request)
+    s1_time["division"] += now() - t
+    requests = s0.scalars_begin(inverse_norm, alphas, empty_class_tol)
+    t = now()
+    inverses = s1.masked_inverse(requests, s0.empty_tests)
+    s1_time["division"] += now() - t
+    masked_beta, masked_gamma = s0.scalars_finish(inverses)
+    t = now()
+    coefficients = s1.refresh_coefficients(masked_beta, masked_gamma, len(delayed))
+    s1_time["refresh"] += now() - t
+    new_ct = s0.combine(coefficients, w_ct)
+  timings["ducc"] = now() - t_server
+  t = now()
+  recipients = protocol.recipients
+  if recipients is None:
+    recipients = tuple(range(len(clients)))
+  if 0 not in recipients:
+    recipients = (0,) + tuple(recipients)
+  out = {}
+  for i, cts in s1.key_transform_each(s0.kt_mask(new_ct), recipients):
+    cts = s0.kt_unmask(cts)  # then sent to client i (or kept by S0 for the next round)
+    if i is None:
+      s0.global_ct = cts
+    elif protocol.keep_client_models or i == 0:
+      out[i] = cts
+  timings["key_transform"] = now() - t
+  t = now()
+  new_w = clients[0].decrypt_model(out[0], dim)
+  timings["decrypt"] = now() - t
+  breakdown = dict(s0.timings, s1_refresh=s1_time["refresh"], division=s1_time["division"])
+  breakdown.update(timings)
+  protocol.last_breakdown = breakdown
+  protocol.last_client_models = out
+  return new_w, timings
