@@ -35,6 +35,12 @@ CACHE_ENV = "FEDJAX_ASYNC_TEST_JAX_CACHE"
 FAST_COMPILE_ENV = "FEDJAX_ASYNC_TEST_FAST_COMPILE"
 FAST_COMPILE_FLAG = "--xla_backend_extra_options=xla_cpu_optimize_for_size"
 
+# OpenFHE's OpenMP reads OMP_NUM_THREADS once, when the library loads, and the test
+# modules load it at collection (``pytest.importorskip("openfhe")``), before
+# ``crypto.ckks`` could limit it: with two xdist workers its default (one thread per core)
+# oversubscribes the cores, and the crypto tests took 166 s instead of 33 s.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 if (os.environ.get(FAST_COMPILE_ENV, "1") != "0"
     and "xla_backend_extra_options" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()

@@ -179,7 +179,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     return self.vev.eval_sum(cc.Relinearize(acc))
 
   def inner_products(self) -> Tuple[List[object], object]:
-    """Alg. 4 line 5 over chunks: ([Enc_V(ip_j + a_j)], Enc_V(r0^2 ||m||^2)) for S1's
+    """Alg. 4 line 5 over chunks: ([Enc_V(ip_j + a_j)], Enc_V(||m||^2 + a)) for S1's
     ``refresh_inner_products``; ([], None) when no Min is needed (n = 0 or k = 0)."""
     if self._n == 0 or not self._delayed:
       return [], None
