@@ -80,8 +80,8 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   ct_bytes = 2 * ring * (depth + 1) * 8
   cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
            / ROUND_UPLOADS * ring / 2 ** 16)
-  return {"ring": ring, "depth": depth, "chunks": chunks, "ciphertext_bytes": ct_bytes,
-          "upload_bytes": uploads * chunks * ct_bytes,
+  return {"design": "one_context", "ring": ring, "depth": depth, "chunks": chunks,
+          "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
           "memory_bytes": uploads * chunks * ct_bytes, "cpu_s": cpu_s,
           "streamed_memory_bytes": _streamed_estimate(dim, uploads, p)["memory_bytes"]}
 
@@ -94,7 +94,8 @@ def _streamed_estimate(dim: int, uploads: int, p) -> dict:
   ct_bytes = 2 * ring * (streamed_ducc.VECTOR_DEPTH + 1) * 8
   held = (uploads + 4) * chunks * ct_bytes  # delayed (or recipients) + msum, w, w', mask
   keys = STREAMED_KEY_BYTES if p.ring_dim is None else 0
-  return {"ring": ring, "depth": streamed_ducc.VECTOR_DEPTH, "chunks": chunks,
+  return {"design": "streamed", "ring": ring, "depth": streamed_ducc.VECTOR_DEPTH,
+          "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
           "memory_bytes": held + keys,
           "cpu_s": STREAMED_CPU_S_FIXED + STREAMED_CPU_S_PER_UPLOAD_CHUNK * uploads * chunks
@@ -114,11 +115,11 @@ def available_memory_bytes() -> int:
 
 
 def check_round_fits(est: dict, uploads: int, dim: int, available: int):
-  """ValueError naming the flags that change it when the round's uploads alone exceed
-  the memory available."""
+  """ValueError naming the flags that change it when the round's estimated memory
+  (``round_estimate``'s ``memory_bytes``) exceeds the memory available."""
   if est["memory_bytes"] <= available:
     return
-  if est["depth"] == streamed_ducc.VECTOR_DEPTH:
+  if est["design"] == "streamed":
     raise ValueError(
         f"--secure_aggregation=ckks --ckks_design=streamed: one round of {uploads} uploads "
         f"of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB ({est['chunks']} "
@@ -194,7 +195,8 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol=None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
-             design: str = "one_context", on_chunk: Optional[Callable] = None, eval_every: int = 1,
+             design: str = "one_context", on_chunk: Optional[Callable] = None,
+             eval_every: int = 1,
              stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
