@@ -342,21 +342,11 @@ class StreamedServer(secure_ducc.AggregationServer):
 
 
 @dataclasses.dataclass
-class StreamedProtocol:
-  """All entities of one deployment of the streamed design (``make_streamed_protocol``)."""
+class StreamedProtocol(secure_ducc.SecureProtocol):
+  """All entities of one deployment of the streamed design (``make_streamed_protocol``);
+  ``last_client_models`` holds only client 0's model (the one decrypted) unless
+  ``keep_client_models`` (a deployment sends each away at once)."""
 
-  s0: StreamedServer
-  s1: StreamedHelper
-  clients: List[entities.Client]
-  dim: int
-  min_iterations: int
-  preset: str
-  min_scale: float = 1.0
-  recipients: Optional[Tuple[int, ...]] = None  # None: every client (Alg. 5 line 8)
-  last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
-  # {client i: Enc_pk_i(w^{tau+1})} of the last round; only client 0's (the one decrypted)
-  # unless ``keep_client_models`` (a deployment sends each away at once).
-  last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
   keep_client_models: bool = True
 
   @property
