@@ -12,7 +12,7 @@ groups:
 2. train all G members in ONE ``jax.vmap`` of ``train_local`` (the key of each task is
    ``engine.client_key(base_key, dispatch_index, client)``);
 3. apply their uploads to the server model SEQUENTIALLY in arrival order (a ``lax.scan``
-   over the G slots calling ``algorithm.server_step``), writing each new version v + 1 into
+   over the G slots calling ``the algorithm's ``server_step``), writing each new version v + 1 into
    ``ring[(v + 1) % R]``.
 
 Each update is thus applied to the model current at its arrival and each client trains
@@ -50,94 +50,32 @@ from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import privacy
 from fedjax_async import virtual_clock
+from fedjax_async.algorithms import base
 
 Array = jax.Array
 
 
-class Arrival(NamedTuple):
-  """What the server knows about one arriving update (scalars and [d] vectors)."""
-
-  valid: Array  # bool: a real arrival (False in padding slots)
-  # int32: server versions between dispatch and arrival (0: trained from the current
-  # model); the t - tau of FedAsync's and PrivaAsyncFed's staleness functions
-  staleness: Array
-  flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
-  w_start: Array  # [d] the (masked) model the client trained from, w_tau
-  mask: Array  # [d] 1 where the client holds the parameter (pruned sub-model)
-  num_examples: Array  # float32 n_i
-  num_steps: Array  # float32 local steps taken
+Arrival = base.Arrival
 
 
-@dataclasses.dataclass(frozen=True)
-class AsyncAlgorithm:
-  """An asynchronous algorithm as ``async_engine`` sees it (pure, jit/vmap-safe).
+def server_rule(algorithm: base.Algorithm):
+  """``(init_server_state, server_step)`` of ``algorithm`` on the virtual clock.
 
-  Attributes:
-    name: registry name (``--algorithm``).
-    local_penalty: ``(w, w_start, hp) -> scalar`` added to the minibatch loss.
-    client_upload: ``(w_start, w_end, hp) -> [d]`` what the client sends.
-    server_step: ``(w, server_state, upload, arrival, hp) -> (w, server_state)``: one
-      arrival, applied to the current model.
-    init_server_state: ``(w0) -> pytree``.
-    dp: clip + noise in local training (PrivaAsyncFed Alg. 1).
-    early_stop: stop local training once the loss is <= ``hp['loss_threshold']``.
-    pruned: clients train the sub-model of their device class's scale.
-    buffered: FedBuff-style (server versions every ``buffer_k`` arrivals).
+  An algorithm with a ``server_step`` gives its own. A round rule (``server_update``)
+  sees each arrival as a round of one update (K = 1), applied to the model current at the
+  arrival, and the round index its server-lr schedule reads counts the updates applied.
+  Its clients must keep no state (the virtual clock keeps none per client): FedAvg,
+  FedProx, FedNova, or a new rule.
   """
-
-  name: str
-  local_penalty: Callable[..., Array]
-  client_upload: Callable[..., Array]
-  server_step: Callable[..., Any]
-  init_server_state: Callable[[Array], Any] = lambda w0: ()
-  dp: bool = False
-  early_stop: bool = False
-  pruned: bool = False
-  buffered: bool = False
-
-
-def no_penalty(w, w_start, hp):
-  del w, w_start, hp
-  return jnp.float32(0.0)
-
-
-def proximal_penalty(w, w_start, hp):
-  """mu/2 ||w - w_tau||^2 (FedProx Eq. 2; FedAsync's regularised local objective)."""
-  diff = w - w_start
-  return 0.5 * hp["mu"] * jnp.vdot(diff, diff)
-
-
-def model_upload(w_start, w_end, hp):
-  del w_start, hp
-  return w_end
-
-
-def delta_upload(w_start, w_end, hp):
-  del hp
-  return w_end - w_start
-
-
-def from_round_algorithm(algorithm) -> AsyncAlgorithm:
-  """A round-engine algorithm (``algorithms.base.Algorithm``) on the virtual clock.
-
-  Each arrival is a round of one update (K = 1): its ``client_final`` turns the client's
-  model into the upload (with the arrival's start model and step count), its
-  ``server_update`` applies it to the model current at the arrival, and the round index
-  its server-lr schedule reads counts the updates applied. Its clients must keep no state
-  (the virtual clock keeps none per client): FedAvg, FedProx, FedNova, or a new rule.
-  """
-  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  if algorithm.server_step is not None:
+    return algorithm.init_server_state, algorithm.server_step
   if algorithm.client_state_keys:
     raise ValueError(f"{algorithm.name} keeps per-client state "
                      f"({', '.join(algorithm.client_state_keys)}); the virtual clock's "
                      "clients keep none")
 
-  def local_penalty(w, w_start, hp):
-    return algorithm.local_penalty(w, w_start, {}, hp)
-
-  def server_step(w, server_state, w_end, arrival, hp):
+  def server_step(w, server_state, upload, arrival, hp):
     inner, version = server_state
-    upload = algorithm.client_final(arrival.w_start, w_end, {}, arrival.num_steps, hp).upload
     fresh = arrival.valid & (arrival.staleness == 0)
     one = base.Arrivals(
         valid=arrival.valid[None], online=fresh[None],
@@ -147,10 +85,7 @@ def from_round_algorithm(algorithm) -> AsyncAlgorithm:
     new_w, inner, _ = algorithm.server_update(w, inner, upload[None], one, version, hp)
     return new_w, (inner, version + 1)
 
-  return AsyncAlgorithm(
-      name=algorithm.name, local_penalty=local_penalty, client_upload=model_upload,
-      server_step=server_step,
-      init_server_state=lambda w0: (algorithm.init_server_state(w0), jnp.int32(0)))
+  return (lambda w0: (algorithm.init_server_state(w0), jnp.int32(0))), server_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +132,7 @@ def noise_std(hp, num_examples, cfg: AsyncConfig):
   return jnp.where(z > 0, z * true_sens, alg1)
 
 
-def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, x, y,
+def train_local(apply_flat: Callable, algorithm: base.Algorithm, w_start, mask, x, y,
                 num_examples, key, hp, cfg: AsyncConfig,
                 client_index=None) -> client_lib.ClientResult:
   """One client's local training (vmap over clients); see the module docstring.
@@ -221,7 +156,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
   def loss_fn(w, xb, yb, m, rng):
     logits = apply_flat(w, xb, train=True, rng=rng)
     return (client_lib.masked_cross_entropy(logits, yb, m)
-            + algorithm.local_penalty(w, w0, hp))
+            + algorithm.local_penalty(w, w0, {}, hp))
 
   def per_example_grad(w, xb, yb, m, rng):
     """mean_i clip(grad CE_i) over the batch's real rows + grad of the penalty."""
@@ -235,7 +170,7 @@ def train_local(apply_flat: Callable, algorithm: AsyncAlgorithm, w_start, mask, 
     gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
     mf = m.astype(gs.dtype)
     g = jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
-    return g + jax.grad(algorithm.local_penalty)(w, w0, hp)
+    return g + jax.grad(algorithm.local_penalty)(w, w0, {}, hp)
 
   def step(carry, s):
     w, opt_state, loss_sum, done, steps = carry
@@ -289,10 +224,10 @@ class AsyncState(NamedTuple):
   key: Array  # base key data; task keys derive from (dispatch index, client)
 
 
-def init_state(algorithm: AsyncAlgorithm, w0, ring_size: int, seed: int) -> AsyncState:
+def init_state(algorithm: base.Algorithm, w0, ring_size: int, seed: int) -> AsyncState:
   w0 = jnp.array(w0, jnp.float32, copy=True)
   ring = jnp.broadcast_to(w0, (ring_size,) + w0.shape)
-  return AsyncState(w0, ring, algorithm.init_server_state(w0),
+  return AsyncState(w0, ring, server_rule(algorithm)[0](w0),
                     jax.random.key_data(jax.random.PRNGKey(seed)))
 
 
@@ -313,7 +248,7 @@ def group_arrays(schedule: virtual_clock.Schedule, group_size: int) -> Dict[str,
 
 
 def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale_index, *,
-               apply_flat, algorithm: AsyncAlgorithm, cfg: AsyncConfig):
+               apply_flat, algorithm: base.Algorithm, cfg: AsyncConfig):
   """Steps 1-3 of the module docstring for one padded group."""
   ring_size = state.ring.shape[0]
   valid = grp["valid"]
@@ -332,15 +267,18 @@ def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale
   res = jax.vmap(lambda w, m, c, ni, k: train(w, m, data.x, data.y, ni, k, client_index=c))(
       w_start, mask, client_ids, n, keys)
   w_tau = w_start * mask
-  uploads = jax.vmap(algorithm.client_upload, in_axes=(0, 0, None))(w_tau, res.w_end, hp)
+  uploads = jax.vmap(lambda ws, we, k: algorithm.client_final(ws, we, {}, k, hp).upload)(
+      w_tau, res.w_end, res.num_steps.astype(jnp.float32))
   staleness = jnp.where(valid, grp["arrival_version"] - dv, 0)
   arrivals = Arrival(valid, staleness, grp["applies"], w_tau, mask,
                      n.astype(jnp.float32), res.num_steps.astype(jnp.float32))
 
+  server_step = server_rule(algorithm)[1]
+
   def apply_one(carry, inp):
     w, sstate, ring = carry
     upload, arr, av = inp
-    new_w, new_s = algorithm.server_step(w, sstate, upload, arr, hp)
+    new_w, new_s = server_step(w, sstate, upload, arr, hp)
     w = jnp.where(arr.valid, new_w, w)
     sstate = jax.tree.map(lambda a, b: jnp.where(arr.valid, a, b), new_s, sstate)
     slot = (av + 1) % ring_size
@@ -375,7 +313,7 @@ def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData
   return jax.lax.scan(body, state, (groups, eval_mask))
 
 
-def make_runner(apply_flat: Callable, algorithm: AsyncAlgorithm, cfg: AsyncConfig):
+def make_runner(apply_flat: Callable, algorithm: base.Algorithm, cfg: AsyncConfig):
   fn = functools.partial(run_groups, apply_flat=apply_flat, algorithm=algorithm, cfg=cfg)
   return jax.jit(fn, donate_argnums=(0,))
 

@@ -12,6 +12,7 @@ from fedjax_async import async_engine
 from fedjax_async import client as client_lib
 from fedjax_async import engine
 from fedjax_async import virtual_clock as vc
+from fedjax_async.algorithms import base
 from fedjax_async.algorithms import double_compensation
 from fedjax_async.algorithms import dp_fedasync
 from fedjax_async.algorithms import fedasync
@@ -241,7 +242,7 @@ def test_double_compensation_server_step_formula():
   g = rho * d - lam_t * lam * rho ** 2 * d * d * (w_prev - w_tau)
   # by hand: rho d = [1, -4, -0.5]; 1.6 d^2 (w_prev - w_tau) = [0.2, -6.4, 0.05]
   np.testing.assert_allclose(g, [0.8, 2.4, -0.55])
-  arr = async_engine.Arrival(True, 3, True, jnp.asarray(w_tau), jnp.ones(3), 1.0, 1.0)
+  arr = base.Arrival(True, 3, True, jnp.asarray(w_tau), jnp.ones(3), 1.0, 1.0)
   hp = {"rho": rho, "dc_lambda": lam, "dc_lambda_t": lam_t, "server_lr": eta}
   w_new, _ = double_compensation.server_step(jnp.asarray(w_prev), (), jnp.asarray(w_star),
                                              arr, hp)
@@ -475,7 +476,7 @@ def test_privaasyncfed_server_mixes_held_parameters_only():
   w = jnp.array([1.0, 2.0, 3.0, 4.0])
   up = jnp.array([0.0, 0.0, 9.0, 9.0])
   mask = jnp.array([1.0, 1.0, 0.0, 0.0])
-  arr = async_engine.Arrival(True, 6, True, w, mask, 1.0, 1.0)
+  arr = base.Arrival(True, 6, True, w, mask, 1.0, 1.0)
   hp = {"beta": 0.5, "hinge_a": 1.0, "hinge_b": 4.0}
   new, _ = privaasyncfed.server_step(w, (), up, arr, hp)
   # staleness 6 (six server updates since dispatch): t - tau = 6, Eq. 16 with FedAsync's +1
@@ -498,7 +499,7 @@ def test_privaasyncfed_and_fedasync_hinge_weigh_staleness_alike(staleness):
   beta = FedAsync's a = 0.6, a full mask and the same hinge, both mix in
   0.6 * HINGE_WEIGHTS[staleness]: exactly 0.6 for a fresh update and at staleness 4."""
   w, up = jnp.zeros(3), jnp.ones(3)
-  arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
+  arr = base.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
   hp = {"beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0,
         "staleness_fn": 2.0, "poly_a": 0.5}
   expected = 0.6 * HINGE_WEIGHTS[staleness]
@@ -513,7 +514,7 @@ def test_fedasync_polynomial_counts_a_fresh_update_as_zero(staleness):
   """FedAsync polynomial a = 0.5, mix a = 0.5: a fresh update is mixed in with exactly
   0.5 (not 0.5 / sqrt(2)); staleness 3 with 0.5 * 4^-0.5 = 0.25."""
   w, up = jnp.full(2, 2.0), jnp.full(2, 4.0)
-  arr = async_engine.Arrival(True, staleness, True, w, jnp.ones(2), 1.0, 1.0)
+  arr = base.Arrival(True, staleness, True, w, jnp.ones(2), 1.0, 1.0)
   hp = {"mix_alpha": 0.5, "staleness_fn": 1.0, "poly_a": 0.5}
   a = 0.5 * POLY_WEIGHTS[staleness]
   new, _ = fedasync.server_step(w, (), up, arr, hp)

@@ -1,6 +1,7 @@
-"""One algorithm contract for both engines: a toy rule written here, outside the package,
-against ``algorithms/base.py``, runs on the round engine and (``async_engine.
-from_round_algorithm``) on the virtual clock, each checked against a plain loop."""
+"""One algorithm contract for both engines: toy rules written here, outside the package,
+against ``algorithms/base.py``: a round rule runs on the round engine and (as rounds of
+one arrival) on the virtual clock, a per-arrival rule on the virtual clock, each checked
+against a plain loop."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +56,7 @@ def test_the_same_toy_runs_on_the_virtual_clock_one_arrival_at_a_time():
   schedule = vc.simulate(clock, np.asarray(data.counts), seed=2)
   assert schedule.staleness.max() >= 2  # stale arrivals: w_tau differs from w
   hp = {"lr": 0.1, "momentum": 0.5, "mu": 0.0, "server_lr": 0.7}
-  w, rows, _ = test_async.run_batched(async_engine.from_round_algorithm(TOY), schedule,
+  w, rows, _ = test_async.run_batched(TOY, schedule,
                                       data, hp, 4)
 
   def rule(w, state, w_new, w_tau, staleness):
@@ -67,6 +68,42 @@ def test_the_same_toy_runs_on_the_virtual_clock_one_arrival_at_a_time():
   np.testing.assert_allclose(w, w_ref, rtol=2e-5, atol=2e-6)
 
 
-def test_an_algorithm_with_per_client_state_is_refused_on_the_virtual_clock():
+def toy_server_step(w, server_state, upload, arrival, hp):
+  """One arrival: w + eta s (w_new - w_tau), s = 1 / (1 + staleness); counts the arrivals."""
+  s = 1.0 / (1.0 + arrival.staleness.astype(jnp.float32))
+  return w + hp["server_lr"] * s * upload, server_state + 1
+
+
+TOY_STEP = base.Algorithm(name="toy_step", local_penalty=base.no_penalty,
+                          client_final=base.delta_upload, server_step=toy_server_step,
+                          init_server_state=lambda w0: jnp.int32(0))
+
+
+def test_a_toy_per_arrival_rule_runs_on_the_virtual_clock_as_a_plain_loop_computes_it():
+  data = test_async.tiny_data()
+  clock = vc.ClockConfig(concurrency=4, num_updates=16, epochs=test_async.LOCAL.max_epochs,
+                         compute=vc.Distribution("uniform", 0.5, 2.0))
+  schedule = vc.simulate(clock, np.asarray(data.counts), seed=4)
+  assert schedule.staleness.max() >= 2
+  hp = {"lr": 0.1, "momentum": 0.5, "mu": 0.0, "server_lr": 0.6}
+  w, rows, _ = test_async.run_batched(TOY_STEP, schedule, data, hp, 4)
+
+  def rule(w, state, w_new, w_tau, staleness):
+    return w + 0.6 / (1.0 + staleness) * (w_new - w_tau), state, True
+
+  w_ref, versions = test_async.reference_loop(schedule, data, hp, rule, schedule.ring_size)
+  assert versions == 16 and len(rows) == 16
+  np.testing.assert_allclose(w, w_ref, rtol=2e-5, atol=2e-6)
+
+
+def test_a_rule_of_each_kind_and_the_engines_that_run_it():
+  assert TOY.engine == "rounds" and TOY_STEP.engine == "virtual_clock"
+  with pytest.raises(ValueError, match="give server_update .* or server_step"):
+    base.Algorithm(name="both", local_penalty=base.no_penalty,
+                   client_final=base.delta_upload, server_update=toy_server_update,
+                   server_step=toy_server_step)
+  with pytest.raises(ValueError, match="dp are the virtual clock's client hooks"):
+    base.Algorithm(name="dp_rounds", local_penalty=base.no_penalty,
+                   client_final=base.delta_upload, server_update=toy_server_update, dp=True)
   with pytest.raises(ValueError, match=r"pafed keeps per-client state \(dual"):
-    async_engine.from_round_algorithm(algorithms.get("pafed"))
+    async_engine.server_rule(algorithms.get("pafed"))

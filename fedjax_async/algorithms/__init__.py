@@ -1,14 +1,16 @@
-"""Algorithm registry: one module per algorithm, each exporting ``ALGORITHM``.
+"""Algorithm registry: one module per algorithm, each exporting ``ALGORITHM``, a
+``base.Algorithm`` (the one contract).
 
-Two engines run them: the round engine (``engine.py``: clients sampled per round, delayed
-ones arriving rounds later) and the virtual clock (``virtual_clock.py``: every arrival
-updates the server, staleness from simulated compute and communication times).
+Two engines run them: the round engine (clients sampled per round, delayed ones arriving
+rounds later) runs those with a round rule (``server_update``); the virtual clock (every
+arrival updates the server, staleness from simulated compute and communication times)
+runs those with a per-arrival rule (``server_step``), and a round rule as rounds of one.
 
   names()                   # all ten
   names("rounds")           # fedavg, fedprox, fednova, fedadmm, pafed
   names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
   engine_of("fedbuff")      # "virtual_clock"
-  get("pafed")              # the Algorithm / AsyncAlgorithm
+  get("pafed")              # its base.Algorithm
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Optional, Tuple
 
 ENGINES = ("rounds", "virtual_clock")
 
-# name -> (engine, module). Adding an algorithm: its module, and one line here.
+# name -> (engine, module). Adding an algorithm: its module, and one line here (the engine
+# is the one its server rule names, ``Algorithm.engine``; a test checks them).
 _REGISTRY = {
     "fedavg": ("rounds", "fedjax_async.algorithms.fedavg"),
     "fedprox": ("rounds", "fedjax_async.algorithms.fedprox"),
@@ -55,9 +58,8 @@ def _check(name: str):
 
 
 def get(name: str, admm_upload: str = "received"):
-  """The algorithm registered as ``name`` (ValueError listing the choices): a
-  ``base.Algorithm`` for the round engine, an ``async_engine.AsyncAlgorithm`` for the
-  virtual clock. ``admm_upload`` selects the reading of Eq. 16 for the ADMM clients
+  """The ``base.Algorithm`` registered as ``name`` (ValueError listing the choices).
+  ``admm_upload`` selects the reading of Eq. 16 for the ADMM clients
   (the others ignore it)."""
   _check(name)
   module = importlib.import_module(_REGISTRY[name][1])

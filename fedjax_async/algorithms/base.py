@@ -1,19 +1,26 @@
-"""The contract every algorithm module fills in.
+"""The one contract every algorithm module fills in, for both engines.
 
 An algorithm is a plain dataclass of pure functions over flat parameter vectors
 (``jax.flatten_util.ravel_pytree`` of the model's params), in the style of fedjax's
-``FederatedAlgorithm``: the engine (``fedjax_async.engine``) owns the round loop, the
-ring buffer of past global models and the vmap over clients; an algorithm only says
+``FederatedAlgorithm``: an engine owns the loop, the ring buffer of past global models
+and the vmap over clients; an algorithm only says
 
 * what the client adds to its minibatch loss (``local_penalty``),
 * what the client uploads and keeps after local training (``client_final``),
-* how the server folds the arrivals of one round into the global model (``server_update``),
-  and, for rules that can read the uploads in one pass (FedAvg, FedProx, FedNova and
-  FedADMM through one weighted sum, PAFed through DUCC's running sums), how to fold them
-  in chunk by chunk (``streamed_server``: the engine then folds in each chunk of clients
-  as it trains them and never holds a round's ``[K, d]`` uploads).
+* and a server rule of either kind:
 
-Hyperparameters travel as a dict of scalars (``hp``) so that sweeps can ``vmap`` over them.
+  - ``server_update``: the arrivals of one round folded into the global model (the round
+    engine, ``fedjax_async.rounds``; on the virtual clock each arrival is a round of one,
+    ``asynchronous.engine.server_rule``), and, for rules that can read the uploads in one
+    pass (FedAvg, FedProx, FedNova and FedADMM through one weighted sum, PAFed through
+    DUCC's running sums), how to fold them in chunk by chunk (``streamed_server``: the
+    engine then never holds a round's ``[K, d]`` uploads);
+  - ``server_step``: one arrival applied to the model current at its arrival (the virtual
+    clock only, ``fedjax_async.asynchronous``: FedAsync, FedBuff, ...).
+
+The client side is shared: both engines train with ``local_penalty`` and upload what
+``client_final`` returns. Hyperparameters travel as a dict of scalars (``hp``) so that
+sweeps can ``vmap`` over them.
 """
 
 from __future__ import annotations
@@ -41,6 +48,20 @@ class Arrivals(NamedTuple):
   num_examples: Array  # float32 [K]: the client's example count n_i
   num_steps: Array  # float32 [K]: local optimiser steps the client took (tau_i)
   start_params: Array  # float32 [K, d]: the global model the client trained from
+
+
+class Arrival(NamedTuple):
+  """What a ``server_step`` knows about one arriving update (scalars and [d] vectors)."""
+
+  valid: Array  # bool: a real arrival (False in padding slots)
+  # int32: server versions between dispatch and arrival (0: trained from the current
+  # model); the t - tau of FedAsync's and PrivaAsyncFed's staleness functions
+  staleness: Array
+  flush: Array  # bool: this arrival creates a new server version (always, but FedBuff)
+  w_start: Array  # [d] the (masked) model the client trained from, w_tau
+  mask: Array  # [d] 1 where the client holds the parameter (pruned sub-model)
+  num_examples: Array  # float32 n_i
+  num_steps: Array  # float32 local steps taken
 
 
 class StreamedServer(NamedTuple):
@@ -107,36 +128,63 @@ class ClientOutput(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-  """A federated algorithm as the engine sees it (all functions pure, jit/vmap-safe).
+  """A federated algorithm as the engines see it (all functions pure, jit/vmap-safe).
 
   Attributes:
     name: registry name (``--algorithm``).
-    client_state_keys: names of persistent per-client vectors (each stored ``[N, d]``),
-      e.g. ``("dual", "last_local")`` for ADMM-type methods.
-    init_client_state: ``(w0) -> {key: [d]}`` initial per-client state for one client.
     local_penalty: ``(w, w_start, client_state, hp) -> scalar`` added to the minibatch loss.
     client_final: ``(w_start, w_end, client_state, num_steps, hp) -> ClientOutput``.
-    init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
     server_update: ``(w, server_state, uploads [K, d], arrivals, round, hp)
-      -> (new_w, new_server_state, metrics dict)``.
+      -> (new_w, new_server_state, metrics dict)``: a round's arrivals (``Arrivals``).
+    server_step: ``(w, server_state, upload [d], arrival, hp) -> (new_w, new_server_state)``:
+      one arrival (``Arrival``); give it or ``server_update``, not both.
+    client_state_keys: names of persistent per-client vectors (each stored ``[N, d]``),
+      e.g. ``("dual", "last_local")`` for ADMM-type methods (the round engine only).
+    init_client_state: ``(w0) -> {key: [d]}`` initial per-client state for one client.
+    init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
     streamed_server: optional ``StreamedServer`` for rules that can read the uploads in
       one pass, chunk by chunk; ``server_update`` must then be ``streamed_server_update``
       of it (``streamed_linear`` turns a ``LinearServer`` into one).
     separable_penalty: ``local_penalty`` is a sum over coordinates (FedProx's and ADMM's
       are), so it may be evaluated on pieces of ``w``, ``w_start`` and the ``[d]`` client
       state and summed: the local steps then never concatenate their per-leaf pieces
-      into ``[d]`` for it (``client.make_client_step``).
+      into ``[d]`` for it (``rounds.client.make_client_step``).
+    dp, early_stop, pruned, buffered: the virtual clock's client hooks
+      (``asynchronous.engine.train_local``): clip + noise in local training (PrivaAsyncFed
+      Alg. 1), stop once the loss is <= ``hp['loss_threshold']`` (double compensation),
+      train the sub-model of the device class's scale, and server versions every
+      ``buffer_k`` arrivals (FedBuff).
   """
 
   name: str
   local_penalty: Callable[..., Array]
   client_final: Callable[..., ClientOutput]
-  server_update: Callable[..., Any]
+  server_update: Optional[Callable[..., Any]] = None
+  server_step: Optional[Callable[..., Any]] = None
   client_state_keys: tuple = ()
   init_client_state: Callable[[Array], Dict[str, Array]] = lambda w0: {}
   init_server_state: Callable[[Array], Any] = lambda w0: ()
   streamed_server: Optional[StreamedServer] = None
   separable_penalty: bool = False
+  dp: bool = False
+  early_stop: bool = False
+  pruned: bool = False
+  buffered: bool = False
+
+  def __post_init__(self):
+    if (self.server_update is None) == (self.server_step is None):
+      raise ValueError(f"algorithm {self.name!r}: give server_update (a round's arrivals) "
+                       "or server_step (one arrival), exactly one")
+    hooks = [k for k in ("dp", "early_stop", "pruned", "buffered") if getattr(self, k)]
+    if self.server_update is not None and hooks:
+      raise ValueError(f"algorithm {self.name!r}: {', '.join(hooks)} are the virtual "
+                       "clock's client hooks; give a server_step with them")
+
+  @property
+  def engine(self) -> str:
+    """``"rounds"`` (a ``server_update``) or ``"virtual_clock"`` (a ``server_step``
+    only). A round rule also runs on the virtual clock, one arrival a round."""
+    return "rounds" if self.server_update is not None else "virtual_clock"
 
 
 def no_penalty(w, w_start, client_state, hp):
@@ -148,6 +196,12 @@ def delta_upload(w_start, w_end, client_state, num_steps, hp):
   """FedAvg-style upload: the model delta w_end - w_start."""
   del num_steps, hp
   return ClientOutput(upload=w_end - w_start, state=client_state)
+
+
+def model_upload(w_start, w_end, client_state, num_steps, hp):
+  """FedAsync-style upload: the trained model w_end itself."""
+  del w_start, num_steps, hp
+  return ClientOutput(upload=w_end, state=client_state)
 
 
 def weighted_mean(vectors: Array, weights: Array, tol: float = 0.0) -> Array:

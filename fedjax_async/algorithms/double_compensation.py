@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_async import async_engine
+from fedjax_async.algorithms import base
 
 
-def fedprox_penalty(w, w_start, hp):
+def fedprox_penalty(w, w_start, client_state, hp):
   """rho/2 ||w - w_tau||^2 (Alg. 1 line 14)."""
+  del client_state
   diff = w - w_start
   return 0.5 * hp["rho"] * jnp.vdot(diff, diff)
 
@@ -48,10 +49,10 @@ def server_step(w, server_state, upload, arrival, hp):
   return w - hp["server_lr"] * g, server_state
 
 
-ALGORITHM = async_engine.AsyncAlgorithm(
+ALGORITHM = base.Algorithm(
     name="double_compensation",
     local_penalty=fedprox_penalty,
-    client_upload=async_engine.model_upload,
+    client_final=base.model_upload,
     server_step=server_step,
     early_stop=True,
 )

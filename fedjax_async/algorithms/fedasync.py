@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_async import async_engine
+from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedprox
 
 STALENESS_FNS = ("constant", "polynomial", "hinge")
 
@@ -69,9 +70,9 @@ def server_step(w, server_state, upload, arrival, hp):
   return mix(w, upload, alpha), server_state
 
 
-ALGORITHM = async_engine.AsyncAlgorithm(
+ALGORITHM = base.Algorithm(
     name="fedasync",
-    local_penalty=async_engine.proximal_penalty,
-    client_upload=async_engine.model_upload,
+    local_penalty=fedprox.proximal_penalty,  # mu/2 ||w - w_tau||^2
+    client_final=base.model_upload,
     server_step=server_step,
 )

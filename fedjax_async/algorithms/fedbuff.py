@@ -24,7 +24,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_async import async_engine
+from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedprox
 
 
 class BufferState(NamedTuple):
@@ -57,10 +58,10 @@ def server_step(w, state: BufferState, upload, arrival, hp):
   return jnp.where(flush, stepped, w), new_state
 
 
-ALGORITHM = async_engine.AsyncAlgorithm(
+ALGORITHM = base.Algorithm(
     name="fedbuff",
-    local_penalty=async_engine.proximal_penalty,
-    client_upload=async_engine.delta_upload,
+    local_penalty=fedprox.proximal_penalty,
+    client_final=base.delta_upload,
     server_step=server_step,
     init_server_state=init_server_state,
     buffered=True,

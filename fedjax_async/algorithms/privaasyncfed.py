@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from fedjax_async import async_engine
+from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedasync
 
 SCALES = (1.0, 0.75, 0.5, 0.25)
@@ -166,10 +166,10 @@ def server_step(w, server_state, upload, arrival, hp):
   return w + alpha * arrival.mask * (upload - w), server_state
 
 
-ALGORITHM = async_engine.AsyncAlgorithm(
+ALGORITHM = base.Algorithm(
     name="privaasyncfed",
-    local_penalty=async_engine.no_penalty,
-    client_upload=async_engine.model_upload,
+    local_penalty=base.no_penalty,
+    client_final=base.model_upload,
     server_step=server_step,
     dp=True,
     pruned=True,
