@@ -71,6 +71,53 @@ def stream_bandwidth(n=64 * 2**20):
   return 3 * 4 * n / t / 1e9  # read a, read b, write the sum
 
 
+def measure_layers(k, bsz, keys, peak, bw, rows):
+  """The CNN's pieces one by one: its GEMMs, fc1's three products, patches and pooling."""
+  # The layers' GEMMs as the patches formulation issues them (fwd + both bwd products).
+  def gemm_fwd_bwd(a, b):
+    return jax.grad(lambda a, b: jnp.sum(jnp.tanh(a @ b)), argnums=(0, 1))(a, b)
+
+  shapes = {"conv1 GEMM [10*784, 25] x [25, 32]": (bsz * 784, 25, 32),
+            "conv2 GEMM [10*196, 800] x [800, 64]": (bsz * 196, 800, 64),
+            "fc1 GEMM [10, 3136] x [3136, 512]": (bsz, 3136, 512),
+            "fc2 GEMM [10, 512] x [512, 10]": (bsz, 512, 10)}
+  for name, (m, kk, n) in shapes.items():
+    a = jax.random.normal(keys[0], (k, m, kk))
+    b = jax.random.normal(keys[1], (k, kk, n))
+    measure(name, jax.vmap(gemm_fwd_bwd), (a, b), peak, bw, rows)
+  # fc1's three products one by one: XLA:CPU's (Eigen's) GEMM is fast when the big
+  # [3136, 512] operand is contracted on its leading axis (forward, weight gradient) and
+  # ~4x slower when it is contracted on its minor axis (the input gradient g @ W^T).
+  x1 = jax.random.normal(keys[0], (k, bsz, 3136))
+  g1 = jax.random.normal(keys[1], (k, bsz, 512))
+  w1 = jax.random.normal(keys[2], (k, 3136, 512))
+  # layers.Dense computes the input gradient as (W g^T)^T (layers.dense_matmul).
+  dense_dx = lambda x, w, g: jax.vjp(lambda x: layers.dense_matmul(x, w), x)[1](g)[0]
+  for name, fn, args in (("fc1 forward x @ W", lambda x, w: x @ w, (x1, w1)),
+                         ("fc1 input gradient g @ W^T", lambda g, w: g @ w.T, (g1, w1)),
+                         ("fc1 input gradient (W g^T)^T, layers.dense_matmul", dense_dx,
+                          (x1, w1, g1)),
+                         ("fc1 weight gradient x^T @ g", lambda x, g: x.T @ g, (x1, g1))):
+    measure(name, jax.vmap(fn), args, peak, bw, rows)
+  # The non-GEMM layers: patch extraction (both extractors) and 2x2 max pooling, each
+  # forward + backward (gradient of a scalar function of the output w.r.t. the input).
+  def fwd_bwd(f):
+    return jax.vmap(jax.grad(lambda x: jnp.sum(jnp.tanh(f(x)))))
+
+  for shape, ksize in (((bsz, 28, 28, 1), 5), ((bsz, 14, 14, 32), 5)):
+    x = jax.random.normal(keys[2], (k,) + shape)
+    for ext, fn in (("xla", layers._patches_xla), ("slices", layers._patches_slices)):  # pylint: disable=protected-access
+      measure(f"patches ({ext}) of {list(shape)}, {ksize}x{ksize}",
+              fwd_bwd(lambda x, fn=fn: fn(x, (ksize, ksize), (1, 1), "SAME")), (x,), peak, bw,
+              rows)
+  for shape in ((bsz, 28, 28, 32), (bsz, 14, 14, 64)):
+    x = jax.random.normal(keys[2], (k,) + shape)
+    measure(f"max pool (nn.max_pool, select-and-scatter bwd) of {list(shape)}",
+            fwd_bwd(layers.max_pool2_window), (x,), peak, bw, rows)
+    measure(f"max pool (reshape + max: layers.max_pool2) of {list(shape)}",
+            fwd_bwd(layers.max_pool2), (x,), peak, bw, rows)
+
+
 def main(argv):
   del argv
   k, bsz = FLAGS.clients, FLAGS.batch
@@ -119,49 +166,7 @@ def main(argv):
   measure("forward + backward", jax.vmap(jax.grad(loss)), (ws, xs, ys), peak, bw, rows)
   measure("forward", jax.vmap(loss), (ws, xs, ys), peak, bw, rows)
   measure("SGD momentum update alone", jax.vmap(sgd_only), (ws, mom, ws), peak, bw, rows)
-  # The layers' GEMMs as the patches formulation issues them (fwd + both bwd products).
-  def gemm_fwd_bwd(a, b):
-    return jax.grad(lambda a, b: jnp.sum(jnp.tanh(a @ b)), argnums=(0, 1))(a, b)
-
-  shapes = {"conv1 GEMM [10*784, 25] x [25, 32]": (bsz * 784, 25, 32),
-            "conv2 GEMM [10*196, 800] x [800, 64]": (bsz * 196, 800, 64),
-            "fc1 GEMM [10, 3136] x [3136, 512]": (bsz, 3136, 512),
-            "fc2 GEMM [10, 512] x [512, 10]": (bsz, 512, 10)}
-  for name, (m, kk, n) in shapes.items():
-    a = jax.random.normal(keys[0], (k, m, kk))
-    b = jax.random.normal(keys[1], (k, kk, n))
-    measure(name, jax.vmap(gemm_fwd_bwd), (a, b), peak, bw, rows)
-  # fc1's three products one by one: XLA:CPU's (Eigen's) GEMM is fast when the big
-  # [3136, 512] operand is contracted on its leading axis (forward, weight gradient) and
-  # ~4x slower when it is contracted on its minor axis (the input gradient g @ W^T).
-  x1 = jax.random.normal(keys[0], (k, bsz, 3136))
-  g1 = jax.random.normal(keys[1], (k, bsz, 512))
-  w1 = jax.random.normal(keys[2], (k, 3136, 512))
-  # layers.Dense computes the input gradient as (W g^T)^T (layers.dense_matmul).
-  dense_dx = lambda x, w, g: jax.vjp(lambda x: layers.dense_matmul(x, w), x)[1](g)[0]
-  for name, fn, args in (("fc1 forward x @ W", lambda x, w: x @ w, (x1, w1)),
-                         ("fc1 input gradient g @ W^T", lambda g, w: g @ w.T, (g1, w1)),
-                         ("fc1 input gradient (W g^T)^T, layers.dense_matmul", dense_dx,
-                          (x1, w1, g1)),
-                         ("fc1 weight gradient x^T @ g", lambda x, g: x.T @ g, (x1, g1))):
-    measure(name, jax.vmap(fn), args, peak, bw, rows)
-  # The non-GEMM layers: patch extraction (both extractors) and 2x2 max pooling, each
-  # forward + backward (gradient of a scalar function of the output w.r.t. the input).
-  def fwd_bwd(f):
-    return jax.vmap(jax.grad(lambda x: jnp.sum(jnp.tanh(f(x)))))
-
-  for shape, ksize in (((bsz, 28, 28, 1), 5), ((bsz, 14, 14, 32), 5)):
-    x = jax.random.normal(keys[2], (k,) + shape)
-    for ext, fn in (("xla", layers._patches_xla), ("slices", layers._patches_slices)):  # pylint: disable=protected-access
-      measure(f"patches ({ext}) of {list(shape)}, {ksize}x{ksize}",
-              fwd_bwd(lambda x, fn=fn: fn(x, (ksize, ksize), (1, 1), "SAME")), (x,), peak, bw,
-              rows)
-  for shape in ((bsz, 28, 28, 32), (bsz, 14, 14, 64)):
-    x = jax.random.normal(keys[2], (k,) + shape)
-    measure(f"max pool (nn.max_pool, select-and-scatter bwd) of {list(shape)}",
-            fwd_bwd(layers.max_pool2_window), (x,), peak, bw, rows)
-    measure(f"max pool (reshape + max: layers.max_pool2) of {list(shape)}",
-            fwd_bwd(layers.max_pool2), (x,), peak, bw, rows)
+  measure_layers(k, bsz, keys, peak, bw, rows)
   common.write_rows("cnn_profile", rows)
   if FLAGS.trace_dir:
     jax.block_until_ready(step(ws, mom, xs, ys))

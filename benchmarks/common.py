@@ -41,10 +41,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_async import client as client_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
+from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async import models  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
-from fedjax_async import timeline as timeline_lib  # noqa: E402
+from fedjax_async.rounds import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
 
 from benchmarks import host  # noqa: E402

@@ -4,6 +4,7 @@ with the same Min: a few rounds end to end, the parameters and accuracy compared
 Both runs share the data, the initial model and the timeline (40 clients, half of them
 sampled each round, half of those delayed by one round: 10 online + 10 delayed uploads
 from round 2 on). The plaintext run is ``pafed.make_algorithm`` with Cheon's Min of the
+from fedjax_async import config as config_lib
 same d and the same empty-class tolerance, on the round engine; the encrypted one is
 ``secure_engine.simulate`` (clients encrypt, S0 and S1 run DUCC, Eq. 17 and Alg. 5, a
 client decrypts). One JSON row per run with the per-round accuracies of both, the largest
@@ -44,7 +45,7 @@ def round_by_round(states, tl, hparams, data, apply_flat, plain_alg, ecfg):
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
   phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
                                        algorithm=plain_alg, cfg=ecfg))
@@ -61,33 +62,34 @@ def round_by_round(states, tl, hparams, data, apply_flat, plain_alg, ecfg):
 def main(argv):
   del argv
   from fedjax_async import client as client_lib  # pylint: disable=g-import-not-at-top
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
-  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_async import timeline as timeline_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async import config as config_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import timeline as timeline_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async.algorithms import pafed  # pylint: disable=g-import-not-at-top
   from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
   from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
 
-  cfg = experiment.RunConfig(
+  cfg = config_lib.RunConfig().replace(
       algorithm="pafed", dataset=FLAGS.dataset, model=FLAGS.model, num_clients=40,
       participation=0.5, delay=timeline_lib.DelayConfig(0.5, "fixed", 1),
       rounds=FLAGS.rounds, local_epochs=1, local_steps=FLAGS.local_steps, lr=0.05,
       checkpoint_every=0, tensorboard=False)
   fed = experiment.load_data(cfg)
   _, w0, apply_flat = experiment.build_model(cfg, fed)
-  tl = timeline_lib.build(fed.num_clients, cfg.rounds, cfg.participation, cfg.delay,
-                          cfg.seed)
+  tl = timeline_lib.build(fed.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
+                          cfg.run.seed)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed.max_examples,
-                             local_steps=cfg.local_steps), cfg.delay.ring_size)
+      client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed.max_examples,
+                             local_steps=cfg.local.local_steps), cfg.delay.ring_size)
   data = engine.DeviceData.from_federated(fed)
   d = FLAGS.min_depth
   plain_alg = pafed.make_algorithm(cheon.make_cheon_min(d), cheon.max_min_error(d))
-  state = engine.init_state(plain_alg, w0, fed.num_clients, ecfg.ring_size, cfg.seed)
+  state = engine.init_state(plain_alg, w0, fed.num_clients, ecfg.ring_size, cfg.run.seed)
   runner = engine.make_runner(apply_flat, plain_alg, ecfg)
   plain_state, plain_rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
                                             rounds_per_call=1)
-  state = engine.init_state(pafed.ALGORITHM, w0, fed.num_clients, ecfg.ring_size, cfg.seed)
+  state = engine.init_state(pafed.ALGORITHM, w0, fed.num_clients, ecfg.ring_size, cfg.run.seed)
   states = [state]
   t0 = time.perf_counter()
   sec_state, sec_rows, totals = secure_engine.simulate(

@@ -174,6 +174,55 @@ def predict(costs: dict, chunks: int, online: int, delayed: int, recipients: int
   }
 
 
+def extrapolate(rows, proto):
+  """The row at --target_dim: each stage linear in the chunks (constant for the stages of
+  one packed ciphertext), from the measured rows."""
+  chunks = np.array([r["chunks"] for r in rows], float)
+  target_chunks = ckks.num_chunks(
+      FLAGS.target_dim, (proto.s0.vev if FLAGS.design == "streamed" else proto.s0.ev).slots)
+  ext = {"dim": FLAGS.target_dim, "chunks": target_chunks, "extrapolated": True,
+         "measured": False}
+  for s in stages():
+    ys = [r[s] for r in rows]
+    if s in CONSTANT_STAGES:  # one packed ciphertext: no chunk term
+      ext[s] = float(np.mean(ys))
+    else:
+      b, a = np.polyfit(chunks, ys, 1)
+      ext[s] = float(a + b * target_chunks)
+  ext["total_s"] = float(sum(ext[s] for s in stages()))
+  ext["wall_s"] = float("nan")  # wall time on a shared machine does not extrapolate
+  print("extrapolated (linear in chunks): " +
+        " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                 for k, v in ext.items()), flush=True)
+  return ext
+
+
+def write_rows(rows, preset):
+  """The table on stdout, and the rows to --out_csv / --out_jsonl."""
+  print(f"stage times are {FLAGS.clock} seconds")
+  keys = ["dim", "chunks"] + list(stages()) + ["total_s", "wall_s", "max_abs_err",
+                                                "update_norm"]
+  print("\n" + " | ".join(keys))
+  for r in rows:
+    print(" | ".join(f"{r.get(k, float('nan')):.4g}" if not isinstance(r.get(k), int)
+                     else str(r[k]) for k in keys))
+  if FLAGS.out_csv:  # each row with where and how it was measured (host.openfhe_host)
+    prov = host.openfhe_host()
+    with open(FLAGS.out_csv, "w", newline="") as f:
+      writer = csv.DictWriter(f, fieldnames=keys + ["extrapolated"] + list(prov),
+                              extrasaction="ignore")
+      writer.writeheader()
+      writer.writerows(dict(r, **prov) for r in rows)
+  if FLAGS.out_jsonl:
+    prov = host.openfhe_host()
+    with open(FLAGS.out_jsonl, "a") as f:
+      for r in rows:
+        f.write(json.dumps(dict(r, design=FLAGS.design, preset=preset, online=FLAGS.online,
+                                delayed=FLAGS.delayed, min_depth=FLAGS.min_depth,
+                                kt_recipients=FLAGS.kt_recipients or FLAGS.num_clients,
+                                clock=FLAGS.clock, **prov)) + "\n")
+
+
 def main(argv):
   del argv
   preset = "secure" if FLAGS.security == "128" else "insecure_test"
@@ -226,47 +275,8 @@ def main(argv):
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in row.items()), flush=True)
   if FLAGS.target_dim and len(rows) >= 2:
-    chunks = np.array([r["chunks"] for r in rows], float)
-    target_chunks = ckks.num_chunks(
-        FLAGS.target_dim, (proto.s0.vev if FLAGS.design == "streamed" else proto.s0.ev).slots)
-    ext = {"dim": FLAGS.target_dim, "chunks": target_chunks, "extrapolated": True,
-           "measured": False}
-    for s in stages():
-      ys = [r[s] for r in rows]
-      if s in CONSTANT_STAGES:  # one packed ciphertext: no chunk term
-        ext[s] = float(np.mean(ys))
-      else:
-        b, a = np.polyfit(chunks, ys, 1)
-        ext[s] = float(a + b * target_chunks)
-    ext["total_s"] = float(sum(ext[s] for s in stages()))
-    ext["wall_s"] = float("nan")  # wall time on a shared machine does not extrapolate
-    rows.append(ext)
-    print("extrapolated (linear in chunks): " +
-          " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                   for k, v in ext.items()), flush=True)
-  print(f"stage times are {FLAGS.clock} seconds")
-  keys = ["dim", "chunks"] + list(stages()) + ["total_s", "wall_s", "max_abs_err",
-                                                "update_norm"]
-  print("\n" + " | ".join(keys))
-  for r in rows:
-    print(" | ".join(f"{r.get(k, float('nan')):.4g}" if not isinstance(r.get(k), int)
-                     else str(r[k]) for k in keys))
-  if FLAGS.out_csv:  # each row with where and how it was measured (host.openfhe_host)
-    prov = host.openfhe_host()
-    with open(FLAGS.out_csv, "w", newline="") as f:
-      writer = csv.DictWriter(f, fieldnames=keys + ["extrapolated"] + list(prov),
-                              extrasaction="ignore")
-      writer.writeheader()
-      writer.writerows(dict(r, **prov) for r in rows)
-  if FLAGS.out_jsonl:
-    prov = host.openfhe_host()
-    with open(FLAGS.out_jsonl, "a") as f:
-      for r in rows:
-        f.write(json.dumps(dict(r, design=FLAGS.design, preset=preset, online=FLAGS.online,
-                                delayed=FLAGS.delayed, min_depth=FLAGS.min_depth,
-                                kt_recipients=FLAGS.kt_recipients or FLAGS.num_clients,
-                                clock=FLAGS.clock, **prov)) + "\n")
-
+    rows.append(extrapolate(rows, proto))
+  write_rows(rows, preset)
 
 if __name__ == "__main__":
   app.run(main, flags_parser=flagcheck.parse_flags)

@@ -257,7 +257,8 @@ def run_peer(name, args):
 SYSTEMS = ("engine", "engine_flax_dense", "loop", "pfl", "flower")
 
 
-def main_driver(argv):
+def parse_args(argv):
+  """The driver's flags, checked (argparse: one error line naming the flag)."""
   p = argparse.ArgumentParser()
   p.add_argument("--clients", type=int, default=50)
   p.add_argument("--examples", type=int, default=20)
@@ -287,18 +288,13 @@ def main_driver(argv):
   unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
   if unknown:
     p.error(f"--systems: unknown {','.join(unknown)}; choose from {','.join(SYSTEMS)}")
-  if args.only_check_args:
-    sys.exit(0)
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  return args
+
+
+def add_engine_turns(args, systems, notes, turns):
+  """The turns of the engine (fast and flax dense layers) and the per-client loop, each
+  compiled and run once before it is timed."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
-  mach = common.machine()
-  systems = args.systems.split(",")
-  steps = args.clients * -(-args.examples // args.batch)
-  notes = {}
-  # Every system takes one turn per repetition (engine, engine_flax_dense, loop, the
-  # matmul peak, pfl, Flower; then again), so that this machine's speed changing during
-  # the run cannot land on one side of a ratio only; each figure is the best of its turns.
-  turns = {}
   if {"engine", "engine_flax_dense", "loop"} & set(systems):
     wl = common.Workload("simple_cnn", args.clients, num_clients=args.clients,
                          examples=args.examples, batch=args.batch,
@@ -322,6 +318,59 @@ def main_driver(argv):
       run()
       clock = common.clocked(prep, run)
       turns[name] = lambda clock=clock: clock() / args.engine_rounds
+
+
+def report(args, systems, res, seen, notes, steps, step_flops, peak, peak_start, peak_turns,
+           mach):
+  """Each system's row and line (speed, fraction of the matmul peak, against the engine)."""
+  rows = []
+  peers = [res[n] for n in ("pfl", "flower") if n in res]
+  fastest_peer = min(peers) if peers else float("nan")
+  for name in systems:
+    t = res.get(name, float("nan"))
+    gflops = steps * step_flops / t / 1e9
+    row = dict(bench="peers", system=name, model="simple_cnn", clients_per_round=args.clients,
+               examples_per_client=args.examples, batch=args.batch, local_epochs=1,
+               s_per_round=t, turns_s_per_round=json.dumps(seen.get(name, [])),
+               client_steps_per_s=steps / t, gflops=gflops, peak_gflops=peak,
+               peak_start_gflops=peak_start, peak_interleaved_gflops=peak_turns,
+               fraction_of_peak=gflops / peak,
+               engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
+               note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
+    rows.append(row)
+    if name not in res:  # it could not run (its turn returned None): say so, no nan figures
+      print(f"[peers] {name:7s} did not run: {notes.get(name, '') or 'no time'}", flush=True)
+      continue
+    vs_engine = ("" if name == "engine" or "engine" not in res
+                 else f"engine is {row['engine_speedup']:.3g}x faster   "
+                 if row["engine_speedup"] >= 1 else
+                 f"engine is {1 / row['engine_speedup']:.3g}x slower   ")
+    print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
+          f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.1f} % of peak)  "
+          f"{vs_engine}{notes.get(name, '')}", flush=True)
+  if "engine" in res and peers:
+    need = 10 * steps * step_flops / fastest_peer / 1e9
+    print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x; 10x the "
+          f"fastest peer would take {need:.0f} GFLOP/s = {need / peak:.2f}x this CPU's "
+          "matmul peak", flush=True)
+  return rows
+
+
+def main_driver(argv):
+  args = parse_args(argv)
+  if args.only_check_args:
+    sys.exit(0)
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  mach = common.machine()
+  systems = args.systems.split(",")
+  steps = args.clients * -(-args.examples // args.batch)
+  notes = {}
+  # Every system takes one turn per repetition (engine, engine_flax_dense, loop, the
+  # matmul peak, pfl, Flower; then again), so that this machine's speed changing during
+  # the run cannot land on one side of a ratio only; each figure is the best of its turns.
+  turns = {}
+  add_engine_turns(args, systems, notes, turns)
   peak_start = common.matmul_peak()
   mm_prepare, mm_run, mm_flops = common.matmul_runner()
   turns["matmul_peak"] = common.clocked(mm_prepare, mm_run)
@@ -361,36 +410,8 @@ def main_driver(argv):
   print(f"[peers] {mach}; simple_cnn fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of "
         f"{args.batch}; matmul peak {peak:.1f} GFLOP/s (at start {peak_start:.1f}, in turn "
         f"{peak_turns:.1f})", flush=True)
-  rows = []
-  peers = [res[n] for n in ("pfl", "flower") if n in res]
-  fastest_peer = min(peers) if peers else float("nan")
-  for name in systems:
-    t = res.get(name, float("nan"))
-    gflops = steps * step_flops / t / 1e9
-    row = dict(bench="peers", system=name, model="simple_cnn", clients_per_round=args.clients,
-               examples_per_client=args.examples, batch=args.batch, local_epochs=1,
-               s_per_round=t, turns_s_per_round=json.dumps(seen.get(name, [])),
-               client_steps_per_s=steps / t, gflops=gflops, peak_gflops=peak,
-               peak_start_gflops=peak_start, peak_interleaved_gflops=peak_turns,
-               fraction_of_peak=gflops / peak,
-               engine_speedup=t / res["engine"] if "engine" in res else float("nan"),
-               note=json.dumps(notes.get(name, "")), tag=args.tag, **mach)
-    rows.append(row)
-    if name not in res:  # it could not run (its turn returned None): say so, no nan figures
-      print(f"[peers] {name:7s} did not run: {notes.get(name, '') or 'no time'}", flush=True)
-      continue
-    vs_engine = ("" if name == "engine" or "engine" not in res
-                 else f"engine is {row['engine_speedup']:.3g}x faster   "
-                 if row["engine_speedup"] >= 1 else
-                 f"engine is {1 / row['engine_speedup']:.3g}x slower   ")
-    print(f"[peers] {name:7s} {t:.4g} s/round  {steps / t:.4g} client-steps/s  "
-          f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.1f} % of peak)  "
-          f"{vs_engine}{notes.get(name, '')}", flush=True)
-  if "engine" in res and peers:
-    need = 10 * steps * step_flops / fastest_peer / 1e9
-    print(f"[peers] engine vs fastest peer: {fastest_peer / res['engine']:.3g}x; 10x the "
-          f"fastest peer would take {need:.0f} GFLOP/s = {need / peak:.2f}x this CPU's "
-          "matmul peak", flush=True)
+  rows = report(args, systems, res, seen, notes, steps, step_flops, peak, peak_start,
+                peak_turns, mach)
   common.write_rows("peers", rows)
 
 

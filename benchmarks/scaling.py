@@ -138,7 +138,7 @@ flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 def child(spec):
   """Runs one configuration; prints a RESULT json line."""
   from benchmarks import common  # pylint: disable=g-import-not-at-top
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   model, k, n, m, alg = spec.split(":")
   k, n, m = int(k), int(n), int(m)

@@ -11,7 +11,6 @@ is JSON.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -26,13 +25,13 @@ from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
 from fedjax_async import cli  # noqa: E402
 from fedjax_async import client as client_lib  # noqa: E402
-from fedjax_async import engine  # noqa: E402
-from fedjax_async import experiment  # noqa: E402
-from fedjax_async import sweep  # noqa: E402
-from fedjax_async import timeline as timeline_lib  # noqa: E402
+from fedjax_async.rounds import engine  # noqa: E402
+from fedjax_async.rounds import experiment  # noqa: E402
+from fedjax_async.sweeps import sweep  # noqa: E402
+from fedjax_async.rounds import timeline as timeline_lib  # noqa: E402
 
-experiment.define_flags()
-flags.adopt_module_key_flags(cli)  # --help lists --algorithm, --rounds ... too
+cli.define_run_flags()
+flags.adopt_module_key_flags(cli.run_flags)  # --help lists --algorithm, --rounds ... too
 flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 flags.register_validator(
@@ -45,7 +44,7 @@ FLAGS = flags.FLAGS
 def sequential_runner(cfgs, name, fed, model):
   """One jitted ``run_chunk`` shared by the sequential runs (and their passes)."""
   c0 = cfgs[0]
-  ecfg = engine.EngineConfig(client_lib.LocalConfig(c0.batch_size, c0.local_epochs,
+  ecfg = engine.EngineConfig(client_lib.LocalConfig(c0.local.batch_size, c0.local.local_epochs,
                                                     fed.max_examples), c0.delay.ring_size)
   return engine.make_runner(model[2], algorithms.get(name), ecfg), ecfg
 
@@ -57,10 +56,10 @@ def sequential(cfgs, name, fed, runner, ecfg):
   ws = []
   for c in cfgs:
     _, w0, _ = experiment.build_model(c, fed)
-    tl = timeline_lib.build(fed.num_clients, c.rounds, c.participation, c.delay, c.seed)
-    state = engine.init_state(alg, w0, fed.num_clients, ecfg.ring_size, c.seed)
+    tl = timeline_lib.build(fed.num_clients, c.run.rounds, c.run.participation, c.delay, c.run.seed)
+    state = engine.init_state(alg, w0, fed.num_clients, ecfg.ring_size, c.run.seed)
     state, _ = engine.simulate(runner, state, tl, c.hparams(), data,
-                               eval_every=c.eval_every, rounds_per_call=c.rounds_per_call)
+                               eval_every=c.run.eval_every, rounds_per_call=c.run.rounds_per_call)
     ws.append(np.asarray(jax.block_until_ready(state.w)))
   return np.stack(ws)
 
@@ -69,8 +68,8 @@ def vmapped(cfgs, name, fed, runner=None):
   """The S runs as one vmapped computation (``runner`` reused across passes)."""
   prep = sweep.prepare(cfgs, name, fed)
   res = sweep.simulate_sweep(runner or prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                             num_rounds=cfgs[0].rounds, eval_every=cfgs[0].eval_every,
-                             rounds_per_call=cfgs[0].rounds_per_call, mesh=sweep.run_mesh())
+                             num_rounds=cfgs[0].run.rounds, eval_every=cfgs[0].run.eval_every,
+                             rounds_per_call=cfgs[0].run.rounds_per_call, mesh=sweep.run_mesh())
   return np.asarray(res.states.w)
 
 
@@ -83,14 +82,14 @@ def timed(fn):
 def main(argv):
   del argv
   try:  # a bad run flag: one line naming it (as experiments/run.py says it), no traceback
-    base = experiment.config_from_flags(FLAGS)
-    name = base.algorithm.split(",")[0]
-    base = dataclasses.replace(base, algorithm=name)
+    base = cli.config_from_flags(FLAGS)
+    name = base.algorithm.name_list()[0]
+    base = base.replace(algorithm=name)
     cfgs = sweep.grid(base, {}, FLAGS.runs)
     fed = experiment.load_data(base)
     model = experiment.build_model(base, fed)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   # Sequential timelines may have different K (one compile each): that is what separate
   # runs cost. Runners are built once: pass 0 compiles, passes 1.. are steady state.
   seq_runner, ecfg = sequential_runner(cfgs, name, fed, model)
@@ -104,15 +103,15 @@ def main(argv):
   err = float(np.max(np.abs(w_seq - w_vm)))
   steady_seq, steady_vm = min(seq_times[1:] or seq_times), min(vm_times[1:] or vm_times)
   result = {
-      "algorithm": name, "dataset": fed.name, "runs": FLAGS.runs, "rounds": base.rounds,
-      "num_clients": fed.num_clients, "participation": base.participation,
-      "local_epochs": base.local_epochs, "devices": [str(d) for d in jax.devices()],
+      "algorithm": name, "dataset": fed.name, "runs": FLAGS.runs, "rounds": base.run.rounds,
+      "num_clients": fed.num_clients, "participation": base.run.participation,
+      "local_epochs": base.local.local_epochs, "devices": [str(d) for d in jax.devices()],
       "sequential_first_s": seq_times[0], "vmapped_first_s": vm_times[0],
       "sequential_s": steady_seq, "vmapped_s": steady_vm,
       "speedup_first": seq_times[0] / vm_times[0], "speedup": steady_seq / steady_vm,
       "max_abs_diff_final_params": err,
   }
-  print(f"{FLAGS.runs} runs x {base.rounds} rounds of {name} on {fed.name} "
+  print(f"{FLAGS.runs} runs x {base.run.rounds} rounds of {name} on {fed.name} "
         f"({jax.devices()[0].platform}):")
   print(f"  sequential: {seq_times[0]:.1f}s first pass (compiles), {steady_seq:.1f}s steady")
   print(f"  vmapped:    {vm_times[0]:.1f}s first pass (compiles), {steady_vm:.1f}s steady")

@@ -10,11 +10,13 @@ import fedjax_async as fa
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 config = fa.RunConfig(
-    algorithm="pafed,fedavg",
-    dataset="synthetic",                       # Synthetic(1,1), 30 clients
+    algorithm=fa.AlgorithmConfig(names="pafed,fedavg"),
+    data=fa.DataConfig(dataset="synthetic"),   # Synthetic(1,1), 30 clients
     delay=fa.DelayConfig(fraction=0.5, distribution="uniform", max_delay=3),
-    rounds=rounds,
-    quiet=True)                                # no per-round lines
+    run=fa.RunOptions(rounds=rounds),
+    output=fa.OutputConfig(quiet=True))        # no per-round lines
+# the same by flat keys (the flags' names): fa.RunConfig().replace(algorithm="pafed,fedavg",
+# delay_fraction=0.5, max_delay=3, rounds=rounds, quiet=True)
 result = fa.simulate(config)                   # in memory; output_dir=... writes files
 
 print(result.table())

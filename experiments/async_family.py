@@ -37,18 +37,19 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from fedjax_async import outputs
+from fedjax_async import interrupts
+from fedjax_async import config as config_lib
 from fedjax_async import algorithms
-from fedjax_async import async_engine
+from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import client as client_lib
-from fedjax_async import engine
+from fedjax_async.rounds import engine
 from fedjax_async import cli
-from fedjax_async import config
-from fedjax_async import experiment
 from fedjax_async import loop
 from fedjax_async import privacy
 from fedjax_async import sharding
-from fedjax_async import virtual_clock as vc
+from fedjax_async.asynchronous import virtual_clock as vc
 
 ALGORITHMS = algorithms.names("virtual_clock")
 STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}
@@ -146,7 +147,7 @@ COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 FLAGS = F.FLAGS
 
 
-check = config.check  # ValueError "--flag: message"
+check = cli.check_flag  # ValueError "--flag: message"
 
 
 def parse_floats(text, flag):
@@ -190,7 +191,7 @@ def validate(fl):
   check(fl.buffer_k >= 1, "buffer_k", f"must be >= 1, got {fl.buffer_k}")
   check(fl.group_size >= 0, "group_size", f"must be >= 0, got {fl.group_size}")
   check(fl.ring_size >= 0, "ring_size", f"must be >= 0, got {fl.ring_size}")
-  config.validate_local(fl, check)
+  config_lib.validate_local(fl, check, prefix="")
   check(fl.mu >= 0, "mu", f"must be >= 0, got {fl.mu}")
   for a in parse_floats(fl.mix_alpha, "mix_alpha"):
     check(0 < a <= 1, "mix_alpha", f"must be in (0, 1], got {a}")
@@ -355,7 +356,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   num_groups = groups["valid"].shape[0]
   ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
                           every=fl.checkpoint_every * fl.groups_per_call, total=num_groups,
-                          resume=fl.resume, mismatch=experiment.mismatch_flags, unit="group")
+                          resume=fl.resume, mismatch=config_lib.mismatch_flags, unit="group")
   resumed = ckpt.restore(state)
   start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
   if resumed is not None:
@@ -374,6 +375,7 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
     group_end[0] = min(group_end[0] + fl.groups_per_call, num_groups)
     host(new_state, rows)
 
+  privacy_report = dp_report(fl, steps, counts, hp) if algorithm.dp else None
   try:
     state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=fl.eval_every,
@@ -382,13 +384,32 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
   finally:
     metrics.close()
     ckpt.close()
-  all_rows = metrics.rows
-  rows = all_rows
-  wall = host.wall()
+  summary = run_summary(fl, run_name, algo_name, fed, model_name, int(np.size(w0)), hp,
+                        metrics.rows, host.wall(), schedule, groups, group_size, config,
+                        privacy_report)
+  with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, default=str)
+  return summary
+
+
+def dp_report(fl, steps, counts, hp):
+  """The DP accounting of a run of a DP algorithm (``privacy.report``; no noise at an
+  infinite --dp_epsilon)."""
+  if not math.isfinite(fl.dp_epsilon):
+    return {"epsilon_spent_max": math.inf, "seed_per_step_epsilon": math.inf}
+  return privacy.report(steps, counts, lr=fl.lr, clip=fl.dp_clip, epsilon=fl.dp_epsilon,
+                        delta=fl.dp_delta, batch_size=fl.batch_size,
+                        clip_mode=fl.dp_clip_mode,
+                        noise_multiplier=hp["dp_noise_multiplier"])
+
+
+def run_summary(fl, run_name, algo_name, fed, model_name, num_params, hp, rows, wall,
+                schedule, groups, group_size, config, privacy_report):
+  """summary.json of one run (``privacy_report``: its DP accounting, or None)."""
   accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
   summary = {
       "run": run_name, "algorithm": algo_name, "dataset": getattr(fed, "name", fl.dataset),
-      "model": model_name, "num_params": int(np.size(w0)),
+      "model": model_name, "num_params": num_params,
       "local_work": {"local_epochs": fl.local_epochs, "local_steps": fl.local_steps,
                      "batch_size": fl.batch_size},
       "final_accuracy": accs[-1] if accs else float("nan"),
@@ -401,14 +422,8 @@ def run_one(fl, run_name, algo_name, hp, clock, scales, fed, model, out_dir):
       "config": config,
   }
   summary.update(schedule.summary())
-  if algorithm.dp:
-    summary["privacy"] = (privacy.report(
-        steps, counts, lr=fl.lr, clip=fl.dp_clip, epsilon=fl.dp_epsilon, delta=fl.dp_delta,
-        batch_size=fl.batch_size, clip_mode=fl.dp_clip_mode,
-        noise_multiplier=hp["dp_noise_multiplier"]) if dp_on else {"epsilon_spent_max": math.inf,
-                                                                  "seed_per_step_epsilon": math.inf})
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2, default=str)
+  if privacy_report is not None:
+    summary["privacy"] = privacy_report
   return summary
 
 
@@ -421,7 +436,7 @@ def finished_run(fl, run_name: str, out_dir: str):
   except (OSError, ValueError):
     return None
   saved = summary.get("config")
-  if not isinstance(saved, dict) or experiment.config_mismatch(
+  if not isinstance(saved, dict) or config_lib.config_mismatch(
       saved, checkpoint_lib.to_json_ready(run_config(fl, run_name))):
     return None
   return summary
@@ -429,7 +444,7 @@ def finished_run(fl, run_name: str, out_dir: str):
 
 def main(argv):
   """Ctrl-C / SIGTERM: one line naming --resume, exit status 130 / 143."""
-  experiment.exit_on_interrupt(
+  interrupts.exit_on_interrupt(
       lambda: _main(argv), f"the runs under {FLAGS.output_dir} are checkpointed every "
       f"--checkpoint_every={FLAGS.checkpoint_every} call(s) of --groups_per_call groups: "
       "rerun the same command with --resume to continue them")
@@ -451,7 +466,7 @@ def run_list(names):
 
 def _main(argv):
   del argv  # stray words: refused by cli.parse_flags
-  experiment.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
+  cli.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     names, scales, clock = validate(FLAGS)
@@ -463,11 +478,11 @@ def _main(argv):
     # before any work: a folder holding a run is refused, or cleared with --overwrite
     run_outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
         os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
-    outputs = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
+    owned = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
         os.path.join(f"seed{sd}", n) for sd in seeds for n in run_outputs)
-    experiment.prepare_output_dir(FLAGS.output_dir, FLAGS.resume, FLAGS.overwrite, outputs)
+    outputs.prepare_output_dir(FLAGS.output_dir, FLAGS.resume, FLAGS.overwrite, owned)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   by_seed = {}
   for seed in seeds:
     FLAGS.seed = seed
@@ -487,7 +502,7 @@ def run_seed(names, runs, devices, scales, clock, out_dir):
   try:
     fed, model_name, w0, apply_flat, params, order = load(FLAGS, "privaasyncfed" in names)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   model = (model_name, w0, apply_flat, params, order)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
         f"{model_name} with {np.size(w0)} parameters; devices {jax.devices()}", flush=True)
@@ -507,9 +522,9 @@ def run_seed(names, runs, devices, scales, clock, out_dir):
       print(f"[{run_name}] diverged: {e}", flush=True)
       continue
     except ValueError as e:  # --resume over a run made with other flags, or unreadable
-      sys.exit(f"error: {e}")
+      sys.exit(f"error: {cli.as_flags(str(e))}")
     summaries.append(s)
-    curves[run_name] = experiment.read_metrics(out)
+    curves[run_name] = outputs.read_metrics(out)
     eps = s.get("privacy", {}).get("epsilon_spent_max")
     print(f"[{run_name}] final accuracy {s['final_accuracy']:.4f}, "
           f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
@@ -517,7 +532,7 @@ def run_seed(names, runs, devices, scales, clock, out_dir):
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""), flush=True)
   if curves:  # accuracy and loss against the virtual clock, one line per run
     figure = os.path.join(out_dir, "curves.png")
-    experiment.plot_curves(
+    outputs.plot_curves(
         curves, figure, x_key="virtual_time", loss_window=10,
         title=f"{getattr(fed, 'name', FLAGS.dataset)}, {model_name}; virtual clock, "
               f"concurrency {FLAGS.concurrency}; {', '.join(curves)}")

@@ -42,15 +42,16 @@ from absl import flags
 import jax
 import numpy as np
 
+from fedjax_async import interrupts
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import data as data_lib
-from fedjax_async import engine
+from fedjax_async.rounds import engine
 from fedjax_async import cli
-from fedjax_async import experiment
+from fedjax_async.rounds import experiment
 from fedjax_async import fededs
 from fedjax_async import loop
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 
 flags.DEFINE_string("output_dir", "out/fededs", "Where tables, metrics and figures go.")
 flags.DEFINE_boolean("quick", False, "Few rounds on a data subset (minutes on 2 CPU cores): "
@@ -546,15 +547,15 @@ def write_tables(results, out_dir, echo=True):
 def main(argv):
   """Errors: one ``error: --flag ...`` line; Ctrl-C / SIGTERM: one line, status 130 / 143."""
   del argv  # stray words: refused by cli.parse_flags
-  experiment.quiet_library_logs(FLAGS)
+  cli.quiet_library_logs(FLAGS)
   apply_quick_presets()
   try:
     setting = validate()
   except app.UsageError as e:  # absl would print the whole help text above it
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   every = (f"checkpointed every --checkpoint_every={FLAGS.checkpoint_every} rounds"
            if FLAGS.checkpoint_every else "not checkpointed (--checkpoint_every=0)")
-  experiment.exit_on_interrupt(
+  interrupts.exit_on_interrupt(
       lambda: _main(*setting), f"the FedEDS runs under {FLAGS.output_dir}/runs are {every}: "
       "rerun the same command with --resume to continue them (finished runs and Alg. 1's "
       "encrypted sets are read back)")
@@ -597,7 +598,7 @@ def _main(alphas, ks, bases, variants):
   try:
     pool = load_pool()
   except (OSError, ValueError) as e:  # the messages name the file (and --data_dir)
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   # the record of the command (grid included); --resume compares its run_flags()
   _atomic_json(os.path.join(FLAGS.output_dir, "flags.json"),
                {**run_flags(), **{n: FLAGS[n].value for n in RESUME_FREE_FLAGS
@@ -616,7 +617,7 @@ def _main(alphas, ks, bases, variants):
         run_setting(alpha, k, bases, variants, pool, FLAGS.output_dir,
                     FLAGS.privacy and first, done)
       except ResumeError as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {cli.as_flags(str(e))}")
       first = False
   write_tables([r for r, _ in finished], FLAGS.output_dir)
   write_shared(FLAGS.output_dir)

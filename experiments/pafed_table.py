@@ -9,7 +9,7 @@ r"""Reproduces the PAFed paper's Table V and Figs. 5-8 (Fashion-MNIST) with vmap
   python experiments/pafed_table.py --config=reduced --output_dir=... --read_only
 
 For each partition (iid, shards) and algorithm, all deltas x seeds run as ONE vmapped
-computation (``fedjax_async.sweep``). Runs whose directories are complete and were made with
+computation (``fedjax_async.sweeps.sweep``). Runs whose directories are complete and were made with
 the same flags are read back instead of re-run, so an interrupted driver continues where it
 was; runs stored with other flags are re-run (the driver names the flags that differ), and
 ``--read_only`` refuses them.
@@ -32,13 +32,14 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from fedjax_async import interrupts
+from fedjax_async import config as config_lib
 from fedjax_async import cli
-from fedjax_async import experiment
 from fedjax_async import sharding
-from fedjax_async import sweep
-from fedjax_async import sweep_store
+from fedjax_async.sweeps import sweep
+from fedjax_async.sweeps import store as sweep_store
 
-experiment.define_flags()
+cli.define_run_flags()
 flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "
                     "< 30 min): presets for every flag not given explicitly.")
 flags.DEFINE_integer("num_seeds", 5, "Seeds per setting (mean reported).")
@@ -143,7 +144,7 @@ def read_runs(dirs, cfgs=None, alg=None):
   return out
 
 
-def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds: int,
+def run_grid(base: config_lib.RunConfig, partitions, deltas_of, algs, num_seeds: int,
              out_dir: str, read_only: bool, mesh=None) -> dict:
   """{(partition, alg): [(summary, rows), ...]}: runs what is missing or was stored with
   other flags (unless read_only: then a run stored with other flags is a SetupError, and a
@@ -152,7 +153,7 @@ def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds:
   ``mesh``: the ``('runs',)`` mesh the runs are split over (``sweep.run_mesh``)."""
   results = {}
   for part in partitions:
-    cfg = dataclasses.replace(base, partition=part)
+    cfg = base.replace(partition=part)
     fed_data = None
     for alg in algs:
       cfgs = sweep.grid(cfg, {"delay_fraction": deltas_of[part]}, num_seeds)
@@ -173,7 +174,7 @@ def run_grid(base: experiment.RunConfig, partitions, deltas_of, algs, num_seeds:
         results[(part, alg)] = [s[:2] for s in summaries]
         continue
       if fed_data is None:
-        print(f"loading {cfg.dataset} ({part}) ...", flush=True)
+        print(f"loading {cfg.data.dataset} ({part}) ...", flush=True)
         fed_data, _ = sweep.load_checked(cfg)
         fed_data = subset_test(fed_data, FLAGS.test_subset)
       t0 = time.perf_counter()
@@ -291,22 +292,23 @@ def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str):
   return paths
 
 
-def header_for(base: experiment.RunConfig, config: str, num_seeds: int) -> str:
+def header_for(base: config_lib.RunConfig, config: str, num_seeds: int) -> str:
   test = f"first {FLAGS.test_subset} test examples" if FLAGS.test_subset else "full test set"
-  return (f"**{config} configuration** — {base.dataset}, model {base.model}, "
-          f"N={base.num_clients}, σ={base.participation}, E={base.local_epochs}, "
-          f"B={base.batch_size}, lr={base.lr}, momentum={base.momentum}, ρ={base.rho}, "
-          f"α={base.alpha0}/{base.alpha1}/{base.alpha2}, ADMM upload (Eq. 16) "
-          f"{base.admm_upload}, T={base.rounds}, delays "
+  return (f"**{config} configuration** — {base.data.dataset}, model {base.model.name}, "
+          f"N={base.data.num_clients}, σ={base.run.participation}, E={base.local.local_epochs}, "
+          f"B={base.local.batch_size}, lr={base.local.lr}, momentum={base.local.momentum}, "
+          f"ρ={base.algorithm.rho}, α={base.algorithm.alpha0}/{base.algorithm.alpha1}/"
+          f"{base.algorithm.alpha2}, ADMM upload (Eq. 16) "
+          f"{base.algorithm.admm_upload}, T={base.run.rounds}, delays "
           f"{base.delay.distribution} 1..{base.delay.max_delay} rounds, evaluation every "
-          f"{base.eval_every} round(s) and in the last 10 on the {test}; metric: average "
+          f"{base.run.eval_every} round(s) and in the last 10 on the {test}; metric: average "
           f"best accuracy over the last 10 rounds, mean ± std over {num_seeds} seeds. "
           f"Paper: Table V (CNN, T=100, E=10, 5 seeds). Δ = ours − paper.")
 
 
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
-  experiment.quiet_library_logs(FLAGS)
+  cli.quiet_library_logs(FLAGS)
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     for name in ("coordinator_address", "num_processes", "process_id", "distributed"):
@@ -315,45 +317,45 @@ def main(argv):
                          "across processes as experiments/sweep.py (docs/distributed.md)")
     apply_preset(FLAGS.config)
     cli.check_sweep_flags(FLAGS)  # its runs are sweeps: no tb/
-    base = experiment.config_from_flags(FLAGS)
-    mesh = sweep.run_mesh(sharding.select_devices(base.devices))
+    base = cli.config_from_flags(FLAGS)
+    mesh = sweep.run_mesh(sharding.select_devices(base.run.devices))
     deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}
     for part in ("shards", "dirichlet"):
       deltas_of[part] = sweep.parse_values("deltas", FLAGS.deltas)
     partitions = [p for p in FLAGS.partitions.split(",") if p]
-    experiment.check(bool(partitions), "partitions",
+    cli.check_flag(bool(partitions), "partitions",
                      f"expected a comma list of {', '.join(sorted(deltas_of))}, got "
                      f"{FLAGS.partitions!r}")
     for p in partitions:
-      experiment.check(p in deltas_of, "partitions", f"unknown partition {p!r}")
+      cli.check_flag(p in deltas_of, "partitions", f"unknown partition {p!r}")
       sweep.check_values(base, "delay_fraction", deltas_of[p],
                          "iid_deltas" if p == "iid" else "deltas")
-    experiment.check(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
-    experiment.check(FLAGS.test_subset >= 0, "test_subset",
+    cli.check_flag(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
+    cli.check_flag(FLAGS.test_subset >= 0, "test_subset",
                      f"must be >= 0, got {FLAGS.test_subset}")
-    experiment.check(FLAGS.max_runs_per_computation >= 0, "max_runs_per_computation",
+    cli.check_flag(FLAGS.max_runs_per_computation >= 0, "max_runs_per_computation",
                      f"must be >= 0 (0 = all runs in one), got "
                      f"{FLAGS.max_runs_per_computation}")
   except ValueError as e:
-    sys.exit(f"error: {e}")
-  algs = base.algorithm.split(",")
-  out_dir = base.output_dir
+    sys.exit(f"error: {cli.as_flags(str(e))}")
+  algs = base.algorithm.name_list()
+  out_dir = base.output.output_dir
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
   try:
-    results = experiment.exit_on_interrupt(
+    results = interrupts.exit_on_interrupt(
         lambda: run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
                          FLAGS.read_only, mesh),
         f"the runs of every finished computation are stored under {out_dir}/<partition>/runs"
-        + (f" and the others checkpointed every --checkpoint_every={base.checkpoint_every} "
-           f"rounds under {out_dir}/<partition>/checkpoints" if base.checkpoint_every > 0
+        + (f" and the others checkpointed every --checkpoint_every={base.output.checkpoint_every} "
+           f"rounds under {out_dir}/<partition>/checkpoints" if base.output.checkpoint_every > 0
            else "") + ": rerun the same command to continue (finished runs are read back)")
   except sweep.SetupError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {cli.as_flags(str(e))}")
   if not results:
     sys.exit(f"error: --output_dir={out_dir}: no runs found (expected "
              f"<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/summary.json for "
-             f"--partitions={','.join(partitions)} and --algorithm={base.algorithm}); "
+             f"--partitions={','.join(partitions)} and --algorithm={base.algorithm.names}); "
              "run without --read_only to make them")
   wall = time.perf_counter() - t0
   rows = table_rows(results, partitions, algs)
@@ -365,7 +367,7 @@ def main(argv):
                      f"{FLAGS.config} config")
   with open(os.path.join(out_dir, "table.json"), "w") as f:
     json.dump({"config": FLAGS.config, "num_seeds": FLAGS.num_seeds,
-               "driver_wall_time_s": wall, "run_config": experiment.config_dict(base),
+               "driver_wall_time_s": wall, "run_config": config_lib.config_dict(base),
                "rows": rows, "figures": figs}, f, indent=2)
   print(md)
   print(f"driver wall time {wall:.1f}s; {len(figs)} figures under {out_dir}/figures")

@@ -35,7 +35,6 @@ from absl import flags
 
 from fedjax_async import algorithms
 from fedjax_async import cli
-from fedjax_async import experiment
 
 ASYNC = algorithms.names("virtual_clock")
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
@@ -78,7 +77,7 @@ def mode_of(argv) -> str:
 
 def main_rounds(argv):
   del argv  # stray words: refused by cli.parse_flags
-  experiment.main_from_flags(flags.FLAGS)
+  cli.main_from_flags(flags.FLAGS)
 
 
 def main_fededs(argv, driver):
@@ -156,7 +155,7 @@ def main():
     app.run(lambda argv: main_fededs(argv, fededs_table),
             flags_parser=cli.parse_flags)
   else:
-    experiment.define_flags()
+    cli.define_run_flags()
     app.run(main_rounds, flags_parser=cli.parse_flags)
 
 

@@ -30,16 +30,15 @@ from absl import app
 from absl import flags
 
 from fedjax_async import cli
-from fedjax_async import experiment
 
-experiment.define_flags()
+cli.define_run_flags()
 cli.define_sweep_flags()
 flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's runs/latest
 
 
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
-  experiment.quiet_library_logs(flags.FLAGS)
+  cli.quiet_library_logs(flags.FLAGS)
   cli.sweep_main_from_flags(flags.FLAGS)
 
 

@@ -4,10 +4,12 @@
   result = fa.simulate(algorithm="pafed,fedavg", rounds=20)   # docs/api.md
   print(result.table())
 
-Public names: ``simulate``, ``Result``, ``RunConfig``, ``DelayConfig``, ``algorithms``
+Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts (``AlgorithmConfig``,
+``DataConfig``, ``ModelConfig``, ``LocalTraining``, ``DelayConfig``, ``CryptoConfig``,
+``RunOptions``, ``OutputConfig``), ``algorithms``
 (the registry: ``algorithms.names()``), ``distributed`` (several processes:
-``distributed.initialize(...)`` before ``simulate``). Imported on first use, so ``import fedjax_async``
-does not load JAX.
+``distributed.initialize(...)`` before ``simulate``). Imported on first use, so
+``import fedjax_async`` does not load JAX.
 """
 
 import importlib
@@ -17,8 +19,15 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "simulate": ("fedjax_async.api", "simulate"),
     "Result": ("fedjax_async.api", "Result"),
-    "RunConfig": ("fedjax_async.experiment", "RunConfig"),
-    "DelayConfig": ("fedjax_async.timeline", "DelayConfig"),
+    "RunConfig": ("fedjax_async.config", "RunConfig"),
+    "AlgorithmConfig": ("fedjax_async.config", "AlgorithmConfig"),
+    "DataConfig": ("fedjax_async.config", "DataConfig"),
+    "ModelConfig": ("fedjax_async.config", "ModelConfig"),
+    "LocalTraining": ("fedjax_async.config", "LocalTraining"),
+    "DelayConfig": ("fedjax_async.rounds.timeline", "DelayConfig"),
+    "CryptoConfig": ("fedjax_async.config", "CryptoConfig"),
+    "RunOptions": ("fedjax_async.config", "RunOptions"),
+    "OutputConfig": ("fedjax_async.config", "OutputConfig"),
     "algorithms": ("fedjax_async.algorithms", None),
     "distributed": ("fedjax_async.distributed", None),
 }

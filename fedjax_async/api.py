@@ -22,18 +22,20 @@ from typing import Dict, Optional
 import jax
 import numpy as np
 
+from fedjax_async import outputs
+from fedjax_async import config as config_lib
 from fedjax_async import distributed
-from fedjax_async import experiment
+from fedjax_async.rounds import experiment
 from fedjax_async import interrupts
 from fedjax_async import sharding
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 
 
 @dataclasses.dataclass
 class Result:
   """The runs of one ``simulate`` call, by algorithm name (``experiment.Run``: summary,
   per-round rows, final state, model); ``figure`` the curves' PNG when written."""
-  config: experiment.RunConfig
+  config: config_lib.RunConfig
   runs: Dict[str, experiment.Run]
   figure: Optional[str] = None
 
@@ -42,32 +44,32 @@ class Result:
 
   def table(self) -> str:
     """The comparison table (markdown): average best and final accuracy, wall time."""
-    return experiment.comparison_table(self.summaries())
+    return outputs.comparison_table(self.summaries())
 
 
-def output_dirs(cfg: experiment.RunConfig) -> Dict[str, str]:
+def output_dirs(cfg: config_lib.RunConfig) -> Dict[str, str]:
   """Each algorithm's directory: ``output_dir`` itself for one, a subfolder each for
   several; none without ``output_dir``."""
-  if cfg.output_dir is None:
+  if cfg.output.output_dir is None:
     return {}
-  names = cfg.algorithm.split(",")
-  return {n: os.path.join(cfg.output_dir, n) if len(names) > 1 else cfg.output_dir
+  names = cfg.algorithm.name_list()
+  return {n: os.path.join(cfg.output.output_dir, n) if len(names) > 1 else cfg.output.output_dir
           for n in names}
 
 
-def prepare(cfg: experiment.RunConfig):
+def prepare(cfg: config_lib.RunConfig):
   """Before any work: a directory holding a previous run is refused or cleared
   (ValueError / OSError naming it)."""
-  if cfg.output_dir is None:
+  if cfg.output.output_dir is None:
     return
-  if "," in cfg.algorithm:
-    experiment.prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite,
-                                  experiment.COMPARISON_OUTPUTS)
+  if "," in cfg.algorithm.names:
+    outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
+                                  outputs.COMPARISON_OUTPUTS)
   for d in output_dirs(cfg).values():
-    experiment.prepare_output_dir(d, cfg.resume, cfg.overwrite)
+    outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
 
 
-def simulate(config: Optional[experiment.RunConfig] = None, **fields) -> Result:
+def simulate(config: Optional[config_lib.RunConfig] = None, **fields) -> Result:
   """Runs ``config.algorithm`` (a comma-separated list) on the round engine.
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
@@ -76,46 +78,46 @@ def simulate(config: Optional[experiment.RunConfig] = None, **fields) -> Result:
   field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint).
   """
-  cfg = dataclasses.replace(config or experiment.RunConfig(), **fields)
-  experiment.validate(cfg)
-  if cfg.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:
-    raise ValueError("--secure_aggregation=ckks: the encrypted server (OpenFHE, on the "
+  cfg = (config or config_lib.RunConfig()).replace(**fields)
+  config_lib.validate(cfg)
+  if cfg.crypto.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:
+    raise ValueError("crypto.secure_aggregation=ckks: the encrypted server (OpenFHE, on the "
                      "host) runs in one process; run it without --coordinator_address / "
                      "--distributed")
-  devices = sharding.select_devices(cfg.devices)
+  devices = sharding.select_devices(cfg.run.devices)
   prepare(cfg)
-  names = cfg.algorithm.split(",")
-  print(f"loading {cfg.dataset} ...", flush=True)
+  names = cfg.algorithm.name_list()
+  print(f"loading {cfg.data.dataset} ...", flush=True)
   fed_data = experiment.load_data(cfg)
   model = experiment.build_model(cfg, fed_data)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)
   if len(devices) > 1:
-    print(f"each round's clients split over {len(devices)} devices (--devices)", flush=True)
-  tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
-                          cfg.seed)
+    print(f"each round's clients split over {len(devices)} devices (run.devices)", flush=True)
+  tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
+                          cfg.run.seed)
   for warning in filter(None, [timeline_lib.dropped_warning(cfg.delay, tl),
                                timeline_lib.delayed_only_warning(tl)
                                if "pafed" in names else None]):
     print(warning, file=sys.stderr, flush=True)
   dirs = output_dirs(cfg)
   runs: Dict[str, experiment.Run] = {}
-  overall = experiment.Overall(len(names), cfg.rounds)
+  overall = experiment.Overall(len(names), cfg.run.rounds)
   for i, name in enumerate(names):
     runs[name] = experiment.run(cfg, name, fed_data, model, dirs.get(name),
                                 position=(i + 1, len(names)), overall=overall)
     interrupts.check_interrupted()
     s = runs[name].summary
     where = f" -> {dirs[name]}" if name in dirs else ""
-    print(f"[{experiment.algorithm_label(s)}] average best accuracy "
+    print(f"[{outputs.algorithm_label(s)}] average best accuracy "
           f"{s['average_best_accuracy']:.4f}, final {s['final_accuracy']:.4f}, "
           f"{s['wall_time_s']:.1f}s{where}", flush=True)
   result = Result(cfg, runs)
-  if cfg.output_dir is not None:
-    result.figure = os.path.join(cfg.output_dir, "curves.png")
-    experiment.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,
-                           title=experiment.figure_title(cfg, fed_data.name, model[0], names))
+  if cfg.output.output_dir is not None:
+    result.figure = os.path.join(cfg.output.output_dir, "curves.png")
+    outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,
+                           title=outputs.figure_title(cfg, fed_data.name, model[0], names))
     if len(names) > 1:
-      experiment.write_comparison(result.summaries(), cfg.output_dir)
+      outputs.write_comparison(result.summaries(), cfg.output.output_dir)
   return result

@@ -153,7 +153,7 @@ class Checkpointer:
             else "no earlier checkpoint exists")
     return CheckpointError(f"cannot write the checkpoint of round {step} under "
                            f"{self.directory}: {cause}; {keep} (free space or give another "
-                           "--output_dir, then rerun with --resume)")
+                           "output.output_dir, then rerun with output.resume)")
 
   def latest_round(self) -> Optional[int]:
     return self.manager.latest_step()

@@ -51,7 +51,7 @@ class LocalConfig:
 
   def __post_init__(self):
     if self.local_steps < 0:
-      raise ValueError(f"--local_steps: must be >= 0, got {self.local_steps}")
+      raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
 
   @property
   def steps_per_epoch(self) -> int:

@@ -1,23 +1,58 @@
-"""A run's configuration: ``RunConfig`` (one frozen dataclass, whose defaults the run
-flags are made from: ``cli.define_run_flags``), its validation (a ValueError naming the
-field as its flag, ``--name``) and what ``--resume`` compares a stored run on.
+"""A run's configuration: ``RunConfig``, one frozen dataclass a part of the run (data,
+model, local training, delays, algorithm, encryption, run, outputs), its validation and
+what ``--resume`` compares a stored run on.
+
+  cfg = RunConfig(data=DataConfig(dataset="fashion_mnist"), local=LocalTraining(lr=0.05))
+  cfg = RunConfig().replace(dataset="fashion_mnist", lr=0.05)   # the same, by flat key
+  cfg.local.lr                                                    # 0.05
+
+Every field has a flat key, its flag's name (``lr``, ``delay_fraction``): ``replace``,
+``simulate(**fields)``, the stored configuration (``config_dict``) and the CLI use it.
+The run flags are made from these fields, their defaults and their help
+(``flag_specs``, ``cli.define_run_flags``). A wrong value raises ``ConfigError`` naming
+the field by its path (``local.lr: must be > 0, got -1``); the CLI names its flag instead (``--lr: ...``).
+The round engine has no differential privacy (the virtual clock's DP-FedAsync and
+PrivaAsyncFed do, with their own flags: docs/async.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+import difflib
+import re
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from fedjax_async import algorithms
-from fedjax_async import timeline as timeline_lib
 from fedjax_async.algorithms import fedadmm
-
+from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
 
 
+def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=None,
+           choices: Optional[Tuple[str, ...]] = None):
+  """A config field with what its flag needs: the help text, the flag's name when it is not
+  the field's, a CLI default when it differs (``output_dir``), an enum's choices."""
+  meta = {"help": help_text}
+  if flag is not None:
+    meta["flag"] = flag
+  if cli_default is not None:
+    meta["cli_default"] = cli_default
+  if choices is not None:
+    meta["choices"] = choices
+  return dataclasses.field(default=default, metadata=meta)
+
+
+class ConfigError(ValueError):
+  """A wrong value: ``path`` (e.g. ``local.lr``) and what is wrong with it."""
+
+  def __init__(self, path: str, message: str):
+    super().__init__(f"{path}: {message}")
+    self.path, self.message = path, message
+
+
 def dataset_defaults(dataset: str) -> Dict[str, float]:
-  """Defaults that depend on the data set (``RunConfig`` fields left ``None``).
+  """Defaults that depend on the data set (``AlgorithmConfig`` fields left ``None``).
 
   PAFed's Eq. 17 adds alpha times unit vectors, a step of fixed length whatever the
   model's size: the paper's alpha = 0.8 suits its 1.66M-parameter CNN, but on the
@@ -28,172 +63,388 @@ def dataset_defaults(dataset: str) -> Dict[str, float]:
   return {"alpha0": alpha, "alpha1": alpha, "alpha2": alpha}
 
 
+_BY_DATASET = "default: 0.4 on the synthetic data sets, 0.8 (the paper's) on the others"
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+  """Which algorithms run, and their hyperparameters (``hparams``: traced scalars)."""
+  names: str = option(MAIN_JOB_ALGORITHMS, "Algorithm or comma-separated list; choices: "
+                      + ", ".join(algorithms.names("rounds")) + ".", flag="algorithm")
+  rho: float = option(0.01, "ADMM penalty rho (FedADMM, PAFed).")
+  admm_upload: str = option(
+      "received", "FedADMM / PAFed upload (Eq. 16): received = (w_end - model received) + "
+      "dy/rho, as Gong et al.'s code; last_local = (w_end - client's last local model) + "
+      "dy/rho, the equation as printed (the global model's scale can diverge: "
+      "docs/design.md).")
+  mu: float = option(0.01, "FedProx proximal coefficient mu.")
+  alpha0: Optional[float] = option(None, f"PAFed Eq. 17 weight of the online mean; "
+                                   f"{_BY_DATASET}.")
+  alpha1: Optional[float] = option(None, f"PAFed Eq. 17 weight of the non-conflicting "
+                                   f"delayed mean; {_BY_DATASET}.")
+  alpha2: Optional[float] = option(None, f"PAFed Eq. 17 weight of the projected conflicting "
+                                   f"mean; {_BY_DATASET}.")
+  server_lr: float = option(1.0, "Server learning rate eta (FedAvg, FedProx, FedNova, "
+                            "FedADMM).")
+  server_lr2: float = option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
+  server_lr_switch_round: int = option(-1, "Round where eta_2 starts (-1: never).")
+
+  def name_list(self) -> List[str]:
+    return self.names.split(",")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  dataset: str = option("synthetic", "synthetic | synthetic_iid | fashion_mnist | mnist | "
+                        "cifar10 | cifar100 | any tensorflow-datasets name.")
+  num_clients: int = option(30, "N, number of clients.")
+  partition: str = option("shards", "iid | shards | dirichlet (image data sets).")
+  dirichlet_alpha: float = option(0.5, "Dirichlet concentration.")
+  shards_per_client: int = option(2, "Label shards per client.")
+  data_dir: Optional[str] = option(None, "IDX directory or tensorflow-datasets data_dir.")
+  data_source: str = option("auto", "auto | idx | tfds.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  name: str = option("auto", "logreg | mlp | cnn | cifar10_cnn | cifar100_cnn | simple_cnn | "
+                     "auto (by data set).", flag="model")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+  """A client's local training (both engines: ``client.LocalConfig`` is its static part)."""
+  local_epochs: int = option(2, "E, local epochs.")
+  random_local_epochs: bool = option(False, "E_i ~ U{1..E} per client and round.")
+  local_steps: int = option(0, "> 0: at most this many minibatch steps per client and "
+                            "round, within the E epochs' shuffles; 0: E epochs.")
+  batch_size: int = option(50, "B, local minibatch size.")
+  lr: float = option(0.1, "Local learning rate.")
+  momentum: float = option(0.5, "Local SGD momentum.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CryptoConfig:
+  """PAFed's server under CKKS (docs/crypto.md)."""
+  secure_aggregation: str = option("none", "none | ckks (PAFed's server under OpenFHE CKKS).")
+  ckks_preset: str = option("secure", "secure (128-bit, HEStd_128_classic) | insecure_test "
+                            "(ring 2^11, NOT secure: tests and quick looks only).")
+  ckks_min_depth: int = option(10, "d, iterations of Cheon et al.'s Min polynomial; the "
+                               "context depth is 2d + 8.")
+  ckks_min_scale: float = option(1.0, "c in (0, 4]: the Min's input y = cos / 4 times c, so "
+                                 "Wilkes' iteration sees (c y)^2 in [0, 1]; 4 cuts the class "
+                                 "weights' error 4x at no depth (1 = Alg. 1 as printed).")
+  ckks_design: str = option("one_context", "one_context (Alg. 4 as printed, every product at "
+                            "the Min's depth) | streamed (model-size vectors at depth 2, the "
+                            "scalars moved to a deep context by S1; fits the CNN, "
+                            "docs/crypto.md).")
+  allow_insecure_ckks: bool = option(False, "Run --ckks_preset=insecure_test, which is NOT "
+                                     "secure (the run warns and its summary and tables are "
+                                     "marked INSECURE).")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """How many rounds, who takes part, and how the rounds execute."""
+  rounds: int = option(100, "T, communication rounds.")
+  participation: float = option(0.33, "sigma, fraction sampled per round.")
+  seed: int = option(0, "Seed of data, timeline, initialisation and clients.")
+  eval_every: int = option(1, "Evaluate every k rounds (and the last 10).")
+  rounds_per_call: int = option(10, "Rounds fused into one jitted scan between host visits.")
+  client_chunk: int = option(-1, "Train a round's clients as a lax.scan over chunks of this "
+                             "many vmapped clients (0: one vmap over all; -1: auto, 1 for "
+                             "models of >= 100k parameters on CPU, else 0).")
+  devices: int = option(0, "D: split each round's clients over the first D devices JAX sees "
+                        "(0: all of them; 1: no sharding); sweeps split their runs over "
+                        "them instead.")
+  client_data: str = option("auto", "Clients' data and per-client state on the devices: "
+                            "replicated on each, or sharded (each device, and each process, "
+                            "holds only its own clients); auto: sharded across processes, "
+                            "replicated within one.",
+                            choices=("auto", "replicated", "sharded"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+  """What a run writes (nothing without ``output_dir``), its checkpoints and console."""
+  output_dir: Optional[str] = option(None, "Where metrics and summaries go.",
+                                     cli_default="runs/latest")
+  checkpoint_every: int = option(10, "Checkpoint the simulation every k rounds (at the first "
+                                 "chunk boundary at or past each multiple of k, and at the "
+                                 "end) under <output_dir>/checkpoints; 0 = off.")
+  keep_checkpoints: int = option(2, "Checkpoints kept (max_to_keep).")
+  resume: bool = option(False, "Continue from the latest checkpoint in the output directory "
+                        "(fresh start when there is none).")
+  overwrite: bool = option(False, "Delete the previous run's outputs in the output directory "
+                           "(metrics.jsonl, summary.json, checkpoints, tb, comparison and "
+                           "curves) and start over; without it (or --resume) a run refuses "
+                           "a directory that holds one.")
+  tensorboard: bool = option(True, "Write TensorBoard scalars under <output_dir>/tb.")
+  log_every: int = option(0, "A console line every k rounds, and one at least every ~10 s "
+                          "(0: about ten lines per run; metrics.jsonl has every round).")
+  quiet: bool = option(False, "No per-round lines: each run's result and the comparison "
+                       "table only.")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  algorithm: str = MAIN_JOB_ALGORITHMS
-  dataset: str = "synthetic"
-  model: str = "auto"
-  num_clients: int = 30
-  partition: str = "shards"
-  dirichlet_alpha: float = 0.5
-  shards_per_client: int = 2
-  data_dir: Optional[str] = None
-  data_source: str = "auto"
-  participation: float = 0.33
-  delay: timeline_lib.DelayConfig = timeline_lib.DelayConfig(0.3, "uniform", 3)
-  rounds: int = 100
-  local_epochs: int = 2
-  random_local_epochs: bool = False
-  local_steps: int = 0  # > 0: at most this many minibatch steps per round (within E epochs)
-  batch_size: int = 50
-  lr: float = 0.1
-  momentum: float = 0.5
-  rho: float = 0.01
-  admm_upload: str = "received"  # Eq. 16's w_i^{tau_r}: received model | last_local
-  mu: float = 0.01
-  alpha0: Optional[float] = None  # None: by data set (dataset_defaults)
-  alpha1: Optional[float] = None
-  alpha2: Optional[float] = None
-  server_lr: float = 1.0
-  server_lr2: float = -1.0
-  server_lr_switch_round: int = -1
-  seed: int = 0
-  eval_every: int = 1
-  rounds_per_call: int = 10
-  client_chunk: int = -1  # G: a round's clients in lax.scan chunks of G; 0 one vmap; -1 auto
-  devices: int = 0  # D: a round's clients split over the first D devices; 0 = all of them
-  client_data: str = "auto"  # clients' data and state per device: sharding.data_placement
-  output_dir: Optional[str] = None  # None: nothing written (the CLI's default: runs/latest)
-  secure_aggregation: str = "none"
-  ckks_preset: str = "secure"  # or "insecure_test" (small ring, tests only)
-  ckks_min_depth: int = 10  # d, iterations of Cheon et al.'s Min (Alg. 1)
-  ckks_min_scale: float = 1.0  # c, the Min's input scale (cheon.cheon_min; 1 = Alg. 1)
-  # one_context: secure_ducc (Alg. 4 as printed, every product at the Min's depth);
-  # streamed: streamed_ducc (vectors at depth 2, scalars refreshed by S1; CNN size)
-  ckks_design: str = "one_context"
-  allow_insecure_ckks: bool = False  # run --ckks_preset=insecure_test (not secure)
-  checkpoint_every: int = 10  # rounds between checkpoints (at chunk boundaries); 0 = off
-  keep_checkpoints: int = 2
-  resume: bool = False
-  overwrite: bool = False  # delete the output directory's previous run first
-  tensorboard: bool = True
-  log_every: int = 0  # a console line every k rounds; 0 = about ten lines per run
-  quiet: bool = False  # no per-round lines, only each run's result and the table
+  """One invocation of the round engine: its parts, each a frozen dataclass. The defaults
+  are the README's main job and the CLI's (PAFed, FedADMM, FedAvg and FedProx on
+  Synthetic(1,1), 30% of the sampled clients delayed 1-3 rounds)."""
+  algorithm: AlgorithmConfig = AlgorithmConfig()
+  data: DataConfig = DataConfig()
+  model: ModelConfig = ModelConfig()
+  local: LocalTraining = LocalTraining()
+  delay: DelayConfig = DelayConfig(0.3, "uniform", 3)
+  crypto: CryptoConfig = CryptoConfig()
+  run: RunOptions = RunOptions()
+  output: OutputConfig = OutputConfig()
 
   def __post_init__(self):
-    for k, v in dataset_defaults(self.dataset).items():
-      if getattr(self, k) is None:
-        object.__setattr__(self, k, v)
+    missing = {k: v for k, v in dataset_defaults(self.data.dataset).items()
+               if getattr(self.algorithm, k) is None}
+    if missing:
+      object.__setattr__(self, "algorithm", dataclasses.replace(self.algorithm, **missing))
+
+  def replace(self, **flat) -> "RunConfig":
+    """A copy with fields replaced by their flat keys (``lr=0.05``, ``delay_fraction=0.5``,
+    ``algorithm="fedavg"``), or whole parts by their names (``local=LocalTraining(...)``,
+    ``delay=DelayConfig(...)``). An unknown key raises ``ConfigError`` naming it. PAFed's
+    alphas left at their data set's default (``dataset_defaults``) follow a new
+    ``dataset``."""
+    parts: Dict[str, dict] = {}
+    whole = {}
+    for key, value in flat.items():
+      if key in _PARTS and not isinstance(value, str):  # a whole part ("algorithm" is
+        whole[key] = value  # also the key of algorithm.names, a string)
+        continue
+      if key not in _KEYS:
+        close = difflib.get_close_matches(key, list(_KEYS), n=3, cutoff=0.6)
+        raise ConfigError(key, "not a RunConfig field" + (
+            f"; did you mean {' or '.join(close)}?" if close else ""))
+      part, name = _KEYS[key]
+      parts.setdefault(part, {})[name] = value
+    new = dict(whole)
+    for part, values in parts.items():
+      new[part] = dataclasses.replace(new.get(part, getattr(self, part)), **values)
+    if "data" in parts and "dataset" in parts["data"]:  # the alphas follow a new data set
+      alg = new.get("algorithm", self.algorithm)
+      stale = {k: None for k, v in dataset_defaults(self.data.dataset).items()
+               if getattr(alg, k) == v and k not in parts.get("algorithm", {})}
+      new["algorithm"] = dataclasses.replace(alg, **stale)
+    return dataclasses.replace(self, **new)
+
+  def get(self, key: str):
+    """The value of the field whose flat key is ``key`` (``lr``, ``delay_fraction``)."""
+    if key not in _KEYS:
+      raise ConfigError(key, "not a RunConfig field")
+    part, name = _KEYS[key]
+    return getattr(getattr(self, part), name)
+
+  @classmethod
+  def from_flat(cls, flat: dict) -> "RunConfig":
+    """The configuration of flat keys (a stored ``config_dict``, the parsed flags)."""
+    flat = dict(flat)
+    delay = flat.pop("delay", None)
+    if isinstance(delay, dict):
+      flat["delay"] = DelayConfig(**delay)
+    elif delay is not None:
+      flat["delay"] = delay
+    return cls().replace(**flat)
 
   def hparams(self) -> Dict[str, float]:
     """The traced scalar hyperparameters (sweepable with vmap)."""
-    hp = {"lr": self.lr, "momentum": self.momentum, "rho": self.rho, "mu": self.mu,
-          "alpha0": self.alpha0, "alpha1": self.alpha1, "alpha2": self.alpha2,
-          "server_lr": self.server_lr,
-          "server_lr2": self.server_lr if self.server_lr2 < 0 else self.server_lr2,
-          "server_lr_switch_round": self.server_lr_switch_round}
-    return hp
+    a, loc = self.algorithm, self.local
+    return {"lr": loc.lr, "momentum": loc.momentum, "rho": a.rho, "mu": a.mu,
+            "alpha0": a.alpha0, "alpha1": a.alpha1, "alpha2": a.alpha2,
+            "server_lr": a.server_lr,
+            "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
+            "server_lr_switch_round": a.server_lr_switch_round}
 
 
-def check(condition: bool, flag: str, message: str):
+def _flat_keys() -> Dict[str, Tuple[str, str]]:
+  """flat key (the flag's name) -> (part, field)."""
+  keys = {}
+  for part in dataclasses.fields(RunConfig):
+    for f in dataclasses.fields(type(part.default)):
+      keys[f.metadata.get("flag", f.name)] = (part.name, f.name)
+  return keys
+
+
+_PARTS = tuple(f.name for f in dataclasses.fields(RunConfig))
+_KEYS = _flat_keys()
+# the path of each field (``local.lr``) -> its flat key / flag (``lr``)
+FLAGS_BY_PATH = {f"{part}.{name}": key for key, (part, name) in _KEYS.items()}
+
+
+def path(key: str) -> str:
+  """The path of the field whose flat key (flag name) is ``key``: ``lr`` -> ``local.lr``."""
+  part, name = _KEYS[key]
+  return f"{part}.{name}"
+
+
+class FlagSpec(NamedTuple):
+  """What the CLI needs to make one field's flag."""
+  path: str  # local.lr
+  kind: str  # str | int | float | bool
+  default: object  # RunConfig's default (``cli_default`` where the CLI's differs)
+  help: str
+  choices: Optional[Tuple[str, ...]]
+
+
+def flag_specs() -> Dict[str, FlagSpec]:
+  """flag name -> ``FlagSpec``, for every field, in the parts' order."""
+  out = {}
+  for part in dataclasses.fields(RunConfig):
+    for f in dataclasses.fields(type(part.default)):
+      meta = f.metadata
+      out[meta.get("flag", f.name)] = FlagSpec(
+          f"{part.name}.{f.name}", str(f.type).replace("Optional[", "").rstrip("]"),
+          meta.get("cli_default", getattr(part.default, f.name)), meta["help"],
+          meta.get("choices"))
+  return out
+
+
+_PATH_RE = re.compile(r"\b(" + "|".join(_PARTS) + r")\.([a-z_0-9]+)\b")
+
+
+def as_flags(message: str) -> str:
+  """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
+  ``--lr: must be > 0`` (the CLI's view of a library error)."""
+  def flag(m):
+    return "--" + FLAGS_BY_PATH[m.group(0)] if m.group(0) in FLAGS_BY_PATH else m.group(0)
+
+  return _PATH_RE.sub(flag, message)
+
+
+def check(condition: bool, field_path: str, message: str):
+  """Raises ``ConfigError(field_path, message)`` unless ``condition``."""
   if not condition:
-    raise ValueError(f"--{flag}: {message}")
+    raise ConfigError(field_path, message)
 
 
-def validate_local(c, check_fn=check):
+def validate_local(c, check_fn=check, prefix: str = "local."):
   """The local-training fields both engines' configurations share (``c`` has
-  ``local_epochs``, ``local_steps``, ``batch_size``, ``lr``, ``momentum``)."""
-  check_fn(c.local_epochs >= 1, "local_epochs", f"must be >= 1, got {c.local_epochs}")
-  check_fn(c.local_steps >= 0, "local_steps", f"must be >= 0 (0: E epochs), got "
+  ``local_epochs``, ``local_steps``, ``batch_size``, ``lr``, ``momentum``); the errors
+  name ``prefix + field``."""
+  p = prefix
+  check_fn(c.local_epochs >= 1, p + "local_epochs", f"must be >= 1, got {c.local_epochs}")
+  check_fn(c.local_steps >= 0, p + "local_steps", f"must be >= 0 (0: E epochs), got "
            f"{c.local_steps}")
-  check_fn(c.batch_size >= 1, "batch_size", f"must be >= 1, got {c.batch_size}")
-  check_fn(c.lr > 0, "lr", f"must be > 0, got {c.lr}")
-  check_fn(0.0 <= c.momentum < 1.0, "momentum", f"must be in [0, 1), got {c.momentum}")
+  check_fn(c.batch_size >= 1, p + "batch_size", f"must be >= 1, got {c.batch_size}")
+  check_fn(c.lr > 0, p + "lr", f"must be > 0, got {c.lr}")
+  check_fn(0.0 <= c.momentum < 1.0, p + "momentum", f"must be in [0, 1), got {c.momentum}")
 
 
 def validate(cfg: RunConfig):
-  """Raises ValueError naming the offending flag."""
-  names = cfg.algorithm.split(",")
+  """Raises ``ConfigError`` naming the field at fault by its path."""
+  _validate_algorithm(cfg)
+  _validate_data_and_run(cfg)
+  validate_local(cfg.local)
+  _validate_crypto(cfg.crypto, cfg.algorithm)
+  _validate_output(cfg.output)
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  check(cfg.model.name == "auto" or cfg.model.name in models.MODEL_NAMES, "model.name",
+        f"unknown model {cfg.model.name!r}; choices: auto, {', '.join(models.MODEL_NAMES)}")
+
+
+def _validate_algorithm(cfg: RunConfig):
+  a = cfg.algorithm
+  names = a.name_list()
   for name in names:
-    check(name in algorithms.names("rounds"), "algorithm",
+    check(name in algorithms.names("rounds"), "algorithm.names",
           f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names('rounds'))}")
-  check(len(set(names)) == len(names), "algorithm",  # one output directory per name
+  check(len(set(names)) == len(names), "algorithm.names",  # one output directory per name
         f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
-        f"once, got {cfg.algorithm!r}")
-  check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
-  check(cfg.shards_per_client >= 1, "shards_per_client",
-        f"must be >= 1, got {cfg.shards_per_client}")
-  check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
-  check(0.0 < cfg.participation <= 1.0, "participation",
-        f"must be in (0, 1], got {cfg.participation}")
-  check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
-  validate_local(cfg)
-  check(cfg.rho > 0, "rho", f"must be > 0, got {cfg.rho}")
-  check(cfg.admm_upload in fedadmm.UPLOADS, "admm_upload",
-        f"must be one of {', '.join(fedadmm.UPLOADS)}, got {cfg.admm_upload!r}")
-  check(cfg.mu >= 0, "mu", f"must be >= 0, got {cfg.mu}")
+        f"once, got {a.names!r}")
+  check(a.rho > 0, "algorithm.rho", f"must be > 0, got {a.rho}")
+  check(a.admm_upload in fedadmm.UPLOADS, "algorithm.admm_upload",
+        f"must be one of {', '.join(fedadmm.UPLOADS)}, got {a.admm_upload!r}")
+  check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
   for k in ("alpha0", "alpha1", "alpha2"):  # PAFed's non-negative weights (Eq. 17)
-    check(getattr(cfg, k) >= 0, k, f"must be >= 0 (a weight of PAFed's Eq. 17), got "
-          f"{getattr(cfg, k)}")
-  check(cfg.server_lr > 0, "server_lr", f"must be > 0, got {cfg.server_lr}")
-  check(cfg.server_lr_switch_round == -1 or 0 <= cfg.server_lr_switch_round < cfg.rounds,
-        "server_lr_switch_round", f"must be -1 (never) or a round in 0..{cfg.rounds - 1} "
-        f"(--rounds={cfg.rounds}), got {cfg.server_lr_switch_round}")
-  check(cfg.dirichlet_alpha > 0, "dirichlet_alpha", f"must be > 0, got {cfg.dirichlet_alpha}")
-  check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
-  check(cfg.log_every >= 0, "log_every", f"must be >= 0 (0: about ten lines per run), "
-        f"got {cfg.log_every}")
-  check(cfg.rounds_per_call >= 1, "rounds_per_call",
-        f"must be >= 1, got {cfg.rounds_per_call}")
-  check(cfg.client_chunk >= -1, "client_chunk",
+    check(getattr(a, k) >= 0, f"algorithm.{k}", f"must be >= 0 (a weight of PAFed's "
+          f"Eq. 17), got {getattr(a, k)}")
+  check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
+  rounds = cfg.run.rounds
+  check(a.server_lr_switch_round == -1 or 0 <= a.server_lr_switch_round < rounds,
+        "algorithm.server_lr_switch_round", f"must be -1 (never) or a round in "
+        f"0..{rounds - 1} (run.rounds={rounds}), got {a.server_lr_switch_round}")
+
+
+def _validate_data_and_run(cfg: RunConfig):
+  d, r = cfg.data, cfg.run
+  check(d.shards_per_client >= 1, "data.shards_per_client",
+        f"must be >= 1, got {d.shards_per_client}")
+  check(d.num_clients >= 1, "data.num_clients", f"must be >= 1, got {d.num_clients}")
+  check(d.dirichlet_alpha > 0, "data.dirichlet_alpha",
+        f"must be > 0, got {d.dirichlet_alpha}")
+  check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
+  check(0.0 < r.participation <= 1.0, "run.participation",
+        f"must be in (0, 1], got {r.participation}")
+  check(r.rounds >= 1, "run.rounds", f"must be >= 1, got {r.rounds}")
+  check(r.eval_every >= 1, "run.eval_every", f"must be >= 1, got {r.eval_every}")
+  check(r.rounds_per_call >= 1, "run.rounds_per_call",
+        f"must be >= 1, got {r.rounds_per_call}")
+  check(r.client_chunk >= -1, "run.client_chunk",
         f"must be >= -1 (-1 = auto, 0 = all clients of a round in one vmap), got "
-        f"{cfg.client_chunk}")
-  check(cfg.devices >= 0, "devices",
-        f"must be >= 0 (0 = all devices JAX sees), got {cfg.devices}")
-  check(cfg.client_data in ("auto", "replicated", "sharded"), "client_data",
-        f"must be auto, replicated or sharded, got {cfg.client_data!r}")
-  check(cfg.checkpoint_every >= 0, "checkpoint_every",
-        f"must be >= 0 (0 = off), got {cfg.checkpoint_every}")
-  check(cfg.keep_checkpoints >= 1, "keep_checkpoints",
-        f"must be >= 1, got {cfg.keep_checkpoints}")
-  check(cfg.secure_aggregation in ("none", "ckks"), "secure_aggregation",
-        f"must be 'none' or 'ckks', got {cfg.secure_aggregation!r}")
-  if cfg.secure_aggregation == "ckks":
-    check(cfg.algorithm == "pafed", "secure_aggregation",
-          "ckks secure aggregation is PAFed's (use --algorithm=pafed)")
-  check(cfg.ckks_preset in ("secure", "insecure_test"), "ckks_preset",
-        f"must be 'secure' or 'insecure_test', got {cfg.ckks_preset!r}")
-  check(cfg.secure_aggregation != "ckks" or cfg.ckks_preset != "insecure_test"
-        or cfg.allow_insecure_ckks, "ckks_preset",
+        f"{r.client_chunk}")
+  check(r.devices >= 0, "run.devices", f"must be >= 0 (0 = all devices JAX sees), got "
+        f"{r.devices}")
+  check(r.client_data in ("auto", "replicated", "sharded"), "run.client_data",
+        f"must be auto, replicated or sharded, got {r.client_data!r}")
+
+
+def _validate_crypto(c: CryptoConfig, a: AlgorithmConfig):
+  check(c.secure_aggregation in ("none", "ckks"), "crypto.secure_aggregation",
+        f"must be 'none' or 'ckks', got {c.secure_aggregation!r}")
+  if c.secure_aggregation == "ckks":
+    check(a.names == "pafed", "crypto.secure_aggregation",
+          "ckks secure aggregation is PAFed's (use algorithm.names='pafed')")
+  check(c.ckks_preset in ("secure", "insecure_test"), "crypto.ckks_preset",
+        f"must be 'secure' or 'insecure_test', got {c.ckks_preset!r}")
+  check(c.secure_aggregation != "ckks" or c.ckks_preset != "insecure_test"
+        or c.allow_insecure_ckks, "crypto.ckks_preset",
         "insecure_test is NOT secure (ring 2^11, no security level); use "
-        "--ckks_preset=secure, or pass --allow_insecure_ckks to run it anyway")
-  check(cfg.ckks_design in ("one_context", "streamed"), "ckks_design",
-        f"must be 'one_context' or 'streamed', got {cfg.ckks_design!r}")
-  check(1 <= cfg.ckks_min_depth <= 30, "ckks_min_depth",
-        f"must be in 1..30, got {cfg.ckks_min_depth}")
-  if cfg.secure_aggregation == "ckks":
+        "crypto.ckks_preset='secure', or set crypto.allow_insecure_ckks to run it anyway")
+  check(c.ckks_design in ("one_context", "streamed"), "crypto.ckks_design",
+        f"must be 'one_context' or 'streamed', got {c.ckks_design!r}")
+  check(1 <= c.ckks_min_depth <= 30, "crypto.ckks_min_depth",
+        f"must be in 1..30, got {c.ckks_min_depth}")
+  if c.secure_aggregation == "ckks":
     try:
       from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
     except ImportError as e:  # openfhe missing, or its wheel does not load here (BUILD.md)
-      raise ValueError(f"--secure_aggregation=ckks needs OpenFHE (openfhe), which does not "
-                       f"load here: {e}") from e
-    cheon.check_ducc_scale(cfg.ckks_min_scale)
+      raise ConfigError("crypto.secure_aggregation", f"ckks needs OpenFHE (openfhe), which "
+                        f"does not load here: {e}") from e
+    cheon.check_ducc_scale(c.ckks_min_scale)
   else:
-    check(cfg.ckks_min_scale == 1.0, "ckks_min_scale",
-          "only used with --secure_aggregation=ckks")
-  check(not (cfg.resume and cfg.overwrite), "overwrite",
-        "cannot be combined with --resume (--resume continues the run in --output_dir, "
-        "--overwrite deletes it)")
-  check(not cfg.resume or cfg.output_dir is not None, "resume",
-        "continues the run in output_dir, and none is given")
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  check(cfg.model == "auto" or cfg.model in models.MODEL_NAMES, "model",
-        f"unknown model {cfg.model!r}; choices: auto, {', '.join(models.MODEL_NAMES)}")
+    check(c.ckks_min_scale == 1.0, "crypto.ckks_min_scale",
+          "only used with crypto.secure_aggregation='ckks'")
+
+
+def _validate_output(o: OutputConfig):
+  check(o.log_every >= 0, "output.log_every", f"must be >= 0 (0: about ten lines per run), "
+        f"got {o.log_every}")
+  check(o.checkpoint_every >= 0, "output.checkpoint_every",
+        f"must be >= 0 (0 = off), got {o.checkpoint_every}")
+  check(o.keep_checkpoints >= 1, "output.keep_checkpoints",
+        f"must be >= 1, got {o.keep_checkpoints}")
+  check(not (o.resume and o.overwrite), "output.overwrite",
+        "cannot be combined with output.resume (output.resume continues the run in "
+        "output.output_dir, output.overwrite deletes it)")
+  check(not o.resume or o.output_dir is not None, "output.resume",
+        "continues the run in output.output_dir, and none is given")
 
 
 def config_dict(cfg: RunConfig) -> dict:
-  d = dataclasses.asdict(cfg)
-  return d
+  """The flat view (flag names; ``delay`` as one dict), as summaries and checkpoints store
+  it."""
+  out = {}
+  for key, (part, _) in _KEYS.items():
+    if part != "delay":
+      out[key] = cfg.get(key)
+  out["delay"] = dataclasses.asdict(cfg.delay)
+  return out
 
 
 # Config fields that may differ between a run and its resumption. (With another --devices
@@ -218,8 +469,10 @@ STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0}
 
 
 def mismatch_flags(saved: dict, current: dict) -> List[str]:
-  """``config_mismatch`` as ``["--flag=saved (now current)", ...]``, for the messages."""
-  return [f"--{k}={saved.get(k)!r} (now {current.get(k)!r})"
+  """``config_mismatch`` as ``["run.rounds=3 (now 5)", ...]`` (a key that is no
+  ``RunConfig`` field, e.g. a virtual-clock driver's, as ``--key=...``), for the
+  messages."""
+  return [f"{path(k) if k in _KEYS else '--' + k}={saved.get(k)!r} (now {current.get(k)!r})"
           for k in config_mismatch(saved, current)]
 
 

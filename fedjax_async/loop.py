@@ -68,7 +68,7 @@ class Checkpoints:
               ) -> Optional[Resumed]:
     """The latest checkpoint in ``template``'s structure; None without ``resume`` or
     without a checkpoint. ``extends(saved_config, differences)``: whether these
-    differences continue the saved run (a larger --rounds), not replace it."""
+    differences continue the saved run (a larger run.rounds), not replace it."""
     if not self.resume or self.manager is None or self.manager.latest_round() is None:
       return None
     try:
@@ -76,15 +76,15 @@ class Checkpoints:
         saved = self.manager.restore_meta()["config"]
         bad = self.mismatch(saved, checkpoint_lib.to_json_ready(self.config))
         if bad and not (extends is not None and extends(saved, bad)):
-          raise ValueError(f"--resume: the checkpoint under {self.directory} was made with "
+          raise ValueError(f"output.resume: the checkpoint under {self.directory} was made with "
                            f"other flags: {', '.join(bad)}")
         r = self.manager.restore(template)
       except checkpoint_lib.CheckpointError as e:
         earlier = [p for p in self.manager.all_rounds() if p < self.manager.latest_round()]
         fallback = (f"the checkpoint of {self.unit} {max(earlier)}" if earlier
                     else f"{self.unit} 0")
-        raise ValueError(f"--resume: {e}; delete that folder to resume from {fallback}, or "
-                         "pass --overwrite to start over") from None
+        raise ValueError(f"output.resume: {e}; delete that folder to resume from {fallback}, or "
+                         "pass output.overwrite to start over") from None
     except ValueError:
       self.close()
       raise

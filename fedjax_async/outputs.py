@@ -77,8 +77,8 @@ class TensorBoard:
       self.writer = None
 
 
-# What a run writes in its directory (``--overwrite`` deletes these and nothing else);
-# a multi-algorithm run also writes COMPARISON_OUTPUTS in --output_dir.
+# What a run writes in its directory (``output.overwrite`` deletes these and nothing else);
+# a multi-algorithm run also writes COMPARISON_OUTPUTS in output.output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png")
 
 
@@ -89,7 +89,7 @@ def previous_outputs(directory: str, outputs=RUN_OUTPUTS) -> List[str]:
   return [n for n in outputs if os.path.lexists(os.path.join(directory, n))]
 
 
-def check_writable(directory: str, flag: str = "--output_dir"):
+def check_writable(directory: str, flag: str = "output.output_dir"):
   """Creates ``directory`` and writes (then removes) a file in it; a ValueError of one line
   naming ``flag``, the path and the cause (not a directory, permission, read-only or full
   disk) when it cannot."""
@@ -105,7 +105,7 @@ def check_writable(directory: str, flag: str = "--output_dir"):
 
 def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
                        outputs=RUN_OUTPUTS):
-  """Refuses (ValueError naming --output_dir) a directory that cannot be written, or one
+  """Refuses (ValueError naming output.output_dir) a directory that cannot be written, or one
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
   outputs first. Across processes (``fedjax_async.distributed``) every process checks the
   folder as it was and process 0 alone deletes."""
@@ -118,9 +118,10 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
 def _prepare(directory: str, resume: bool, overwrite: bool, outputs, delete: bool):
   found = previous_outputs(directory, outputs)
   if found and not (resume or overwrite):
-    raise ValueError(f"--output_dir: {directory} already holds a run ({', '.join(found)}): "
-                     "pass --resume to continue it, --overwrite to start over, or another "
-                     "--output_dir")
+    raise ValueError(f"output.output_dir: {directory} already holds a run ({', '.join(found)}): "
+                     "pass output.resume to continue it, output.overwrite to start over, or "
+                     "another "
+                     "output.output_dir")
   check_writable(directory)  # after the refusal above: a refused folder is not touched
   if not found or resume or not delete:
     return
@@ -132,11 +133,11 @@ def _prepare(directory: str, resume: bool, overwrite: bool, outputs, delete: boo
       os.remove(path)
 
 
-INSECURE_CKKS = "INSECURE (--ckks_preset=insecure_test: ring 2^11, no security level)"
+INSECURE_CKKS = "INSECURE (crypto.ckks_preset=insecure_test: ring 2^11, no security level)"
 
 
 def ckks_security(preset: str) -> str:
-  """summary.json's ``ckks_security`` of a --secure_aggregation=ckks run."""
+  """summary.json's ``ckks_security`` of a crypto.secure_aggregation=ckks run."""
   return INSECURE_CKKS if preset == "insecure_test" else "128-bit (HEStd_128_classic)"
 
 
@@ -220,5 +221,5 @@ def figure_title(cfg, dataset: str, model: str, names: List[str]) -> str:
   d = cfg.delay
   law = f"mean {d.mean:g}" if d.distribution == "geometric" else f"max {d.max_delay}"
   delays = f"δ = {d.fraction:g}, {d.distribution} delays ({law})" if d.fraction else "δ = 0"
-  return (f"{dataset} ({cfg.partition}, N = {cfg.num_clients}), {model}; {delays}; "
+  return (f"{dataset} ({cfg.data.partition}, N = {cfg.data.num_clients}), {model}; {delays}; "
           f"{', '.join(names)}")

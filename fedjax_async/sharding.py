@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 
 CLIENT_AXIS = "clients"
 
@@ -108,7 +108,7 @@ def data_placement(client_data: str, num_devices: int) -> str:
   clients), and replicates them over the devices of one process (no gathers across
   devices)."""
   if client_data not in CLIENT_DATA:
-    raise ValueError(f"--client_data: one of {', '.join(CLIENT_DATA)}, got {client_data!r}")
+    raise ValueError(f"run.client_data: one of {', '.join(CLIENT_DATA)}, got {client_data!r}")
   if client_data == "auto":
     return "sharded" if jax.process_count() > 1 and num_devices > 1 else "replicated"
   return client_data
@@ -134,9 +134,9 @@ def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence
   # by client: data is (x, y, counts, test_x, test_y), an engine.DeviceData
   num_clients = data[2].shape[0] if by_client else 0
   if by_client and num_clients % mesh.size:
-    raise ValueError(f"--client_data=sharded: the {num_clients} clients do not split evenly "
-                     f"over {mesh.size} devices; use a --num_clients that is a multiple of "
-                     f"{mesh.size}, or --client_data=replicated")
+    raise ValueError(f"run.client_data=sharded: the {num_clients} clients do not split evenly "
+                     f"over {mesh.size} devices; use a data.num_clients that is a multiple of "
+                     f"{mesh.size}, or run.client_data=replicated")
   split, rep = client_sharding(mesh), replicated(mesh)
   data_s = jax.tree.map(lambda _: rep, data)
   state_s = jax.tree.map(lambda _: rep, state)

@@ -57,7 +57,7 @@ def test_simulate_writes_nothing_unless_asked_and_returns_rows_state_and_table(i
   assert "| fedavg |" in result.table() and result.figure is None
   # The state is the final model: its accuracy on the test set, recomputed here with the
   # model's apply and a plain argmax, is the last row's.
-  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import experiment  # pylint: disable=g-import-not-at-top
   fed = experiment.load_data(result.config)
   logits = np.asarray(run.model[2](run.state.w, fed.test_x, train=False))
   assert np.mean(np.argmax(logits, -1) == fed.test_y) == pytest.approx(
@@ -78,7 +78,7 @@ def test_simulate_and_the_cli_share_their_defaults(in_memory, tmp_path):
 
 
 def test_simulate_writes_the_clis_files_when_given_an_output_dir(tmp_path):
-  result = fa.simulate(fa.RunConfig(**dict(FIELDS, algorithm="fedavg,fedprox")),
+  result = fa.simulate(fa.RunConfig().replace(**dict(FIELDS, algorithm="fedavg,fedprox")),
                        output_dir=str(tmp_path), tensorboard=False, rounds=1)
   assert sorted(os.listdir(tmp_path)) == ["comparison.csv", "comparison.md", "curves.png",
                                           "fedavg", "fedprox"]
@@ -87,9 +87,9 @@ def test_simulate_writes_the_clis_files_when_given_an_output_dir(tmp_path):
 
 
 def test_simulate_refuses_a_bad_field_by_name():
-  with pytest.raises(ValueError, match=r"^--rounds: must be >= 1, got 0"):
+  with pytest.raises(ValueError, match=r"^run\.rounds: must be >= 1, got 0"):
     fa.simulate(rounds=0)
-  with pytest.raises(ValueError, match="^--resume: continues the run in output_dir"):
+  with pytest.raises(ValueError, match=r"^output\.resume: continues the run in output\.output_dir"):
     fa.simulate(resume=True)
 
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_async import async_engine
+from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async import client as client_lib
-from fedjax_async import engine
-from fedjax_async import virtual_clock as vc
+from fedjax_async.rounds import engine
+from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import double_compensation
 from fedjax_async.algorithms import dp_fedasync

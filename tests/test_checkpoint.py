@@ -16,9 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_async import outputs
+from fedjax_async import interrupts
+from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as ckpt_lib
-from fedjax_async import engine
-from fedjax_async import experiment
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import experiment
 from fedjax_async.algorithms import get
 
 from run_script import RUN, env, read_rows, run, without_wall
@@ -56,7 +59,7 @@ def row(t):
 
 
 def test_tensorboard_rounds_are_on_disk_when_written_and_a_resume_rewrites_them(tmp_path):
-  tb = experiment.TensorBoard(str(tmp_path), True)
+  tb = outputs.TensorBoard(str(tmp_path), True)
   tb.write([row(t) for t in range(6)])
   # Read while the writer is still open (a run killed now, after its checkpoint): every
   # step is there (tensorboardX's SummaryWriter left the last ones in its queue).
@@ -65,7 +68,7 @@ def test_tensorboard_rounds_are_on_disk_when_written_and_a_resume_rewrites_them(
   tb.close()
   # Resumed from the checkpoint of round 4 (say the file had lost rounds 4 and 5): the
   # restored rows 0..3 are written again after a session restart at step 0, then the rest.
-  tb = experiment.TensorBoard(str(tmp_path), True, purge_step=0)
+  tb = outputs.TensorBoard(str(tmp_path), True, purge_step=0)
   tb.write([row(t) for t in range(4)])
   tb.write([row(t) for t in range(4, 10)])
   tb.close()
@@ -313,7 +316,7 @@ def test_a_signal_within_deferred_is_raised_when_the_block_ends():
   from fedjax_async import interrupts  # pylint: disable=g-import-not-at-top
   after = []
   with interrupts.handle_interrupts():
-    with pytest.raises(experiment.Interrupted) as e:
+    with pytest.raises(interrupts.Interrupted) as e:
       with interrupts.deferred():
         with interrupts.deferred():  # nested: the outer block's end raises
           os.kill(os.getpid(), signal.SIGTERM)
@@ -322,10 +325,10 @@ def test_a_signal_within_deferred_is_raised_when_the_block_ends():
         after.append("outer block finished")
     assert e.value.signum == signal.SIGTERM and e.value.exit_code == 143
     assert after == ["inner block finished", "outer block finished"]
-    with pytest.raises(experiment.Interrupted):  # outside deferred(): raised at once
+    with pytest.raises(interrupts.Interrupted):  # outside deferred(): raised at once
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(1)
-  experiment.check_interrupted()  # out of handle_interrupts: the signals are forgotten
+  interrupts.check_interrupted()  # out of handle_interrupts: the signals are forgotten
 
 
 def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, monkeypatch):
@@ -342,12 +345,13 @@ def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, mo
     return real_save(self, round_index, *args, **kw)
 
   monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save)
-  cfg = experiment.RunConfig(algorithm="fedavg", num_clients=6, participation=0.5, rounds=8,
+  cfg = config_lib.RunConfig().replace(algorithm="fedavg", num_clients=6, participation=0.5,
+                                       rounds=8,
                              local_epochs=1, batch_size=10, rounds_per_call=2,
                              checkpoint_every=2, tensorboard=False,
                              output_dir=str(tmp_path))
-  with experiment.handle_interrupts():
-    with pytest.raises(experiment.Interrupted) as e:
+  with interrupts.handle_interrupts():
+    with pytest.raises(interrupts.Interrupted) as e:
       experiment.run_one(cfg, "fedavg", out_dir=str(tmp_path), quiet=True)
   assert e.value.signum == signal.SIGTERM
   assert str(e.value) == (f"[fedavg] interrupted at round 5/8; the last checkpoint is round "

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from fedjax_async import outputs
 
 import pytest
 
@@ -442,7 +443,6 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
 
 def test_an_output_dir_on_a_read_only_disk_is_named_with_the_cause(tmp_path):
   """A read-only tmpfs, mounted here (root only): the check every driver runs first."""
-  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
   mnt = tmp_path / "ro"
   mnt.mkdir()
   mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
@@ -450,9 +450,10 @@ def test_an_output_dir_on_a_read_only_disk_is_named_with_the_cause(tmp_path):
   if mounted.returncode:
     pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
   try:
-    with pytest.raises(ValueError, match=rf"^--output_dir={mnt}/out: cannot write there "
-                       rf"\(Read-only file system: {mnt}/out\); give a writable --output_dir$"):
-      experiment.check_writable(str(mnt / "out"))
+    with pytest.raises(ValueError, match=rf"^output\.output_dir={mnt}/out: cannot write there "
+                       rf"\(Read-only file system: {mnt}/out\); give a writable "
+                       r"output\.output_dir$"):
+      outputs.check_writable(str(mnt / "out"))
   finally:
     subprocess.run(["umount", str(mnt)], check=False)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from fedjax_async import algorithms
-from fedjax_async import async_engine
-from fedjax_async import engine
-from fedjax_async import timeline as timeline_lib
-from fedjax_async import virtual_clock as vc
+from fedjax_async.asynchronous import engine as async_engine
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.algorithms import base
 import test_async
 import test_engine

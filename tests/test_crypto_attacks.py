@@ -24,7 +24,8 @@ import pytest
 
 pytest.importorskip("openfhe", exc_type=ImportError)
 
-from fedjax_async import experiment
+from fedjax_async import config as config_lib
+from fedjax_async.rounds import experiment
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import secure_ducc
@@ -97,7 +98,7 @@ def _cfg(out, **kw):
               secure_aggregation="ckks", ckks_preset=PRESET, ckks_min_depth=3,
               allow_insecure_ckks=True, output_dir=str(out))
   base.update(kw)
-  return experiment.RunConfig(**base)
+  return config_lib.RunConfig().replace(**base)
 
 
 def _run_spied(cfg, out_dir, monkeypatch):

@@ -329,11 +329,11 @@ def test_partition_dirichlet_errors():
       data.partition_dirichlet(labels, 5, alpha)
   with pytest.raises(ValueError, match="num_clients"):
     data.partition_dirichlet(labels, 0, 0.5)
-  with pytest.raises(ValueError, match=r"^--num_clients=21: .* at least 10 examples, and "
+  with pytest.raises(ValueError, match=r"^data\.num_clients=21: .* at least 10 examples, and "
                      r"21 x 10 exceeds the 200 examples; use at most 20 clients$"):
     data.partition_dirichlet(labels, 21, 0.5, min_size=10)  # 210 > 200 examples
   with pytest.raises(ValueError, match=r"^--alpha=0.01: no Dirichlet draw in 5 tries .* 10 "
-                     r"clients \(--num_clients\) at least 20 examples"):
+                     r"clients \(data\.num_clients\) at least 20 examples"):
     data.partition_dirichlet(labels, 10, 0.01, min_size=20, max_tries=5)  # an exact split
 
 
@@ -511,25 +511,25 @@ def test_load_tfds_not_prepared_offline(tmp_path):
 def test_data_dir_missing_or_partial_names_the_flag_and_files(tmp_path):
   missing = tmp_path / "nope"
   for source in ("auto", "idx", "tfds"):  # not tensorflow-datasets' AssertionError
-    with pytest.raises(ValueError, match=f"^--data_dir={missing}: no such directory"):
+    with pytest.raises(ValueError, match=rf"^data\.data_dir={missing}: no such directory"):
       data.load("fashion_mnist", data_dir=str(missing), data_source=source)
-  with pytest.raises(ValueError, match="--data_dir=.*no such directory.*cifar10"):
+  with pytest.raises(ValueError, match="data.data_dir=.*no such directory.*cifar10"):
     data.load("cifar10", data_dir=str(missing))
   # 3 of the 4 IDX files: read as an IDX directory, the missing file named
   write_tiny_idx_dir(tmp_path, gz=True)
   os.remove(tmp_path / "t10k-labels-idx1-ubyte.gz")
   for source in ("auto", "idx"):
-    with pytest.raises(FileNotFoundError, match=r"^--data_dir=.*: holds 3 of the 4 IDX files "
+    with pytest.raises(FileNotFoundError, match=r"^data\.data_dir=.*: holds 3 of the 4 IDX files "
                        r"but not t10k-labels-idx1-ubyte\[\.gz\]$"):
       data.load("fashion_mnist", data_dir=str(tmp_path), data_source=source)
 
 
 def test_partition_and_data_source_checked_for_every_dataset():
   for name in ("synthetic", "synthetic_iid", "fashion_mnist"):
-    with pytest.raises(ValueError, match=r"^--partition: unknown partition 'foo'; choose "
+    with pytest.raises(ValueError, match=r"^data\.partition: unknown partition 'foo'; choose "
                        r"from \['iid', 'shards', 'dirichlet'\]"):
       data.load(name, partition="foo", num_clients=3)
-    with pytest.raises(ValueError, match=r"^--data_source: unknown data source 'foo'; "
+    with pytest.raises(ValueError, match=r"^data\.data_source: unknown data source 'foo'; "
                        r"choose from \['auto', 'idx', 'tfds'\]"):
       data.load(name, data_source="foo", num_clients=3)
 
@@ -537,7 +537,7 @@ def test_partition_and_data_source_checked_for_every_dataset():
 def test_more_clients_than_examples_is_refused(tmp_path):
   write_tiny_idx_dir(tmp_path)  # 40 training examples
   for partition in ("iid", "dirichlet"):
-    with pytest.raises(ValueError, match=r"^--num_clients=41: more clients than the 40 "
+    with pytest.raises(ValueError, match=r"^data\.num_clients=41: more clients than the 40 "
                        "training examples of fashion_mnist"):
       data.load("fashion_mnist", partition=partition, num_clients=41, data_dir=str(tmp_path))
   fd = data.load("fashion_mnist", partition="iid", num_clients=40, data_dir=str(tmp_path))
@@ -547,13 +547,13 @@ def test_more_clients_than_examples_is_refused(tmp_path):
 def test_padded_arrays_over_the_memory_limit_are_refused(monkeypatch):
   monkeypatch.setenv(data.MAX_DATA_ENV, "0.001")  # ~1 MiB
   sizes = data.synthetic_client_sizes(30)
-  with pytest.raises(ValueError, match=r"^--num_clients=30: the padded client data \[30 "
+  with pytest.raises(ValueError, match=r"^data\.num_clients=30: the padded client data \[30 "
                      r"clients x M=\d+ x 60\] would take .* GiB, more than "
                      r"\$FEDJAX_ASYNC_MAX_DATA_GIB.*largest client's size of the synthetic"):
     data.synthetic(num_clients=30)
   train_x = np.zeros((2000, 28, 28, 1), np.float32)
   parts = [np.arange(1000), np.arange(1000, 2000)]
-  with pytest.raises(ValueError, match="--num_clients=2: .*M=1000 x 28 x 28 x 1.*'iid'"):
+  with pytest.raises(ValueError, match="data.num_clients=2: .*M=1000 x 28 x 28 x 1.*'iid'"):
     data.federate(train_x, np.zeros(2000), parts, train_x[:1], np.zeros(1), 10, "t",
                   partition="'iid'")
   monkeypatch.setenv(data.MAX_DATA_ENV, "1")
@@ -571,6 +571,6 @@ def test_too_many_synthetic_clients_fail_fast():
   for n in (100000, 5000):
     if n == 5000 and data.padded_data_limit_bytes()[0] > 33.5 * 2 ** 30:
       continue  # a machine with > 67 GiB free can hold it
-    with pytest.raises(ValueError, match=f"^--num_clients={n}: the padded client data"):
+    with pytest.raises(ValueError, match=f"^data\.num_clients={n}: the padded client data"):
       data.load("synthetic", num_clients=n)
   assert time.perf_counter() - t0 < 10

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fedjax_async import client as client_lib
-from fedjax_async import engine
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import get
@@ -558,7 +558,7 @@ def test_delay_distributions():
   assert set(u) == {1, 2, 3, 4}
   g = timeline_lib.DelayConfig(0.5, "geometric", mean=2.5).draw(rng, 20000)
   assert g.min() == 1 and abs(g.mean() - 2.5) < 0.1
-  with pytest.raises(ValueError, match="--delay_fraction"):
+  with pytest.raises(ValueError, match=r"^delay\.fraction: must be in \[0, 1\]"):
     timeline_lib.DelayConfig(1.5)
 
 

@@ -11,7 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from fedjax_async import experiment
+from fedjax_async import outputs
+from fedjax_async import config as config_lib
+from fedjax_async.rounds import experiment
 from run_script import RUN, read_rows, run, without_wall
 ALGS = ("fedavg", "fedprox", "fednova", "fedadmm", "pafed")
 ROUNDS = 20
@@ -90,18 +92,17 @@ def test_comparison_table_lists_every_algorithm(all_algorithms):
 
 
 def test_plot_curves_draws_accuracy_where_evaluated_and_every_loss(tmp_path):
-  from fedjax_async import experiment  # pylint: disable=g-import-not-at-top
   rows = lambda accs: [dict(round=i, test_accuracy=a, train_loss=1.0 / (i + 1))
                        for i, a in enumerate(accs)]
   runs = {"a": rows([0.1, None, 0.3]), "b": rows([None, None, None]),
           "c": rows([0.2, float("nan"), 0.4])}
   # accuracy: a and c (b never evaluated; c's NaN round skipped); loss: all three
-  assert experiment.plot_curves(runs, str(tmp_path / "c.png")) == 5
+  assert outputs.plot_curves(runs, str(tmp_path / "c.png")) == 5
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
   # a running mean over 3 rows: "b" (3 losses) keeps one point, so still 5 lines; over 4,
   # no run has enough losses and only the 2 accuracy lines are left
-  assert experiment.plot_curves(runs, str(tmp_path / "d.png"), loss_window=3) == 5
-  assert experiment.plot_curves(runs, str(tmp_path / "e.png"), loss_window=4) == 2
+  assert outputs.plot_curves(runs, str(tmp_path / "d.png"), loss_window=3) == 5
+  assert outputs.plot_curves(runs, str(tmp_path / "e.png"), loss_window=4) == 2
 
 
 @pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
@@ -206,44 +207,44 @@ def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
 
 
 def test_ckks_min_scale_is_checked_and_only_taken_with_ckks():
-  base = experiment.RunConfig(rounds=2, algorithm="pafed")
-  with pytest.raises(ValueError, match="^--ckks_min_scale: only used with "
-                     "--secure_aggregation=ckks$"):
-    experiment.validate(experiment.dataclasses.replace(base, ckks_min_scale=4.0))
-  ckks = experiment.dataclasses.replace(base, secure_aggregation="ckks")
-  experiment.validate(experiment.dataclasses.replace(ckks, ckks_min_scale=4.0))
-  with pytest.raises(ValueError, match=r"^--ckks_min_scale: must be in \(0, 4\]"):
-    experiment.validate(experiment.dataclasses.replace(ckks, ckks_min_scale=5.0))
+  base = config_lib.RunConfig().replace(rounds=2, algorithm="pafed")
+  with pytest.raises(ValueError, match="^crypto.ckks_min_scale: only used with "
+                     "crypto.secure_aggregation='ckks'$"):
+    config_lib.validate(base.replace(ckks_min_scale=4.0))
+  ckks = base.replace(secure_aggregation="ckks")
+  config_lib.validate(ckks.replace(ckks_min_scale=4.0))
+  with pytest.raises(ValueError, match=r"^crypto\.ckks_min_scale: must be in \(0, 4\]"):
+    config_lib.validate(ckks.replace(ckks_min_scale=5.0))
 
 
 def test_a_field_missing_from_a_stored_config_counts_as_its_default():
   """A checkpoint or summary stored before a field existed (here ckks_min_scale) still
   resumes when the run uses the field's default, and is refused when it does not."""
-  current = experiment.config_dict(experiment.RunConfig(rounds=3))
+  current = config_lib.config_dict(config_lib.RunConfig().replace(rounds=3))
   saved = {k: v for k, v in current.items() if k != "ckks_min_scale"}
-  assert experiment.config_mismatch(saved, current) == []
-  assert experiment.config_mismatch(saved, dict(current, ckks_min_scale=4.0)) == [
+  assert config_lib.config_mismatch(saved, current) == []
+  assert config_lib.config_mismatch(saved, dict(current, ckks_min_scale=4.0)) == [
       "ckks_min_scale"]
-  assert experiment.config_mismatch(dict(saved, rounds=2), current) == ["rounds"]
+  assert config_lib.config_mismatch(dict(saved, rounds=2), current) == ["rounds"]
   # Runs stored before --admm_upload existed read Eq. 16 literally: they match only that.
   saved = {k: v for k, v in current.items() if k != "admm_upload"}
-  assert experiment.config_mismatch(saved, current) == ["admm_upload"]
-  assert experiment.config_mismatch(saved, dict(current, admm_upload="last_local")) == []
+  assert config_lib.config_mismatch(saved, current) == ["admm_upload"]
+  assert config_lib.config_mismatch(saved, dict(current, admm_upload="last_local")) == []
 
 
 def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
-  base = experiment.RunConfig(rounds=10)
-  experiment.validate(experiment.dataclasses.replace(
-      base, alpha0=0.0, alpha1=0.0, alpha2=0.0, server_lr_switch_round=9))
-  experiment.validate(experiment.dataclasses.replace(base, server_lr_switch_round=0))
-  with pytest.raises(ValueError, match="--overwrite: cannot be combined with --resume"):
-    experiment.validate(experiment.dataclasses.replace(base, resume=True, overwrite=True))
+  base = config_lib.RunConfig().replace(rounds=10)
+  config_lib.validate(base.replace(alpha0=0.0, alpha1=0.0, alpha2=0.0,
+                                   server_lr_switch_round=9))
+  config_lib.validate(base.replace(server_lr_switch_round=0))
+  with pytest.raises(ValueError, match=r"^output\.overwrite: cannot be combined with output\.resume"):
+    config_lib.validate(base.replace(resume=True, overwrite=True))
 
 
 def test_pafed_warns_of_rounds_with_delayed_updates_and_no_online_one():
   """A round whose arrivals are all delayed leaves PAFed's DUCC without an online mean
   (Alg. 4 line 3): the rounds are found from the timeline and named in one warning."""
-  from fedjax_async import timeline  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import timeline  # pylint: disable=g-import-not-at-top
   f, t = False, True
   # 4 rounds x 2 slots: round 1 delayed only, round 2 online + delayed, round 3 delayed
   # only with a padding slot, round 0 online only
@@ -267,7 +268,7 @@ def test_pafed_warns_of_rounds_with_delayed_updates_and_no_online_one():
 
 
 def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_path):
-  from fedjax_async import timeline  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import timeline  # pylint: disable=g-import-not-at-top
   uniform = timeline.DelayConfig(0.3, "uniform", 3, buffer_size=2)
   tl = timeline.build(30, 40, 0.34, uniform, seed=0)
   dropped, arrived = int(tl.dropped.sum()), int((tl.valid & ~tl.online).sum())
@@ -469,15 +470,15 @@ def test_a_quiet_comparison_prints_no_round_lines_and_ends_with_its_table(tmp_pa
 
 
 def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatch, tmp_path):
-  cfg = experiment.RunConfig(algorithm="pafed,fedavg", partition="shards", num_clients=30)
-  title = experiment.figure_title(cfg, "synthetic", "logreg", ["pafed", "fedavg"])
+  cfg = config_lib.RunConfig().replace(algorithm="pafed,fedavg", partition="shards", num_clients=30)
+  title = outputs.figure_title(cfg, "synthetic", "logreg", ["pafed", "fedavg"])
   assert title == ("synthetic (shards, N = 30), logreg; δ = 0.3, uniform delays (max 3); "
                    "pafed, fedavg")
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   seen = []
   monkeypatch.setattr(Figure, "suptitle", lambda self, t, **kw: seen.append(t))
   rows = [{"round": 0, "test_accuracy": 0.5, "train_loss": 1.0}]
-  experiment.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
+  outputs.plot_curves({"pafed": rows}, str(tmp_path / "c.png"), title=title)
   assert seen == [title]
   from fedjax_async import fededs  # pylint: disable=g-import-not-at-top
   imgs = np.zeros((2, 4, 4, 1))

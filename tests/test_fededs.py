@@ -10,10 +10,10 @@ import pytest
 
 from fedjax_async import checkpoint
 from fedjax_async import fededs
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import fedavg
 from fedjax_async.algorithms import fedprox
-from fedjax_async.engine import DeviceData
+from fedjax_async.rounds.engine import DeviceData
 
 N, M, B, C, F = 3, 24, 8, 3, 16
 SHAPE = (8, 8, 1)

@@ -18,8 +18,9 @@ import os
 import numpy as np
 import pytest
 
+from fedjax_async import config as config_lib
 from fedjax_async import data as data_lib
-from fedjax_async import experiment
+from fedjax_async.rounds import experiment
 from run_script import ROOT, read_rows, run
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -44,8 +45,8 @@ def test_main_job_keeps_every_algorithms_scale_and_loss_bounded(tmp_path):
   # ./run.sh as printed: the CLI's defaults, 100 rounds.
   res = run([f"--output_dir={tmp_path}", "--checkpoint_every=0", "--tensorboard=false"])
   assert res.returncode == 0, res.stderr[-3000:]
-  assert_bounded(tmp_path, experiment.MAIN_JOB_ALGORITHMS.split(","), 100, 5.0)
-  for name in experiment.MAIN_JOB_ALGORITHMS.split(","):  # and each one learns
+  assert_bounded(tmp_path, config_lib.MAIN_JOB_ALGORITHMS.split(","), 100, 5.0)
+  for name in config_lib.MAIN_JOB_ALGORITHMS.split(","):  # and each one learns
     with open(tmp_path / name / "summary.json") as f:
       assert json.load(f)["final_accuracy"] > 0.6, name
 
@@ -112,7 +113,7 @@ PAIRS = [("synthetic", "logreg"), pytest.param("synthetic", "mlp", marks=slow),
 @pytest.mark.parametrize("dataset,model", PAIRS)
 def test_defaults_run_30_rounds_without_a_non_finite_loss(dataset, model, tmp_path):
   # The library's (= the CLI's) defaults for everything but the data's size.
-  cfg = experiment.RunConfig(dataset=dataset, model=model, num_clients=6, rounds=30,
+  cfg = config_lib.RunConfig().replace(dataset=dataset, model=model, num_clients=6, rounds=30,
                              rounds_per_call=30, checkpoint_every=0, tensorboard=False)
   fed = small_data(dataset)
   built = experiment.build_model(cfg, fed)

@@ -19,7 +19,6 @@ runs that differ by CKKS noise drift apart. At lr 0.02 the same perturbation sta
 runs in benchmarks/.
 """
 
-import dataclasses
 import functools
 import io
 import json
@@ -29,10 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_async import outputs
+from fedjax_async import config as config_lib
 from fedjax_async import client as client_lib
-from fedjax_async import engine
-from fedjax_async import experiment
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import experiment
+from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import pafed
 
 pytestmark = pytest.mark.crypto
@@ -48,15 +49,16 @@ ROUNDS = 8
 
 @pytest.fixture(scope="module")
 def setup():
-  cfg = experiment.RunConfig(algorithm="pafed", rounds=ROUNDS, lr=0.02, rho=0.1, alpha0=0.3,
+  cfg = config_lib.RunConfig().replace(algorithm="pafed", rounds=ROUNDS, lr=0.02, rho=0.1,
+                                       alpha0=0.3,
                              alpha1=0.3, alpha2=0.3, checkpoint_every=0,
                              tensorboard=False)
   fed = experiment.load_data(cfg)
   _, w0, apply_flat = experiment.build_model(cfg, fed)
-  tl = timeline_lib.build(fed.num_clients, cfg.rounds, cfg.participation, cfg.delay,
-                          cfg.seed)
+  tl = timeline_lib.build(fed.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
+                          cfg.run.seed)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed.max_examples),
+      client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed.max_examples),
       cfg.delay.ring_size)
   data = engine.DeviceData.from_federated(fed)
   return cfg, w0, apply_flat, tl, ecfg, data
@@ -67,14 +69,14 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
   cfg, w0, apply_flat, tl, ecfg, data = setup
   eps = cheon.max_min_error(D)
   plain_alg = pafed.make_algorithm(cheon.make_cheon_min(D), eps)
-  state = engine.init_state(plain_alg, w0, data.counts.shape[0], ecfg.ring_size, cfg.seed)
+  state = engine.init_state(plain_alg, w0, data.counts.shape[0], ecfg.ring_size, cfg.run.seed)
   runner = engine.make_runner(apply_flat, plain_alg, ecfg)
   plain_state, plain_rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
                                             rounds_per_call=ROUNDS)
 
   out = io.StringIO()
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
-                            cfg.seed)
+                            cfg.run.seed)
   states = [state]
   sec_state, sec_rows, totals = secure_engine.simulate(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
@@ -124,7 +126,7 @@ def test_streamed_design_rounds_equal_the_plaintext_server_on_the_same_uploads(s
   rounds = 4
   plain_alg = pafed.make_algorithm(cheon.make_cheon_min(D), cheon.max_min_error(D))
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
-                            cfg.seed)
+                            cfg.run.seed)
   states = [state]
   _, rows, _ = secure_engine.simulate(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
@@ -164,7 +166,7 @@ def test_next_round_recipients_are_the_clients_dispatched_next_round():
 def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tmp_path,
                                                                       capsys):
   cfg = setup[0]
-  cfg = dataclasses.replace(cfg, rounds=2, secure_aggregation="ckks",
+  cfg = cfg.replace(rounds=2, secure_aggregation="ckks",
                             ckks_preset="insecure_test", ckks_min_depth=4,
                             allow_insecure_ckks=True, output_dir=str(tmp_path))
   summary = experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"))
@@ -177,14 +179,14 @@ def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tm
   assert captured.err.count(secure_engine.INSECURE_WARNING) == 1
   with open(tmp_path / "pafed" / "summary.json") as f:
     assert json.load(f)["ckks_security"].startswith("INSECURE")
-  assert "| pafed [INSECURE CKKS] |" in experiment.comparison_table([summary])
-  with pytest.raises(ValueError, match=r"^--ckks_preset: insecure_test is NOT secure .*"
-                     r"--ckks_preset=secure, or pass --allow_insecure_ckks"):
-    experiment.validate(dataclasses.replace(cfg, allow_insecure_ckks=False))
-  with pytest.raises(ValueError, match="--secure_aggregation"):
-    experiment.validate(dataclasses.replace(cfg, algorithm="fedavg"))
-  with pytest.raises(ValueError, match="--ckks_preset"):
-    experiment.validate(dataclasses.replace(cfg, ckks_preset="fast"))
+  assert "| pafed [INSECURE CKKS] |" in outputs.comparison_table([summary])
+  with pytest.raises(ValueError, match=r"^crypto\.ckks_preset: insecure_test is NOT secure .*"
+                     r"crypto\.ckks_preset='secure', or set crypto\.allow_insecure_ckks"):
+    config_lib.validate(cfg.replace(allow_insecure_ckks=False))
+  with pytest.raises(ValueError, match=r"^crypto\.secure_aggregation: ckks secure aggregation is PAFed's"):
+    config_lib.validate(cfg.replace(algorithm="fedavg"))
+  with pytest.raises(ValueError, match=r"^crypto\.ckks_preset: must be 'secure' or"):
+    config_lib.validate(cfg.replace(ckks_preset="fast"))
 
 
 def test_empty_class_tolerance_removes_min_approximation_artefact():
@@ -229,7 +231,7 @@ def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
     return new_w, timings
 
   monkeypatch.setattr(secure_engine.secure_ducc, "secure_pafed_step", spied)
-  cfg = experiment.RunConfig(
+  cfg = config_lib.RunConfig().replace(
       algorithm="pafed", rounds=2, num_clients=6, participation=0.5, lr=0.02, rho=0.1,
       delay=timeline_lib.DelayConfig(0.34, "fixed", 1), checkpoint_every=0,
       tensorboard=False, secure_aggregation="ckks", ckks_min_depth=1,
@@ -260,11 +262,11 @@ def test_round_estimate_matches_the_measured_ciphertexts_and_refuses_what_cannot
   assert 800 < est["cpu_s"] < 900  # docs/crypto.md extrapolates ~870 s
   small = secure_engine.round_estimate(7_850, 20, "secure", 10)
   assert small["chunks"] == 1 and small["cpu_s"] == 57.0
-  with pytest.raises(ValueError, match=r"--secure_aggregation=ckks: one round's 20 uploads "
-                     r"of 1,663,370 parameters are 51 ciphertexts each of 30.4 MB \(ring "
-                     r"2\^16, depth 28\), 28.9 GiB before any computation, more than the "
-                     r"24.0 GiB available: use a smaller --model.* or --ckks_design=streamed "
-                     r"\(~4.5 GiB\)"):
+  with pytest.raises(ValueError, match=r"crypto\.secure_aggregation=ckks: one round's 20 "
+                     r"uploads of 1,663,370 parameters are 51 ciphertexts each of 30.4 MB "
+                     r"\(ring 2\^16, depth 28\), 28.9 GiB before any computation, more than "
+                     r"the 24.0 GiB available: use a smaller model\.name.* or "
+                     r"crypto\.ckks_design=streamed \(~4.5 GiB\)"):
     secure_engine.check_round_fits(est, 20, 1_663_370, 24 * 2 ** 30)
   secure_engine.check_round_fits(small, 20, 7_850, 24 * 2 ** 30)  # fits: no error
   # The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): ring 2^14 at
@@ -277,18 +279,18 @@ def test_round_estimate_matches_the_measured_ciphertexts_and_refuses_what_cannot
   assert 3.8 * 2 ** 30 < st["memory_bytes"] < 5 * 2 ** 30
   assert 75 < st["cpu_s"] < 100
   secure_engine.check_round_fits(st, 20, 1_663_370, 8 * 2 ** 30)  # fits in 8 GiB
-  with pytest.raises(ValueError, match=r"--ckks_design=streamed: one round of 20 uploads of "
-                     r"1,663,370 parameters holds ~4.5 GiB \(204 ciphertexts of 0.79 MB per "
-                     r"upload\), more than the 2.0 GiB available: use a smaller --model"):
+  with pytest.raises(ValueError, match=r"crypto\.ckks_design=streamed: one round of 20 "
+                     r"uploads of 1,663,370 parameters holds ~4.5 GiB \(204 ciphertexts of "
+                     r"0.79 MB per upload\), more than the 2.0 GiB available: use a smaller "
+                     r"model\.name"):
     secure_engine.check_round_fits(st, 20, 1_663_370, 2 * 2 ** 30)
 
 
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
 def test_a_ckks_run_that_cannot_fit_is_refused_before_any_key_is_made(setup, tmp_path,
                                                                     monkeypatch):
-  cfg = dataclasses.replace(setup[0], rounds=2, secure_aggregation="ckks",
-                            ckks_preset="insecure_test", ckks_min_depth=4,
-                            allow_insecure_ckks=True, output_dir=str(tmp_path))
+  cfg = setup[0].replace(rounds=2, secure_aggregation="ckks", ckks_preset="insecure_test",
+                         ckks_min_depth=4, allow_insecure_ckks=True, output_dir=str(tmp_path))
   monkeypatch.setattr(secure_engine, "available_memory_bytes", lambda: 2 ** 20)  # 1 MiB
   made = []
   monkeypatch.setattr(secure_engine.secure_ducc, "make_protocol",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_async import sharding
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +25,9 @@ CHILD = textwrap.dedent("""
   import dataclasses, functools, json
   import jax, jax.numpy as jnp, numpy as np
   from jax.sharding import PartitionSpec
-  from fedjax_async import client as client_lib, engine, sharding
-  from fedjax_async import timeline as timeline_lib
+  from fedjax_async import client as client_lib, sharding
+  from fedjax_async.rounds import engine
+  from fedjax_async.rounds import timeline as timeline_lib
   from fedjax_async.algorithms import get
 
   N, M, D, C = 12, 24, 6, 3

@@ -95,9 +95,9 @@ def test_no_delayed_or_no_online_update_and_the_carried_model(protocol):
 
 def test_the_design_flag_is_checked():
   from fedjax_async import config  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match="--ckks_design: must be 'one_context' or 'streamed', "
+  with pytest.raises(ValueError, match="^crypto.ckks_design: must be 'one_context' or 'streamed', "
                      "got 'two'"):
-    config.validate(config.RunConfig(ckks_design="two"))
+    config.validate(config.RunConfig().replace(ckks_design="two"))
 
 
 def test_each_context_spends_the_levels_its_depth_names():

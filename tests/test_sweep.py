@@ -1,6 +1,5 @@
 """Vmapped sweeps against separate runs, padding of timelines, grids, sharding, aggregation."""
 
-import dataclasses
 import functools
 import json
 import os
@@ -12,14 +11,16 @@ import types
 import numpy as np
 import pytest
 
+from fedjax_async import outputs
+from fedjax_async import config as config_lib
 from fedjax_async import algorithms
 from fedjax_async import client as client_lib
 from fedjax_async import checkpoint as ckpt_lib
-from fedjax_async import engine
-from fedjax_async import experiment
-from fedjax_async import sweep
-from fedjax_async import sweep_store
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import experiment
+from fedjax_async.sweeps import sweep
+from fedjax_async.sweeps import store as sweep_store
+from fedjax_async.rounds import timeline as timeline_lib
 import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,7 @@ def tiny_data(seed=0):
                                num_classes=C, name="tiny", num_clients=N, max_examples=M)
 
 
-BASE = experiment.RunConfig(
+BASE = config_lib.RunConfig().replace(
     algorithm="pafed", dataset="synthetic", num_clients=N, participation=0.34,
     delay=timeline_lib.DelayConfig(0.3, "uniform", 2), rounds=6, local_epochs=1,
     batch_size=5, rounds_per_call=3, eval_every=2, checkpoint_every=0, tensorboard=False)
@@ -56,15 +57,16 @@ def separate_run(cfg, name):
   fed = tiny_data()
   _, w0, apply_flat = experiment.build_model(cfg, fed)
   alg = algorithms.get(name)
-  ecfg = engine.EngineConfig(client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, M),
+  ecfg = engine.EngineConfig(client_lib.LocalConfig(cfg.local.batch_size,
+                                                    cfg.local.local_epochs, M),
                              cfg.delay.ring_size)
   if (name, ecfg) not in _RUNNERS:
     _RUNNERS[(name, ecfg)] = engine.make_runner(apply_flat, alg, ecfg)
-  tl = timeline_lib.build(N, cfg.rounds, cfg.participation, cfg.delay, cfg.seed)
-  state = engine.init_state(alg, w0, N, ecfg.ring_size, cfg.seed)
+  tl = timeline_lib.build(N, cfg.run.rounds, cfg.run.participation, cfg.delay, cfg.run.seed)
+  state = engine.init_state(alg, w0, N, ecfg.ring_size, cfg.run.seed)
   return engine.simulate(_RUNNERS[(name, ecfg)], state, tl,
                          cfg.hparams(), engine.DeviceData.from_federated(fed),
-                         eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call)
+                         eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call)
 
 
 @pytest.mark.xdist_group("sweep_reference")  # shares separate_run's cached runs
@@ -73,13 +75,14 @@ def test_vmapped_sweep_equals_separate_runs():
   fed = tiny_data()
   sweeps = {"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]}
   cfgs = sweep.grid(BASE, sweeps, num_seeds=1)  # 4 runs, different K per timeline
-  ks = {timeline_lib.build(N, c.rounds, c.participation, c.delay, c.seed).client.shape[1]
+  ks = {timeline_lib.build(N, c.run.rounds, c.run.participation, c.delay,
+                           c.run.seed).client.shape[1]
         for c in cfgs}
   assert len(ks) > 1  # padding to the largest K is exercised
   prep = sweep.prepare(cfgs, name, fed)
   res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                             num_rounds=BASE.rounds, eval_every=BASE.eval_every,
-                             rounds_per_call=BASE.rounds_per_call)
+                             num_rounds=BASE.run.rounds, eval_every=BASE.run.eval_every,
+                             rounds_per_call=BASE.run.rounds_per_call)
   for i, c in enumerate(cfgs):
     state, rows = separate_run(c, name)
     np.testing.assert_allclose(res.states.w[i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
@@ -88,7 +91,7 @@ def test_vmapped_sweep_equals_separate_runs():
     for k in state.client_state:
       np.testing.assert_allclose(res.states.client_state[k][i],
                                  np.asarray(state.client_state[k]), rtol=2e-5, atol=2e-6)
-    assert int(res.states.round[i]) == BASE.rounds
+    assert int(res.states.round[i]) == BASE.run.rounds
     assert [r["online"] for r in res.rows[i]] == [r["online"] for r in rows]
     assert [r["delayed"] for r in res.rows[i]] == [r["delayed"] for r in rows]
     for a, b in zip(res.rows[i], rows):
@@ -114,7 +117,7 @@ def test_pad_slots_marks_padding_invalid():
 def test_grid_is_cartesian_product_with_seeds():
   cfgs = sweep.grid(BASE, {"lr": [0.1, 0.2, 0.3], "rho": [0.5, 1.0]}, num_seeds=2)
   assert len(cfgs) == 12
-  triples = {(c.lr, c.rho, c.seed) for c in cfgs}
+  triples = {(c.local.lr, c.algorithm.rho, c.run.seed) for c in cfgs}
   assert triples == {(lr, rho, s) for lr in (0.1, 0.2, 0.3) for rho in (0.5, 1.0)
                      for s in (0, 1)}
   hp = sweep.stack_hparams(cfgs)
@@ -124,13 +127,13 @@ def test_grid_is_cartesian_product_with_seeds():
 def test_grid_errors_name_the_flag():
   with pytest.raises(ValueError, match="--sweep_lr"):
     sweep.parse_values("sweep_lr", "0.1,abc")
-  with pytest.raises(ValueError, match="--rho"):
+  with pytest.raises(ValueError, match=r"^--sweep_rho: 0 is not a valid rho \(algorithm\.rho"):
     sweep.grid(BASE, {"rho": [0.0]})
-  with pytest.raises(ValueError, match="--delay_fraction"):
+  with pytest.raises(ValueError, match=r"\(delay\.fraction: must be in"):
     sweep.grid(BASE, {"delay_fraction": [1.5]})
   # the swept flag is named first, with the value that was refused
   with pytest.raises(ValueError, match=r"^--sweep_delay_fraction: 1.5 is not a valid "
-                     r"delay_fraction \(--delay_fraction must be in \[0, 1\]"):
+                     r"delay_fraction \(delay\.fraction: must be in \[0, 1\]"):
     sweep.grid(BASE, {"lr": [0.1], "delay_fraction": [0.5, 1.5]})
   with pytest.raises(ValueError, match=r"^--deltas: 2 is not a valid delay_fraction"):
     sweep.check_values(BASE, "delay_fraction", [0.0, 2.0], "deltas")
@@ -198,11 +201,11 @@ def test_plot_aggregate_draws_one_line_per_algorithm_and_other_setting(tmp_path)
 
 def test_diverging_run_does_not_stop_the_others():
   fed = tiny_data()
-  cfgs = sweep.grid(dataclasses.replace(BASE, algorithm="fedavg"),
+  cfgs = sweep.grid(BASE.replace(algorithm="fedavg"),
                     {"server_lr": [1.0, 1e38]}, 1)
   prep = sweep.prepare(cfgs, "fedavg", fed)
   res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                             num_rounds=BASE.rounds, eval_every=1, rounds_per_call=3)
+                             num_rounds=BASE.run.rounds, eval_every=1, rounds_per_call=3)
   assert res.diverged_round[0] is None
   assert res.diverged_round[1] is not None
   assert np.isfinite(res.states.w[0]).all()
@@ -215,14 +218,14 @@ SHARDED = textwrap.dedent("""
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     import jax, numpy as np
     from test_sweep import tiny_data, BASE
-    from fedjax_async import sweep
+    from fedjax_async.sweeps import sweep
     assert len(jax.devices()) == 4, jax.devices()
     cfgs = sweep.grid(BASE, {{"lr": [0.05, 0.2], "delay_fraction": [0.0, 0.5]}})[:3]
     mesh = sweep.run_mesh()
     prep = sweep.prepare(cfgs, "pafed", tiny_data())
     res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
-                               num_rounds=BASE.rounds, eval_every=BASE.eval_every,
-                               rounds_per_call=BASE.rounds_per_call, mesh=mesh)
+                               num_rounds=BASE.run.rounds, eval_every=BASE.run.eval_every,
+                               rounds_per_call=BASE.run.rounds_per_call, mesh=mesh)
     print(json.dumps({{"w": np.asarray(res.states.w).tolist(), "mesh": int(mesh.devices.size),
                       "runs": len(res.rows)}}))
 """)
@@ -275,16 +278,16 @@ def test_sweep_script_splits_runs_over_the_requested_cpu_devices(tmp_path, extra
 
 
 def test_config_differences_name_the_flags():
-  cfg = dataclasses.replace(BASE, rounds=8, lr=0.05,
+  cfg = BASE.replace(rounds=8, lr=0.05,
                             delay=timeline_lib.DelayConfig(0.5, "uniform", 2))
-  saved = json.loads(json.dumps(experiment.run_config_for(BASE, "fedavg")))
-  diffs = sweep_store.config_differences(saved, experiment.run_config_for(cfg, "fedavg"))
+  saved = json.loads(json.dumps(config_lib.run_config_for(BASE, "fedavg")))
+  diffs = sweep_store.config_differences(saved, config_lib.run_config_for(cfg, "fedavg"))
   assert diffs == ["--delay_fraction=0.3 (now 0.5)", "--lr=0.1 (now 0.05)",
                    "--rounds=6 (now 8)"]
   # settings that do not change the results are not differences
-  same = dataclasses.replace(BASE, rounds_per_call=2, output_dir="elsewhere",
+  same = BASE.replace(rounds_per_call=2, output_dir="elsewhere",
                              tensorboard=True, client_chunk=4)
-  assert sweep_store.config_differences(saved, experiment.run_config_for(same, "fedavg")) == []
+  assert sweep_store.config_differences(saved, config_lib.run_config_for(same, "fedavg")) == []
 
 
 def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, monkeypatch,
@@ -294,7 +297,7 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
   removed once its runs are written; a checkpoint made with other flags is discarded,
   naming them, and the computation starts over."""
   fed = tiny_data()
-  base = dataclasses.replace(BASE, algorithm="pafed", rounds=6, rounds_per_call=1,
+  base = BASE.replace(algorithm="pafed", rounds=6, rounds_per_call=1,
                              checkpoint_every=2)
   cfgs = sweep.grid(base, {"lr": [0.05, 0.2]}, num_seeds=1)
   ref = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "ref"), quiet=True)
@@ -305,7 +308,7 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
     if len(calls) == 3:
       raise KeyboardInterrupt
 
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
   out = tmp_path / "cut"
   with pytest.raises(KeyboardInterrupt):
     sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), quiet=True)
@@ -317,7 +320,7 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
   c.close()
   assert not (out / "runs").exists()  # no run finished
   calls.clear()
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
   resumed = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), resume=True)
   assert "[pafed x2] resuming from the checkpoint of round 2" in capsys.readouterr().out
   for a, b in zip(resumed, ref):
@@ -325,30 +328,30 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
     assert a["final_accuracy"] == pytest.approx(b["final_accuracy"], abs=1e-6)
   for c_ in cfgs:
     name = sweep.run_name(c_, ["lr"])
-    rows = experiment.read_metrics(str(out / "runs" / "pafed" / name))
-    ref_rows = experiment.read_metrics(str(tmp_path / "ref" / "runs" / "pafed" / name))
+    rows = outputs.read_metrics(str(out / "runs" / "pafed" / name))
+    ref_rows = outputs.read_metrics(str(tmp_path / "ref" / "runs" / "pafed" / name))
     assert [r["round"] for r in rows] == list(range(6))
     for a, b in zip(rows, ref_rows):
       assert (a["online"], a["delayed"]) == (b["online"], b["delayed"])
       assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
   assert not (out / "checkpoints").exists()  # removed once the runs were written
   # a checkpoint of the same runs made with other flags: discarded, named, run again
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
   with pytest.raises(KeyboardInterrupt):
     sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "stale"), quiet=True)
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
   capsys.readouterr()
-  longer = [dataclasses.replace(c_, mu=0.5) for c_ in cfgs]
+  longer = [c_.replace(mu=0.5) for c_ in cfgs]
   sweep.run_sweep(longer, "pafed", fed, ["lr"], str(tmp_path / "stale"), resume=True)
   text = capsys.readouterr().out
   assert "[pafed x2] discarding the checkpoint under" in text and "(--mu=0.01 (now 0.5))" in text
   assert "resuming" not in text
   # a checkpoint whose state cannot be read (meta intact): discarded, named, run again
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
   calls.clear()
   with pytest.raises(KeyboardInterrupt):
     sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "damaged"), quiet=True)
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
   [key] = os.listdir(tmp_path / "damaged" / "checkpoints" / "pafed")
   for root, _, files in os.walk(tmp_path / "damaged" / "checkpoints" / "pafed" / key / "2"
                                 / "state"):
@@ -362,11 +365,11 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
       [s_["final_accuracy"] for s_ in ref], abs=1e-6)
   # a checkpoint of another grouping of the runs (one run per computation now) is not
   # used, and said to be left
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", interrupt_after_round_3)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
   calls.clear()
   with pytest.raises(KeyboardInterrupt):
     sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), quiet=True)
-  monkeypatch.setattr(sweep.experiment, "check_interrupted", lambda: None)
+  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
   capsys.readouterr()
   sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), resume=True,
                   max_runs_per_computation=1)
@@ -381,7 +384,7 @@ def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
   """Each computation's runs are on disk when it ends; --resume reads back those with the
   same configuration and runs the others (naming the flags that differ)."""
   fed = tiny_data()
-  base = dataclasses.replace(BASE, algorithm="fedavg", rounds=3)
+  base = BASE.replace(algorithm="fedavg", rounds=3)
   cfgs = sweep.grid(base, {"lr": [0.05, 0.2]}, num_seeds=1)
   first = sweep.run_sweep(cfgs, "fedavg", fed, ["lr"], str(tmp_path),
                           max_runs_per_computation=1, quiet=True)
@@ -399,7 +402,7 @@ def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
   out = sweep.run_sweep(more, "fedavg", fed, ["lr"], str(tmp_path), resume=True)
   assert prepared == [1] and out[:2] == first and out[2]["setting"] == {"lr": 0.1}
   # other --rounds: the stored runs are stale and run again
-  longer = [dataclasses.replace(c, rounds=4) for c in cfgs]
+  longer = [c.replace(rounds=4) for c in cfgs]
   out = sweep.run_sweep(longer, "fedavg", fed, ["lr"], str(tmp_path), resume=True)
   assert prepared == [1, 2] and all(s["rounds"] == 4 for s in out)
   text = capsys.readouterr().out

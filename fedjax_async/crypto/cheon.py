@@ -50,9 +50,9 @@ DUCC_MAX_SCALE = 4.0  # |y| <= 1/4 for Min(s, 1/2), s in [0, 1]: (4 y)^2 <= 1
 
 
 def check_ducc_scale(scale: float) -> None:
-  """ValueError naming --ckks_min_scale unless 0 < scale <= 4."""
+  """ValueError naming crypto.ckks_min_scale unless 0 < scale <= 4."""
   if not 0.0 < float(scale) <= DUCC_MAX_SCALE:
-    raise ValueError(f"--ckks_min_scale: must be in (0, {DUCC_MAX_SCALE:g}] (DUCC's Min "
+    raise ValueError(f"crypto.ckks_min_scale: must be in (0, {DUCC_MAX_SCALE:g}] (DUCC's Min "
                      f"input y = cos / 4 times it must stay in [-1, 1]), got {scale}")
 
 

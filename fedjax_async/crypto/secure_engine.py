@@ -1,7 +1,7 @@
-"""The round loop with PAFed's server under CKKS (``--secure_aggregation=ckks``).
+"""The round loop with PAFed's server under CKKS (``crypto.secure_aggregation=ckks``).
 
-The same round as ``fedjax_async.engine.round_step``, with step 5 (the server) replaced by
-the encrypted protocol of ``secure_ducc`` (``--ckks_design=one_context``) or
+The same round as ``fedjax_async.rounds.engine.round_step``, with step 5 (the server) replaced by
+the encrypted protocol of ``secure_ducc`` (``crypto.ckks_design=one_context``) or
 ``streamed_ducc`` (``streamed``):
 
 1-4. ``engine.client_phase`` (jitted): gather from the ring buffer, vmapped ADMM local
@@ -32,15 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import engine
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import ops
+from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
-INSECURE_WARNING = ("WARNING: --ckks_preset=insecure_test: CKKS with ring 2^11 and no "
+INSECURE_WARNING = ("WARNING: crypto.ckks_preset=insecure_test: CKKS with ring 2^11 and no "
                     "security level (HEStd_NotSet) is NOT secure; for tests only")
 
 
@@ -121,19 +122,19 @@ def check_round_fits(est: dict, uploads: int, dim: int, available: int):
     return
   if est["design"] == "streamed":
     raise ValueError(
-        f"--secure_aggregation=ckks --ckks_design=streamed: one round of {uploads} uploads "
-        f"of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB ({est['chunks']} "
+        f"crypto.secure_aggregation=ckks crypto.ckks_design=streamed: one round of {uploads} "
+        f"uploads of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB ({est['chunks']} "
         f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.2f} MB per upload), more than the "
-        f"{available / 2**30:.1f} GiB available: use a smaller --model or fewer clients per "
-        "round (--participation, --delay_fraction)")
+        f"{available / 2**30:.1f} GiB available: use a smaller model.name or fewer clients per "
+        "round (run.participation, delay.fraction)")
   raise ValueError(
-      f"--secure_aggregation=ckks: one round's {uploads} uploads of {dim:,} parameters are "
-      f"{est['chunks']} ciphertexts each of {est['ciphertext_bytes'] / 1e6:.1f} MB (ring "
+      f"crypto.secure_aggregation=ckks: one round's {uploads} uploads of {dim:,} parameters "
+      f"are {est['chunks']} ciphertexts each of {est['ciphertext_bytes'] / 1e6:.1f} MB (ring "
       f"2^{est['ring'].bit_length() - 1}, depth {est['depth']}), "
       f"{est['upload_bytes'] / 2**30:.1f} GiB before any computation, more than the "
-      f"{available / 2**30:.1f} GiB available: use a smaller --model, fewer clients per "
-      "round (--participation, --delay_fraction), a smaller --ckks_min_depth, or "
-      f"--ckks_design=streamed (~{est['streamed_memory_bytes'] / 2**30:.1f} GiB)")
+      f"{available / 2**30:.1f} GiB available: use a smaller model.name, fewer clients per "
+      "round (run.participation, delay.fraction), a smaller crypto.ckks_min_depth, or "
+      f"crypto.ckks_design=streamed (~{est['streamed_memory_bytes'] / 2**30:.1f} GiB)")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -191,6 +192,19 @@ def _round_rows(metrics: dict, evaluated, t: int, t_round: float) -> List[dict]:
   return rows
 
 
+def _plaintext_pieces(apply_flat: Callable, algorithm: base.Algorithm,
+                      ecfg: engine.EngineConfig, data: engine.DeviceData):
+  """The jitted client phase, round end and evaluation of the round engine. The clients
+  encrypt their own uploads, so the round's [K, d] uploads are kept (not folded into the
+  plaintext server's running sums chunk by chunk)."""
+  ecfg = dataclasses.replace(ecfg, stream_uploads=False)
+  phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
+                                       algorithm=algorithm, cfg=ecfg))
+  eval_fn = jax.jit(lambda w: ops.evaluate(apply_flat, w, data.test_x, data.test_y,
+                                           ecfg.eval_batch))
+  return phase_fn, jax.jit(engine.finish_round), eval_fn
+
+
 def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol=None,
@@ -210,8 +224,8 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   engine's keys plus ``he_<stage>_s`` seconds) and the total seconds per stage.
   """
   if algorithm.name != "pafed":
-    raise ValueError("--secure_aggregation=ckks: the encrypted server is PAFed's; got "
-                     f"--algorithm={algorithm.name}")
+    raise ValueError("crypto.secure_aggregation=ckks: the encrypted server is PAFed's; got "
+                     f"algorithm.names={algorithm.name}")
   dim = int(state.w.shape[0])
   preset = protocol.preset if protocol is not None else preset
   if preset == "insecure_test":  # every run, whatever ``stream`` is
@@ -225,14 +239,7 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
-  # The clients encrypt their own uploads, so the round's [K, d] uploads are kept (not
-  # folded into the plaintext server's running sums chunk by chunk).
-  ecfg = dataclasses.replace(ecfg, stream_uploads=False)
-  phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
-                                       algorithm=algorithm, cfg=ecfg))
-  finish_fn = jax.jit(engine.finish_round)
-  eval_fn = jax.jit(lambda w: engine.evaluate(apply_flat, w, data.test_x, data.test_y,
-                                              ecfg.eval_batch))
+  phase_fn, finish_fn, eval_fn = _plaintext_pieces(apply_flat, algorithm, ecfg, data)
   total = tl.num_rounds
   stop = total if stop_round is None else min(stop_round, total)
   schedule = engine.eval_schedule(total, eval_every)

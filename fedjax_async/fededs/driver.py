@@ -38,7 +38,7 @@ def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int =
                seed: int = 0):
   """``engine.init_state`` with the client ids a wrapped algorithm keeps installed: the
   state ``run`` starts from, and the template a checkpoint is restored into."""
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   state = engine.init_state(algorithm, w0, num_clients, ring_size, seed)
   if ID_KEY in state.client_state:
     state = install_client_ids(state)
@@ -58,7 +58,7 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
   of round t continues with round t, as the uninterrupted run would. Each row carries the
   round's ``local_epochs`` (E_t) and ``lambda_dis`` already when ``on_chunk(state, rows)``
   sees it (so a checkpoint stores them)."""
-  from fedjax_async import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   num_clients = int(data.counts.shape[0])
   max_examples = int(data.x.shape[1])
   if state is None:

@@ -29,24 +29,31 @@ DELAY_DISTRIBUTIONS = ("fixed", "uniform", "geometric")
 
 @dataclasses.dataclass(frozen=True)
 class DelayConfig:
-  fraction: float = 0.0  # delta: fraction of sampled clients that are delayed
-  distribution: str = "uniform"  # fixed | uniform | geometric
-  max_delay: int = 5  # fixed: the delay k; uniform: Dmax
-  mean: float = 2.0  # geometric: mean delay m (support 1, 2, ...)
-  buffer_size: int = 0  # R, past global models kept; 0 = Dmax + 1 (fixed/uniform)
+  """Which sampled clients are delayed, and by how many rounds (``RunConfig.delay``)."""
+  fraction: float = dataclasses.field(default=0.0, metadata={  # delta
+      "flag": "delay_fraction", "help": "delta, fraction of sampled clients that are "
+      "delayed (the library default is 0; the main job uses 0.3)."})
+  distribution: str = dataclasses.field(default="uniform", metadata={
+      "flag": "delay_distribution", "help": "fixed | uniform | geometric."})
+  max_delay: int = dataclasses.field(default=5, metadata={
+      "help": "Dmax (uniform) or k (fixed), rounds."})
+  mean: float = dataclasses.field(default=2.0, metadata={  # geometric: support 1, 2, ...
+      "flag": "delay_mean", "help": "Mean delay for geometric delays, rounds."})
+  buffer_size: int = dataclasses.field(default=0, metadata={
+      "help": "R, past global models kept (0: Dmax + 1)."})
 
-  def __post_init__(self):
+  def __post_init__(self):  # the errors name the field's path in RunConfig
     if not 0.0 <= self.fraction <= 1.0:
-      raise ValueError(f"--delay_fraction must be in [0, 1], got {self.fraction}")
+      raise ValueError(f"delay.fraction: must be in [0, 1], got {self.fraction}")
     if self.distribution not in DELAY_DISTRIBUTIONS:
-      raise ValueError(f"--delay_distribution must be one of {DELAY_DISTRIBUTIONS}, "
+      raise ValueError(f"delay.distribution: must be one of {DELAY_DISTRIBUTIONS}, "
                        f"got {self.distribution!r}")
     if self.max_delay < 1:
-      raise ValueError(f"--max_delay must be >= 1, got {self.max_delay}")
+      raise ValueError(f"delay.max_delay: must be >= 1, got {self.max_delay}")
     if self.distribution == "geometric" and self.mean < 1.0:
-      raise ValueError(f"--delay_mean must be >= 1 for geometric delays, got {self.mean}")
+      raise ValueError(f"delay.mean: must be >= 1 for geometric delays, got {self.mean}")
     if self.buffer_size < 0:
-      raise ValueError(f"--buffer_size must be >= 0, got {self.buffer_size}")
+      raise ValueError(f"delay.buffer_size: must be >= 0, got {self.buffer_size}")
 
   @property
   def ring_size(self) -> int:
@@ -94,11 +101,11 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
           seed: int, min_slots: int = 1) -> Timeline:
   """Draws the round timeline (host side, deterministic from ``seed``)."""
   if num_clients < 1:
-    raise ValueError(f"--num_clients must be >= 1, got {num_clients}")
+    raise ValueError(f"data.num_clients must be >= 1, got {num_clients}")
   if not 0.0 < participation <= 1.0:
-    raise ValueError(f"--participation must be in (0, 1], got {participation}")
+    raise ValueError(f"run.participation must be in (0, 1], got {participation}")
   if num_rounds < 1:
-    raise ValueError(f"--rounds must be >= 1, got {num_rounds}")
+    raise ValueError(f"run.rounds must be >= 1, got {num_rounds}")
   rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7173]))
   per_round = max(1, int(round(participation * num_clients)))
   ring = delay.ring_size
@@ -160,8 +167,8 @@ def delayed_only_warning(tl: Timeline) -> Optional[str]:
   return (f"warning: pafed: {len(rounds)} of {tl.num_rounds} rounds (round {shown}) receive "
           f"delayed updates but no online one; DUCC has no online mean to classify them "
           f"against (Alg. 4 line 3), so those rounds leave the model unchanged and "
-          f"{lost} delayed updates go unused; raise --participation or lower "
-          f"--delay_fraction")
+          f"{lost} delayed updates go unused; raise run.participation or lower "
+          f"delay.fraction")
 
 
 def dropped_warning(delay: DelayConfig, tl: Timeline) -> Optional[str]:
@@ -174,18 +181,18 @@ def dropped_warning(delay: DelayConfig, tl: Timeline) -> Optional[str]:
   dropped = int(tl.dropped.sum())
   arrived = int((tl.valid & ~tl.online).sum())  # delayed updates that reached the server
   total = dropped + arrived
-  buffer = (f"--buffer_size={delay.buffer_size} keeps {ring} past global models"
-            if delay.buffer_size else f"--buffer_size=0 (auto) keeps {ring} past global models")
+  buffer = (f"delay.buffer_size={delay.buffer_size} keeps {ring} past global models"
+            if delay.buffer_size else f"delay.buffer_size=0 (auto) keeps {ring} past global models")
   if delay.distribution in ("fixed", "uniform") and ring < delay.max_delay + 1:
     law = ("every delayed update is" if delay.distribution == "fixed"
            else f"delays of {ring}..{delay.max_delay} rounds are")
-    return (f"warning: {buffer} but --max_delay={delay.max_delay} needs "
+    return (f"warning: {buffer} but delay.max_delay={delay.max_delay} needs "
             f"{delay.max_delay + 1}: {law} dropped ({dropped} of the {total} delayed "
-            f"updates that arrive within --rounds); set --buffer_size >= "
+            f"updates that arrive within run.rounds); set delay.buffer_size >= "
             f"{delay.max_delay + 1} (or 0) to keep them")
   if dropped:
     return (f"warning: {buffer} (staleness <= {ring - 1}); the timeline drops {dropped} of "
-            f"the {total} delayed updates that arrive within --rounds (--delay_distribution="
-            f"{delay.distribution}, --delay_mean={delay.mean}); raise --buffer_size to keep "
+            f"the {total} delayed updates that arrive within run.rounds (delay.distribution="
+            f"{delay.distribution}, delay.mean={delay.mean}); raise delay.buffer_size to keep "
             f"them")
   return None

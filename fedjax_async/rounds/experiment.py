@@ -1,5 +1,5 @@
 """One algorithm's run on the round engine: data and model from a ``RunConfig``, the host
-loop around ``engine.simulate`` (checkpoints, ``--resume``, divergence, interrupts,
+loop around ``engine.simulate`` (checkpoints, ``output.resume``, divergence, interrupts,
 metrics rows, TensorBoard, progress lines) and its summary.
 
 The path of a parameter: flag (``cli.define_run_flags``) -> ``RunConfig`` field
@@ -25,48 +25,37 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import client as client_lib
-from fedjax_async import engine
+from fedjax_async.rounds import engine
 from fedjax_async import interrupts
 from fedjax_async import loop
 from fedjax_async import distributed
 from fedjax_async import sharding
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 
-# SIGINT / SIGTERM handling, shared by every driver (here for their ``experiment.`` calls)
-Interrupted = interrupts.Interrupted
-check_interrupted = interrupts.check_interrupted
-handle_interrupts = interrupts.handle_interrupts
-exit_on_interrupt = interrupts.exit_on_interrupt
-
-# The configuration, output-file and flag functions, for ``experiment.X`` callers.
-from fedjax_async.cli import config_from_flags, main_from_flags, quiet_library_logs  # noqa: E402,F401
-from fedjax_async.cli import define_run_flags as define_flags  # noqa: E402,F401
-from fedjax_async.config import (  # noqa: E402,F401
-    MAIN_JOB_ALGORITHMS, RESUME_FREE_FIELDS, STORED_BEFORE, RunConfig, check, config_dict,
-    config_mismatch, dataset_defaults, mismatch_flags, run_config_for, validate)
-from fedjax_async.outputs import (  # noqa: E402,F401
-    COMPARISON_OUTPUTS, INSECURE_CKKS, RUN_OUTPUTS, TensorBoard, algorithm_label,
-    check_writable, ckks_security, comparison_table, figure_title, json_row, plot_curves,
-    prepare_output_dir, previous_outputs, read_metrics, write_comparison)
+from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
+from fedjax_async.interrupts import Interrupted
+from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
 
 
 def load_data(cfg: RunConfig):
   from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
-  return data_lib.load(cfg.dataset, partition=cfg.partition, num_clients=cfg.num_clients,
-                       alpha=cfg.dirichlet_alpha, shards_per_client=cfg.shards_per_client,
-                       seed=cfg.seed, data_dir=cfg.data_dir, data_source=cfg.data_source)
+  d = cfg.data
+  return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
+                       alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
+                       seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source)
 
 
 def build_model(cfg: RunConfig, fed_data):
-  """(name, flat initial weights, apply); a ValueError names --model."""
+  """(name, flat initial weights, apply); a ValueError names model.name."""
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   input_shape = tuple(fed_data.x.shape[2:])
   try:
-    name = models.default_model_for(cfg.dataset) if cfg.model == "auto" else cfg.model
+    name = (models.default_model_for(cfg.data.dataset) if cfg.model.name == "auto"
+            else cfg.model.name)
     model = models.get_model(name, fed_data.num_classes, input_shape)
   except ValueError as e:
-    raise ValueError(f"--model: {e} (--dataset={cfg.dataset})") from None
-  w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.seed))
+    raise ValueError(f"model.name: {e} (data.dataset={cfg.data.dataset})") from None
+  w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
   return name, w0, apply_flat
 
 
@@ -205,13 +194,13 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
         quiet: bool = False, position: Optional[tuple] = None,
         overall: Optional[Overall] = None) -> Run:
   """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl, summary.json, TensorBoard
-  scalars and (``cfg.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``
-  (``out_dir`` defaults to ``<cfg.output_dir>/<name>``; with neither, nothing is written
+  scalars and (``cfg.output.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``
+  (``out_dir`` defaults to ``<cfg.output.output_dir>/<name>``; with neither, nothing is written
   and the ``Run`` holds it all).
 
-  A directory that holds a previous run is refused (ValueError naming --output_dir) unless
-  ``cfg.resume`` or ``cfg.overwrite`` (which deletes that run's outputs first). With
-  ``cfg.resume`` it continues from the latest checkpoint: the restored state and
+  A directory that holds a previous run is refused (ValueError naming output.output_dir) unless
+  ``cfg.output.resume`` or ``cfg.output.overwrite`` (which deletes that run's outputs first). With
+  ``cfg.output.resume`` it continues from the latest checkpoint: the restored state and
   metrics rows make the rest of the run, ``metrics.jsonl`` (rewritten from the restored
   rows, then appended) and the final state identical to an uninterrupted run's. Raises
   ``engine.Diverged`` naming the round, the algorithm and the last good checkpoint, and
@@ -219,11 +208,11 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   round and the checkpoint to resume from. ``position`` (i, n) and ``overall``: see
   ``Progress``.
   """
-  if out_dir is None and cfg.output_dir is not None:
-    out_dir = os.path.join(cfg.output_dir, name)
-  quiet = quiet or cfg.quiet
+  if out_dir is None and cfg.output.output_dir is not None:
+    out_dir = os.path.join(cfg.output.output_dir, name)
+  quiet = quiet or cfg.output.quiet
   if out_dir is not None:
-    prepare_output_dir(out_dir, cfg.resume, cfg.overwrite)
+    prepare_output_dir(out_dir, cfg.output.resume, cfg.output.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model = build_model(cfg, fed_data) if model is None else model
   writes = out_dir is not None and distributed.is_main()  # process 0 writes the files
@@ -234,8 +223,8 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   start_round = int(state.round)
   if overall is not None:
     overall.skip(start_round)
-  progress = Progress(name, cfg.rounds, start_round, position=position, overall=overall,
-                      every=log_interval(cfg.log_every, cfg.rounds))
+  progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
+                      every=log_interval(cfg.output.log_every, cfg.run.rounds))
   ecfg = setup.run_ecfg
   if not quiet:  # a line from inside a long compiled chunk of rounds
     ecfg = dataclasses.replace(ecfg, progress=progress.tick)
@@ -244,7 +233,8 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   metrics = loop.MetricsFile(
       os.path.join(out_dir, "metrics.jsonl") if writes else None,
       resumed.rows if resumed else (),
-      TensorBoard(out_dir, cfg.tensorboard and writes, purge_step=0 if cfg.resume else None))
+      TensorBoard(out_dir, cfg.output.tensorboard and writes,
+                  purge_step=0 if cfg.output.resume else None))
   host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
                        None if quiet else progress,
                        resumed.wall_before if resumed else 0.0)
@@ -254,7 +244,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       f"[{name}] stopping at the end of this chunk of rounds to save it (a second "
       "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
   runner = engine.make_runner(setup.apply_flat, setup.algorithm, ecfg)
-  if not quiet and start_round < cfg.rounds:
+  if not quiet and start_round < cfg.run.rounds:
     runner = CompileTimer(runner, name)
   try:
     with stop_softly:
@@ -269,10 +259,10 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
       ckpt.close()
   rows = metrics.rows
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
-                      num_params=int(np.size(model[1])), rounds=cfg.rounds, wall=host.wall(),
+                      num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=host.wall(),
                       config=config_dict(cfg))
-  if cfg.secure_aggregation == "ckks":
-    summary["ckks_security"] = ckks_security(cfg.ckks_preset)
+  if cfg.crypto.secure_aggregation == "ckks":
+    summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
   if writes:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
@@ -283,25 +273,26 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
             quiet: bool):
   """(checkpoints or None, the state to start from, the restored checkpoint or None)."""
   ckpt = None
-  if out_dir is not None and (cfg.checkpoint_every > 0 or cfg.resume):
+  if out_dir is not None and (cfg.output.checkpoint_every > 0 or cfg.output.resume):
     ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), run_config_for(cfg, name),
-                            every=cfg.checkpoint_every, total=cfg.rounds, resume=cfg.resume,
-                            mismatch=mismatch_flags, keep=cfg.keep_checkpoints)
+                            every=cfg.output.checkpoint_every, total=cfg.run.rounds,
+                            resume=cfg.output.resume,
+                            mismatch=mismatch_flags, keep=cfg.output.keep_checkpoints)
   state, resumed = setup.state, None
   if ckpt is not None:
-    # A larger --rounds extends the run: its timeline's first rounds are the same draws.
-    extends = lambda saved, bad: ([b.split("=")[0] for b in bad] == ["--rounds"]
-                                  and int(saved["rounds"]) < cfg.rounds)
+    # A larger run.rounds extends the run: its timeline's first rounds are the same draws.
+    extends = lambda saved, bad: ([b.split("=")[0] for b in bad] == ["run.rounds"]
+                                  and int(saved["rounds"]) < cfg.run.rounds)
     resumed = ckpt.restore(state, extends)
   if resumed is not None:
     state = setup.place(jax.tree.map(jnp.asarray, resumed.state))[2]
     if not quiet:
-      more = (f", extending its {resumed.config['rounds']} rounds to {cfg.rounds}"
-              if int(resumed.config["rounds"]) < cfg.rounds else "")
+      more = (f", extending its {resumed.config['rounds']} rounds to {cfg.run.rounds}"
+              if int(resumed.config["rounds"]) < cfg.run.rounds else "")
       print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
             f"({ckpt.directory}){more}", flush=True)
-  elif cfg.resume and not quiet and ckpt is not None:
-    print(f"[{name}] --resume: no checkpoint under {ckpt.directory}, starting fresh",
+  elif cfg.output.resume and not quiet and ckpt is not None:
+    print(f"[{name}] output.resume: no checkpoint under {ckpt.directory}, starting fresh",
           flush=True)
   return ckpt, state, resumed
 
@@ -321,25 +312,25 @@ class _Setup(NamedTuple):
 
 def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
   _, w0, apply_flat = model
-  algorithm = algorithms.get(name, cfg.admm_upload)
-  tl = timeline_lib.build(fed_data.num_clients, cfg.rounds, cfg.participation, cfg.delay,
-                          cfg.seed)
+  algorithm = algorithms.get(name, cfg.algorithm.admm_upload)
+  tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
+                          cfg.run.seed)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(cfg.batch_size, cfg.local_epochs, fed_data.max_examples,
-                             cfg.random_local_epochs, momentum=cfg.momentum > 0,
-                             local_steps=cfg.local_steps),
+      client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed_data.max_examples,
+                             cfg.local.random_local_epochs, momentum=cfg.local.momentum > 0,
+                             local_steps=cfg.local.local_steps),
       cfg.delay.ring_size,
-      client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.client_chunk < 0
-                    else cfg.client_chunk or None))
+      client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.run.client_chunk < 0
+                    else cfg.run.client_chunk or None))
   # The engine's view: clients split over the devices (K padded to a multiple of their
   # number; with several, each device gets only its slices of the host arrays).
-  devices = sharding.select_devices(cfg.devices)
+  devices = sharding.select_devices(cfg.run.devices)
   data = (engine.DeviceData.from_federated(fed_data) if len(devices) == 1 else
           engine.DeviceData(fed_data.x, fed_data.y, fed_data.counts, fed_data.test_x,
                             fed_data.test_y))
-  place = lambda s: sharding.shard_clients(ecfg, tl, s, data, devices, cfg.client_data)
+  place = lambda s: sharding.shard_clients(ecfg, tl, s, data, devices, cfg.run.client_data)
   initial = lambda: engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
-                                      cfg.seed)
+                                      cfg.run.seed)
   run_ecfg, run_tl, state, data = place(initial())  # (place then reuses the placed data)
   return _Setup(algorithm, apply_flat, tl, run_tl, run_ecfg, data, state, place,
                 lambda: place(initial())[2])
@@ -348,15 +339,16 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
 def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: bool):
   """The rounds from ``state`` on: the round engine (``runner``), or the encrypted
   server's loop."""
-  if cfg.secure_aggregation == "ckks":
+  if cfg.crypto.secure_aggregation == "ckks":
     from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
     return secure_engine.simulate(
         setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl, cfg.hparams(),
-        setup.data, preset=cfg.ckks_preset, min_depth=cfg.ckks_min_depth,
-        min_scale=cfg.ckks_min_scale, design=cfg.ckks_design, on_chunk=host, eval_every=cfg.eval_every,
+        setup.data, preset=cfg.crypto.ckks_preset, min_depth=cfg.crypto.ckks_min_depth,
+        min_scale=cfg.crypto.ckks_min_scale, design=cfg.crypto.ckks_design, on_chunk=host,
+        eval_every=cfg.run.eval_every,
         stream=io.StringIO() if quiet else sys.stdout)[0]
   return engine.simulate(runner, state, setup.run_tl, cfg.hparams(), setup.data,
-                         eval_every=cfg.eval_every, rounds_per_call=cfg.rounds_per_call,
+                         eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call,
                          on_chunk=host)[0]
 
 
@@ -365,7 +357,7 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
   """Writes the finite rows of the chunk that diverged, checkpoints the last finite state
   and raises ``engine.Diverged`` naming the round, the algorithm and that checkpoint."""
   host.metrics(e.rows)
-  if (ckpt is not None and cfg.secure_aggregation == "none" and e.round is not None
+  if (ckpt is not None and cfg.crypto.secure_aggregation == "none" and e.round is not None
       and e.round - 1 > ckpt.last_saved):
     # The last finite state (after round e.round - 1): the newest checkpoint's state, or
     # the initial one, run on to it (its chunk's state was donated to XLA).
@@ -374,16 +366,16 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
       start = setup.place(jax.tree.map(
           jnp.asarray, ckpt.manager.restore(start, ckpt.latest).state))[2]
     finite, _ = engine.simulate(runner, start, setup.run_tl, cfg.hparams(), setup.data,
-                                eval_every=cfg.eval_every, stop_round=e.round - 1,
-                                rounds_per_call=cfg.rounds_per_call)
+                                eval_every=cfg.run.eval_every, stop_round=e.round - 1,
+                                rounds_per_call=cfg.run.rounds_per_call)
     host.save(finite)
   rows = host.metrics.rows
   last = ckpt.latest if ckpt is not None else None
   where = f"; metrics.jsonl holds rounds 1-{len(rows)}" if rows else ""
   where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
             if last is not None else "; no checkpoint was written")
-  raise engine.Diverged(f"algorithm {name}: {e}{where}; a smaller --lr or --server_lr "
-                        "(PAFed: --alpha0/1/2) usually avoids it", e.round) from None
+  raise engine.Diverged(f"algorithm {name}: {e}{where}; a smaller local.lr or algorithm.server_lr "
+                        "(PAFed: algorithm.alpha0/1/2) usually avoids it", e.round) from None
 
 
 def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: int,
@@ -391,15 +383,15 @@ def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: i
   """The ``Interrupted`` of a stopped run, naming the round and the checkpoint to resume
   from."""
   signum = getattr(e, "signum", signal.SIGINT)
-  at = f"[{name}] interrupted at round {rounds_done + 1}/{cfg.rounds}"
+  at = f"[{name}] interrupted at round {rounds_done + 1}/{cfg.run.rounds}"
   if ckpt is not None and ckpt.latest is not None:
     how = (f"the last checkpoint is round {ckpt.latest} in {ckpt.directory}: rerun the "
-           "same command with --resume to continue")
-  elif cfg.checkpoint_every > 0:
-    how = (f"no checkpoint yet (one every {cfg.checkpoint_every} rounds): rerun the same "
-           "command with --resume to start it again")
+           "same command with output.resume to continue")
+  elif cfg.output.checkpoint_every > 0:
+    how = (f"no checkpoint yet (one every {cfg.output.checkpoint_every} rounds): rerun the same "
+           "command with output.resume to start it again")
   else:
-    how = ("no checkpoint (--checkpoint_every=0): rerun the same command with --resume "
+    how = ("no checkpoint (output.checkpoint_every=0): rerun the same command with output.resume "
            "to start it again")
   return Interrupted(f"{at}; {how}", signum)
 

@@ -16,12 +16,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
+from fedjax_async import outputs
+from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
-from fedjax_async import experiment
 
 # Config fields that do not change a stored run's results (beyond those a resumption may
-# change, experiment.RESUME_FREE_FIELDS): a run stored under other values is still reused.
+# change, config_lib.RESUME_FREE_FIELDS): a run stored under other values is still reused.
 RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
 # The delay's fields under their flag names (config differences are named by flag).
 _DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
@@ -32,7 +33,7 @@ def write_run(out_dir: str, rows: List[dict], summary: dict):
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
     for r in rows:
-      f.write(experiment.json_row(r) + "\n")
+      f.write(outputs.json_row(r) + "\n")
   with open(os.path.join(out_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
 
@@ -146,13 +147,13 @@ def _flat_config(config: dict) -> dict:
 
 def config_differences(saved: dict, current: dict) -> List[str]:
   """``--flag=<stored> (now <current>)`` for each flag whose value differs between a stored
-  run's config and ``current`` (``experiment.config_mismatch``, by flag name, ignoring the
+  run's config and ``current`` (``config_lib.config_mismatch``, by flag name, ignoring the
   RESULT_FREE_FIELDS)."""
   saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
-  bad = [k for k in experiment.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
+  bad = [k for k in config_lib.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
   def stored(k):
     return (repr(saved[k]) if k in saved else
-            f"{experiment.STORED_BEFORE.get(k)!r}, stored before the flag existed")
+            f"{config_lib.STORED_BEFORE.get(k)!r}, stored before the flag existed")
   return [f"--{k}={stored(k)} (now {current.get(k)!r})" for k in bad]
 
 
@@ -166,7 +167,7 @@ def read_stored_run(run_dir: str, config: dict):
   try:
     with open(s_path) as f:
       summary = json.load(f)
-    rows = experiment.read_metrics(run_dir)
+    rows = outputs.read_metrics(run_dir)
   except (OSError, ValueError):  # unreadable: treated as not run
     return None
   if not isinstance(summary.get("config"), dict):
@@ -174,10 +175,10 @@ def read_stored_run(run_dir: str, config: dict):
   return summary, rows, config_differences(summary["config"], config)
 
 
-def stored_config(cfg: experiment.RunConfig, algorithm_name: str,
+def stored_config(cfg: config_lib.RunConfig, algorithm_name: str,
                   extra_config: Optional[dict] = None) -> dict:
   """The config a run of ``cfg`` stores in its summary.json (plus ``extra_config``)."""
-  return dict(experiment.run_config_for(cfg, algorithm_name), **(extra_config or {}))
+  return dict(config_lib.run_config_for(cfg, algorithm_name), **(extra_config or {}))
 
 
 class ComputationCheckpoint:
@@ -191,8 +192,8 @@ class ComputationCheckpoint:
   def __init__(self, out_dir: str, algorithm_name: str, group, run_names, extra_config,
                resume: bool, quiet: bool):
     base = group[0]
-    self.every, self.total, self.quiet = base.checkpoint_every, base.rounds, quiet
-    self.keep = base.keep_checkpoints
+    self.every, self.total, self.quiet = base.output.checkpoint_every, base.run.rounds, quiet
+    self.keep = base.output.keep_checkpoints
     key = hashlib.sha1("\n".join(run_names).encode()).hexdigest()[:12]
     self.directory = os.path.join(out_dir, "checkpoints", algorithm_name, key)
     self.config = {"runs": run_names, "configs": [

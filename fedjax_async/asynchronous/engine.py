@@ -1,6 +1,6 @@
 """Fully asynchronous engine: batched training with exact event-by-event semantics.
 
-The event order of an asynchronous run (``fedjax_async.virtual_clock``) does not depend on
+The event order of an asynchronous run (``asynchronous.virtual_clock``) does not depend on
 the model. The engine therefore takes the precomputed schedule and groups consecutive
 kept arrivals (``virtual_clock.group``) so that every member of a group was dispatched at
 a version <= v0, the server version when the group starts: every member's start model
@@ -47,9 +47,10 @@ import numpy as np
 import optax
 
 from fedjax_async import client as client_lib
-from fedjax_async import engine
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import ops
 from fedjax_async import privacy
-from fedjax_async import virtual_clock
+from fedjax_async.asynchronous import virtual_clock
 from fedjax_async.algorithms import base
 
 Array = jax.Array
@@ -305,7 +306,7 @@ def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData
                             algorithm=algorithm, cfg=cfg)
     acc, loss = jax.lax.cond(
         do_eval,
-        lambda w: engine.evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
+        lambda w: ops.evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
         lambda w: (jnp.float32(jnp.nan), jnp.float32(jnp.nan)), s.w)
     metrics["test_accuracy"], metrics["test_loss"] = acc, loss
     return s, metrics

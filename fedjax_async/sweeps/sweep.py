@@ -15,14 +15,14 @@ shared. With several devices the run axis is sharded over a 1-D mesh ``('runs',)
 (``NamedSharding(mesh, P('runs'))``); the number of runs is padded to a multiple of the
 device count with copies of the first run, whose results are dropped.
 
-The data partition comes from the base ``--seed`` (the data set is shared by all runs of
+The data partition comes from the base ``run.seed`` (the data set is shared by all runs of
 one computation); a sweep's seeds vary the model initialisation, the round timeline (who is
 sampled and delayed) and the clients' shuffles.
 
 Each computation's runs are written (``runs/<algorithm>/<setting>_seed=<s>/``) as soon as it
-finishes; with ``resume`` (``--resume``) the runs found there with the same configuration
+finishes; with ``resume`` (``output.resume``) the runs found there with the same configuration
 are read back instead of run again (``read_stored_run``). While it runs, a computation is
-checkpointed every ``--checkpoint_every`` rounds (``ComputationCheckpoint``: the stacked
+checkpointed every ``output.checkpoint_every`` rounds (``ComputationCheckpoint``: the stacked
 state and every run's rows, under ``checkpoints/<algorithm>/<key>/``, removed once its runs
 are written); with ``resume`` an interrupted computation continues from its latest
 checkpoint, to the rows and states of an uninterrupted one.
@@ -43,13 +43,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_async import outputs
+from fedjax_async import interrupts
+from fedjax_async import config as config_lib
 from fedjax_async import algorithms
 from fedjax_async import client as client_lib
-from fedjax_async import engine
-from fedjax_async import experiment
-from fedjax_async import sweep_store
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import experiment
+from fedjax_async.sweeps import store as sweep_store
 from fedjax_async import distributed
-from fedjax_async import timeline as timeline_lib
+from fedjax_async.rounds import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
 SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "server_lr",
@@ -76,14 +79,12 @@ def parse_values(flag: str, text: str) -> List[float]:
   return values
 
 
-def with_value(cfg: experiment.RunConfig, name: str, value: float) -> experiment.RunConfig:
-  """``cfg`` with one sweepable field set (the delay fraction lives in ``cfg.delay``)."""
-  if name == "delay_fraction":
-    return dataclasses.replace(cfg, delay=dataclasses.replace(cfg.delay, fraction=value))
-  return dataclasses.replace(cfg, **{name: value})
+def with_value(cfg: config_lib.RunConfig, name: str, value: float) -> config_lib.RunConfig:
+  """``cfg`` with one sweepable field set, by its flat key (``lr``, ``delay_fraction``)."""
+  return cfg.replace(**{name: value})
 
 
-def check_values(base: experiment.RunConfig, name: str, values: Sequence[float],
+def check_values(base: config_lib.RunConfig, name: str, values: Sequence[float],
                  flag: str) -> None:
   """Each of ``values`` is a valid ``name`` on top of ``base``; otherwise a ValueError
   naming ``--flag``, the value and what the field requires (``--sweep_delay_fraction=2``
@@ -94,14 +95,14 @@ def check_values(base: experiment.RunConfig, name: str, values: Sequence[float],
                      "once")
   for v in values:
     try:
-      experiment.validate(with_value(base, name, v))  # with_value checks the delay too
+      config_lib.validate(with_value(base, name, v))  # with_value checks the delay too
     except ValueError as e:
       raise ValueError(f"--{flag}: {v:g} is not a valid {name} ({e})") from None
 
 
-def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
-         num_seeds: int = 1) -> List[experiment.RunConfig]:
-  """The cartesian product of the swept values and seeds ``base.seed + 0..num_seeds-1``
+def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
+         num_seeds: int = 1) -> List[config_lib.RunConfig]:
+  """The cartesian product of the swept values and seeds ``base.run.seed + 0..num_seeds-1``
   (seeds vary fastest). Each config is validated (errors name the flag)."""
   for name in sweeps:
     if name not in SWEEPABLE:
@@ -113,11 +114,11 @@ def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
   out = []
   for values in itertools.product(*(sweeps[n] for n in names)):
     for s in range(num_seeds):
-      cfg = dataclasses.replace(base, seed=base.seed + s)
+      cfg = base.replace(seed=base.run.seed + s)
       for n, v in zip(names, values):
         cfg = with_value(cfg, n, v)
       try:
-        experiment.validate(cfg)
+        config_lib.validate(cfg)
         timeline_lib.DelayConfig(**dataclasses.asdict(cfg.delay))
       except ValueError as e:
         raise ValueError(f"{e} (swept value)") from None
@@ -125,15 +126,14 @@ def grid(base: experiment.RunConfig, sweeps: Dict[str, Sequence[float]],
   return out
 
 
-def setting_of(cfg: experiment.RunConfig, names: Sequence[str]) -> Dict[str, float]:
+def setting_of(cfg: config_lib.RunConfig, names: Sequence[str]) -> Dict[str, float]:
   """The swept values of ``cfg`` (its hyperparameter setting, without the seed)."""
-  return {n: (cfg.delay.fraction if n == "delay_fraction" else getattr(cfg, n))
-          for n in names}
+  return {n: cfg.get(n) for n in names}
 
 
-def run_name(cfg: experiment.RunConfig, names: Sequence[str]) -> str:
+def run_name(cfg: config_lib.RunConfig, names: Sequence[str]) -> str:
   parts = [f"{n}={v:g}" for n, v in setting_of(cfg, names).items()]
-  return "_".join(parts + [f"seed={cfg.seed}"])
+  return "_".join(parts + [f"seed={cfg.run.seed}"])
 
 
 # ---------------------------------------------------------------------------- stacking
@@ -169,7 +169,7 @@ def stack_trees(trees: Sequence):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def stack_hparams(cfgs: Sequence[experiment.RunConfig]) -> Dict[str, jax.Array]:
+def stack_hparams(cfgs: Sequence[config_lib.RunConfig]) -> Dict[str, jax.Array]:
   hps = [c.hparams() for c in cfgs]
   return {k: jnp.asarray([h[k] for h in hps], jnp.float32) for k in hps[0]}
 
@@ -317,10 +317,10 @@ class Prepared:
   num_params: int
 
 
-def check_same_static(cfgs: Sequence[experiment.RunConfig], names: Sequence[str]):
+def check_same_static(cfgs: Sequence[config_lib.RunConfig], names: Sequence[str]):
   """All runs of one computation must agree outside the swept fields and the seed."""
   def static(c):
-    d = experiment.config_dict(c)
+    d = config_lib.config_dict(c)
     for n in list(names) + ["seed", "output_dir"]:
       d.pop(n, None)
     d["delay"] = {k: v for k, v in d["delay"].items() if k != "fraction"}
@@ -331,16 +331,16 @@ def check_same_static(cfgs: Sequence[experiment.RunConfig], names: Sequence[str]
       raise ValueError("runs of one sweep differ in a non-swept (static) setting")
 
 
-def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
+def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
             fed_data) -> Prepared:
   """Per-run initial states (model init from each run's seed) and timelines, stacked."""
   base = cfgs[0]
-  algorithm = algorithms.get(algorithm_name, base.admm_upload)
+  algorithm = algorithms.get(algorithm_name, base.algorithm.admm_upload)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(base.batch_size, base.local_epochs, fed_data.max_examples,
-                             base.random_local_epochs,
-                             momentum=any(c.momentum > 0 for c in cfgs),
-                             local_steps=base.local_steps),
+      client_lib.LocalConfig(base.local.batch_size, base.local.local_epochs, fed_data.max_examples,
+                             base.local.random_local_epochs,
+                             momentum=any(c.local.momentum > 0 for c in cfgs),
+                             local_steps=base.local.local_steps),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
@@ -348,9 +348,9 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
     apply_flat = apply_flat or fn
     num_params = int(np.size(w0))
     states.append(engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
-                                    c.seed))
-    timelines.append(timeline_lib.build(fed_data.num_clients, c.rounds, c.participation,
-                                        c.delay, c.seed))
+                                    c.run.seed))
+    timelines.append(timeline_lib.build(fed_data.num_clients, c.run.rounds, c.run.participation,
+                                        c.delay, c.run.seed))
   return Prepared(make_sweep_runner(apply_flat, algorithm, ecfg), stack_trees(states),
                   stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs),
                   engine.DeviceData.from_federated(fed_data), timelines, model_name,
@@ -360,7 +360,7 @@ def prepare(cfgs: Sequence[experiment.RunConfig], algorithm_name: str,
 # ---------------------------------------------------------------------------- outputs
 
 
-def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_data,
+def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_data,
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
               quiet: bool = False, resume: bool = False,
@@ -396,15 +396,15 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
         ckpt.maybe_save(end, states, rows, seconds)
       if not quiet:
         rate = (end - start) / max(seconds - wall_before, 1e-9)
-        print(f"[{algorithm_name} x{n}] round {end}/{group[0].rounds} "
+        print(f"[{algorithm_name} x{n}] round {end}/{group[0].run.rounds} "
               f"{rate:.2f} rounds/s ({rate * n:.2f} run-rounds/s) ETA "
-              f"{(group[0].rounds - end) / max(rate, 1e-9):.0f}s", flush=True)
-      experiment.check_interrupted()
+              f"{(group[0].run.rounds - end) / max(rate, 1e-9):.0f}s", flush=True)
+      interrupts.check_interrupted()
 
     try:
       res = simulate_sweep(prep.runner, states, prep.slots, prep.hp, prep.data,
-                           num_rounds=group[0].rounds, eval_every=group[0].eval_every,
-                           rounds_per_call=group[0].rounds_per_call, mesh=mesh,
+                           num_rounds=group[0].run.rounds, eval_every=group[0].run.eval_every,
+                           rounds_per_call=group[0].run.rounds_per_call, mesh=mesh,
                            on_chunk=on_chunk, start_round=start, rows_before=rows_before,
                            wall_before=wall_before)
     finally:
@@ -413,7 +413,7 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
     for i, c in enumerate(group):
       s = experiment.summarize(res.rows[i], prep.timelines[i], name=algorithm_name,
                                dataset=fed_data.name, model=prep.model_name,
-                               num_params=prep.num_params, rounds=c.rounds,
+                               num_params=prep.num_params, rounds=c.run.rounds,
                                wall=res.wall_time_s / len(group),
                                config=sweep_store.stored_config(c, algorithm_name,
                                                                 extra_config))
@@ -438,13 +438,13 @@ def run_sweep(cfgs: Sequence[experiment.RunConfig], algorithm_name: str, fed_dat
   return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 
 
-# What a sweep writes in --output_dir: refused there without --resume (read the finished
-# runs back) or --overwrite (delete these first), as experiments/run.py does.
+# What a sweep writes in output.output_dir: refused there without output.resume (read the finished
+# runs back) or output.overwrite (delete these first), as experiments/run.py does.
 SWEEP_OUTPUTS = ("runs", "checkpoints", "sweep.json", "aggregate.csv", "aggregate.md",
                  "aggregate.png")
 
 
-def load_checked(cfg: experiment.RunConfig):
+def load_checked(cfg: config_lib.RunConfig):
   """``(fed_data, model)`` of ``cfg`` (``experiment.load_data`` / ``build_model``); a
   SetupError naming the flag or file instead of a traceback."""
   try:
@@ -455,7 +455,8 @@ def load_checked(cfg: experiment.RunConfig):
     model = experiment.build_model(cfg, fed_data)
   except (ValueError, KeyError, TypeError) as e:
     msg = str(e).strip("'\"")
-    raise SetupError(msg if msg.startswith("--") else f"--model={cfg.model}: {msg}") from None
+    named = msg.startswith("model.name")  # build_model names the field already
+    raise SetupError(msg if named else f"model.name={cfg.model.name}: {msg}") from None
   return fed_data, model
 
 
@@ -470,27 +471,27 @@ def interrupted_message(out_dir: str, checkpoint_every: int, how: str) -> str:
   return f"{kept}: {rerun} to continue (finished runs are read back)"
 
 
-def run_grid(base: experiment.RunConfig, cfgs: Sequence[experiment.RunConfig],
+def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
              names: Sequence[str], fed_data, devices, num_seeds: int,
              max_runs_per_computation: int = 0) -> Optional[str]:
-  """Every algorithm of ``base.algorithm`` over ``cfgs`` (``grid``), the runs split over
+  """Every algorithm of ``base.algorithm.names`` over ``cfgs`` (``grid``), the runs split over
   ``devices``; writes ``sweep.json`` and the aggregate (csv, md, png) under
-  ``base.output_dir`` and returns the aggregate table (process 0; None elsewhere)."""
+  ``base.output.output_dir`` and returns the aggregate table (process 0; None elsewhere)."""
   mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
         f"{num_seeds} seeds) on {len(devices)} device(s)", flush=True)
-  os.makedirs(base.output_dir, exist_ok=True)
+  os.makedirs(base.output.output_dir, exist_ok=True)
   summaries = []
-  for alg in base.algorithm.split(","):
-    summaries += run_sweep(cfgs, alg, fed_data, names, base.output_dir,
-                           max_runs_per_computation, mesh, resume=base.resume)
+  for alg in base.algorithm.name_list():
+    summaries += run_sweep(cfgs, alg, fed_data, names, base.output.output_dir,
+                           max_runs_per_computation, mesh, resume=base.output.resume)
   agg = sweep_store.aggregate(summaries, names)
   if not distributed.is_main():  # process 0 writes the sweep's files
     return None
-  with open(os.path.join(base.output_dir, "sweep.json"), "w") as f:
+  with open(os.path.join(base.output.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
-  figure = os.path.join(base.output_dir, "aggregate.png")
-  sweep_store.plot_aggregate(agg, names, figure, title=experiment.figure_title(
-      base, fed_data.name, base.model, base.algorithm.split(",")))
+  figure = os.path.join(base.output.output_dir, "aggregate.png")
+  sweep_store.plot_aggregate(agg, names, figure, title=outputs.figure_title(
+      base, fed_data.name, base.model.name, base.algorithm.name_list()))
   print(f"figure: {figure}")
-  return sweep_store.write_aggregate(agg, names, base.output_dir)
+  return sweep_store.write_aggregate(agg, names, base.output.output_dir)

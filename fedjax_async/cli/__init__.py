@@ -1,0 +1,22 @@
+"""The command-line layer, the only part of the library that imports absl: the run flags
+made from ``RunConfig``'s defaults and flags -> config (``run_flags``), the commands that
+run them, the sweep's and the data command's flags (``commands``). The library takes
+dataclasses; importing this package does not load JAX.
+
+  cli.define_run_flags()
+  app.run(lambda argv: cli.main_from_flags(flags.FLAGS), flags_parser=cli.parse_flags)
+"""
+
+from fedjax_async.cli.commands import (SWEEP_UNSUPPORTED_FLAGS, as_flags, check_sweep_flags,
+                                       data_main,
+                                       define_data_flags, define_sweep_flags, join_processes,
+                                       main_from_flags, quiet_library_logs, sweep_main_from_flags,
+                                       sweeps_from_flags)
+from fedjax_async.cli.run_flags import (HINTS, check_flag, config_from_flags,
+                                        define_run_flags, parse_flags, unknown_flag_message)
+
+__all__ = ["HINTS", "as_flags", "check_flag", "config_from_flags", "define_run_flags", "parse_flags",
+           "unknown_flag_message", "SWEEP_UNSUPPORTED_FLAGS", "check_sweep_flags",
+           "data_main", "define_data_flags", "define_sweep_flags", "join_processes",
+           "main_from_flags", "quiet_library_logs", "sweep_main_from_flags",
+           "sweeps_from_flags"]

@@ -1,0 +1,271 @@
+"""A federated data set on the host (``FederatedData``), the memory check of its padded
+arrays, the partitions of a labelled pool into clients, the padding (``federate``) and
+the label histograms.
+
+Partitions (each returns one int64 index array per client and assigns every example
+exactly once): ``partition_iid`` (equal class proportions, PAFed), ``partition_shards``
+(McMahan et al.: 2 label-sorted shards per client) and ``partition_dirichlet`` (per-class
+Dir(alpha) proportions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("synthetic", "synthetic_iid", "fashion_mnist", "mnist", "cifar10", "cifar100")
+PARTITIONS = ("iid", "shards", "dirichlet")
+DATA_SOURCES = ("auto", "idx", "tfds")
+KNOWN_NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100,
+                      "kmnist": 10, "emnist": 62, "svhn_cropped": 10}
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+  """Padded per-client training data plus a central test set (numpy, host)."""
+
+  x: np.ndarray  # float32 [N, M, ...] padded per-client features (M = max client size)
+  y: np.ndarray  # int32 [N, M] padded labels (pad value 0)
+  counts: np.ndarray  # int32 [N] real examples per client; rows >= counts[i] are padding
+  test_x: np.ndarray  # float32 [T, ...] central test set
+  test_y: np.ndarray  # int32 [T]
+  num_classes: int
+  name: str
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.x.shape[0])
+
+  @property
+  def max_examples(self) -> int:
+    return int(self.x.shape[1])
+
+  @property
+  def feature_shape(self) -> Tuple[int, ...]:
+    return tuple(int(d) for d in self.x.shape[2:])
+
+
+# ------------------------------------------------------------------------ memory
+
+MAX_DATA_ENV = "FEDJAX_ASYNC_MAX_DATA_GIB"  # overrides the limit of check_padded_size
+_FALLBACK_MEMORY = 24 * 2 ** 30  # assumed available memory when it cannot be read
+
+
+def available_memory_bytes() -> int:
+  """The host memory available now (psutil, /proc/meminfo or sysconf; else 24 GiB)."""
+  try:
+    import psutil  # pylint: disable=g-import-not-at-top
+    return int(psutil.virtual_memory().available)
+  except Exception:  # pylint: disable=broad-except
+    pass
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return _FALLBACK_MEMORY
+
+
+def padded_data_limit_bytes() -> Tuple[int, str]:
+  """(limit, what it is): $FEDJAX_ASYNC_MAX_DATA_GIB, else half the available memory (the
+  engine makes a device copy of the padded arrays)."""
+  env = os.environ.get(MAX_DATA_ENV)
+  if env:
+    try:
+      return int(float(env) * 2 ** 30), f"${MAX_DATA_ENV}"
+    except ValueError:
+      raise ValueError(f"${MAX_DATA_ENV}: expected a number of GiB, got {env!r}") from None
+  avail = available_memory_bytes()
+  return avail // 2, f"half of the {avail / 2 ** 30:.1f} GiB of available memory"
+
+
+def check_padded_size(num_clients: int, max_examples: int, feature_shape: Sequence[int],
+                      partition: str = "") -> None:
+  """Raises ValueError naming data.num_clients when the padded [N, M, ...] arrays would not
+  fit (see :func:`padded_data_limit_bytes`); M is the largest client's size."""
+  per_example = 4 * (int(np.prod(feature_shape, dtype=np.int64)) + 1)  # float32 x, int32 y
+  need = int(num_clients) * max(int(max_examples), 1) * per_example
+  limit, what = padded_data_limit_bytes()
+  if need <= limit:
+    return
+  dims = " x ".join(str(int(d)) for d in feature_shape)
+  part = f" of the {partition} partition" if partition else ""
+  raise ValueError(
+      f"data.num_clients={num_clients}: the padded client data [{num_clients} clients x "
+      f"M={max_examples} x {dims or 1}] would take {need / 2 ** 30:.1f} GiB, more than "
+      f"{what} ({limit / 2 ** 30:.1f} GiB); M is the largest client's size{part}. Use "
+      f"fewer clients (or set ${MAX_DATA_ENV} to raise the limit)")
+
+
+# ------------------------------------------------------------------------ partitions
+
+
+def _check_clients(num_clients: int, fn: str) -> None:
+  if num_clients < 1:
+    raise ValueError(f"{fn}: num_clients must be >= 1, got {num_clients}")
+
+
+def partition_iid(labels: np.ndarray, num_clients: int, seed: int = 0) -> List[np.ndarray]:
+  """Equal class proportions per client (PAFed's IID split).
+
+  Each class's indices are shuffled; the classes are laid end to end and dealt
+  round-robin, so every client gets floor or ceil of n_c / N examples of each class c and
+  client sizes differ by at most one.
+  """
+  _check_clients(num_clients, "partition_iid")
+  labels = np.asarray(labels)
+  rng = np.random.default_rng(seed)
+  dealt = np.concatenate([rng.permutation(np.flatnonzero(labels == c))
+                          for c in np.unique(labels)] + [np.zeros(0, np.int64)])
+  return [dealt[k::num_clients].astype(np.int64) for k in range(num_clients)]
+
+
+def partition_shards(labels: np.ndarray, num_clients: int, shards_per_client: int = 2,
+                     seed: int = 0) -> List[np.ndarray]:
+  """McMahan et al.'s pathological non-IID split.
+
+  Examples sorted by label (ties in a seeded random order) are cut into
+  num_clients * shards_per_client equal shards (sizes differ by at most one); each client
+  gets shards_per_client random shards.
+  """
+  _check_clients(num_clients, "partition_shards")
+  labels = np.asarray(labels)
+  n, num_shards = len(labels), num_clients * shards_per_client
+  if shards_per_client < 1:
+    raise ValueError(f"partition_shards: shards_per_client must be >= 1, got "
+                     f"{shards_per_client}")
+  if num_shards > n:
+    raise ValueError(f"partition_shards: num_clients={num_clients} x shards_per_client="
+                     f"{shards_per_client} = {num_shards} shards but only {n} examples")
+  rng = np.random.default_rng(seed)
+  perm = rng.permutation(n)
+  order = perm[np.argsort(labels[perm], kind="stable")]
+  shards = np.array_split(order, num_shards)
+  owner = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+  return [np.concatenate([shards[s] for s in row]).astype(np.int64) for row in owner]
+
+
+def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
+                        min_size: int = 10, seed: int = 0,
+                        max_tries: int = 1000) -> List[np.ndarray]:
+  """Per class c, proportions p_c ~ Dir(alpha * 1_N) over the clients split c's examples.
+
+  The whole draw is repeated until every client has >= min_size examples (at most
+  ``max_tries`` draws, then ValueError).
+  """
+  _check_clients(num_clients, "partition_dirichlet")
+  if not alpha > 0:
+    raise ValueError(f"--alpha: the Dirichlet concentration must be > 0, got {alpha}")
+  labels = np.asarray(labels)
+  if num_clients * min_size > len(labels):
+    raise ValueError(f"data.num_clients={num_clients}: a Dirichlet partition gives every "
+                     f"client at least {min_size} examples, and {num_clients} x {min_size} "
+                     f"exceeds the {len(labels)} examples; use at most "
+                     f"{len(labels) // min_size} clients")
+  rng = np.random.default_rng(seed)
+  classes = np.unique(labels)
+  for _ in range(max_tries):
+    parts = [[] for _ in range(num_clients)]
+    for c in classes:
+      idx = rng.permutation(np.flatnonzero(labels == c))
+      p = rng.dirichlet(np.full(num_clients, float(alpha)))
+      cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+      for k, piece in enumerate(np.split(idx, cuts)):
+        parts[k].append(piece)
+    parts = [np.concatenate(p).astype(np.int64) for p in parts]
+    if min(len(p) for p in parts) >= min_size:
+      return parts
+  raise ValueError(f"--alpha={alpha}: no Dirichlet draw in {max_tries} tries gave every one "
+                   f"of the {num_clients} clients (data.num_clients) at least {min_size} "
+                   "examples; raise --alpha or use fewer clients")
+
+
+# ---------------------------------------------------------------------- federate
+
+
+def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarray],
+             test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
+             name: str, partition: str = "") -> FederatedData:
+  """Pads each client's examples (``train_x[parts[i]]``) with zeros to M = max part size.
+
+  Raises ValueError naming data.num_clients (and ``partition``) when the padded arrays would
+  not fit in memory (:func:`check_padded_size`)."""
+  train_x, train_y = np.asarray(train_x), np.asarray(train_y)
+  counts = np.array([len(p) for p in parts], dtype=np.int32)
+  m = max(int(counts.max(initial=0)), 1)
+  check_padded_size(len(parts), m, train_x.shape[1:], partition)
+  x = np.zeros((len(parts), m) + train_x.shape[1:], np.float32)
+  y = np.zeros((len(parts), m), np.int32)
+  for i, p in enumerate(parts):
+    x[i, :len(p)] = train_x[p]
+    y[i, :len(p)] = train_y[p]
+  return FederatedData(x, y, counts, np.asarray(test_x, np.float32),
+                       np.asarray(test_y, np.int32), int(num_classes), name)
+
+
+def make_partition(labels: np.ndarray, kind: str, num_clients: int, *, alpha: float = 0.5,
+              shards_per_client: int = 2, min_size: int = 10,
+              seed: int = 0) -> List[np.ndarray]:
+  """Dispatches to partition_iid / partition_shards / partition_dirichlet by name."""
+  if kind == "iid":
+    return partition_iid(labels, num_clients, seed)
+  if kind == "shards":
+    return partition_shards(labels, num_clients, shards_per_client, seed)
+  if kind == "dirichlet":
+    return partition_dirichlet(labels, num_clients, alpha, min_size, seed)
+  raise ValueError(f"data.partition: unknown partition {kind!r}; choose from {list(PARTITIONS)}")
+
+
+# ----------------------------------------------------------------------- histograms
+
+
+def label_histogram(data: FederatedData) -> np.ndarray:
+  """[N, num_classes] int64: each client's real (non-padding) examples per class."""
+  return np.stack([np.bincount(data.y[i, :data.counts[i]], minlength=data.num_classes)
+                   for i in range(data.num_clients)])
+
+
+def format_histogram(hist: np.ndarray) -> str:
+  """A fixed-width text table: one row per client (total, then per-class counts)."""
+  hist = np.asarray(hist)
+  width = max(5, len(str(int(hist.sum())))) + 1
+  head = "client".rjust(6) + "total".rjust(width) + "".join(
+      f"c{j}".rjust(width) for j in range(hist.shape[1]))
+  rows = [head, "-" * len(head)]
+  for i, row in enumerate(hist):
+    rows.append(f"{i:6d}" + f"{int(row.sum()):{width}d}"
+                + "".join(f"{int(v):{width}d}" for v in row))
+  rows.append("-" * len(head))
+  rows.append("   all" + f"{int(hist.sum()):{width}d}"
+              + "".join(f"{int(v):{width}d}" for v in hist.sum(axis=0)))
+  return "\n".join(rows)
+
+
+def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
+  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is untouched)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  hist = np.asarray(hist)
+  n, c = hist.shape
+  fig = Figure(figsize=(max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot(1, 1, 1)
+  im = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="viridis")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel("class")
+  ax.set_ylabel("client")
+  ax.set_title(title)
+  fig.colorbar(im, ax=ax, label="examples")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)

@@ -1,0 +1,123 @@
+"""``load``: a data set by name, from its source, partitioned and padded (the entry point
+of the runs)."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+from fedjax_async.data.federated import (DATA_SOURCES, DATASETS,
+                                         DEFAULT_FASHION_MNIST_DIR, PARTITIONS,
+                                         FederatedData, federate, make_partition)
+from fedjax_async.data.sources import IDX_STEMS, find_idx, load_idx_dataset, load_tfds, synthetic
+
+
+def _missing_idx(data_dir: str) -> List[str]:
+  """The (Fashion-)MNIST IDX file names (without .gz) that ``data_dir`` lacks."""
+  missing = []
+  for stem in IDX_STEMS:
+    try:
+      find_idx(data_dir, stem)
+    except FileNotFoundError:
+      missing.append(stem)
+  return missing
+
+
+def _check_data_dir(dataset: str, data_dir: Optional[str], data_source: str,
+                    tfds_download: bool) -> None:
+  """A data.data_dir that is not a directory: ValueError naming the flag and the path (unless
+  tensorflow-datasets may download into it)."""
+  if not data_dir or os.path.isdir(data_dir) or (data_source != "idx" and tfds_download):
+    return
+  what = "is not a directory" if os.path.exists(data_dir) else "no such directory"
+  idx = (f"the four IDX files ({', '.join(s + '[.gz]' for s in IDX_STEMS)}) or "
+         if dataset in ("fashion_mnist", "mnist") and data_source != "tfds" else "")
+  raise ValueError(f"data.data_dir={data_dir}: {what}; expected a directory with {idx}a "
+                   f"prepared tensorflow-datasets copy of {dataset}")
+
+
+def _load_idx_dir(data_dir: str, user_dir: bool):
+  """load_idx_dataset with the missing files named up front (``user_dir``: from data.data_dir)."""
+  missing = _missing_idx(data_dir) if os.path.isdir(data_dir) else []
+  if missing and len(missing) < len(IDX_STEMS):
+    flag = f"data.data_dir={data_dir}" if user_dir else data_dir
+    raise FileNotFoundError(
+        f"{flag}: holds {len(IDX_STEMS) - len(missing)} of the 4 IDX files but not "
+        f"{', '.join(m + '[.gz]' for m in missing)}")
+  return load_idx_dataset(data_dir) + (10,)
+
+
+def _load_pool(dataset: str, data_dir: Optional[str], data_source: str, tfds_download: bool):
+  """(train_x, train_y, test_x, test_y, num_classes) of an image data set (``load`` has
+  checked ``data_source``)."""
+  _check_data_dir(dataset, data_dir, data_source, tfds_download)
+  idx_dir = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion_mnist" else None)
+  if data_source == "idx":
+    if dataset not in ("fashion_mnist", "mnist"):
+      raise ValueError(f"data.data_source=idx reads only fashion_mnist or mnist, not {dataset!r}")
+    if idx_dir is None:
+      raise ValueError("data.data_source=idx for mnist needs data.data_dir with the IDX files")
+    return _load_idx_dir(idx_dir, bool(data_dir))
+  # auto: a directory with any of the IDX files is an IDX directory (missing ones named)
+  if (data_source == "auto" and dataset in ("fashion_mnist", "mnist") and idx_dir
+      and os.path.isdir(idx_dir) and len(_missing_idx(idx_dir)) < len(IDX_STEMS)):
+    return _load_idx_dir(idx_dir, bool(data_dir))
+  return load_tfds(dataset, data_dir=data_dir, download=tfds_download)
+
+
+def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
+         alpha: float = 0.5, shards_per_client: int = 2, min_size: int = 10, seed: int = 0,
+         data_dir: Optional[str] = None, data_source: str = "auto",
+         synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
+         tfds_download: bool = False) -> FederatedData:
+  """The federated data set named ``dataset`` (see module docstring); seeded.
+
+  synthetic / synthetic_iid use their natural partition (``partition`` is checked, then
+  ignored); image sets are partitioned by ``partition`` in {iid, shards, dirichlet}.
+  data_source 'auto' reads IDX files for fashion_mnist (mnist) when data_dir (default
+  /usr/share/datasets/fashion-mnist for fashion_mnist) holds any of the four (a missing
+  one is named), else tfds. Errors (ValueError, FileNotFoundError, RuntimeError for tfds)
+  name the flag or the file; more clients than examples, or padded arrays that would not
+  fit in memory (:func:`check_padded_size`), are refused naming data.num_clients.
+  """
+  name = dataset.lower().replace("-", "_")
+  # checked for every data set (the synthetic ones ignore both, but a typo is a typo)
+  if partition not in PARTITIONS:
+    raise ValueError(f"data.partition: unknown partition {partition!r}; choose from "
+                     f"{list(PARTITIONS)}")
+  if data_source not in DATA_SOURCES:
+    raise ValueError(f"data.data_source: unknown data source {data_source!r}; choose from "
+                     f"{list(DATA_SOURCES)}")
+  if num_clients < 1:
+    raise ValueError(f"data.num_clients: must be >= 1, got {num_clients}")
+  if seed < 0:  # numpy's own message ("expected non-negative integer") names nothing
+    raise ValueError(f"run.seed: must be >= 0, got {seed}")
+  if partition == "shards" and shards_per_client < 1:
+    raise ValueError(f"data.shards_per_client: must be >= 1, got {shards_per_client}")
+  for flag, v in (("synthetic_alpha", synthetic_alpha), ("synthetic_beta", synthetic_beta)):
+    if not v >= 0:  # a normal's scale ("scale < 0" from numpy otherwise)
+      raise ValueError(f"--{flag}: must be >= 0, got {v}")
+  if name == "synthetic":
+    return synthetic(synthetic_alpha, synthetic_beta, num_clients, iid=False, seed=seed)
+  if name == "synthetic_iid":
+    return synthetic(num_clients=num_clients, iid=True, seed=seed)
+  if name not in DATASETS and not _is_tfds_name(name):
+    raise ValueError(f"data.dataset: unknown dataset {dataset!r}; choose from {list(DATASETS)} "
+                     "or any tensorflow-datasets name")
+  train_x, train_y, test_x, test_y, num_classes = _load_pool(name, data_dir, data_source,
+                                                             tfds_download)
+  if num_clients > len(train_y):
+    raise ValueError(f"data.num_clients={num_clients}: more clients than the {len(train_y)} "
+                     f"training examples of {name}; some clients would have no data")
+  parts = make_partition(train_y, partition, num_clients, alpha=alpha,
+                         shards_per_client=shards_per_client, min_size=min_size, seed=seed)
+  return federate(train_x, train_y, parts, test_x, test_y, num_classes, name,
+                  partition=f"{partition!r}")
+
+
+def _is_tfds_name(name: str) -> bool:
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return name.split("/")[0].split(":")[0] in tfds.list_builders(with_community_datasets=False)

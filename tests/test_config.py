@@ -1,0 +1,82 @@
+"""The nested configuration: its parts, flat keys, errors by field path, and the CLI's flags
+made from it (the same names, types and defaults; the errors mapped to flags)."""
+
+import pytest
+
+from fedjax_async import config
+from fedjax_async.rounds.timeline import DelayConfig
+import run_script
+
+
+def test_a_field_is_set_by_its_part_or_by_its_flat_key_alike():
+  nested = config.RunConfig(algorithm=config.AlgorithmConfig(names="fedprox", mu=0.3),
+                            local=config.LocalTraining(lr=0.05, batch_size=7),
+                            delay=DelayConfig(0.5, "fixed", 2), run=config.RunOptions(rounds=4))
+  flat = config.RunConfig().replace(algorithm="fedprox", mu=0.3, lr=0.05, batch_size=7,
+                                    delay_fraction=0.5, delay_distribution="fixed",
+                                    max_delay=2, rounds=4)
+  assert nested == flat
+  assert flat.local.lr == 0.05 and flat.get("lr") == 0.05 and flat.delay.max_delay == 2
+  assert flat.get("delay_fraction") == 0.5 and flat.algorithm.name_list() == ["fedprox"]
+  # the stored view has the old flat keys (summaries and checkpoints of earlier runs)
+  stored = config.config_dict(flat)
+  assert stored["lr"] == 0.05 and stored["algorithm"] == "fedprox"
+  assert stored["delay"] == {"fraction": 0.5, "distribution": "fixed", "max_delay": 2,
+                             "mean": 2.0, "buffer_size": 0}
+  assert config.RunConfig.from_flat(stored) == flat
+
+
+def test_pafeds_alphas_follow_the_data_set_unless_given():
+  assert config.RunConfig().algorithm.alpha0 == 0.4  # synthetic
+  image = config.RunConfig().replace(dataset="fashion_mnist")
+  assert (image.algorithm.alpha0, image.algorithm.alpha2) == (0.8, 0.8)
+  given = config.RunConfig().replace(dataset="fashion_mnist", alpha1=0.1)
+  assert (given.algorithm.alpha0, given.algorithm.alpha1) == (0.8, 0.1)
+
+
+@pytest.mark.parametrize("fields, path, flag", [
+    ({"lr": -1.0}, "local.lr", "--lr"),
+    ({"rounds": 0}, "run.rounds", "--rounds"),
+    ({"algorithm": "fedsgd"}, "algorithm.names", "--algorithm"),
+    ({"model": "vgg"}, "model.name", "--model"),
+    ({"resume": True}, "output.resume", "--resume"),
+    ({"ckks_design": "two"}, "crypto.ckks_design", "--ckks_design"),
+])
+def test_an_error_names_the_field_by_its_path_and_the_cli_by_its_flag(fields, path, flag):
+  with pytest.raises(config.ConfigError) as e:
+    config.validate(config.RunConfig().replace(**fields))
+  assert e.value.path == path and str(e.value).startswith(f"{path}: ")
+  assert config.as_flags(str(e.value)).startswith(f"{flag}: ")
+  assert config.flag_specs()[flag[2:]].path == path
+
+
+def test_a_delay_error_and_an_unknown_key_name_their_field():
+  with pytest.raises(ValueError, match=r"^delay\.fraction: must be in \[0, 1\], got 2"):
+    config.RunConfig().replace(delay_fraction=2.0)
+  assert config.as_flags("delay.fraction: must be in [0, 1]") == (
+      "--delay_fraction: must be in [0, 1]")
+  with pytest.raises(config.ConfigError, match="^lrr: not a RunConfig field; did you mean"):
+    config.RunConfig().replace(lrr=0.1)
+
+
+def test_every_field_is_one_flag_with_its_default_and_type():
+  specs = config.flag_specs()
+  paths = [s.path for s in specs.values()]
+  assert len(paths) == len(set(paths)) == 51
+  cfg = config.RunConfig()
+  for flag, spec in specs.items():
+    part, name = spec.path.split(".")
+    value = getattr(type(getattr(cfg, part))(), name) if part != "delay" else None
+    if part != "delay" and flag != "output_dir":
+      assert spec.default == value, flag  # the part's own default (alphas: None)
+  assert specs["delay_fraction"].default == 0.3 and specs["max_delay"].default == 3
+  assert specs["output_dir"].default == "runs/latest"  # the CLI writes by default
+  assert (specs["lr"].kind, specs["rounds"].kind, specs["quiet"].kind,
+          specs["data_dir"].kind) == ("float", "int", "bool", "str")
+
+
+def test_the_cli_reports_a_library_error_under_the_flag(tmp_path):
+  out = run_script.run(["--max_delay=0", "--rounds=1", f"--output_dir={tmp_path}"],
+                       timeout=120)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines()[-1] == "error: --max_delay: must be >= 1, got 0"
