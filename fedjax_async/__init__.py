@@ -6,7 +6,8 @@
 
 Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts (``AlgorithmConfig``,
 ``DataConfig``, ``ModelConfig``, ``LocalTraining``, ``DelayConfig``, ``CryptoConfig``,
-``RunOptions``, ``OutputConfig``), ``algorithms``
+``RunOptions``, ``OutputConfig``), ``Callback`` (after every compiled chunk),
+``Interrupted``, ``algorithms``
 (the registry: ``algorithms.names()``), ``distributed`` (several processes:
 ``distributed.initialize(...)`` before ``simulate``). Imported on first use, so
 ``import fedjax_async`` does not load JAX.
@@ -28,6 +29,8 @@ _EXPORTS = {
     "CryptoConfig": ("fedjax_async.config", "CryptoConfig"),
     "RunOptions": ("fedjax_async.config", "RunOptions"),
     "OutputConfig": ("fedjax_async.config", "OutputConfig"),
+    "Callback": ("fedjax_async.loop", "Callback"),
+    "Interrupted": ("fedjax_async.interrupts", "Interrupted"),
     "algorithms": ("fedjax_async.algorithms", None),
     "distributed": ("fedjax_async.distributed", None),
 }

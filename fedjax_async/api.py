@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import jax
 import numpy as np
@@ -69,14 +68,17 @@ def prepare(cfg: config_lib.RunConfig):
     outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
 
 
-def simulate(config: Optional[config_lib.RunConfig] = None, **fields) -> Result:
+def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
+             **fields) -> Result:
   """Runs ``config.algorithm`` (a comma-separated list) on the round engine.
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
   ``fields`` replace its fields (``simulate(rounds=20)``). Raises ValueError naming the
   field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
-  Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint).
+  Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
+  ``loop.Callback``s, each called after every compiled chunk of rounds of every run
+  (``after_chunk(loop, state, rows)``).
   """
   cfg = (config or config_lib.RunConfig()).replace(**fields)
   config_lib.validate(cfg)
@@ -100,13 +102,14 @@ def simulate(config: Optional[config_lib.RunConfig] = None, **fields) -> Result:
   for warning in filter(None, [timeline_lib.dropped_warning(cfg.delay, tl),
                                timeline_lib.delayed_only_warning(tl)
                                if "pafed" in names else None]):
-    print(warning, file=sys.stderr, flush=True)
+    outputs.warn(warning)
   dirs = output_dirs(cfg)
   runs: Dict[str, experiment.Run] = {}
   overall = experiment.Overall(len(names), cfg.run.rounds)
   for i, name in enumerate(names):
     runs[name] = experiment.run(cfg, name, fed_data, model, dirs.get(name),
-                                position=(i + 1, len(names)), overall=overall)
+                                position=(i + 1, len(names)), overall=overall,
+                                callbacks=callbacks)
     interrupts.check_interrupted()
     s = runs[name].summary
     where = f" -> {dirs[name]}" if name in dirs else ""

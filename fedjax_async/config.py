@@ -10,7 +10,8 @@ Every field has a flat key, its flag's name (``lr``, ``delay_fraction``): ``repl
 ``simulate(**fields)``, the stored configuration (``config_dict``) and the CLI use it.
 The run flags are made from these fields, their defaults and their help
 (``flag_specs``, ``cli.define_run_flags``). A wrong value raises ``ConfigError`` naming
-the field by its path (``local.lr: must be > 0, got -1``); the CLI names its flag instead (``--lr: ...``).
+the field by its path (``local.lr: must be > 0, got -1``); the CLI names its flag instead
+(``--lr: ...``).
 The round engine has no differential privacy (the virtual clock's DP-FedAsync and
 PrivaAsyncFed do, with their own flags: docs/async.md).
 """

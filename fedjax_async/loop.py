@@ -5,7 +5,8 @@ Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: t
 engine (``engine.simulate``, driven by ``experiment.run``), the virtual clock
 (``async_engine.simulate``, driven by ``experiments/async_family.py``) and FedEDS
 (``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
-callback, built from the pieces below (after pfl-research's ``run`` and its callbacks):
+callback: the metrics rows written, then a list of ``Callback``s (after pfl-research's
+``run`` and its callbacks):
 
 * ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
   first, then each chunk's rows, flushed;
@@ -13,7 +14,8 @@ callback, built from the pieces below (after pfl-research's ``run`` and its call
   signal; with ``resume`` the latest one is restored after its configuration was
   compared with this run's (a ValueError naming the flags that differ, or the folder that
   cannot be read and the checkpoint to fall back to);
-* the signal check: a SIGINT / SIGTERM received by any process stops every process after
+* the caller's callbacks, ``SaveCheckpoints``, ``Report`` (progress lines) and
+  ``StopOnSignal``: a SIGINT / SIGTERM received by any process stops every process after
   the same chunk, after its checkpoint (``distributed.any_process``).
 """
 
@@ -48,14 +50,16 @@ class Checkpoints:
   ``config`` is stored with each checkpoint and compared on resumption through
   ``mismatch(saved, now) -> ["--flag=old (now new)", ...]``. ``every`` (0: none) and
   ``total`` are in ``unit``s (rounds, groups). Without ``resume`` a previous run's
-  checkpoints in ``directory`` are deleted (it is a fresh run)."""
+  checkpoints in ``directory`` are deleted (it is a fresh run). ``discard`` (a sweep's
+  computations): a checkpoint made with another configuration, or that cannot be read, is
+  deleted, saying why under ``label``, and the run starts over instead of being refused."""
 
   def __init__(self, directory: str, config: dict, *, every: int, total: int, resume: bool,
                mismatch: Callable[[dict, dict], List[str]], keep: int = 2,
-               unit: str = "round"):
+               unit: str = "round", discard: bool = False, label: str = ""):
     self.directory, self.config = os.path.abspath(directory), config
     self.every, self.total, self.resume, self.unit = every, total, resume, unit
-    self.mismatch = mismatch
+    self.mismatch, self.keep, self.discard, self.label = mismatch, keep, discard, label
     if not resume and os.path.isdir(self.directory) and distributed.is_main():
       shutil.rmtree(self.directory)  # a fresh run: the previous one's are not its own
     distributed.sync(f"fresh {self.directory}")
@@ -75,11 +79,15 @@ class Checkpoints:
       try:  # the flags first: another algorithm's state does not fit the template
         saved = self.manager.restore_meta()["config"]
         bad = self.mismatch(saved, checkpoint_lib.to_json_ready(self.config))
+        if bad and self.discard:
+          return self._discard(", ".join(bad))
         if bad and not (extends is not None and extends(saved, bad)):
           raise ValueError(f"output.resume: the checkpoint under {self.directory} was made with "
                            f"other flags: {', '.join(bad)}")
         r = self.manager.restore(template)
       except checkpoint_lib.CheckpointError as e:
+        if self.discard:
+          return self._discard(f"unreadable: {e}")
         earlier = [p for p in self.manager.all_rounds() if p < self.manager.latest_round()]
         fallback = (f"the checkpoint of {self.unit} {max(earlier)}" if earlier
                     else f"{self.unit} 0")
@@ -90,6 +98,19 @@ class Checkpoints:
       raise
     self.latest = self.last_saved = r.round
     return Resumed(r.round, r.state, r.rows, float(r.extra.get("wall_time_s", 0.0)), saved)
+
+  def _discard(self, why: str) -> None:
+    """Deletes the checkpoints (``discard``): the run starts over."""
+    self.close()
+    if self.label:
+      print(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
+            "computation starts over", flush=True)
+    if distributed.is_main():
+      shutil.rmtree(self.directory, ignore_errors=True)
+    distributed.sync(f"discard {self.directory}")
+    self.manager = (checkpoint_lib.Checkpointer(self.directory, self.keep)
+                    if self.every > 0 else None)
+    return None
 
   def due(self, position: int, stopping: bool = False) -> bool:
     """A checkpoint is due at ``position``: a multiple of ``every`` reached (or the end),
@@ -157,21 +178,79 @@ def stopping() -> bool:
   return stop
 
 
+class Callback:
+  """One piece of the host loop (after pfl-research's callbacks): ``after_chunk`` runs on
+  the host after every compiled chunk of rounds (or groups) with the state after it, the
+  chunk's metrics rows and the loop (``loop.rows``: every row so far, ``loop.wall()``,
+  ``loop.stopping``: a signal arrived in some process).
+  A user's callback (``simulate(..., callbacks=[...])``) runs before the checkpoint of the
+  chunk; ``loop.stop()`` stops the run as Ctrl-C does, after that checkpoint (every
+  process must ask for it after the same chunk)."""
+
+  def after_chunk(self, loop: "HostLoop", state, rows: Sequence[dict]):
+    pass
+
+
+class SaveCheckpoints(Callback):
+  """A checkpoint when due (``Checkpoints.due``), or now when a signal arrived."""
+
+  def __init__(self, checkpoints: Checkpoints):
+    self.checkpoints = checkpoints
+
+  def after_chunk(self, loop, state, rows):
+    if self.checkpoints.due(loop.position(state), loop.stopping):
+      loop.save(state)
+
+
+class Report(Callback):
+  """``progress(rows)``: the console lines of a chunk."""
+
+  def __init__(self, progress: Callable[[Sequence[dict]], None]):
+    self.progress = progress
+
+  def after_chunk(self, loop, state, rows):
+    if rows:
+      self.progress(rows)
+
+
+class StopOnSignal(Callback):
+  """``Interrupted`` when a SIGINT / SIGTERM arrived (after the chunk's checkpoint)."""
+
+  def after_chunk(self, loop, state, rows):
+    interrupts.check_interrupted()
+
+
 class HostLoop:
-  """``on_chunk(state, rows)``: the rows to ``metrics``, a checkpoint when due (at the
-  position ``position(state)``), ``progress(rows)``, then ``Interrupted`` when a signal
-  arrived (after its checkpoint)."""
+  """``on_chunk(state, rows)`` of every driver: the rows to ``metrics`` (metrics.jsonl,
+  TensorBoard), then each callback in order: the caller's ``callbacks``, a checkpoint
+  when due (at ``position(state)``), the progress lines, and the signal check
+  (``Interrupted`` after the checkpoint)."""
 
   def __init__(self, metrics: MetricsFile, checkpoints: Optional[Checkpoints],
                position: Callable[[Any], int], progress: Optional[Callable] = None,
-               wall_before: float = 0.0):
+               wall_before: float = 0.0, callbacks: Sequence[Callback] = ()):
     self.metrics, self.checkpoints, self.position = metrics, checkpoints, position
-    self.progress, self.wall_before = progress, wall_before
+    self.wall_before = wall_before
+    self.callbacks: List[Callback] = (
+        list(callbacks)
+        + ([SaveCheckpoints(checkpoints)] if checkpoints is not None else [])
+        + ([Report(progress)] if progress is not None else []) + [StopOnSignal()])
     self.t0 = time.perf_counter()
+    self.stopping = False  # a signal arrived in some process (this chunk's check)
+
+  @property
+  def rows(self) -> List[dict]:
+    """Every metrics row so far (a resumed run's restored ones first)."""
+    return self.metrics.rows
 
   def wall(self) -> float:
     """Seconds of the run so far, a resumed run's earlier ones included."""
     return self.wall_before + time.perf_counter() - self.t0
+
+  def stop(self):
+    """Stop after this chunk, as a SIGINT would (its checkpoint first): ``Interrupted``."""
+    interrupts.record(signal.SIGINT)
+    self.stopping = True
 
   def save(self, state, position: Optional[int] = None):
     self.metrics.sync()
@@ -180,9 +259,6 @@ class HostLoop:
 
   def __call__(self, state, rows: Sequence[dict]):
     self.metrics(rows)
-    stop = stopping()
-    if self.checkpoints is not None and self.checkpoints.due(self.position(state), stop):
-      self.save(state)
-    if self.progress is not None and rows:
-      self.progress(rows)
-    interrupts.check_interrupted()
+    self.stopping = stopping()  # every process, once a chunk: a signal in any stops all
+    for callback in self.callbacks:
+      callback.after_chunk(self, state, rows)

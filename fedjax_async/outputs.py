@@ -11,11 +11,22 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Dict, List, Optional
+import sys
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
+
+
+# How a console message names a configuration field: by its path (``delay.buffer_size``),
+# or by its flag when the command line runs (``cli`` sets ``config.as_flags`` here).
+name_fields: Callable[[str], str] = lambda message: message
+
+
+def warn(message: str):
+  """A warning line on stderr, its fields named as ``name_fields`` says."""
+  print(name_fields(message), file=sys.stderr, flush=True)
 
 
 def json_row(row: dict) -> str:

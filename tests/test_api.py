@@ -89,8 +89,39 @@ def test_simulate_writes_the_clis_files_when_given_an_output_dir(tmp_path):
 def test_simulate_refuses_a_bad_field_by_name():
   with pytest.raises(ValueError, match=r"^run\.rounds: must be >= 1, got 0"):
     fa.simulate(rounds=0)
-  with pytest.raises(ValueError, match=r"^output\.resume: continues the run in output\.output_dir"):
+  with pytest.raises(ValueError,
+                     match=r"^output\.resume: continues the run in output\.output_dir"):
     fa.simulate(resume=True)
+
+
+class Recorder(fa.Callback):
+  """A user's callback: what it was given after each chunk; stops the run after
+  ``stop_at`` rounds."""
+
+  def __init__(self, stop_at=None):
+    self.calls, self.stop_at = [], stop_at
+
+  def after_chunk(self, loop, state, rows):
+    self.calls.append(([r["round"] for r in rows], int(state.round), len(loop.rows)))
+    if self.stop_at is not None and int(state.round) >= self.stop_at:
+      loop.stop()
+
+
+def test_a_callback_sees_every_chunk_and_can_stop_the_run_with_its_checkpoint(tmp_path):
+  seen = Recorder()
+  result = fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[seen],
+                       quiet=True)
+  assert seen.calls == [([0, 1], 2, 2), ([2, 3], 4, 4), ([4], 5, 5)]
+  stop = Recorder(stop_at=4)
+  with pytest.raises(fa.Interrupted, match="interrupted at round 5/5.*last checkpoint is "
+                     "round 4"):
+    fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[stop],
+                quiet=True, output_dir=str(tmp_path), checkpoint_every=100,
+                tensorboard=False)
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert without_times(rows) == without_times(
+      json.loads(json.dumps(result.runs["fedavg"].rows[:4])))
 
 
 def test_the_example_script_runs():

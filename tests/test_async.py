@@ -333,7 +333,7 @@ def test_local_steps_clock_counts_the_examples_of_those_steps():
                        comm=vc.Distribution("constant", 1.0))
   clients = vc.draw_clients(cfg, np.array([10, 3]), np.random.default_rng(0))
   np.testing.assert_allclose(clients.duration, [8 * 0.5 + 1.0, 6 * 0.5 + 1.0])
-  with pytest.raises(ValueError, match="--local_steps"):
+  with pytest.raises(ValueError, match=r"^local\.local_steps: must be >= 0"):
     client_lib.LocalConfig(local_steps=-1)
 
 

@@ -214,12 +214,6 @@ def test_scaling_efficiency_is_ideal_time_over_measured_time():
   assert common.scaling_efficiency("weak", 2, 0.5, 4, 0.625) == pytest.approx(0.8)
 
 
-def test_peak_memory_is_the_devices_where_reported_else_the_process_rss():
-  assert common.peak_memory({"peak_rss": 100, "peak_device_bytes": None}) == 100
-  assert common.peak_memory({"peak_rss": 100}) == 100
-  assert common.peak_memory({"peak_rss": 100, "peak_device_bytes": 7}) == 7
-
-
 def test_child_processes_keep_the_parents_platform(monkeypatch):
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   assert "JAX_PLATFORMS" not in common.child_env()  # JAX's default: the GPU if any
@@ -229,15 +223,10 @@ def test_child_processes_keep_the_parents_platform(monkeypatch):
   assert env["PYTHONPATH"] == common.ROOT
 
 
-def test_machine_names_the_device_and_the_time():
+def test_machine_records_where_when_and_how_to_run_the_row_again():
   m = common.machine()
   assert m["device_kind"] == "cpu" and m["backend"] == "cpu"
   assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["time"])
-
-
-def test_machine_records_how_to_run_the_row_again():
-  # rows named the CPU and JAX but not the command, the commit or jaxlib's version
-  m = common.machine()
   script = os.path.relpath(os.path.abspath(sys.argv[0]), common.ROOT)
   assert m["command"] == shlex.join([script] + sys.argv[1:])
   assert re.fullmatch(r"([0-9a-f]{40}(\+dirty)?)?", m["git"])
@@ -312,16 +301,6 @@ def test_report_keeps_the_newest_row_of_each_configuration_and_formats_the_figur
   assert "peers" not in text  # no rows, no table
   only_gpu = report.render(report.load(str(tmp_path)), tags=["a"], machine="h100")
   assert "Test CPU" not in only_gpu and "288,044" in only_gpu
-
-
-def test_report_labels_a_machine_with_its_allocator_when_not_the_systems():
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  cpu = _row("throughput", "a", "t")
-  assert report.machine_label(cpu) == "Test CPU [avx2]"  # rows from before: the system's
-  assert report.machine_label(dict(cpu, allocator="system")) == "Test CPU [avx2]"
-  assert report.machine_label(dict(cpu, allocator="tcmalloc")) == "Test CPU [avx2], tcmalloc"
-  gpu = dict(cpu, backend="gpu", device_kind="NVIDIA H100", allocator="tcmalloc")
-  assert report.machine_label(gpu) == "NVIDIA H100 x1 (gpu), tcmalloc"
 
 
 def test_report_plots_one_line_per_machine_tag_and_model(tmp_path):
@@ -413,34 +392,6 @@ def test_report_names_the_file_and_line_of_a_bad_row(tmp_path):
   (tmp_path / "peers.jsonl").write_text('{"system": "pfl"}\n{not json\n')
   with pytest.raises(ValueError, match=r"peers.jsonl:2: not a JSON line"):
     report.load(str(tmp_path))
-
-
-def test_run_all_plans_the_issue_sizes_for_each_platform():
-  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
-  cpu = run_all.plan(run_all.Platform("cpu", 1, "cpu", 2), False, "py")
-  args = {(s.name, i): s.args for i, s in enumerate(cpu)}
-  assert [s.name for s in cpu] == ["fraction_of_peak", "fraction_of_peak", "throughput",
-                                   "scaling", "scaling", "multidevice", "multiprocess",
-                                   "multiprocess", "peers"]
-  assert "--model=cnn" in cpu[7].args and "4x1" in cpu[7].args[-1]  # the issue's configs
-  assert "--clients=10,50,200" in cpu[0].args and "--client_chunk=1" in cpu[0].args
-  assert "--clients=1000" in cpu[1].args and "--loop=false" in cpu[1].args
-  assert "--engine_devices=2" in args[("throughput", 2)]  # both cores
-  # the CNN's K sweep also with its uploads kept as [K, d], for what streaming saves
-  assert "--sweep=k_fit,n" in args[("scaling", 4)] and "--models=cnn" in args[("scaling", 4)]
-  one_gpu = run_all.plan(run_all.Platform("gpu", 1, "NVIDIA H100", 16), False, "py")
-  assert "multidevice" not in [s.name for s in one_gpu]  # one device: nothing to shard
-  assert "--client_chunk=0" in one_gpu[0].args  # one vmap of all K on an accelerator
-  assert "--clients=10,50,200,1000" in one_gpu[0].args
-  assert any("--clients=10000" in s.args for s in one_gpu)
-  scaling = [s for s in one_gpu if s.name == "scaling"]
-  assert [s.args[1] for s in scaling] == ["--models=logreg", "--models=cnn"]
-  assert all("--budget_gib=0" in s.args for s in scaling)  # the device's own memory
-  eight = run_all.plan(run_all.Platform("gpu", 8, "NVIDIA H100", 16), False, "py")
-  md = next(s for s in eight if s.name == "multidevice")
-  assert "--platform=default" in md.args and "--devices=1,2,4,8" in md.args
-  assert run_all.default_tag(run_all.Platform("gpu", 8, "NVIDIA H100 80GB HBM3", 16)
-                             ).startswith("nvidia_h100_80gb_hbm3_")
 
 
 def test_run_all_quick_times_the_peers_over_enough_rounds():

@@ -356,7 +356,7 @@ def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, mo
   assert e.value.signum == signal.SIGTERM
   assert str(e.value) == (f"[fedavg] interrupted at round 5/8; the last checkpoint is round "
                           f"4 in {tmp_path / 'checkpoints'}: rerun the same command with "
-                          "--resume to continue")
+                          "output.resume to continue")
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   assert ck.latest_round() == 4 and len(ck.restore_meta()["rows"]) == 4
   ck.close()

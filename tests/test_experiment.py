@@ -237,7 +237,8 @@ def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
   config_lib.validate(base.replace(alpha0=0.0, alpha1=0.0, alpha2=0.0,
                                    server_lr_switch_round=9))
   config_lib.validate(base.replace(server_lr_switch_round=0))
-  with pytest.raises(ValueError, match=r"^output\.overwrite: cannot be combined with output\.resume"):
+  with pytest.raises(ValueError,
+                     match=r"^output\.overwrite: cannot be combined with output\.resume"):
     config_lib.validate(base.replace(resume=True, overwrite=True))
 
 
@@ -274,8 +275,8 @@ def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_
   dropped, arrived = int(tl.dropped.sum()), int((tl.valid & ~tl.online).sum())
   assert dropped > 0
   msg = timeline.dropped_warning(uniform, tl)
-  assert msg.startswith("warning: --buffer_size=2 keeps 2 past global models but "
-                        "--max_delay=3 needs 4: delays of 2..3 rounds are dropped")
+  assert msg.startswith("warning: delay.buffer_size=2 keeps 2 past global models but "
+                        "delay.max_delay=3 needs 4: delays of 2..3 rounds are dropped")
   assert f"({dropped} of the {dropped + arrived} delayed updates" in msg
   fixed = timeline.DelayConfig(0.3, "fixed", 2, buffer_size=2)
   assert "every delayed update is dropped" in timeline.dropped_warning(

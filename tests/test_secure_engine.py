@@ -183,7 +183,8 @@ def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tm
   with pytest.raises(ValueError, match=r"^crypto\.ckks_preset: insecure_test is NOT secure .*"
                      r"crypto\.ckks_preset='secure', or set crypto\.allow_insecure_ckks"):
     config_lib.validate(cfg.replace(allow_insecure_ckks=False))
-  with pytest.raises(ValueError, match=r"^crypto\.secure_aggregation: ckks secure aggregation is PAFed's"):
+  with pytest.raises(ValueError,
+                     match=r"^crypto\.secure_aggregation: ckks secure aggregation is PAFed's"):
     config_lib.validate(cfg.replace(algorithm="fedavg"))
   with pytest.raises(ValueError, match=r"^crypto\.ckks_preset: must be 'secure' or"):
     config_lib.validate(cfg.replace(ckks_preset="fast"))

@@ -45,8 +45,9 @@ def main_from_flags(FLAGS):
   """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, each error as
   one ``error:`` line naming the flag, Ctrl-C / SIGTERM as one line and exit status
   130 / 143."""
-  from fedjax_async import interrupts, sharding  # pylint: disable=g-import-not-at-top
+  from fedjax_async import interrupts, outputs, sharding  # pylint: disable=g-import-not-at-top
   quiet_library_logs(FLAGS)
+  outputs.name_fields = as_flags  # the console's messages name the flags
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)
@@ -151,7 +152,8 @@ def sweep_main_from_flags(FLAGS):
       print(table)  # last
 
   interrupts.exit_on_interrupt(
-      run_all, sweep.interrupted_message(base.output.output_dir, base.output.checkpoint_every, "--resume"))
+      run_all, sweep.interrupted_message(base.output.output_dir,
+                                         base.output.checkpoint_every, "--resume"))
 
 
 # --------------------------------------------------------------- python -m fedjax_async.data

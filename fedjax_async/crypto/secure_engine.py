@@ -123,7 +123,8 @@ def check_round_fits(est: dict, uploads: int, dim: int, available: int):
   if est["design"] == "streamed":
     raise ValueError(
         f"crypto.secure_aggregation=ckks crypto.ckks_design=streamed: one round of {uploads} "
-        f"uploads of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB ({est['chunks']} "
+        f"uploads of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB "
+        f"({est['chunks']} "
         f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.2f} MB per upload), more than the "
         f"{available / 2**30:.1f} GiB available: use a smaller model.name or fewer clients per "
         "round (run.participation, delay.fraction)")

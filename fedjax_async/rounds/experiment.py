@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from fedjax_async.rounds import timeline as timeline_lib
 
 from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
 from fedjax_async.interrupts import Interrupted
+from fedjax_async import outputs
 from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
 
 
@@ -192,7 +193,7 @@ def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
 
 def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
         quiet: bool = False, position: Optional[tuple] = None,
-        overall: Optional[Overall] = None) -> Run:
+        overall: Optional[Overall] = None, callbacks: Sequence = ()) -> Run:
   """Runs algorithm ``name`` under ``cfg``; writes metrics.jsonl, summary.json, TensorBoard
   scalars and (``cfg.output.checkpoint_every``) checkpoints under ``<out_dir>/checkpoints``
   (``out_dir`` defaults to ``<cfg.output.output_dir>/<name>``; with neither, nothing is written
@@ -206,7 +207,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   ``engine.Diverged`` naming the round, the algorithm and the last good checkpoint, and
   ``Interrupted`` (SIGINT, or SIGTERM once ``main_from_flags`` handles it) naming the
   round and the checkpoint to resume from. ``position`` (i, n) and ``overall``: see
-  ``Progress``.
+  ``Progress``. ``callbacks``: ``loop.Callback``s run after every chunk of rounds.
   """
   if out_dir is None and cfg.output.output_dir is not None:
     out_dir = os.path.join(cfg.output.output_dir, name)
@@ -237,7 +238,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
                   purge_step=0 if cfg.output.resume else None))
   host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
                        None if quiet else progress,
-                       resumed.wall_before if resumed else 0.0)
+                       resumed.wall_before if resumed else 0.0, callbacks)
   # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
   # the chunk of rounds it arrives in, saving that state; a second one stops at once.
   stop_softly = (interrupts.graceful(
@@ -292,7 +293,8 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
       print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
             f"({ckpt.directory}){more}", flush=True)
   elif cfg.output.resume and not quiet and ckpt is not None:
-    print(f"[{name}] output.resume: no checkpoint under {ckpt.directory}, starting fresh",
+    print(outputs.name_fields(f"[{name}] output.resume: no checkpoint under "
+                              f"{ckpt.directory}, starting fresh"),
           flush=True)
   return ckpt, state, resumed
 

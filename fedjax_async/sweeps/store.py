@@ -20,6 +20,7 @@ from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
+from fedjax_async import loop
 
 # Config fields that do not change a stored run's results (beyond those a resumption may
 # change, config_lib.RESUME_FREE_FIELDS): a run stored under other values is still reused.
@@ -181,88 +182,44 @@ def stored_config(cfg: config_lib.RunConfig, algorithm_name: str,
   return dict(config_lib.run_config_for(cfg, algorithm_name), **(extra_config or {}))
 
 
-class ComputationCheckpoint:
+def computation_mismatch(saved: dict, now: dict) -> List[str]:
+  """What differs between a computation's stored checkpoint config and ``now``: its runs,
+  or the flags of one of their configurations (``config_differences``)."""
+  if saved.get("runs") != now["runs"]:
+    return ["(other runs)"]
+  return sorted({d for a, b in zip(saved.get("configs", []), now["configs"])
+                 for d in config_differences(a, b)})
+
+
+class ComputationCheckpoint(loop.Checkpoints):
   """Checkpoints of one vmapped computation (its runs' stacked state and rows) under
   ``<out_dir>/checkpoints/<algorithm>/<key>/``, ``key`` naming the computation's runs, every
-  ``checkpoint_every`` rounds of the first config (0: none). With ``resume`` a checkpoint
-  made with the same configurations can be restored (``can_resume``, ``restore``); one
-  made with other flags, or that cannot be read, is discarded (saying why) and the
-  computation starts over, as a stored run made with other flags is run again."""
+  ``checkpoint_every`` rounds of the first config (0: none): ``loop.Checkpoints`` with
+  ``discard``, so with ``resume`` a checkpoint made with other flags, or that cannot be
+  read, is discarded (saying why) and the computation starts over, as a stored run made
+  with other flags is run again. None is saved at the end: the runs are written then."""
 
   def __init__(self, out_dir: str, algorithm_name: str, group, run_names, extra_config,
                resume: bool, quiet: bool):
     base = group[0]
-    self.every, self.total, self.quiet = base.output.checkpoint_every, base.run.rounds, quiet
-    self.keep = base.output.keep_checkpoints
     key = hashlib.sha1("\n".join(run_names).encode()).hexdigest()[:12]
-    self.directory = os.path.join(out_dir, "checkpoints", algorithm_name, key)
-    self.config = {"runs": run_names, "configs": [
+    config = {"runs": run_names, "configs": [
         checkpoint_lib.to_json_ready(stored_config(c, algorithm_name, extra_config))
         for c in group]}
-    self.label = f"{algorithm_name} x{len(group)}"
-    self.can_resume, self.manager, self.last = False, None, 0
-    if os.path.isdir(self.directory) and not resume and distributed.is_main():
-      shutil.rmtree(self.directory)  # a fresh computation: not its own checkpoints
-    distributed.sync(f"fresh {self.directory}")
-    if os.path.isdir(self.directory):
-      self._find()
-    if self.every > 0 and self.manager is None:
-      self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
+    super().__init__(os.path.join(out_dir, "checkpoints", algorithm_name, key), config,
+                     every=base.output.checkpoint_every, total=base.run.rounds,
+                     resume=resume, mismatch=computation_mismatch,
+                     keep=base.output.keep_checkpoints, discard=True,
+                     label="" if quiet else f"{algorithm_name} x{len(group)}")
 
-  def _find(self):
-    self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
-    if self.manager.latest_round() is None:
-      return
-    try:
-      saved = self.manager.restore_meta()["config"]
-      diffs = sorted({d for a, b in zip(saved.get("configs", []), self.config["configs"])
-                      for d in config_differences(a, b)})
-      if saved.get("runs") != self.config["runs"]:
-        diffs = ["(other runs)"]
-    except checkpoint_lib.CheckpointError as e:
-      diffs = [f"unreadable: {e}"]
-    if diffs:
-      self._discard(", ".join(diffs))
-      return
-    self.can_resume = True
+  def due(self, position: int, stopping: bool = False) -> bool:
+    return position < self.total and super().due(position)
 
-  def _discard(self, why: str):
-    self.close()
-    if not self.quiet:
-      print(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
-            "computation starts over", flush=True)
-    shutil.rmtree(self.directory)
-    self.manager = None
-
-  def restore(self, template):
-    """(start_round, rows, wall_before, states) from the latest checkpoint; (0, None, 0,
-    template) when its state cannot be read (discarded, saying so)."""
-    try:
-      r = self.manager.restore(template)
-    except checkpoint_lib.CheckpointError as e:
-      self._discard(f"unreadable: {e}")
-      if self.every > 0:
-        self.manager = checkpoint_lib.Checkpointer(self.directory, self.keep)
-      return 0, None, 0.0, template
-    self.last = r.round
-    if not self.quiet:
-      print(f"[{self.label}] resuming from the checkpoint of round {r.round} "
-            f"({self.directory})", flush=True)
-    return r.round, r.rows, float(r.extra.get("wall_time_s", 0.0)), r.state
-
-  def maybe_save(self, end: int, states, rows, seconds: float):
-    """Saves at a multiple of ``every`` (not at the end: the runs are written then)."""
-    if (self.manager is None or end >= self.total
-        or not checkpoint_lib.should_save(self.last, end, self.every, self.total)):
-      return
+  def save(self, position: int, state, rows, wall_time_s: float):
+    """The stacked state without the padding runs, gathered to the host."""
     num_runs = len(rows)
-    self.manager.save(end, distributed.to_host(jax.tree.map(lambda x: x[:num_runs], states)),
-                      rows, self.config, {"wall_time_s": seconds})
-    self.last = end
-
-  def close(self):
-    if self.manager is not None:
-      self.manager.close()
+    super().save(position, distributed.to_host(jax.tree.map(lambda x: x[:num_runs], state)),
+                 rows, wall_time_s)
 
   def remove(self):
     self.close()

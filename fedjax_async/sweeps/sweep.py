@@ -387,13 +387,18 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
                                              [run_name(c, names) for c in group], extra_config,
                                  resume, quiet) if out_dir is not None else None
     start, rows_before, wall_before, states = 0, None, 0.0, prep.states
-    if ckpt is not None and ckpt.can_resume:
-      start, rows_before, wall_before, states = ckpt.restore(prep.states)
+    resumed = ckpt.restore(prep.states) if ckpt is not None else None
+    if resumed is not None:
+      start, rows_before, wall_before, states = (resumed.position, resumed.rows,
+                                                 resumed.wall_before, resumed.state)
+      if not quiet:
+        print(f"[{algorithm_name} x{len(group)}] resuming from the checkpoint of round "
+              f"{start} ({ckpt.directory})", flush=True)
 
     def on_chunk(end, seconds, states, rows, n=len(group), start=start,
                  wall_before=wall_before, ckpt=ckpt):
-      if ckpt is not None:
-        ckpt.maybe_save(end, states, rows, seconds)
+      if ckpt is not None and ckpt.due(end):
+        ckpt.save(end, states, rows, seconds)
       if not quiet:
         rate = (end - start) / max(seconds - wall_before, 1e-9)
         print(f"[{algorithm_name} x{n}] round {end}/{group[0].run.rounds} "
