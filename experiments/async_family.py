@@ -49,93 +49,14 @@ from fedjax_async import cli
 from fedjax_async import loop
 from fedjax_async import privacy
 from fedjax_async import sharding
+from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import virtual_clock as vc
 
 ALGORITHMS = algorithms.names("virtual_clock")
 STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}
 
-F = flags
-F.DEFINE_string("algorithm", "fedasync", f"Comma list of {', '.join(ALGORITHMS)}.")
-F.DEFINE_string("dataset", "synthetic", "Data set name for fedjax_async.data.load.")
-F.DEFINE_string("model", "auto", "logreg | mlp | cnn | ... | auto (by data set).")
-F.DEFINE_integer("num_clients", 10, "N, number of clients.")
-F.DEFINE_string("partition", "iid", "iid | shards | dirichlet (shards with "
-                "--shards_per_client=1 is a label-sorted split).")
-F.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration.")
-F.DEFINE_integer("shards_per_client", 2, "Label shards per client.")
-F.DEFINE_string("data_dir", None, "Data directory.")
-F.DEFINE_string("data_source", "auto", "auto | idx | tfds.")
-F.DEFINE_integer("seed", 0, "Seed of data, clock, initialisation and clients.")
-F.DEFINE_string("seeds", "", "Comma list of seeds: every run once per seed, under "
-                "<output_dir>/seed<s>/, and comparison.md with the mean and standard "
-                "deviation over the seeds ('': --seed only).")
-# virtual clock
-F.DEFINE_integer("concurrency", 5, "C, clients in flight.")
-F.DEFINE_integer("num_updates", 200, "Server updates (model versions). FedBuff takes "
-                 "--buffer_k arrivals per update: see --num_arrivals.")
-F.DEFINE_integer("num_arrivals", 0, "If > 0: every run stops after this many client "
-                 "arrivals (FedBuff: num_arrivals / buffer_k server updates), so that a "
-                 "comparison gives each algorithm the same client work; replaces "
-                 "--num_updates.")
-F.DEFINE_integer("buffer_k", 5, "FedBuff's K (arrivals per server step).")
-F.DEFINE_string("compute_time", "lognormal:0.001,0.5", "Seconds per example: constant:a | "
-                "uniform:a,b | exponential:mean | lognormal:median,sigma.")
-F.DEFINE_string("comm_time", "constant:0.5", "Seconds of communication per task (same forms).")
-F.DEFINE_string("device_classes", "", "'' | privaasyncfed | p:slowdown[:scale_index],...")
-F.DEFINE_string("scales", "1,0.75,0.5,0.25", "PrivaAsyncFed's scale table S (Eq. 10).")
-F.DEFINE_boolean("prune_speedup", False, "PrivaAsyncFed: a sub-model of scale S[p] takes "
-                 "S[p]^2 of the compute and communication time (Eq. 11). Off by default: "
-                 "with the paper's slow-downs 1/2/4/8 it would make the slowest class the "
-                 "fastest (8 x 0.25^2 = 0.5), against the paper's premise that "
-                 "low-compute clients send the stalest updates (Fig. 2).")
-F.DEFINE_integer("ring_size", 0, "R past models kept (0: enough that nothing is dropped).")
-F.DEFINE_integer("group_size", 0, "G, arrivals trained in one vmap (0: --concurrency on "
-                     "GPU/TPU, 1 on CPU); rounded up to a multiple of the --devices.")
-F.DEFINE_integer("devices", 0, "D: split each group's members over the first D devices "
-                 "(0: all of them; 1: no sharding).")
-F.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
-                 "(jax_num_cpu_devices) for --devices; 0: JAX's default (one).")
-# local training
-F.DEFINE_integer("local_epochs", 1, "E, local epochs (the step budget).")
-F.DEFINE_integer("local_steps", 0, "> 0: at most this many minibatch steps per task, "
-                 "within the E epochs (PrivaAsyncFed Alg. 1's H, Table II's 'Local Steps': "
-                 "1 for MNIST, 5 for CIFAR-10); 0: the E epochs' steps.")
-F.DEFINE_integer("batch_size", 50, "B, local minibatch size.")
-F.DEFINE_float("lr", 0.05, "Local learning rate.")
-F.DEFINE_float("momentum", 0.0, "Local SGD momentum (must be 0 for DP runs).")
-F.DEFINE_float("mu", 0.0, "FedAsync / FedBuff proximal coefficient mu.")
-# servers
-F.DEFINE_string("mix_alpha", "0.6", "FedAsync's a (comma list to sweep).")
-F.DEFINE_string("staleness_fn", "hinge", "constant | polynomial | hinge (FedAsync).")
-F.DEFINE_float("poly_a", 0.5, "Polynomial staleness exponent.")
-F.DEFINE_float("hinge_a", 10.0, "Hinge staleness slope a.")
-F.DEFINE_float("hinge_b", 4.0, "Hinge staleness threshold b.")
-F.DEFINE_float("server_lr", 1.0, "FedBuff eta_s / double compensation eta.")
-F.DEFINE_float("server_momentum", 0.0, "FedBuff server momentum.")
-F.DEFINE_boolean("fedbuff_staleness", True, "FedBuff 1/sqrt(1+staleness) weights.")
-F.DEFINE_float("rho", 1.0, "Double compensation FedProx weight rho.")
-F.DEFINE_float("dc_lambda", 1.0, "Double compensation lambda.")
-F.DEFINE_float("dc_lambda_t", 1.0, "Double compensation lambda_t in [0, 1].")
-F.DEFINE_float("loss_threshold", 0.0, "Double compensation loss threshold v.")
-F.DEFINE_float("beta", 0.6, "PrivaAsyncFed beta (Eq. 15).")
-# privacy
-F.DEFINE_float("dp_epsilon", math.inf, "Epsilon (inf: no noise).")
-F.DEFINE_float("dp_delta", 1e-5, "Delta of the reported (epsilon, delta).")
-F.DEFINE_float("dp_clip", 2.0, "Clipping bound C.")
-F.DEFINE_string("dp_clip_mode", "example", "example (Eq. 17) | batch (Alg. 1 line 20).")
-F.DEFINE_string("dp_noise", "alg1", "alg1 (the seed's sigma = lr 2C/(|D_k| eps) per step) | "
-                "calibrated (total epsilon over every client's steps <= --dp_epsilon).")
-# output
-F.DEFINE_integer("eval_every", 20, "Evaluate every k server updates (and at the end).")
-F.DEFINE_integer("groups_per_call", 50, "Groups fused into one jitted scan.")
-F.DEFINE_string("output_dir", "runs/async", "Where metrics and summaries go.")
-F.DEFINE_integer("checkpoint_every", 1, "Checkpoint a run every k calls of "
-                 "--groups_per_call groups (under <run>/checkpoints; 0: off).")
-F.DEFINE_boolean("resume", False, "Continue each run from its latest checkpoint (a run "
-                 "whose summary.json was made with the same flags is read back, not run).")
-F.DEFINE_boolean("overwrite", False, "Delete this driver's outputs in --output_dir (the "
-                 "runs' metrics, summaries and checkpoints, curves.png, comparison.md) and "
-                 "start over; without it (or --resume) a folder holding a run is refused.")
+# The flags: one per field of the virtual clock's configuration (AsyncRunConfig).
+cli.define_config_flags(async_config.AsyncRunConfig)
 # Flags that change neither a run's model nor its metrics rows: a checkpoint or summary
 # made with other values of these is still the same run (--eval_every is not among them:
 # it decides which rows carry a test accuracy).
@@ -144,7 +65,7 @@ RESUME_FREE_FLAGS = ("output_dir", "resume", "overwrite", "checkpoint_every",
 # What a run writes in its folder, and the command in --output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
-FLAGS = F.FLAGS
+FLAGS = flags.FLAGS
 
 
 check = cli.check_flag  # ValueError "--flag: message"

@@ -293,10 +293,12 @@ class FlagSpec(NamedTuple):
   choices: Optional[Tuple[str, ...]]
 
 
-def flag_specs() -> Dict[str, FlagSpec]:
-  """flag name -> ``FlagSpec``, for every field, in the parts' order."""
+def flag_specs(config_class=None) -> Dict[str, FlagSpec]:
+  """flag name -> ``FlagSpec``, for every field of ``config_class`` (default
+  ``RunConfig``; the virtual clock's ``asynchronous.config.AsyncRunConfig``), in the parts'
+  order."""
   out = {}
-  for part in dataclasses.fields(RunConfig):
+  for part in dataclasses.fields(config_class or RunConfig):
     for f in dataclasses.fields(type(part.default)):
       meta = f.metadata
       out[meta.get("flag", f.name)] = FlagSpec(

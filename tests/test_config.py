@@ -1,9 +1,14 @@
 """The nested configuration: its parts, flat keys, errors by field path, and the CLI's flags
 made from it (the same names, types and defaults; the errors mapped to flags)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from fedjax_async import config
+from fedjax_async.asynchronous import config as async_config
 from fedjax_async.rounds.timeline import DelayConfig
 import run_script
 
@@ -80,3 +85,17 @@ def test_the_cli_reports_a_library_error_under_the_flag(tmp_path):
                        timeout=120)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines()[-1] == "error: --max_delay: must be >= 1, got 0"
+
+
+def test_the_virtual_clocks_flags_are_made_from_its_config():
+  specs = config.flag_specs(async_config.AsyncRunConfig)
+  assert (specs["concurrency"].path, specs["concurrency"].default) == ("clock.concurrency", 5)
+  assert specs["dp_epsilon"].path == "privacy.dp_epsilon" and specs["dp_epsilon"].default == (
+      float("inf"))
+  assert (specs["num_clients"].default, specs["partition"].default) == (10, "iid")
+  assert specs["algorithm"].path == "algorithm.names" and "random_local_epochs" not in specs
+  out = subprocess.run([sys.executable, os.path.join(run_script.ROOT, "experiments",
+                                                     "async_family.py"), "--helpfull"],
+                       env=run_script.env(), capture_output=True, text=True, timeout=120)
+  assert "--concurrency: C, clients in flight." in out.stdout
+  assert "--dp_clip_mode: example (Eq. 17) | batch" in out.stdout

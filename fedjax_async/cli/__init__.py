@@ -13,9 +13,11 @@ from fedjax_async.cli.commands import (SWEEP_UNSUPPORTED_FLAGS, as_flags, check_
                                        main_from_flags, quiet_library_logs, sweep_main_from_flags,
                                        sweeps_from_flags)
 from fedjax_async.cli.run_flags import (HINTS, check_flag, config_from_flags,
-                                        define_run_flags, parse_flags, unknown_flag_message)
+                                        define_config_flags, define_run_flags, parse_flags,
+                                        unknown_flag_message)
 
-__all__ = ["HINTS", "as_flags", "check_flag", "config_from_flags", "define_run_flags",
+__all__ = ["HINTS", "as_flags", "check_flag", "config_from_flags", "define_config_flags",
+           "define_run_flags",
            "parse_flags", "unknown_flag_message", "SWEEP_UNSUPPORTED_FLAGS", "check_sweep_flags",
            "data_main", "define_data_flags", "define_sweep_flags", "join_processes",
            "main_from_flags", "quiet_library_logs", "sweep_main_from_flags",

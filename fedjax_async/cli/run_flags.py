@@ -62,18 +62,23 @@ def parse_flags(argv: List[str]) -> List[str]:
 
 
 def define_run_flags():
-  """The run flags: one per ``RunConfig`` field (``config.flag_specs``: its name, type,
-  default, help and choices), then the flags of processes and devices that are not part
-  of a configuration."""
+  """The run flags: one per ``RunConfig`` field, then the flags of processes and devices
+  that are not part of a configuration."""
+  define_config_flags()
+  _define_process_flags()
+
+
+def define_config_flags(config_class=None):
+  """One flag per field of ``config_class`` (default ``RunConfig``;
+  ``config.flag_specs``: its name, type, default, help and choices)."""
   from fedjax_async import config  # pylint: disable=g-import-not-at-top
   define = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
             "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
-  for name, spec in config.flag_specs().items():
+  for name, spec in config.flag_specs(config_class).items():
     if spec.choices:
       flags.DEFINE_enum(name, spec.default, list(spec.choices), spec.help)
     else:
       define[spec.kind](name, spec.default, spec.help)
-  _define_process_flags()
 
 
 def _define_process_flags():
