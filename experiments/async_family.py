@@ -168,11 +168,11 @@ def hparams(fl, mix_alpha):
 
 
 def run_config(fl, run_name: str) -> dict:
-  """What a run's checkpoints and summary.json store to compare with on --resume: this
-  driver's flags that change the results (not RESUME_FREE_FLAGS), and the run's name."""
-  module = sys.modules[__name__]
-  names = sorted(f.name for f in fl.get_flags_for_module(module)
-                 if f.name not in RESUME_FREE_FLAGS)
+  """What a run's checkpoints and summary.json store to compare with on --resume: the
+  fields of ``AsyncRunConfig`` that change the results (not RESUME_FREE_FLAGS), by flag
+  name, and the run's name."""
+  names = sorted(n for n in config_lib.flag_specs(async_config.AsyncRunConfig)
+                 if n not in RESUME_FREE_FLAGS)
   return {"run": run_name, **{n: fl[n].value for n in names}}
 
 
