@@ -70,12 +70,13 @@ def prepare(cfg: config_lib.RunConfig):
 
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
              **fields) -> Result:
-  """Runs ``config.algorithm`` (a comma-separated list) on the round engine.
+  """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine.
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
-  ``fields`` replace its fields (``simulate(rounds=20)``). Raises ValueError naming the
-  field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
+  ``fields`` replace its fields by their flat keys (``simulate(rounds=20)``, as
+  ``RunConfig.replace``). Raises ``config.ConfigError`` (a ValueError) naming the field
+  at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``).
