@@ -214,9 +214,12 @@ class Report(Callback):
 
 
 class StopOnSignal(Callback):
-  """``Interrupted`` when a SIGINT / SIGTERM arrived (after the chunk's checkpoint)."""
+  """``Interrupted`` when a SIGINT / SIGTERM arrived, or a callback asked for a stop
+  (after the chunk's checkpoint)."""
 
   def after_chunk(self, loop, state, rows):
+    if loop.stop_requested:
+      raise interrupts.Interrupted("", signal.SIGINT)
     interrupts.check_interrupted()
 
 
@@ -237,6 +240,7 @@ class HostLoop:
         + ([Report(progress)] if progress is not None else []) + [StopOnSignal()])
     self.t0 = time.perf_counter()
     self.stopping = False  # a signal arrived in some process (this chunk's check)
+    self.stop_requested = False  # a callback asked for a stop (``stop``)
 
   @property
   def rows(self) -> List[dict]:
@@ -248,9 +252,9 @@ class HostLoop:
     return self.wall_before + time.perf_counter() - self.t0
 
   def stop(self):
-    """Stop after this chunk, as a SIGINT would (its checkpoint first): ``Interrupted``."""
-    interrupts.record(signal.SIGINT)
-    self.stopping = True
+    """Stop after this chunk, as a SIGINT would (its checkpoint first): ``Interrupted``.
+    Nothing global is recorded: the next run is not stopped."""
+    self.stop_requested = self.stopping = True
 
   def save(self, state, position: Optional[int] = None):
     self.metrics.sync()

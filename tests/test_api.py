@@ -122,6 +122,8 @@ def test_a_callback_sees_every_chunk_and_can_stop_the_run_with_its_checkpoint(tm
     rows = [json.loads(line) for line in f]
   assert without_times(rows) == without_times(
       json.loads(json.dumps(result.runs["fedavg"].rows[:4])))
+  from fedjax_async import interrupts  # pylint: disable=g-import-not-at-top
+  assert not interrupts.pending()  # the stop was that run's: later runs are not stopped
 
 
 def test_the_example_script_runs():

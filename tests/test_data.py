@@ -571,6 +571,6 @@ def test_too_many_synthetic_clients_fail_fast():
   for n in (100000, 5000):
     if n == 5000 and data.padded_data_limit_bytes()[0] > 33.5 * 2 ** 30:
       continue  # a machine with > 67 GiB free can hold it
-    with pytest.raises(ValueError, match=f"^data\.num_clients={n}: the padded client data"):
+    with pytest.raises(ValueError, match=rf"^data\.num_clients={n}: the padded client data"):
       data.load("synthetic", num_clients=n)
   assert time.perf_counter() - t0 < 10
