@@ -150,8 +150,8 @@ def validate(fl):
   clock = vc.ClockConfig(
       concurrency=fl.concurrency, num_updates=fl.num_arrivals or fl.num_updates, buffer_k=1,
       epochs=fl.local_epochs, local_steps=fl.local_steps, batch_size=fl.batch_size,
-      compute=vc.Distribution.parse(fl.compute_time, "compute_time"),
-      comm=vc.Distribution.parse(fl.comm_time, "comm_time"), device_classes=classes,
+      compute=vc.Distribution.parse(fl.compute_time, "clock.compute_time"),
+      comm=vc.Distribution.parse(fl.comm_time, "clock.comm_time"), device_classes=classes,
       ring_size=fl.ring_size)
   return names, scales, clock
 

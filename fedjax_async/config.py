@@ -308,16 +308,17 @@ def flag_specs(config_class=None) -> Dict[str, FlagSpec]:
   return out
 
 
-_PATH_RE = re.compile(r"\b(" + "|".join(_PARTS) + r")\.([a-z_0-9]+)\b")
-
-
 def as_flags(message: str) -> str:
   """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
-  ``--lr: must be > 0`` (the CLI's view of a library error)."""
-  def flag(m):
-    return "--" + FLAGS_BY_PATH[m.group(0)] if m.group(0) in FLAGS_BY_PATH else m.group(0)
-
-  return _PATH_RE.sub(flag, message)
+  ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
+  ``RunConfig`` and of the virtual clock's ``AsyncRunConfig``."""
+  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
+  by_path = dict(FLAGS_BY_PATH, **{s.path: name for name, s in
+                                   flag_specs(async_config.AsyncRunConfig).items()})
+  parts = "|".join(sorted({p.split(".")[0] for p in by_path}))
+  return re.sub(r"\b(" + parts + r")\.([a-z_0-9]+)\b",
+                lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
+                message)
 
 
 def check(condition: bool, field_path: str, message: str):

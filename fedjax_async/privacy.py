@@ -34,11 +34,11 @@ from dp_accounting import rdp
 def validate(epsilon: float, delta: float, clip: float):
   """ValueError naming the flag for an invalid privacy setting (epsilon = inf: no DP)."""
   if not epsilon > 0:  # also catches NaN
-    raise ValueError(f"--dp_epsilon must be > 0 (or inf for no noise), got {epsilon}")
+    raise ValueError(f"privacy.dp_epsilon: must be > 0 (or inf for no noise), got {epsilon}")
   if not 0.0 < delta < 1.0:
-    raise ValueError(f"--dp_delta must be in (0, 1), got {delta}")
+    raise ValueError(f"privacy.dp_delta: must be in (0, 1), got {delta}")
   if not (clip > 0 and math.isfinite(clip)):
-    raise ValueError(f"--dp_clip must be a finite number > 0, got {clip}")
+    raise ValueError(f"privacy.dp_clip: must be a finite number > 0, got {clip}")
 
 
 def alg1_sensitivity(lr, clip, num_examples):
@@ -97,7 +97,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, steps: int,
   if spent_epsilon(lo, steps, delta) <= target_epsilon:
     return lo
   if spent_epsilon(hi, steps, delta) > target_epsilon:
-    raise ValueError(f"--dp_epsilon {target_epsilon} is not reachable with z <= {hi}")
+    raise ValueError(f"privacy.dp_epsilon={target_epsilon} is not reachable with z <= {hi}")
   while hi - lo > tol * lo:
     mid = math.sqrt(lo * hi)
     if spent_epsilon(mid, steps, delta) <= target_epsilon:

@@ -102,6 +102,10 @@ ASYNC_ARGS = ["--num_clients=6", "--concurrency=2", "--num_updates=6", "--eval_e
     (["--dataset=fashion_mnist", "--data_dir=/nonexistent_dir"],
      "error: --data_dir=/nonexistent_dir: no such directory"),
     (["--local_steps=-1"], "error: --local_steps: must be >= 0 (0: E epochs), got -1"),
+    # the virtual clock's library errors name AsyncRunConfig's fields; the driver, flags
+    (["--compute_time=bogus"], "error: --compute_time: cannot parse 'bogus'"),
+    (["--algorithm=dp_fedasync", "--dp_epsilon=1", "--dp_delta=2"],
+     "error: --dp_delta: must be in (0, 1), got 2.0"),
 ])
 def test_async_family_errors(tmp_path, args, message):
   out = script(ASYNC, ASYNC_ARGS + [f"--output_dir={tmp_path}"] + args)

@@ -9,13 +9,13 @@ from scipy import stats
 from fedjax_async import privacy
 
 
-@pytest.mark.parametrize("eps,delta,clip,flag", [
-    (0.0, 1e-5, 1.0, "--dp_epsilon"), (-1.0, 1e-5, 1.0, "--dp_epsilon"),
-    (float("nan"), 1e-5, 1.0, "--dp_epsilon"), (1.0, 0.0, 1.0, "--dp_delta"),
-    (1.0, 1.0, 1.0, "--dp_delta"), (1.0, 1e-5, 0.0, "--dp_clip"),
-    (1.0, 1e-5, -2.0, "--dp_clip")])
-def test_invalid_privacy_values_name_the_flag(eps, delta, clip, flag):
-  with pytest.raises(ValueError, match=flag):
+@pytest.mark.parametrize("eps,delta,clip,field", [
+    (0.0, 1e-5, 1.0, "dp_epsilon"), (-1.0, 1e-5, 1.0, "dp_epsilon"),
+    (float("nan"), 1e-5, 1.0, "dp_epsilon"), (1.0, 0.0, 1.0, "dp_delta"),
+    (1.0, 1.0, 1.0, "dp_delta"), (1.0, 1e-5, 0.0, "dp_clip"),
+    (1.0, 1e-5, -2.0, "dp_clip")])
+def test_invalid_privacy_values_name_the_field(eps, delta, clip, field):
+  with pytest.raises(ValueError, match=rf"^privacy\.{field}: must be"):
     privacy.validate(eps, delta, clip)
 
 
@@ -87,7 +87,7 @@ def test_calibrate_sigma_hits_the_target():
   sigma = privacy.calibrate_sigma(target, delta, steps, sensitivity=0.04)
   assert sigma == pytest.approx(0.04 * z, rel=1e-3)
   assert privacy.calibrate_noise_multiplier(math.inf, delta, steps) == 0.0
-  with pytest.raises(ValueError, match="--dp_delta"):
+  with pytest.raises(ValueError, match=r"^privacy\.dp_delta: must be in \(0, 1\)"):
     privacy.calibrate_sigma(1.0, 2.0, 10)
 
 

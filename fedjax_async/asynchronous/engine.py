@@ -104,7 +104,7 @@ class AsyncConfig:
 
   def __post_init__(self):
     if self.dp_clip_mode not in ("example", "batch"):
-      raise ValueError(f"--dp_clip_mode must be 'example' or 'batch', got "
+      raise ValueError(f"privacy.dp_clip_mode: must be 'example' or 'batch', got "
                        f"{self.dp_clip_mode!r}")
 
 

@@ -71,7 +71,7 @@ class Distribution:
       vals = [float(v) for v in params.split(",")] if params else []
       return cls(kind, *vals)
     except (TypeError, ValueError) as e:
-      raise ValueError(f"--{flag}: cannot parse {spec!r} ({e})") from None
+      raise ValueError(f"{flag}: cannot parse {spec!r} ({e})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ PRIVAASYNCFED_CLASSES = (DeviceClass(0.3, 1.0, 0), DeviceClass(0.3, 2.0, 1),
                          DeviceClass(0.2, 4.0, 2), DeviceClass(0.2, 8.0, 3))
 
 
-def parse_device_classes(spec: str, flag: str = "device_classes") -> tuple:
+def parse_device_classes(spec: str, flag: str = "clock.device_classes") -> tuple:
   """'p:slowdown[:scale_index],...' e.g. '0.3:1:0,0.3:2:1,0.2:4:2,0.2:8:3'; '' = none.
   Without a scale index, classes get 0, 1, 2, ... in the order given."""
   if not spec:
@@ -101,12 +101,12 @@ def parse_device_classes(spec: str, flag: str = "device_classes") -> tuple:
       p, slow = float(parts[0]), float(parts[1]) if len(parts) > 1 else 1.0
       idx = int(parts[2]) if len(parts) > 2 else i
     except ValueError:
-      raise ValueError(f"--{flag}: cannot parse {item!r}") from None
+      raise ValueError(f"{flag}: cannot parse {item!r}") from None
     if p < 0 or slow <= 0 or idx < 0:
-      raise ValueError(f"--{flag}: need p >= 0, slowdown > 0, scale index >= 0 in {item!r}")
+      raise ValueError(f"{flag}: need p >= 0, slowdown > 0, scale index >= 0 in {item!r}")
     classes.append(DeviceClass(p, slow, idx))
   if abs(sum(c.probability for c in classes) - 1.0) > 1e-6:
-    raise ValueError(f"--{flag}: class probabilities must sum to 1, got {spec!r}")
+    raise ValueError(f"{flag}: class probabilities must sum to 1, got {spec!r}")
   return tuple(classes)
 
 
@@ -126,19 +126,19 @@ class ClockConfig:
 
   def __post_init__(self):
     if self.concurrency < 1:
-      raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+      raise ValueError(f"clock.concurrency: must be >= 1, got {self.concurrency}")
     if self.num_updates < 1:
-      raise ValueError(f"--num_updates must be >= 1, got {self.num_updates}")
+      raise ValueError(f"clock.num_updates: must be >= 1, got {self.num_updates}")
     if self.buffer_k < 1:
-      raise ValueError(f"--buffer_k must be >= 1, got {self.buffer_k}")
+      raise ValueError(f"clock.buffer_k: must be >= 1, got {self.buffer_k}")
     if self.epochs < 1:
-      raise ValueError(f"--local_epochs must be >= 1, got {self.epochs}")
+      raise ValueError(f"local.local_epochs: must be >= 1, got {self.epochs}")
     if self.ring_size < 0:
-      raise ValueError(f"--ring_size must be >= 0, got {self.ring_size}")
+      raise ValueError(f"clock.ring_size: must be >= 0, got {self.ring_size}")
     if self.local_steps < 0:
-      raise ValueError(f"--local_steps must be >= 0, got {self.local_steps}")
+      raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
     if self.batch_size < 1:
-      raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
+      raise ValueError(f"local.batch_size: must be >= 1, got {self.batch_size}")
 
 
 def task_examples(epochs, num_examples, local_steps=0, batch_size=1):
@@ -249,7 +249,7 @@ def simulate(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedule:
   counts = np.asarray(counts)
   num_clients = len(counts)
   if cfg.concurrency > num_clients:
-    raise ValueError(f"--concurrency ({cfg.concurrency}) must be <= --num_clients "
+    raise ValueError(f"clock.concurrency ({cfg.concurrency}) must be <= data.num_clients "
                      f"({num_clients})")
   rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA5C]))
   clients = draw_clients(cfg, counts, rng)
