@@ -263,27 +263,6 @@ class RunConfig:
             "server_lr_switch_round": a.server_lr_switch_round}
 
 
-def _flat_keys() -> Dict[str, Tuple[str, str]]:
-  """flat key (the flag's name) -> (part, field)."""
-  keys = {}
-  for part in dataclasses.fields(RunConfig):
-    for f in dataclasses.fields(type(part.default)):
-      keys[f.metadata.get("flag", f.name)] = (part.name, f.name)
-  return keys
-
-
-_PARTS = tuple(f.name for f in dataclasses.fields(RunConfig))
-_KEYS = _flat_keys()
-# the path of each field (``local.lr``) -> its flat key / flag (``lr``)
-FLAGS_BY_PATH = {f"{part}.{name}": key for key, (part, name) in _KEYS.items()}
-
-
-def path(key: str) -> str:
-  """The path of the field whose flat key (flag name) is ``key``: ``lr`` -> ``local.lr``."""
-  part, name = _KEYS[key]
-  return f"{part}.{name}"
-
-
 class FlagSpec(NamedTuple):
   """What the CLI needs to make one field's flag."""
   path: str  # local.lr
@@ -308,15 +287,23 @@ def flag_specs(config_class=None) -> Dict[str, FlagSpec]:
   return out
 
 
+_PARTS = tuple(f.name for f in dataclasses.fields(RunConfig))
+_KEYS = {name: tuple(spec.path.split(".")) for name, spec in flag_specs().items()}
+
+
+def path(key: str) -> str:
+  """The path of the field whose flat key (flag name) is ``key``: ``lr`` -> ``local.lr``."""
+  return ".".join(_KEYS[key])
+
+
 def as_flags(message: str) -> str:
   """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
   ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
   ``RunConfig`` and of the virtual clock's ``AsyncRunConfig``."""
   from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
-  by_path = dict(FLAGS_BY_PATH, **{s.path: name for name, s in
-                                   flag_specs(async_config.AsyncRunConfig).items()})
-  parts = "|".join(sorted({p.split(".")[0] for p in by_path}))
-  return re.sub(r"\b(" + parts + r")\.([a-z_0-9]+)\b",
+  by_path = {spec.path: name for cls in (RunConfig, async_config.AsyncRunConfig)
+             for name, spec in flag_specs(cls).items()}
+  return re.sub(r"\b[a-z_]+\.[a-z_0-9]+\b",
                 lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
                 message)
 

@@ -2,9 +2,9 @@
 what happens between two compiled chunks.
 
 Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: the round
-engine (``engine.simulate``, driven by ``experiment.run``), the virtual clock
-(``async_engine.simulate``, driven by ``experiments/async_family.py``) and FedEDS
-(``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
+engine (``rounds.engine.simulate``, driven by ``rounds.experiment.run``), the virtual
+clock (``asynchronous.engine.simulate``, driven by ``experiments/async_family.py``) and
+FedEDS (``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
 callback: the metrics rows written, then a list of ``Callback``s (after pfl-research's
 ``run`` and its callbacks):
 
