@@ -39,21 +39,34 @@ from fedjax_async import sharding
 from fedjax_async.sweeps import sweep
 from fedjax_async.sweeps import store as sweep_store
 
+@dataclasses.dataclass(frozen=True)
+class TableOptions:
+  """The table's own settings (its runs take the run flags, ``config.RunConfig``)."""
+  config: str = config_lib.option("full", "full (the paper's setting) | reduced (2 CPU "
+                                  "cores, < 30 min): presets for every flag not given "
+                                  "explicitly.")
+  num_seeds: int = config_lib.option(5, "Seeds per setting (mean reported).")
+  partitions: str = config_lib.option("iid,shards", "Partitions (table rows: IID / "
+                                      "non-IID).")
+  deltas: str = config_lib.option("0,0.1,0.2,0.3,0.4,0.5,0.6,0.7", "Delay fractions for the "
+                                  "non-IID (shards) partition.")
+  iid_deltas: str = config_lib.option("0,0.1,0.2,0.3,0.4,0.5,0.6,0.7", "Delay fractions for "
+                                      "the IID partition.")
+  test_subset: int = config_lib.option(0, "Evaluate on the first n test examples (0 = all).")
+  max_runs_per_computation: int = config_lib.option(
+      0, "At most this many runs per vmapped computation (0 = all deltas x seeds of an "
+      "algorithm in one).")
+  read_only: bool = config_lib.option(False, "Do not run: build the table and figures from "
+                                      "existing run directories.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig(config_lib.FlatKeys):
+  table: TableOptions = TableOptions()
+
+
 cli.define_run_flags()
-flags.DEFINE_string("config", "full", "full (the paper's setting) | reduced (2 CPU cores, "
-                    "< 30 min): presets for every flag not given explicitly.")
-flags.DEFINE_integer("num_seeds", 5, "Seeds per setting (mean reported).")
-flags.DEFINE_string("partitions", "iid,shards", "Partitions (table rows: IID / non-IID).")
-flags.DEFINE_string("deltas", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
-                    "Delay fractions for the non-IID (shards) partition.")
-flags.DEFINE_string("iid_deltas", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
-                    "Delay fractions for the IID partition.")
-flags.DEFINE_integer("test_subset", 0, "Evaluate on the first n test examples (0 = all).")
-flags.DEFINE_integer("max_runs_per_computation", 0,
-                     "At most this many runs per vmapped computation (0 = all deltas x "
-                     "seeds of an algorithm in one).")
-flags.DEFINE_boolean("read_only", False, "Do not run: build the table and figures from "
-                     "existing run directories.")
+cli.define_config_flags(TableConfig)  # one flag per TableOptions field
 
 FLAGS = flags.FLAGS
 
@@ -114,13 +127,13 @@ def run_dirs(out_dir: str, partition: str, alg: str, cfgs):
           for c in cfgs]
 
 
-def extra_config():
+def extra_config(opts: TableOptions):
   """Settings outside RunConfig that change the results, stored in each run's config
   (--test_subset only when set, so that runs stored before it was recorded still match)."""
-  return {"test_subset": FLAGS.test_subset} if FLAGS.test_subset else {}
+  return {"test_subset": opts.test_subset} if opts.test_subset else {}
 
 
-def read_runs(dirs, cfgs=None, alg=None):
+def read_runs(dirs, cfgs=None, alg=None, extra=None):
   """(summary, rows) of each run directory; None when any is missing (not run yet).
 
   With ``cfgs`` (and ``alg``) each stored run's config is checked against them: a run made
@@ -128,7 +141,7 @@ def read_runs(dirs, cfgs=None, alg=None):
   out, stale = [], []
   for i, d in enumerate(dirs):
     config = ({} if cfgs is None else
-              sweep_store.stored_config(cfgs[i], alg, extra_config()))
+              sweep_store.stored_config(cfgs[i], alg, extra or {}))
     stored = sweep_store.read_stored_run(d, config)
     if stored is None:
       return None
@@ -144,22 +157,23 @@ def read_runs(dirs, cfgs=None, alg=None):
   return out
 
 
-def run_grid(base: config_lib.RunConfig, partitions, deltas_of, algs, num_seeds: int,
-             out_dir: str, read_only: bool, mesh=None) -> dict:
+def run_grid(base: config_lib.RunConfig, opts: TableOptions, partitions, deltas_of, algs,
+             mesh=None) -> dict:
   """{(partition, alg): [(summary, rows), ...]}: runs what is missing or was stored with
   other flags (unless read_only: then a run stored with other flags is a SetupError, and a
   missing (partition, alg) is left out of the table, saying so).
 
   ``mesh``: the ``('runs',)`` mesh the runs are split over (``sweep.run_mesh``)."""
+  out_dir, extra = base.output.output_dir, extra_config(opts)
   results = {}
   for part in partitions:
     cfg = base.replace(partition=part)
     fed_data = None
     for alg in algs:
-      cfgs = sweep.grid(cfg, {"delay_fraction": deltas_of[part]}, num_seeds)
+      cfgs = sweep.grid(cfg, {"delay_fraction": deltas_of[part]}, opts.num_seeds)
       dirs = run_dirs(out_dir, part, alg, cfgs)
-      if read_only:
-        done = read_runs(dirs, cfgs, alg)
+      if opts.read_only:
+        done = read_runs(dirs, cfgs, alg, extra)
         if done is None:
           missing = sum(not os.path.isfile(os.path.join(d, "summary.json")) for d in dirs)
           print(f"[{part}/{alg}] --read_only: {missing} of {len(dirs)} runs missing under "
@@ -168,7 +182,7 @@ def run_grid(base: config_lib.RunConfig, partitions, deltas_of, algs, num_seeds:
           continue
         results[(part, alg)] = done
         continue
-      summaries = [sweep_store.read_stored_run(d, sweep_store.stored_config(c, alg, extra_config()))
+      summaries = [sweep_store.read_stored_run(d, sweep_store.stored_config(c, alg, extra))
                    for d, c in zip(dirs, cfgs)]
       if all(s is not None and not s[2] for s in summaries):
         results[(part, alg)] = [s[:2] for s in summaries]
@@ -176,11 +190,10 @@ def run_grid(base: config_lib.RunConfig, partitions, deltas_of, algs, num_seeds:
       if fed_data is None:
         print(f"loading {cfg.data.dataset} ({part}) ...", flush=True)
         fed_data, _ = sweep.load_checked(cfg)
-        fed_data = subset_test(fed_data, FLAGS.test_subset)
+        fed_data = subset_test(fed_data, opts.test_subset)
       t0 = time.perf_counter()
       sweep.run_sweep(cfgs, alg, fed_data, ["delay_fraction"], os.path.join(out_dir, part),
-                      FLAGS.max_runs_per_computation, mesh, resume=True,
-                      extra_config=extra_config())
+                      opts.max_runs_per_computation, mesh, resume=True, extra_config=extra)
       print(f"[{part}/{alg}] {len(cfgs)} runs in {time.perf_counter() - t0:.1f}s",
             flush=True)
       done = read_runs(dirs)
@@ -292,9 +305,9 @@ def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str):
   return paths
 
 
-def header_for(base: config_lib.RunConfig, config: str, num_seeds: int) -> str:
-  test = f"first {FLAGS.test_subset} test examples" if FLAGS.test_subset else "full test set"
-  return (f"**{config} configuration** — {base.data.dataset}, model {base.model.name}, "
+def header_for(base: config_lib.RunConfig, opts: TableOptions) -> str:
+  test = f"first {opts.test_subset} test examples" if opts.test_subset else "full test set"
+  return (f"**{opts.config} configuration** — {base.data.dataset}, model {base.model.name}, "
           f"N={base.data.num_clients}, σ={base.run.participation}, E={base.local.local_epochs}, "
           f"B={base.local.batch_size}, lr={base.local.lr}, momentum={base.local.momentum}, "
           f"ρ={base.algorithm.rho}, α={base.algorithm.alpha0}/{base.algorithm.alpha1}/"
@@ -302,40 +315,44 @@ def header_for(base: config_lib.RunConfig, config: str, num_seeds: int) -> str:
           f"{base.algorithm.admm_upload}, T={base.run.rounds}, delays "
           f"{base.delay.distribution} 1..{base.delay.max_delay} rounds, evaluation every "
           f"{base.run.eval_every} round(s) and in the last 10 on the {test}; metric: average "
-          f"best accuracy over the last 10 rounds, mean ± std over {num_seeds} seeds. "
+          f"best accuracy over the last 10 rounds, mean ± std over {opts.num_seeds} seeds. "
           f"Paper: Table V (CNN, T=100, E=10, 5 seeds). Δ = ours − paper.")
+
+
+def setup():
+  """(RunConfig, TableOptions, mesh, deltas per partition, partitions) of the flags, the
+  --config preset applied; ValueError naming the flag."""
+  sharding.set_cpu_devices(FLAGS.cpu_devices)
+  for name in ("coordinator_address", "num_processes", "process_id", "distributed"):
+    cli.check_flag(not FLAGS[name].present, name, "pafed_table.py runs in one process; its "
+                   "sweeps run across processes as experiments/sweep.py (docs/distributed.md)")
+  apply_preset(FLAGS.config)
+  cli.check_sweep_flags(FLAGS)  # its runs are sweeps: no tb/
+  base = cli.config_from_flags(FLAGS)
+  opts = TableConfig.from_flat({n: FLAGS[n].value for n in TableConfig.keys()}).table
+  mesh = sweep.run_mesh(sharding.select_devices(base.run.devices))
+  deltas_of = {"iid": sweep.parse_values("iid_deltas", opts.iid_deltas)}
+  for part in ("shards", "dirichlet"):
+    deltas_of[part] = sweep.parse_values("deltas", opts.deltas)
+  partitions = [p for p in opts.partitions.split(",") if p]
+  cli.check_flag(bool(partitions), "partitions", "expected a comma list of "
+                 f"{', '.join(sorted(deltas_of))}, got {opts.partitions!r}")
+  for p in partitions:
+    cli.check_flag(p in deltas_of, "partitions", f"unknown partition {p!r}")
+    sweep.check_values(base, "delay_fraction", deltas_of[p],
+                       "iid_deltas" if p == "iid" else "deltas")
+  cli.check_flag(opts.num_seeds >= 1, "num_seeds", f"must be >= 1, got {opts.num_seeds}")
+  cli.check_flag(opts.test_subset >= 0, "test_subset", f"must be >= 0, got {opts.test_subset}")
+  cli.check_flag(opts.max_runs_per_computation >= 0, "max_runs_per_computation",
+                 f"must be >= 0 (0 = all runs in one), got {opts.max_runs_per_computation}")
+  return base, opts, mesh, deltas_of, partitions
 
 
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
   cli.quiet_library_logs(FLAGS)
   try:
-    sharding.set_cpu_devices(FLAGS.cpu_devices)
-    for name in ("coordinator_address", "num_processes", "process_id", "distributed"):
-      if FLAGS[name].present:
-        raise ValueError(f"--{name}: pafed_table.py runs in one process; its sweeps run "
-                         "across processes as experiments/sweep.py (docs/distributed.md)")
-    apply_preset(FLAGS.config)
-    cli.check_sweep_flags(FLAGS)  # its runs are sweeps: no tb/
-    base = cli.config_from_flags(FLAGS)
-    mesh = sweep.run_mesh(sharding.select_devices(base.run.devices))
-    deltas_of = {"iid": sweep.parse_values("iid_deltas", FLAGS.iid_deltas)}
-    for part in ("shards", "dirichlet"):
-      deltas_of[part] = sweep.parse_values("deltas", FLAGS.deltas)
-    partitions = [p for p in FLAGS.partitions.split(",") if p]
-    cli.check_flag(bool(partitions), "partitions",
-                     f"expected a comma list of {', '.join(sorted(deltas_of))}, got "
-                     f"{FLAGS.partitions!r}")
-    for p in partitions:
-      cli.check_flag(p in deltas_of, "partitions", f"unknown partition {p!r}")
-      sweep.check_values(base, "delay_fraction", deltas_of[p],
-                         "iid_deltas" if p == "iid" else "deltas")
-    cli.check_flag(FLAGS.num_seeds >= 1, "num_seeds", f"must be >= 1, got {FLAGS.num_seeds}")
-    cli.check_flag(FLAGS.test_subset >= 0, "test_subset",
-                     f"must be >= 0, got {FLAGS.test_subset}")
-    cli.check_flag(FLAGS.max_runs_per_computation >= 0, "max_runs_per_computation",
-                     f"must be >= 0 (0 = all runs in one), got "
-                     f"{FLAGS.max_runs_per_computation}")
+    base, opts, mesh, deltas_of, partitions = setup()
   except ValueError as e:
     sys.exit(f"error: {cli.as_flags(str(e))}")
   algs = base.algorithm.name_list()
@@ -344,8 +361,7 @@ def main(argv):
   t0 = time.perf_counter()
   try:
     results = interrupts.exit_on_interrupt(
-        lambda: run_grid(base, partitions, deltas_of, algs, FLAGS.num_seeds, out_dir,
-                         FLAGS.read_only, mesh),
+        lambda: run_grid(base, opts, partitions, deltas_of, algs, mesh),
         f"the runs of every finished computation are stored under {out_dir}/<partition>/runs"
         + (f" and the others checkpointed every --checkpoint_every={base.output.checkpoint_every} "
            f"rounds under {out_dir}/<partition>/checkpoints" if base.output.checkpoint_every > 0
@@ -359,14 +375,14 @@ def main(argv):
              "run without --read_only to make them")
   wall = time.perf_counter() - t0
   rows = table_rows(results, partitions, algs)
-  md = markdown_table(rows, algs, header_for(base, FLAGS.config, FLAGS.num_seeds))
+  md = markdown_table(rows, algs, header_for(base, opts))
   with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(md + "\n")
   write_csv(rows, algs, os.path.join(out_dir, "table.csv"))
   figs = plot_curves(results, partitions, algs, os.path.join(out_dir, "figures"),
-                     f"{FLAGS.config} config")
+                     f"{opts.config} config")
   with open(os.path.join(out_dir, "table.json"), "w") as f:
-    json.dump({"config": FLAGS.config, "num_seeds": FLAGS.num_seeds,
+    json.dump({"config": opts.config, "num_seeds": opts.num_seeds,
                "driver_wall_time_s": wall, "run_config": config_lib.config_dict(base),
                "rows": rows, "figures": figs}, f, indent=2)
   print(md)

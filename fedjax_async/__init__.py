@@ -6,7 +6,8 @@
 
 Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts (``AlgorithmConfig``,
 ``DataConfig``, ``ModelConfig``, ``LocalTraining``, ``DelayConfig``, ``CryptoConfig``,
-``RunOptions``, ``OutputConfig``), ``Callback`` (after every compiled chunk),
+``RunOptions``, ``OutputConfig``), ``AsyncRunConfig`` (the virtual clock:
+``simulate(AsyncRunConfig(...))``), ``Callback`` (after every compiled chunk),
 ``Interrupted``, ``algorithms``
 (the registry: ``algorithms.names()``), ``distributed`` (several processes:
 ``distributed.initialize(...)`` before ``simulate``). Imported on first use, so
@@ -29,6 +30,7 @@ _EXPORTS = {
     "CryptoConfig": ("fedjax_async.config", "CryptoConfig"),
     "RunOptions": ("fedjax_async.config", "RunOptions"),
     "OutputConfig": ("fedjax_async.config", "OutputConfig"),
+    "AsyncRunConfig": ("fedjax_async.asynchronous.config", "AsyncRunConfig"),
     "Callback": ("fedjax_async.loop", "Callback"),
     "Interrupted": ("fedjax_async.interrupts", "Interrupted"),
     "algorithms": ("fedjax_async.algorithms", None),

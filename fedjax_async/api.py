@@ -70,7 +70,8 @@ def prepare(cfg: config_lib.RunConfig):
 
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
              **fields) -> Result:
-  """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine.
+  """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
+  ``AsyncRunConfig``, on the virtual clock (``asynchronous.driver.simulate``).
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
@@ -81,6 +82,10 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``).
   """
+  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
+  if isinstance(config, async_config.AsyncRunConfig):
+    from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+    return driver.simulate(config, callbacks, **fields)
   cfg = (config or config_lib.RunConfig()).replace(**fields)
   config_lib.validate(cfg)
   if cfg.crypto.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:

@@ -187,8 +187,61 @@ class OutputConfig:
                        "table only.")
 
 
+_FLAT_KEYS: Dict[type, Dict[str, Tuple[str, str]]] = {}
+
+
+class FlatKeys:
+  """A configuration of parts (frozen dataclasses) whose fields each have a flat key, the
+  name of its flag: ``RunConfig`` and the virtual clock's ``AsyncRunConfig``."""
+
+  @classmethod
+  def keys(cls) -> Dict[str, Tuple[str, str]]:
+    """flat key -> (part, field), in the parts' order."""
+    if cls not in _FLAT_KEYS:
+      _FLAT_KEYS[cls] = {name: tuple(spec.path.split("."))
+                         for name, spec in flag_specs(cls).items()}
+    return _FLAT_KEYS[cls]
+
+  def replace(self, **flat):
+    """A copy with fields replaced by their flat keys (``lr=0.05``, ``algorithm="fedavg"``),
+    or whole parts by their names (``local=LocalTraining(...)``). An unknown key raises
+    ``ConfigError`` naming it, with the closest keys."""
+    keys, part_names = self.keys(), {f.name for f in dataclasses.fields(self)}
+    parts: Dict[str, dict] = {}
+    new = {}
+    for key, value in flat.items():
+      if key in part_names and not isinstance(value, str):  # a whole part ("algorithm" is
+        new[key] = value  # also the flat key of algorithm.names, a string)
+        continue
+      if key not in keys:
+        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
+        raise ConfigError(key, f"not a {type(self).__name__} field" + (
+            f"; did you mean {' or '.join(close)}?" if close else ""))
+      part, name = keys[key]
+      parts.setdefault(part, {})[name] = value
+    for part, values in parts.items():
+      new[part] = dataclasses.replace(new.get(part, getattr(self, part)), **values)
+    return dataclasses.replace(self, **new)
+
+  def get(self, key: str):
+    """The value of the field whose flat key is ``key`` (``lr``, ``concurrency``)."""
+    if key not in self.keys():
+      raise ConfigError(key, f"not a {type(self).__name__} field")
+    part, name = self.keys()[key]
+    return getattr(getattr(self, part), name)
+
+  def flat(self) -> Dict[str, object]:
+    """Every field by its flat key."""
+    return {key: self.get(key) for key in self.keys()}
+
+  @classmethod
+  def from_flat(cls, flat: dict):
+    """The configuration of flat keys (parsed flags, a stored configuration)."""
+    return cls().replace(**flat)
+
+
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(FlatKeys):
   """One invocation of the round engine: its parts, each a frozen dataclass. The defaults
   are the README's main job and the CLI's (PAFed, FedADMM, FedAvg and FedProx on
   Synthetic(1,1), 30% of the sampled clients delayed 1-3 rounds)."""
@@ -208,39 +261,15 @@ class RunConfig:
       object.__setattr__(self, "algorithm", dataclasses.replace(self.algorithm, **missing))
 
   def replace(self, **flat) -> "RunConfig":
-    """A copy with fields replaced by their flat keys (``lr=0.05``, ``delay_fraction=0.5``,
-    ``algorithm="fedavg"``), or whole parts by their names (``local=LocalTraining(...)``,
-    ``delay=DelayConfig(...)``). An unknown key raises ``ConfigError`` naming it. PAFed's
-    alphas left at their data set's default (``dataset_defaults``) follow a new
-    ``dataset``."""
-    parts: Dict[str, dict] = {}
-    whole = {}
-    for key, value in flat.items():
-      if key in _PARTS and not isinstance(value, str):  # a whole part ("algorithm" is
-        whole[key] = value  # also the key of algorithm.names, a string)
-        continue
-      if key not in _KEYS:
-        close = difflib.get_close_matches(key, list(_KEYS), n=3, cutoff=0.6)
-        raise ConfigError(key, "not a RunConfig field" + (
-            f"; did you mean {' or '.join(close)}?" if close else ""))
-      part, name = _KEYS[key]
-      parts.setdefault(part, {})[name] = value
-    new = dict(whole)
-    for part, values in parts.items():
-      new[part] = dataclasses.replace(new.get(part, getattr(self, part)), **values)
-    if "data" in parts and "dataset" in parts["data"]:  # the alphas follow a new data set
-      alg = new.get("algorithm", self.algorithm)
+    """``FlatKeys.replace``; PAFed's alphas left at their data set's default
+    (``dataset_defaults``) follow a new ``dataset``."""
+    new = FlatKeys.replace(self, **flat)
+    if "dataset" in flat:
       stale = {k: None for k, v in dataset_defaults(self.data.dataset).items()
-               if getattr(alg, k) == v and k not in parts.get("algorithm", {})}
-      new["algorithm"] = dataclasses.replace(alg, **stale)
-    return dataclasses.replace(self, **new)
-
-  def get(self, key: str):
-    """The value of the field whose flat key is ``key`` (``lr``, ``delay_fraction``)."""
-    if key not in _KEYS:
-      raise ConfigError(key, "not a RunConfig field")
-    part, name = _KEYS[key]
-    return getattr(getattr(self, part), name)
+               if getattr(new.algorithm, k) == v and k not in flat}
+      if stale:  # __post_init__ gives them the new data set's defaults
+        new = dataclasses.replace(new, algorithm=dataclasses.replace(new.algorithm, **stale))
+    return new
 
   @classmethod
   def from_flat(cls, flat: dict) -> "RunConfig":
@@ -287,8 +316,7 @@ def flag_specs(config_class=None) -> Dict[str, FlagSpec]:
   return out
 
 
-_PARTS = tuple(f.name for f in dataclasses.fields(RunConfig))
-_KEYS = {name: tuple(spec.path.split(".")) for name, spec in flag_specs().items()}
+_KEYS = RunConfig.keys()
 
 
 def path(key: str) -> str:
@@ -299,9 +327,12 @@ def path(key: str) -> str:
 def as_flags(message: str) -> str:
   """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
   ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
-  ``RunConfig`` and of the virtual clock's ``AsyncRunConfig``."""
+  ``RunConfig``, the virtual clock's ``AsyncRunConfig`` and FedEDS's
+  ``FedEDSRunConfig``."""
   from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
-  by_path = {spec.path: name for cls in (RunConfig, async_config.AsyncRunConfig)
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  by_path = {spec.path: name for cls in (RunConfig, async_config.AsyncRunConfig,
+                                         fededs_config.FedEDSRunConfig)
              for name, spec in flag_specs(cls).items()}
   return re.sub(r"\b[a-z_]+\.[a-z_0-9]+\b",
                 lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),

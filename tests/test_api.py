@@ -132,3 +132,73 @@ def test_the_example_script_runs():
                        env=run_script.env(), capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "| pafed |" in out.stdout and "| fedavg |" in out.stdout, out.stdout
+
+
+# The virtual clock from Python: a small FedBuff run (6 clients, 2 in flight, 3 groups a
+# compiled call); every other field is AsyncRunConfig's default, the CLI's.
+CLOCK = dict(algorithm="fedbuff", num_clients=6, concurrency=2, num_updates=6, buffer_k=2,
+             eval_every=2, groups_per_call=3, group_size=1)
+
+
+def test_the_virtual_clock_from_python_writes_nothing_and_equals_the_cli(tmp_path):
+  cwd = os.getcwd()
+  (tmp_path / "cwd").mkdir()
+  os.chdir(tmp_path / "cwd")
+  try:
+    result = fa.simulate(fa.AsyncRunConfig(), **CLOCK)
+  finally:
+    os.chdir(cwd)
+  assert os.listdir(tmp_path / "cwd") == []
+  run = result.runs["fedbuff"]
+  assert len(run.rows) == 12 and run.rows[-1]["arrival_version"] == 5  # K=2 per update
+  assert "| fedbuff |" in result.table()
+  out = subprocess.run(
+      [sys.executable, os.path.join(run_script.ROOT, "experiments", "async_family.py"),
+       f"--output_dir={tmp_path / 'cli'}", *[f"--{k}={v}" for k, v in CLOCK.items()]],
+      env=run_script.env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  with open(tmp_path / "cli" / "metrics.jsonl") as f:
+    cli_rows = [json.loads(line) for line in f]
+  assert without_times(cli_rows) == without_times(json.loads(json.dumps(run.rows)))
+  # state.w is the final global model: its test accuracy, recomputed with a plain argmax,
+  # is the last evaluated row's
+  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  fed, (_, _, apply_flat, _, _) = driver.load(result.config)
+  logits = np.asarray(apply_flat(run.state.w, fed.test_x, train=False))
+  assert np.mean(np.argmax(logits, -1) == fed.test_y) == pytest.approx(
+      run.rows[-1]["test_accuracy"], abs=1e-6)
+
+
+class GroupRecorder(fa.Callback):
+  """Records each chunk's arrival versions; stops after the first chunk when asked."""
+
+  def __init__(self, stop=False):
+    self.calls, self.stop = [], stop
+
+  def after_chunk(self, loop, state, rows):
+    self.calls.append([r["arrival_version"] for r in rows])
+    if self.stop:
+      loop.stop()
+
+
+def test_a_virtual_clock_run_stopped_by_a_callback_resumes_to_the_uninterrupted_rows(
+    tmp_path):
+  seen = GroupRecorder()
+  whole = fa.simulate(fa.AsyncRunConfig(), callbacks=[seen], **CLOCK)
+  # 12 arrivals (K=2 per update), one a group on CPU, 3 groups a compiled call
+  assert [len(c) for c in seen.calls] == [3, 3, 3, 3]
+  fields = dict(CLOCK, output_dir=str(tmp_path), checkpoint_every=1)
+  with pytest.raises(fa.Interrupted):
+    fa.simulate(fa.AsyncRunConfig(), callbacks=[GroupRecorder(stop=True)], **fields)
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert len(f.readlines()) == len(seen.calls[0])  # the first chunk's arrivals
+  rest = GroupRecorder()
+  resumed = fa.simulate(fa.AsyncRunConfig(), callbacks=[rest], resume=True, **fields)
+  assert rest.calls == seen.calls[1:]  # from the checkpoint after the first chunk
+  assert without_times(resumed.runs["fedbuff"].rows) == without_times(
+      whole.runs["fedbuff"].rows)
+  np.testing.assert_array_equal(resumed.runs["fedbuff"].state.w,
+                                whole.runs["fedbuff"].state.w)
+  with pytest.raises(ValueError, match=r"^clock\.concurrency: must be in \[1, "
+                     r"data\.num_clients=6\], got 7"):
+    fa.simulate(fa.AsyncRunConfig(), **dict(CLOCK, concurrency=7))

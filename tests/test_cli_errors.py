@@ -480,10 +480,9 @@ def test_num_arrivals_gives_fedbuff_and_fedasync_the_same_client_work(tmp_path):
 
 
 def test_a_comparison_with_unequal_arrivals_says_so():
-  sys.path.insert(0, os.path.join(ROOT, "experiments"))
-  import async_family  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import report  # pylint: disable=g-import-not-at-top
   runs = [{"run": "fedasync", "arrivals": 60}, {"run": "fedbuff", "arrivals": 300}]
-  note = async_family.arrivals_note(runs)
+  note = report.arrivals_note(runs)
   assert note.startswith("Note: the runs took different numbers of client arrivals "
                          "(fedasync 60, fedbuff 300)") and "--num_arrivals" in note
-  assert async_family.arrivals_note(runs[:1] * 2) == ""
+  assert report.arrivals_note(runs[:1] * 2) == ""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 from fedjax_async import algorithms
-from fedjax_async.config import DataConfig, ModelConfig, option
+from fedjax_async.config import DataConfig, FlatKeys, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,8 @@ class AsyncRunOptions:
 
 @dataclasses.dataclass(frozen=True)
 class AsyncOutputConfig:
-  output_dir: str = option("runs/async", "Where metrics and summaries go.")
+  output_dir: Optional[str] = option(None, "Where metrics and summaries go (nothing is "
+                                     "written without it).", cli_default="runs/async")
   checkpoint_every: int = option(1, "Checkpoint a run every k calls of --groups_per_call "
                                  "groups (under <run>/checkpoints; 0: off).")
   resume: bool = option(False, "Continue each run from its latest checkpoint (a run whose "
@@ -115,8 +117,10 @@ class AsyncOutputConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class AsyncRunConfig:
-  """One invocation of the virtual clock (``experiments/async_family.py``'s defaults)."""
+class AsyncRunConfig(FlatKeys):
+  """One invocation of the virtual clock (``experiments/async_family.py``'s defaults):
+  ``AsyncRunConfig().replace(algorithm="fedbuff", num_updates=50)`` by flat keys, as
+  ``RunConfig``."""
   algorithm: AsyncAlgorithmConfig = AsyncAlgorithmConfig()
   clock: ClockOptions = ClockOptions()
   data: DataConfig = DataConfig(num_clients=10, partition="iid")

@@ -1,0 +1,466 @@
+"""The virtual clock's runs from a configuration: ``fedjax_async.simulate`` with an
+``AsyncRunConfig`` (``experiments/async_family.py`` is its command line).
+
+  import fedjax_async as fa
+  result = fa.simulate(fa.AsyncRunConfig(), algorithm="fedasync,fedbuff", num_updates=100)
+  print(result.table())
+  result.runs["fedbuff"].rows[-1]        # one row per kept arrival
+  result.runs["fedbuff"].state.w         # the global model
+
+Each algorithm (and each FedAsync ``a`` of ``algorithm.mix_alpha``) is one run, once per
+seed of ``run.seeds``. With ``output.output_dir`` a run writes ``metrics.jsonl``,
+``summary.json`` and its checkpoints (``<run>/`` when there are several runs,
+``seed<s>/`` when there are several seeds), and the invocation ``curves.png`` and
+``comparison.md``; ``output.resume`` continues each run from its latest checkpoint and
+reads back the finished ones. The host side of a run is ``loop.HostLoop`` (metrics,
+checkpoints, the caller's callbacks, progress, signals) around
+``asynchronous.engine.simulate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import client as client_lib
+from fedjax_async import config as config_lib
+from fedjax_async import loop
+from fedjax_async import outputs
+from fedjax_async import privacy
+from fedjax_async import sharding
+from fedjax_async.asynchronous import engine as async_engine
+from fedjax_async.asynchronous import report
+from fedjax_async.asynchronous import virtual_clock as vc
+from fedjax_async.asynchronous.config import AsyncRunConfig
+from fedjax_async.config import check
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import experiment
+
+STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}  # FedAsync's s(t - tau)
+# Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
+# made with other values of these is still the same run (run.eval_every is not among them:
+# it decides which rows carry a test accuracy).
+RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
+                      "groups_per_call", "seeds")
+# What a run writes in its folder, and the invocation in output.output_dir.
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
+COMMAND_OUTPUTS = ("curves.png", "comparison.md")
+
+
+@dataclasses.dataclass
+class Run:
+  """One run: ``summary`` (summary.json), ``rows`` (one per kept arrival), the final
+  ``AsyncState`` (``state.w``; None for a finished run read back from its folder)."""
+  summary: dict
+  rows: List[dict]
+  state: Optional[async_engine.AsyncState]
+
+
+@dataclasses.dataclass
+class Result:
+  """The runs of one invocation: ``by_seed[seed][run name]``; ``runs`` those of the first
+  seed; ``diverged`` "run (seed s)" -> why; ``figure`` the last curves.png written."""
+  config: AsyncRunConfig
+  by_seed: Dict[int, Dict[str, Run]]
+  diverged: Dict[str, str] = dataclasses.field(default_factory=dict)
+  figure: Optional[str] = None
+
+  @property
+  def runs(self) -> Dict[str, Run]:
+    return next(iter(self.by_seed.values()))
+
+  def table(self) -> str:
+    """Markdown: the runs compared (one seed), or mean +- std over the seeds."""
+    if len(self.by_seed) > 1:
+      return report.seed_table({s: [r.summary for r in runs.values()]
+                                for s, runs in self.by_seed.items()})
+    return report.comparison_table([r.summary for r in self.runs.values()])
+
+
+def parse_floats(text: str, field: str) -> List[float]:
+  try:
+    return [float(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise config_lib.ConfigError(field, f"expected comma-separated numbers, got {text!r}"
+                                 ) from None
+
+
+def seeds_of(cfg: AsyncRunConfig) -> List[int]:
+  """The seeds of run.seeds (or [run.seed])."""
+  r = cfg.run
+  if not r.seeds.strip():
+    return [r.seed]
+  try:
+    seeds = [int(v) for v in r.seeds.split(",")]
+  except ValueError:
+    raise config_lib.ConfigError("run.seeds", "expected comma-separated integers, got "
+                                 f"{r.seeds!r}") from None
+  check(all(v >= 0 for v in seeds), "run.seeds", f"must be >= 0, got {r.seeds!r}")
+  check(len(set(seeds)) == len(seeds), "run.seeds", f"repeats a seed: {r.seeds!r}")
+  return seeds
+
+
+def validate(cfg: AsyncRunConfig):
+  """(algorithm names, PrivaAsyncFed's scales, ``vc.ClockConfig``); ``ConfigError`` naming
+  the field at fault."""
+  a, c, p, r = cfg.algorithm, cfg.clock, cfg.privacy, cfg.run
+  names = a.names.split(",")
+  choices = algorithms.names("virtual_clock")
+  for n in names:
+    check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
+  seeds_of(cfg)
+  n_clients = cfg.data.num_clients
+  check(n_clients >= 1, "data.num_clients", f"must be >= 1, got {n_clients}")
+  check(1 <= c.concurrency <= n_clients, "clock.concurrency",
+        f"must be in [1, data.num_clients={n_clients}], got {c.concurrency}")
+  check(c.num_updates >= 1, "clock.num_updates", f"must be >= 1, got {c.num_updates}")
+  check(c.num_arrivals >= 0, "clock.num_arrivals", f"must be >= 0 (0: off), got "
+        f"{c.num_arrivals}")
+  check(c.buffer_k >= 1, "clock.buffer_k", f"must be >= 1, got {c.buffer_k}")
+  if c.num_arrivals and "fedbuff" in names:
+    check(c.num_arrivals % c.buffer_k == 0, "clock.num_arrivals",
+          f"must be a multiple of clock.buffer_k={c.buffer_k} (FedBuff's arrivals per "
+          f"server update), got {c.num_arrivals}")
+  check(c.group_size >= 0, "clock.group_size", f"must be >= 0, got {c.group_size}")
+  check(c.ring_size >= 0, "clock.ring_size", f"must be >= 0, got {c.ring_size}")
+  config_lib.validate_local(cfg.local)
+  _validate_servers(a)
+  scales = parse_floats(c.scales, "clock.scales")
+  check(scales and all(0 < s <= 1 for s in scales), "clock.scales",
+        f"need values in (0, 1], got {c.scales!r}")
+  privacy.validate(p.dp_epsilon, p.dp_delta, p.dp_clip)
+  check(p.dp_clip_mode in ("example", "batch"), "privacy.dp_clip_mode",
+        f"must be example or batch, got {p.dp_clip_mode!r}")
+  check(p.dp_noise in ("alg1", "calibrated"), "privacy.dp_noise",
+        f"must be alg1 or calibrated, got {p.dp_noise!r}")
+  if any(n in ("privaasyncfed", "dp_fedasync") for n in names) and math.isfinite(
+      p.dp_epsilon):
+    check(cfg.local.momentum == 0, "local.momentum", "must be 0 for DP runs (the accountant "
+          "composes Gaussian steps of plain SGD)")
+  check(r.eval_every >= 1, "run.eval_every", f"must be >= 1, got {r.eval_every}")
+  check(r.groups_per_call >= 1, "run.groups_per_call",
+        f"must be >= 1, got {r.groups_per_call}")
+  check(cfg.output.checkpoint_every >= 0, "output.checkpoint_every",
+        f"must be >= 0 (0: off), got {cfg.output.checkpoint_every}")
+  classes = (vc.PRIVAASYNCFED_CLASSES if c.device_classes == "privaasyncfed"
+             else vc.parse_device_classes(c.device_classes))
+  if "privaasyncfed" in names:
+    check(all(k.scale_index < len(scales) for k in classes), "clock.device_classes",
+          f"scale index beyond clock.scales ({len(scales)} entries)")
+  loc = cfg.local
+  clock = vc.ClockConfig(
+      concurrency=c.concurrency, num_updates=c.num_arrivals or c.num_updates, buffer_k=1,
+      epochs=loc.local_epochs, local_steps=loc.local_steps, batch_size=loc.batch_size,
+      compute=vc.Distribution.parse(c.compute_time, "clock.compute_time"),
+      comm=vc.Distribution.parse(c.comm_time, "clock.comm_time"), device_classes=classes,
+      ring_size=c.ring_size)
+  return names, scales, clock
+
+
+def _validate_servers(a):
+  check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
+  for alpha in parse_floats(a.mix_alpha, "algorithm.mix_alpha"):
+    check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
+  check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
+        f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
+  check(a.hinge_a > 0, "algorithm.hinge_a", f"must be > 0, got {a.hinge_a}")
+  check(a.hinge_b >= 0, "algorithm.hinge_b", f"must be >= 0, got {a.hinge_b}")
+  check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
+  check(0 <= a.server_momentum < 1, "algorithm.server_momentum",
+        f"must be in [0, 1), got {a.server_momentum}")
+  check(a.rho >= 0, "algorithm.rho", f"must be >= 0, got {a.rho}")
+  check(0 <= a.dc_lambda_t <= 1, "algorithm.dc_lambda_t",
+        f"must be in [0, 1], got {a.dc_lambda_t}")
+  check(0 < a.beta <= 1, "algorithm.beta", f"must be in (0, 1], got {a.beta}")
+
+
+def run_list(cfg: AsyncRunConfig, names: Sequence[str]):
+  """(run name, algorithm, FedAsync's a) of each run: one per algorithm.mix_alpha value
+  for fedasync / dp_fedasync (named <algorithm>_a<a> when there are several)."""
+  alphas = parse_floats(cfg.algorithm.mix_alpha, "algorithm.mix_alpha")
+  runs = []
+  for n in names:
+    if n in ("fedasync", "dp_fedasync"):
+      runs.extend((n if len(alphas) == 1 else f"{n}_a{a:g}", n, a) for a in alphas)
+    else:
+      runs.append((n, n, alphas[0]))
+  return runs
+
+
+def hparams(cfg: AsyncRunConfig, mix_alpha: float) -> Dict[str, float]:
+  """The traced scalar hyperparameters of a run."""
+  a, p = cfg.algorithm, cfg.privacy
+  return {"lr": cfg.local.lr, "momentum": cfg.local.momentum, "mu": a.mu,
+          "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
+          "poly_a": a.poly_a, "hinge_a": a.hinge_a, "hinge_b": a.hinge_b,
+          "server_lr": a.server_lr, "server_momentum": a.server_momentum,
+          "fedbuff_staleness": float(a.fedbuff_staleness), "rho": a.rho,
+          "dc_lambda": a.dc_lambda, "dc_lambda_t": a.dc_lambda_t,
+          "loss_threshold": a.loss_threshold, "beta": a.beta, "dp_epsilon": p.dp_epsilon,
+          "dp_clip": p.dp_clip, "dp_delta": p.dp_delta, "dp_noise_multiplier": 0.0}
+
+
+def run_config(cfg: AsyncRunConfig, run_name: str) -> dict:
+  """What a run's checkpoints and summary.json store to compare with on resumption: the
+  fields that change the results (not RESUME_FREE_FIELDS) by flat key, and the run's
+  name."""
+  flat = cfg.flat()
+  return {"run": run_name, **{k: flat[k] for k in sorted(flat) if k not in RESUME_FREE_FIELDS}}
+
+
+def load(cfg: AsyncRunConfig, pruned: bool = False):
+  """The data and the model (name, w0, apply_flat, params, and when ``pruned``
+  (PrivaAsyncFed) its layers in call order for the sub-model masks)."""
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  try:
+    fed = experiment.load_data(cfg)
+  except (OSError, RuntimeError) as e:  # their messages name the field or the file
+    raise ValueError(str(e)) from None
+  name, w0, apply_flat = experiment.build_model(cfg, fed)
+  input_shape = tuple(fed.x.shape[2:])
+  model = models.get_model(name, fed.num_classes, input_shape)
+  params = models.init_params(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
+  order = None
+  if pruned:
+    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
+    order = privaasyncfed.call_order(model, input_shape)
+  return fed, (name, w0, apply_flat, params, order)
+
+
+def _clock_of(cfg: AsyncRunConfig, algorithm, clock, scales):
+  """The clock of one algorithm: FedBuff's K arrivals per server update; PrivaAsyncFed's
+  pruned sub-models' faster tasks (clock.prune_speedup)."""
+  c = cfg.clock
+  if algorithm.buffered:
+    clock = dataclasses.replace(clock, buffer_k=c.buffer_k, num_updates=(
+        c.num_arrivals // c.buffer_k if c.num_arrivals else clock.num_updates))
+  if algorithm.pruned and c.prune_speedup:
+    clock = dataclasses.replace(clock, pruned_scales=tuple(scales))
+  return clock
+
+
+def _engine_config(cfg: AsyncRunConfig, local, ring_size: int):
+  """(AsyncConfig, mesh or None): the group size G and its devices."""
+  # 0: the whole concurrency on accelerators; 1 on CPU, where vmapping per-client weights
+  # measured slower than one client per scan step (docs/async.md).
+  group_size = cfg.clock.group_size or (1 if jax.default_backend() == "cpu"
+                                        else cfg.clock.concurrency)
+  devices = sharding.select_devices(cfg.run.devices)
+  mesh = sharding.client_mesh(devices) if len(devices) > 1 else None
+  if mesh is not None:  # every device trains G / D members of each group
+    group_size = sharding.padded_size(group_size, mesh.size)
+  return async_engine.AsyncConfig(
+      local, ring_size, group_size, cfg.privacy.dp_clip_mode,
+      client_sharding=sharding.client_sharding(mesh) if mesh is not None else None), mesh
+
+
+def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock, scales,
+            fed, model, out_dir: Optional[str], callbacks: Sequence[loop.Callback] = ()
+            ) -> Run:
+  """One run on the virtual clock; files under ``out_dir`` (None: none)."""
+  algorithm = algorithms.get(algo_name)
+  model_name, w0, apply_flat, params, order = model
+  counts = np.asarray(fed.counts)
+  schedule = vc.simulate(_clock_of(cfg, algorithm, clock, scales), counts, cfg.run.seed)
+  loc = cfg.local
+  local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
+                                 momentum=loc.momentum > 0, local_steps=loc.local_steps)
+  ecfg, mesh = _engine_config(cfg, local, schedule.ring_size)
+  if algorithm.pruned:
+    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
+    masks = privaasyncfed.scale_masks(params, order, scales)
+    scale_index = schedule.clients.scale_index
+  else:
+    masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
+  steps = async_engine.client_steps(schedule, counts, local)
+  p = cfg.privacy
+  if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
+    hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(
+        p.dp_epsilon, p.dp_delta, int(steps.max())))
+  groups = async_engine.group_arrays(schedule, ecfg.group_size)
+  data = engine.DeviceData.from_federated(fed)
+  state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)
+  if mesh is not None:
+    # (waited for: see sharding.shard_clients)
+    state, data, masks = jax.block_until_ready(sharding.replicate((state, data, masks), mesh))
+  runner = async_engine.make_runner(apply_flat, algorithm, ecfg)
+  config = run_config(cfg, run_name)
+  num_groups = int(groups["valid"].shape[0])
+  host, ckpt, state, start_group = _host_loop(cfg, run_name, out_dir, config, num_groups,
+                                              state, mesh, schedule, callbacks)
+  try:
+    state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
+                                     scale_index, eval_every=cfg.run.eval_every,
+                                     groups_per_call=cfg.run.groups_per_call,
+                                     on_chunk=host, start_group=start_group)
+  finally:
+    host.metrics.close()
+    if ckpt is not None:
+      ckpt.close()
+  summary = report.run_summary(
+      cfg, run_name, algo_name, fed, model_name, int(np.size(w0)), hp, host.rows,
+      host.wall(), schedule, num_groups, ecfg.group_size, config,
+      report.dp_report(cfg, steps, counts, hp) if algorithm.dp else None)
+  if out_dir is not None:
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2, default=str)
+  return Run(summary, host.rows, state)
+
+
+class _GroupLoop(loop.HostLoop):
+  """``HostLoop`` counting groups: each chunk is run.groups_per_call groups (the last
+  one fewer)."""
+
+  def __init__(self, *args, start: int, per_call: int, total: int, **kwargs):
+    self.group, self.per_call, self.total = start, per_call, total
+    super().__init__(*args, position=lambda _: self.group, **kwargs)
+
+  def __call__(self, state, rows):
+    self.group = min(self.group + self.per_call, self.total)
+    super().__call__(state, rows)
+
+
+def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule,
+               callbacks):
+  """(host loop, checkpoints or None, state, first group): a resumed run's state, rows and
+  wall time restored from its latest checkpoint."""
+  ckpt, resumed = None, None
+  if out_dir is not None:
+    os.makedirs(out_dir, exist_ok=True)
+    o = cfg.output
+    ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
+                            every=o.checkpoint_every * cfg.run.groups_per_call,
+                            total=num_groups, resume=o.resume,
+                            mismatch=config_lib.mismatch_flags, unit="group")
+    resumed = ckpt.restore(state)
+  start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
+  if resumed is not None:
+    state = jax.tree.map(jnp.asarray, resumed.state)
+    if mesh is not None:
+      state = jax.block_until_ready(sharding.replicate(state, mesh))
+    print(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
+          f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)", flush=True)
+  metrics = loop.MetricsFile(
+      None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before)
+  host = _GroupLoop(metrics, ckpt,
+                    progress=report.ArrivalProgress(run_name, schedule.num_updates,
+                                                    rows_before),
+                    wall_before=resumed.wall_before if resumed else 0.0,
+                    callbacks=callbacks, start=start_group,
+                    per_call=cfg.run.groups_per_call, total=num_groups)
+  return host, ckpt, state, start_group
+
+
+def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str) -> Optional[Run]:
+  """A finished run under ``out_dir`` made with the same configuration, else None
+  (resumption then continues it from its checkpoint, or runs it)."""
+  try:
+    with open(os.path.join(out_dir, "summary.json")) as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return None
+  saved = summary.get("config")
+  if not isinstance(saved, dict) or config_lib.config_mismatch(
+      saved, checkpoint_lib.to_json_ready(run_config(cfg, run_name))):
+    return None
+  return Run(summary, outputs.read_metrics(out_dir), None)
+
+
+def prepare(cfg: AsyncRunConfig, runs, seeds):
+  """Before any work: an output_dir holding a run is refused, or cleared with
+  output.overwrite (this driver's outputs there, nothing else)."""
+  o = cfg.output
+  check(not (o.resume and o.overwrite), "output.overwrite", "cannot be combined with "
+        "output.resume (output.resume continues the runs in output.output_dir, "
+        "output.overwrite deletes them)")
+  check(not o.resume or o.output_dir is not None, "output.resume",
+        "continues the runs in output.output_dir, and none is given")
+  if o.output_dir is None:
+    return
+  run_outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
+      os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
+  owned = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
+      os.path.join(f"seed{sd}", n) for sd in seeds for n in run_outputs)
+  outputs.prepare_output_dir(o.output_dir, o.resume, o.overwrite, owned)
+
+
+def simulate(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
+             **fields) -> Result:
+  """Runs ``config.algorithm.names`` (a comma list) on the virtual clock, once per seed.
+
+  ``fields`` replace fields by their flat keys (``num_updates=50``). Raises
+  ``config.ConfigError`` naming the field at fault and ``interrupts.Interrupted`` on
+  Ctrl-C / SIGTERM (with ``output_dir``, after a checkpoint); a run that diverges is left
+  out (``Result.diverged``). ``callbacks``: ``loop.Callback``s after every compiled chunk
+  of every run."""
+  cfg = (config or AsyncRunConfig()).replace(**fields)
+  names, scales, clock = validate(cfg)
+  sharding.select_devices(cfg.run.devices)
+  runs, seeds = run_list(cfg, names), seeds_of(cfg)
+  prepare(cfg, runs, seeds)
+  result = Result(cfg, {})
+  for seed in seeds:
+    out_dir = cfg.output.output_dir
+    if out_dir is not None and len(seeds) > 1:
+      out_dir = os.path.join(out_dir, f"seed{seed}")
+    seed_cfg = cfg.replace(seed=seed)
+    result.by_seed[seed] = run_seed(seed_cfg, runs, "privaasyncfed" in names, scales, clock,
+                                    out_dir, callbacks, result)
+  if len(seeds) > 1 and cfg.output.output_dir is not None:
+    with open(os.path.join(cfg.output.output_dir, "comparison.md"), "w") as f:
+      f.write(result.table() + "\n")
+  return result
+
+
+def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, callbacks,
+             result: Result) -> Dict[str, Run]:
+  """Every run of ``runs`` at run.seed (files under ``out_dir``, None: none)."""
+  print(f"loading {cfg.data.dataset} (seed {cfg.run.seed}) ...", flush=True)
+  fed, model = load(cfg, pruned)
+  print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
+        f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}", flush=True)
+  devices = sharding.select_devices(cfg.run.devices)
+  if len(devices) > 1:
+    print(f"each group's members split over {len(devices)} devices (run.devices)",
+          flush=True)
+  done: Dict[str, Run] = {}
+  for run_name, algo, alpha in runs:
+    out = out_dir if out_dir is None or len(runs) == 1 else os.path.join(out_dir, run_name)
+    run = finished_run(cfg, run_name, out) if out is not None and cfg.output.resume else None
+    if run is not None:
+      print(f"[{run_name}] read back from {out} (finished, same configuration)", flush=True)
+    else:
+      try:
+        run = run_one(cfg, run_name, algo, hparams(cfg, alpha), clock, scales, fed, model,
+                      out, callbacks)
+      except engine.Diverged as e:
+        print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)
+        result.diverged[f"{run_name} (seed {cfg.run.seed})"] = str(e)
+        continue
+    done[run_name] = run
+    print(report.result_line(run.summary), flush=True)
+  if out_dir is not None and done:  # accuracy and loss against the virtual clock
+    result.figure = os.path.join(out_dir, "curves.png")
+    outputs.plot_curves(
+        {n: r.rows for n, r in done.items()}, result.figure, x_key="virtual_time",
+        loss_window=10,
+        title=f"{getattr(fed, 'name', cfg.data.dataset)}, {model[0]}; virtual clock, "
+              f"concurrency {cfg.clock.concurrency}; {', '.join(done)}")
+    print(f"figure: {result.figure}")
+  if len(done) > 1:
+    table = report.comparison_table([r.summary for r in done.values()])
+    if out_dir is not None:
+      os.makedirs(out_dir, exist_ok=True)
+      with open(os.path.join(out_dir, "comparison.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+  return done

@@ -1,0 +1,137 @@
+"""What a virtual-clock run reports: its progress lines, ``summary.json``, its DP
+accounting, and the tables of several runs (``comparison.md``) or seeds."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from fedjax_async import privacy
+
+
+class ArrivalProgress:
+  """A console line per compiled call: server version, arrivals, the last accuracy seen,
+  loss, staleness, arrivals per second and the ETA from the versions still to come."""
+
+  def __init__(self, run_name: str, num_updates: int, rows_before):
+    self.name, self.num_updates = run_name, num_updates
+    self.before = len(rows_before)
+    self.first = rows_before[-1]["arrival_version"] + 1 if rows_before else 0
+    self.done, self.last_acc = self.before, float("nan")
+    self.t0 = time.perf_counter()
+
+  def __call__(self, rows):
+    self.done += len(rows)
+    acc = [r["test_accuracy"] for r in rows
+           if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
+    if acc:
+      self.last_acc = acc[-1]
+    elapsed = max(time.perf_counter() - self.t0, 1e-9)
+    rate = (self.done - self.before) / elapsed
+    version = rows[-1]["arrival_version"] + 1
+    eta = (self.num_updates - version) * elapsed / max(version - self.first, 1)
+    print(f"[{self.name}] version {version}/{self.num_updates}"
+          f" arrivals {self.done} acc {self.last_acc:.4f} "
+          f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
+          f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
+          f"arrivals/s ETA {eta:.0f}s", flush=True)
+
+
+def dp_report(cfg, steps, counts, hp) -> dict:
+  """The DP accounting of a run of a DP algorithm (``privacy.report``; no noise at an
+  infinite privacy.dp_epsilon)."""
+  p = cfg.privacy
+  if not math.isfinite(p.dp_epsilon):
+    return {"epsilon_spent_max": math.inf, "seed_per_step_epsilon": math.inf}
+  return privacy.report(steps, counts, lr=cfg.local.lr, clip=p.dp_clip, epsilon=p.dp_epsilon,
+                        delta=p.dp_delta, batch_size=cfg.local.batch_size,
+                        clip_mode=p.dp_clip_mode, noise_multiplier=hp["dp_noise_multiplier"])
+
+
+def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_params: int,
+                hp: dict, rows: List[dict], wall: float, schedule, num_groups: int,
+                group_size: int, config: dict, privacy_report: Optional[dict]) -> dict:
+  """summary.json of one run (``privacy_report``: its DP accounting, or None)."""
+  accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+  loc = cfg.local
+  summary = {
+      "run": run_name, "algorithm": algo_name,
+      "dataset": getattr(fed, "name", cfg.data.dataset),
+      "model": model_name, "num_params": num_params,
+      "local_work": {"local_epochs": loc.local_epochs, "local_steps": loc.local_steps,
+                     "batch_size": loc.batch_size},
+      "final_accuracy": accs[-1] if accs else float("nan"),
+      "best_accuracy": max(accs) if accs else float("nan"),
+      "accuracy_curve": [(r["arrival_version"] + 1, r["test_accuracy"]) for r in rows
+                         if r["test_accuracy"] is not None],
+      "wall_time_s": wall, "kept_arrivals_per_wall_second": len(rows) / max(wall, 1e-9),
+      "groups": num_groups, "group_size": group_size,
+      "hparams": {k: float(v) for k, v in hp.items()},
+      "config": config,
+  }
+  summary.update(schedule.summary())
+  if privacy_report is not None:
+    summary["privacy"] = privacy_report
+  return summary
+
+
+def result_line(s: dict) -> str:
+  """One run's result on the console."""
+  eps = s.get("privacy", {}).get("epsilon_spent_max")
+  return (f"[{s['run']}] final accuracy {s['final_accuracy']:.4f}, "
+          f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
+          f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
+          + (f", epsilon spent {eps:.3g}" if eps is not None else ""))
+
+
+def comparison_table(summaries: List[dict]) -> str:
+  """Markdown: one line per run (accuracy, arrivals, server updates, staleness, virtual
+  throughput, epsilon spent, wall time), and ``arrivals_note``."""
+  lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "
+           "upd/virtual s | eps spent | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+  for s in summaries:
+    eps = s.get("privacy", {}).get("epsilon_spent_max", "")
+    lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "
+                 f"{s['arrivals']} | {s['server_updates']} | "
+                 f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
+                 f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
+  note = arrivals_note(summaries)
+  return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+def arrivals_note(summaries: List[dict]) -> str:
+  """A line saying so when the runs of a comparison took different numbers of client
+  arrivals (FedBuff takes clock.buffer_k per server update), else ''."""
+  arrivals = {s["run"]: s["arrivals"] for s in summaries}
+  if len(set(arrivals.values())) <= 1:
+    return ""
+  each = ", ".join(f"{r} {a}" for r, a in arrivals.items())
+  return (f"Note: the runs took different numbers of client arrivals ({each}): "
+          "--num_updates counts server updates; --num_arrivals=N gives every run N.")
+
+
+def seed_table(by_seed: Dict[int, List[dict]]) -> str:
+  """Markdown: per run, the final and best accuracy as mean +- standard deviation (ddof 1)
+  over the seeds, and each seed's final accuracy."""
+  seeds = list(by_seed)
+  names = list(dict.fromkeys(s["run"] for runs in by_seed.values() for s in runs))
+  lines = [f"Mean +- standard deviation over seeds {', '.join(map(str, seeds))}.", "",
+           "| run | final acc | best acc | mean staleness | "
+           + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
+           "|---|---|---|---|" + "---|" * len(seeds)]
+  for name in names:
+    got = {sd: next((s for s in by_seed[sd] if s["run"] == name), None) for sd in seeds}
+    done = [s for s in got.values() if s is not None]
+
+    def stat(key):
+      v = np.array([s[key] for s in done], float)
+      return f"{v.mean():.4f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.4f}"
+
+    lines.append(f"| {name} | {stat('final_accuracy')} | {stat('best_accuracy')} | "
+                 f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
+                 + " | ".join("diverged" if got[sd] is None else
+                              f"{got[sd]['final_accuracy']:.4f}" for sd in seeds) + " |")
+  return "\n".join(lines)

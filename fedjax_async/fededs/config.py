@@ -1,0 +1,110 @@
+"""FedEDS's experiment configuration: ``FedEDSRunConfig``, one frozen dataclass a part
+(the grid, model, data, training, Alg. 1, run, outputs); ``experiments/fededs_table.py``'s
+flags are made from its fields (``cli.define_config_flags``), as the round engine's are
+from ``config.RunConfig``. ``fededs.experiment.simulate`` runs it.
+
+  cfg = FedEDSRunConfig().replace(**QUICK, output_dir="out/fededs_quick")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from fedjax_async.config import FlatKeys, option
+
+VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
+            "s2": (False, True), "fededs": (True, True)}  # (annealing, sharing)
+BASES = ("fedavg", "fedprox", "fednova")
+# Few rounds on a data subset (minutes on 2 CPU cores): ``--quick``'s presets.
+QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2,fededs",
+             rounds=5, train_subset=1000, test_subset=500, encryptor_epochs=3,
+             pretrain_epochs=2, unet_width=4, hidden=64, model="mlp",
+             target_accuracy=0.6, utility_epochs=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """The settings (alpha, K) and the runs of each (base algorithm x variant)."""
+  alphas: str = option("0.1,0.5,10", "Dirichlet concentrations alpha.")
+  num_clients: str = option("5,10,20", "Numbers of clients K.")
+  bases: str = option(",".join(BASES), "Base algorithms.")
+  variants: str = option("base,equal,fededs", "Any of base (--base_epochs per round), equal "
+                         "(no annealing, no sharing, FedEDS's total local epochs spread "
+                         "evenly over the rounds: the same local steps), s1 (annealing "
+                         "only), s2 (sharing only), fededs.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitModelConfig:
+  name: str = option("cnn", "cnn (PAFed CNN, split after FC 512) | mlp | resnet18 (the "
+                     "paper's ResNet-18 without BatchNorm, split after the global pool; slow "
+                     "on CPU).", flag="model")
+  hidden: int = option(512, "Feature width (the stochastic layer's size).")
+
+
+@dataclasses.dataclass(frozen=True)
+class FashionMNIST:
+  train_subset: int = option(0, "Use n random training examples (0 = all 60000).")
+  test_subset: int = option(0, "Evaluate on the first n test examples (0 = all).")
+  data_dir: Optional[str] = option(None, "Fashion-MNIST IDX directory (default: the system "
+                                   "one).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """The federated runs (every variant: SGD, momentum 0.9, weight decay 1e-4)."""
+  rounds: int = option(30, "Communication rounds T (paper: 30 on Fashion-MNIST).")
+  lr: float = option(0.01, "Client SGD learning rate.")
+  mu: float = option(0.1, "FedProx mu.")
+  base_epochs: int = option(1, "Local epochs without annealing (base, s2).")
+  batch_size: int = option(50, "Client minibatch size.")
+  target_accuracy: float = option(0.8, "Target for rounds-to-target (fraction).")
+  rounds_per_call: int = option(1, "Rounds per jitted call (one progress line with rounds/s "
+                                "and ETA after each call; the same run to float rounding).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Alg1:
+  """Encrypted data generation (Alg. 1) and what its shared sets are measured by."""
+  pretrain_epochs: int = option(5, "E_c of Alg. 1.")
+  encryptor_epochs: int = option(20, "E_g of Alg. 1 (paper: 20).")
+  unet_width: int = option(16, "Channels of the UNet's first level.")
+  utility_epochs: int = option(5, "Epochs of training on the shared encrypted sets alone "
+                               "(and, for reference, on the raw training data) to measure "
+                               "what they teach (shared.md); 0: off.")
+  share_rows: int = option(0, "Share at most n encrypted rows per client (0 = all).")
+  transfer_mode: str = option("sample", "sample (Eq. 8) | all (Eq. 7).")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedEDSRunOptions:
+  seed: int = option(0, "Seed of partition, model, layers and training.")
+  privacy: bool = option(True, "Save the encryption grid and privacy report (trains a "
+                         "second set of encryptors without the layer, first setting).")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedEDSOutput:
+  output_dir: str = option("out/fededs", "Where tables, metrics and figures go.")
+  checkpoint_every: int = option(5, "Checkpoint each run every k rounds (at the end of a "
+                                 "--rounds_per_call call; under "
+                                 "runs/<setting>/<run>/checkpoints; 0: off).")
+  resume: bool = option(False, "Read back the finished runs and Alg. 1's encrypted sets "
+                        "under --output_dir and continue the other runs from their latest "
+                        "checkpoint.")
+  overwrite: bool = option(False, "Delete the FedEDS outputs in --output_dir and start over; "
+                           "without it (or --resume) a folder holding a run is refused.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedEDSRunConfig(FlatKeys):
+  """One FedEDS invocation (``experiments/fededs_table.py``'s defaults: the paper's grid,
+  Table II)."""
+  grid: Grid = Grid()
+  model: SplitModelConfig = SplitModelConfig()
+  data: FashionMNIST = FashionMNIST()
+  training: Training = Training()
+  alg1: Alg1 = Alg1()
+  run: FedEDSRunOptions = FedEDSRunOptions()
+  output: FedEDSOutput = FedEDSOutput()

@@ -1,0 +1,310 @@
+"""FedEDS on Fashion-MNIST from a configuration: the paper's Table II grid, rounds to
+target (Tables III-V) and the S1 / S2 ablations (Tables VI-VII).
+
+  from fedjax_async.fededs import config, experiment
+  cfg = config.FedEDSRunConfig().replace(**config.QUICK, output_dir="out/fededs_quick")
+  results = experiment.simulate(cfg)       # [(result, rows)] in grid order
+
+Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
+by every base algorithm; then each base of grid.bases runs as each variant of
+grid.variants (``config.VARIANTS``). Under ``output.output_dir``: table.md / table.csv,
+rows.jsonl, encryption_grid.png and privacy.json (Fig. 3), shared.md, and under
+``runs/alpha<a>_K<k>/`` Alg. 1's sets (``alg1.npz``) and each run's metrics.jsonl,
+summary.json and checkpoints (``loop.HostLoop``); ``output.resume`` reads back what is
+finished and continues the rest from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import List, Tuple
+
+import jax
+import numpy as np
+
+from fedjax_async import algorithms
+from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import data as data_lib
+from fedjax_async import loop
+from fedjax_async.config import ConfigError, check
+from fedjax_async.fededs import driver, report, store
+from fedjax_async.fededs.config import BASES, VARIANTS, FedEDSRunConfig
+from fedjax_async.fededs.generation import generate_encrypted
+from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
+from fedjax_async.fededs.schedule import FedEDSConfig, equal_work_epochs
+from fedjax_async.fededs.transfer import wrap
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.rounds.experiment import Progress
+
+# Everything an invocation writes into output.output_dir (output.overwrite deletes these).
+OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
+           "encryption_grid.png", "shared.md", "runs")
+
+
+def _numbers(text: str, field: str, kind):
+  try:
+    return [kind(v) for v in text.split(",") if v]
+  except ValueError as e:
+    raise ConfigError(field, f"comma-separated {'integers' if kind is int else 'numbers'} "
+                      f"expected ({e})") from None
+
+
+def validate(cfg: FedEDSRunConfig):
+  """(alphas, Ks, bases, variants); ``ConfigError`` naming the field at fault."""
+  g, t, a = cfg.grid, cfg.training, cfg.alg1
+  alphas, ks = _numbers(g.alphas, "grid.alphas", float), _numbers(g.num_clients,
+                                                                  "grid.num_clients", int)
+  check(alphas and all(x > 0 for x in alphas), "grid.alphas",
+        f"must be positive numbers, got {g.alphas!r}")
+  check(ks and all(k >= 2 for k in ks), "grid.num_clients",
+        f"must be integers >= 2, got {g.num_clients!r}")
+  bases = [b for b in g.bases.split(",") if b]
+  variants = [v for v in g.variants.split(",") if v]
+  for b in bases:
+    check(b in BASES, "grid.bases", f"{b!r} is not one of {', '.join(BASES)}")
+  for v in variants:
+    check(v in VARIANTS, "grid.variants", f"{v!r} is not one of {', '.join(VARIANTS)}")
+  check(bases and variants, "grid.bases", "grid.bases and grid.variants must not be empty")
+  for path, value, ok, expected in [
+      ("training.rounds", t.rounds, t.rounds >= 1, ">= 1"),
+      ("model.hidden", cfg.model.hidden, cfg.model.hidden >= 1, ">= 1"),
+      ("data.train_subset", cfg.data.train_subset, cfg.data.train_subset >= 0, ">= 0"),
+      ("data.test_subset", cfg.data.test_subset, cfg.data.test_subset >= 0, ">= 0"),
+      ("training.target_accuracy", t.target_accuracy, 0 < t.target_accuracy <= 1,
+       "in (0, 1]"),
+      ("training.lr", t.lr, t.lr > 0, "> 0"), ("training.mu", t.mu, t.mu >= 0, ">= 0"),
+      ("training.base_epochs", t.base_epochs, t.base_epochs >= 1, ">= 1"),
+      ("training.batch_size", t.batch_size, t.batch_size >= 1, ">= 1"),
+      ("alg1.pretrain_epochs", a.pretrain_epochs, a.pretrain_epochs >= 1, ">= 1"),
+      ("alg1.encryptor_epochs", a.encryptor_epochs, a.encryptor_epochs >= 1, ">= 1"),
+      ("alg1.unet_width", a.unet_width, a.unet_width >= 1, ">= 1"),
+      ("alg1.share_rows", a.share_rows, a.share_rows >= 0, ">= 0"),
+      ("alg1.utility_epochs", a.utility_epochs, a.utility_epochs >= 0, ">= 0 (0: off)"),
+      ("training.rounds_per_call", t.rounds_per_call, t.rounds_per_call >= 1, ">= 1"),
+      ("output.checkpoint_every", cfg.output.checkpoint_every,
+       cfg.output.checkpoint_every >= 0, ">= 0 (0: off)"),
+      ("run.seed", cfg.run.seed, cfg.run.seed >= 0, ">= 0")]:
+    check(ok, path, f"must be {expected}, got {value!r}")
+  m = cfg.model
+  check(m.name in ("cnn", "mlp", "resnet18"), "model.name",
+        f"must be cnn, mlp or resnet18, got {m.name!r}")
+  check(m.name != "resnet18" or m.hidden == 512, "model.hidden",
+        f"must be 512 with model.name=resnet18 (its pooled features), got {m.hidden}")
+  check(a.transfer_mode in ("sample", "all"), "alg1.transfer_mode",
+        f"must be sample or all, got {a.transfer_mode!r}")
+  check(not (cfg.output.resume and cfg.output.overwrite), "output.overwrite",
+        "cannot be combined with output.resume (output.resume continues the runs in "
+        "output.output_dir, output.overwrite deletes them)")
+  return alphas, ks, bases, variants
+
+
+def load_pool(cfg: FedEDSRunConfig):
+  """Fashion-MNIST (train x, y, test x, y), subsets drawn with run.seed."""
+  d = cfg.data
+  kw = {} if d.data_dir is None else {"data_dir": d.data_dir}
+  tx, ty, vx, vy = data_lib.load_fashion_mnist(**kw)
+  rng = np.random.default_rng(cfg.run.seed)
+  if d.train_subset:
+    idx = rng.choice(len(ty), size=min(d.train_subset, len(ty)), replace=False)
+    tx, ty = tx[idx], ty[idx]
+  if d.test_subset:
+    vx, vy = vx[:d.test_subset], vy[:d.test_subset]
+  return tx, ty, vx, vy
+
+
+def fededs_config(cfg: FedEDSRunConfig) -> FedEDSConfig:
+  t, a = cfg.training, cfg.alg1
+  return FedEDSConfig(lr=t.lr, batch_size=t.batch_size, pretrain_epochs=a.pretrain_epochs,
+                      encryptor_epochs=a.encryptor_epochs, unet_width=a.unet_width,
+                      transfer_batch=t.batch_size)
+
+
+def prepare_output_dir(cfg: FedEDSRunConfig):
+  """Refuses a folder holding a FedEDS run unless output.resume (its result-changing
+  fields must match) or output.overwrite (its outputs are deleted first)."""
+  out_dir = cfg.output.output_dir
+  flags_path = os.path.join(out_dir, "flags.json")
+  if not os.path.exists(flags_path):
+    if cfg.output.resume:
+      print(f"[fededs] resume: no FedEDS run under {out_dir}, starting fresh", flush=True)
+    return
+  if cfg.output.resume:
+    try:
+      with open(flags_path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ConfigError("output.resume", f"{flags_path} cannot be read ({e}); pass "
+                        "output.overwrite to start over") from None
+    bad = store.mismatch(saved, store.run_config(cfg))
+    check(not bad, "output.resume", f"the runs under {out_dir} were made with other "
+          f"flags: {bad}; pass output.overwrite to start over, or use another "
+          "output.output_dir")
+    return
+  check(cfg.output.overwrite, "output.output_dir", f"{out_dir} already holds a FedEDS run "
+        "(flags.json): pass output.resume to continue it, output.overwrite to start over, or "
+        "another output.output_dir")
+  for name in OUTPUTS:
+    path = os.path.join(out_dir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
+
+
+def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, share,
+                run_dir, config, fixed_epochs, callbacks=()):
+  """One run with checkpoints every output.checkpoint_every rounds; with output.resume it
+  continues from the latest. Returns (result, rows); raises engine.Diverged."""
+  os.makedirs(run_dir, exist_ok=True)
+  t = cfg.training
+  ckpt = loop.Checkpoints(os.path.join(run_dir, "checkpoints"), config,
+                          every=cfg.output.checkpoint_every, total=t.rounds,
+                          resume=cfg.output.resume, mismatch=store.checkpoint_mismatch)
+  try:
+    resumed = ckpt.restore(driver.init_state(alg, w0, int(dev.counts.shape[0])))
+    state, rows_before = None, []
+    if resumed is not None:
+      state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
+      print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+            f"({ckpt.directory})", flush=True)
+    metrics = loop.MetricsFile(os.path.join(run_dir, "metrics.jsonl"), rows_before)
+    host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
+                         Progress(name, t.rounds, len(rows_before)),
+                         resumed.wall_before if resumed else 0.0, callbacks)
+    try:
+      driver.run(apply_flat, alg, w0, dev, tl, base_hp, fcfg, anneal=anneal, share=share,
+                 fixed_epochs=fixed_epochs, seed=cfg.run.seed,
+                 rounds_per_call=t.rounds_per_call, on_chunk=host, state=state)
+    finally:
+      metrics.close()
+  finally:
+    ckpt.close()
+  rows = [checkpoint_lib.to_json_ready(r) for r in metrics.rows]
+  accs = [r["test_accuracy"] for r in rows]
+  res = {"final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),
+         "rounds_to_target": driver.rounds_to_target(accs, t.target_accuracy),
+         "total_client_steps": int(sum(r["client_steps"] for r in rows)),
+         "seconds": host.wall()}
+  return res, rows
+
+
+def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, out_dir,
+                   do_privacy):
+  """Alg. 1's shared sets of a setting (read back with output.resume when stored), its
+  shared.json, and Fig. 3 when ``do_privacy``."""
+  k, seed = setting["num_clients"], cfg.run.seed
+  layers = client_stochastic_layers(seed, k, cfg.model.hidden)
+  encryptor = make_encryptor(fd.feature_shape, width=cfg.alg1.unet_width)
+  config = {**setting, **store.run_config(cfg)}
+  alg1_path = os.path.join(sdir, "alg1.npz")
+  gen = store.load_generation(alg1_path, config) if cfg.output.resume else None
+  where = f"[fededs] alpha={setting['alpha']} K={k}:"
+  if gen is not None:
+    print(f"{where} Alg. 1's encrypted sets read back from {alg1_path}", flush=True)
+  else:
+    t0 = time.perf_counter()
+    gen = generate_encrypted(model, encryptor, split(w0), layers, dev.x, dev.y, dev.counts,
+                             jax.random.PRNGKey(seed), fcfg,
+                             share_rows=cfg.alg1.share_rows or None,
+                             client_loop=report.client_loop())
+    jax.block_until_ready(gen.shared.x)
+    store.save_generation(alg1_path, gen, config)
+    print(f"{where} Alg. 1 in {time.perf_counter() - t0:.1f}s, encryptor loss "
+          f"{np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
+          f"{np.mean(gen.encryptor_loss[:, -1]):.3f}", flush=True)
+  if cfg.alg1.utility_epochs:
+    report.shared_report(cfg, sdir, setting, config, gen, model, split(w0), dev, pool, fcfg)
+  if do_privacy:
+    report.privacy_outputs(cfg, model, encryptor, split(w0), layers, dev, fcfg, gen, out_dir)
+  return gen.shared
+
+
+def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callbacks=()):
+  """The runs of one (alpha, K): Alg. 1 once, then every base x variant. ``done(res,
+  rows)`` after each run, in grid order."""
+  tx, ty, vx, vy = pool
+  seed, t, out_dir = cfg.run.seed, cfg.training, cfg.output.output_dir
+  parts = data_lib.partition_dirichlet(ty, k, alpha, min_size=10, seed=seed)
+  fd = data_lib.federate(tx, ty, parts, vx, vy, 10, "fashion_mnist")
+  dev = engine.DeviceData.from_federated(fd)
+  model = SplitModel(cfg.model.name, 10, fd.feature_shape, hidden=cfg.model.hidden)
+  w0, apply_flat, split = model.flat(jax.random.PRNGKey(seed))
+  fcfg = fededs_config(cfg)
+  tl = timeline_lib.build(k, t.rounds, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=seed)
+  sdir = os.path.join(out_dir, "runs", f"alpha{alpha:g}_K{k}")
+  os.makedirs(sdir, exist_ok=True)
+  setting = {"alpha": alpha, "num_clients": k}
+  runs = []  # (base, variant, run_dir, config, finished or None)
+  for b in bases:
+    for v in variants:
+      run_dir = os.path.join(sdir, f"{b}_{v}")
+      config = {"run": f"alpha={alpha:g} K={k} {b}/{v}", **store.run_config(cfg)}
+      runs.append((b, v, run_dir, config, store.finished_run(run_dir, config, t.rounds)
+                   if cfg.output.resume else None))
+  privacy_pending = do_privacy and not (
+      cfg.output.resume and os.path.exists(os.path.join(out_dir, "privacy.json")))
+  shared = None
+  if privacy_pending or any(VARIANTS[v][1] and fin is None for _, v, _, _, fin in runs):
+    shared = encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg,
+                            out_dir, privacy_pending)
+  base_hp = {"lr": t.lr, "momentum": 0.9, "server_lr": 1.0, "mu": t.mu,
+             "weight_decay": fcfg.weight_decay}
+  for b, v, run_dir, config, fin in runs:
+    name = f"fededs alpha={alpha} K={k} {b}/{v}"
+    if fin is not None:
+      res, rows = fin
+      print(f"[{name}] read back from {run_dir} (finished, same flags)", flush=True)
+    else:
+      anneal, share = VARIANTS[v]
+      alg = wrap(algorithms.get(b), model, split, shared if share else None,
+                 batch=fcfg.transfer_batch, mode=cfg.alg1.transfer_mode, seed=seed)
+      fixed = equal_work_epochs(t.rounds, fcfg) if v == "equal" else t.base_epochs
+      try:
+        res, rows = run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg,
+                                anneal, share, run_dir, config, fixed, callbacks)
+      except engine.Diverged as e:
+        print(f"[{name}] diverged: {e}; left out of the table", flush=True)
+        continue
+      res = {**setting, "base": b, "variant": v, **res}
+      store.atomic_json(os.path.join(run_dir, "summary.json"), {"result": res, "config": config})
+      print(f"[fededs] alpha={alpha} K={k} {b}/{v}: final {res['final_accuracy']:.4f} "
+            f"best {res['best_accuracy']:.4f} rounds->{t.target_accuracy:.0%} "
+            f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", flush=True)
+    done(res, rows)
+
+
+def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
+             ) -> List[Tuple[dict, List[dict]]]:
+  """Every setting of the grid, every run; (result, rows) of each finished run in grid
+  order. ``record``: more keys for flags.json (the CLI's own flags)."""
+  alphas, ks, bases, variants = validate(cfg)
+  out_dir = cfg.output.output_dir
+  prepare_output_dir(cfg)
+  os.makedirs(out_dir, exist_ok=True)
+  pool = load_pool(cfg)
+  flat = cfg.flat()  # the record of the invocation (grid included); resumption compares it
+  store.atomic_json(os.path.join(out_dir, "flags.json"), checkpoint_lib.to_json_ready(
+      {**store.run_config(cfg), **{k: flat[k] for k in store.RESUME_FREE_FIELDS
+                                   if k in flat and k not in ("resume", "overwrite")},
+       **(record or {})}))
+  finished = []
+
+  def done(res, rows):
+    finished.append((res, rows))
+    report.write_rows(finished, out_dir)
+    report.write_tables([r for r, _ in finished], out_dir, cfg.training.target_accuracy,
+                        echo=False)
+
+  first = True
+  for alpha in alphas:
+    for k in ks:
+      run_setting(cfg, alpha, k, bases, variants, pool, cfg.run.privacy and first, done,
+                  callbacks)
+      first = False
+  report.write_tables([r for r, _ in finished], out_dir, cfg.training.target_accuracy)
+  report.write_shared(out_dir)
+  return finished

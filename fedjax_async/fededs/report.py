@@ -1,0 +1,147 @@
+"""What a FedEDS invocation writes besides its runs: Fig. 3 and privacy.json, each
+setting's shared.json (what the shared sets teach), and the grid's rows.jsonl, table.md,
+table.csv and shared.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from fedjax_async.fededs import store
+from fedjax_async.fededs.generation import SharedData, generate_encrypted
+from fedjax_async.fededs.driver import shared_set_utility
+from fedjax_async.fededs.privacy import privacy_report, save_encryption_grid
+
+
+def client_loop() -> str:
+  """Alg. 1 over clients: vmap on accelerators, a sequential map on CPU."""
+  return "map" if jax.default_backend() == "cpu" else "vmap"
+
+
+def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_dir):
+  """Fig. 3 for client 0: originals, encrypted with / without the stochastic layer."""
+  no_layer = generate_encrypted(model, encryptor, theta0, layers, dev.x, dev.y, dev.counts,
+                                jax.random.PRNGKey(cfg.run.seed + 1), fcfg, share_rows=16,
+                                use_layer=False, client_loop=client_loop())
+  n = int(min(8, int(dev.counts[0])))
+  orig = np.asarray(dev.x[0, :n])
+  with_l = np.asarray(gen.shared.x[0, :n])
+  without_l = np.asarray(no_layer.shared.x[0, :n])
+  save_encryption_grid(
+      orig, with_l, os.path.join(out_dir, "encryption_grid.png"), without_l,
+      title=f"FedEDS encryptor, client 0, Fashion-MNIST, model {cfg.model.name} (Fig. 3)")
+  rep = privacy_report(orig, with_l, without_l)
+  rep["encryptor_loss_last_with_layer"] = float(np.mean(gen.encryptor_loss[:, -1]))
+  rep["encryptor_loss_last_without_layer"] = float(np.mean(no_layer.encryptor_loss[:, -1]))
+  with open(os.path.join(out_dir, "privacy.json"), "w") as f:
+    json.dump(rep, f, indent=2)
+  print("[fededs] privacy:", json.dumps(rep), flush=True)
+
+
+def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcfg):
+  """shared.json of a setting: Alg. 1's encryptor loss (first and last epoch, mean over
+  clients), and the test accuracy of a model trained alg1.utility_epochs epochs from the
+  initial global model on the shared sets alone (L_dis with each sender's layer) beside
+  one trained as long on the raw training rows they were made from (CE)."""
+  path = os.path.join(sdir, "shared.json")
+  if cfg.output.resume and os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved.get("config") == config:
+      return saved
+  _, _, vx, vy = pool
+  epochs = cfg.alg1.utility_epochs
+  key = jax.random.PRNGKey(cfg.run.seed + 7)
+  t0 = time.perf_counter()
+  shared_acc = shared_set_utility(model, gen.shared, theta0, vx, vy, key, fcfg, epochs)
+  rows = gen.shared.x.shape[1]  # the rows each client shared (alg1.share_rows)
+  raw_shared = SharedData(
+      dev.x[:, :rows], jax.nn.one_hot(dev.y[:, :rows], 10), gen.shared.counts,
+      {"gain": jax.numpy.ones_like(gen.shared.layers["gain"]),
+       "bias": jax.numpy.zeros_like(gen.shared.layers["bias"])})
+  raw_acc = shared_set_utility(model, raw_shared, theta0, vx, vy, key, fcfg, epochs)
+  soft = np.asarray(gen.shared.soft)
+  rows_mask = np.arange(soft.shape[1])[None, :] < np.asarray(gen.shared.counts)[:, None]
+  y = np.asarray(dev.y)[:, :soft.shape[1]]
+  rep = {**setting, "encryptor_loss_first_epoch": float(np.mean(gen.encryptor_loss[:, 0])),
+         "encryptor_loss_last_epoch": float(np.mean(gen.encryptor_loss[:, -1])),
+         "soft_label_agreement": float(np.mean((soft.argmax(-1) == y)[rows_mask])),
+         "shared_set_accuracy": shared_acc, "raw_rows_accuracy": raw_acc,
+         "utility_epochs": epochs, "config": config}
+  store.atomic_json(path, rep)
+  print(f"[fededs] alpha={setting['alpha']} K={setting['num_clients']}: encryptor loss "
+        f"{rep['encryptor_loss_first_epoch']:.3f} -> {rep['encryptor_loss_last_epoch']:.3f}, "
+        f"soft labels agree with y on {rep['soft_label_agreement']:.1%}; trained "
+        f"{epochs} epochs on the shared sets alone: {shared_acc:.2%} test "
+        f"accuracy (on the raw rows: {raw_acc:.2%}) ({time.perf_counter() - t0:.0f}s)",
+        flush=True)
+  return rep
+
+
+def write_shared(out_dir: str):
+  """shared.md: every setting's shared.json as one table."""
+  reps = []
+  for name in sorted(os.listdir(os.path.join(out_dir, "runs"))):
+    path = os.path.join(out_dir, "runs", name, "shared.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        reps.append(json.load(f))
+  if not reps:
+    return
+  lines = ["| alpha | K | encryptor loss, epoch 1 -> last | soft label = y | trained on the "
+           "shared sets alone | on the raw rows |", "|---|---|---|---|---|---|"]
+  for r in reps:
+    lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
+                 f"{r['encryptor_loss_first_epoch']:.3f} -> {r['encryptor_loss_last_epoch']:.3f}"
+                 f" | {100 * r['soft_label_agreement']:.1f} % | "
+                 f"{100 * r['shared_set_accuracy']:.2f} % | {100 * r['raw_rows_accuracy']:.2f} % |")
+  with open(os.path.join(out_dir, "shared.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+def write_rows(finished, out_dir: str):
+  """rows.jsonl: every finished run's per-round metrics, in grid order."""
+  path = os.path.join(out_dir, "rows.jsonl")
+  with open(path + ".tmp", "w") as f:
+    for res, rows in finished:
+      ident = {kk: res[kk] for kk in ("alpha", "num_clients", "base", "variant")}
+      for r in rows:
+        f.write(json.dumps({**ident, **{kk: vv for kk, vv in r.items()
+                                        if not isinstance(vv, (list, np.ndarray))}}) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def table(results, target_accuracy: float) -> str:
+  """Markdown: one line per run (final and best top-1, rounds to the target, steps)."""
+  lines = [f"| alpha | K | algorithm | final top-1 (%) | best top-1 (%) | "
+           f"rounds to {target_accuracy:.0%} | client steps |", "|---|---|---|---|---|---|---|"]
+  names = {"base": "{b}", "equal": "{b}, equal work", "s1": "{b} + S1 (annealing)",
+           "s2": "{b} + S2 (sharing)", "fededs": "FedEDS + {b}"}
+  for r in results:
+    rt = r["rounds_to_target"]
+    lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
+                 f"{names[r['variant']].format(b=r['base'])} | "
+                 f"{100 * r['final_accuracy']:.2f} | {100 * r['best_accuracy']:.2f} | "
+                 f"{'x' if rt is None else rt} | {r['total_client_steps']} |")
+  return "\n".join(lines)
+
+
+def write_tables(results, out_dir: str, target_accuracy: float, echo: bool = True):
+  """table.csv and table.md (printed when ``echo``)."""
+  keys = ["alpha", "num_clients", "base", "variant", "final_accuracy", "best_accuracy",
+          "rounds_to_target", "total_client_steps", "seconds"]
+  with open(os.path.join(out_dir, "table.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    w.writerows(results)
+  text = table(results, target_accuracy)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(text + "\n")
+  if echo:
+    print(text)
