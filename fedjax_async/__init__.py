@@ -4,14 +4,10 @@
   result = fa.simulate(algorithm="pafed,fedavg", rounds=20)   # docs/api.md
   print(result.table())
 
-Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts (``AlgorithmConfig``,
-``DataConfig``, ``ModelConfig``, ``LocalTraining``, ``DelayConfig``, ``CryptoConfig``,
-``RunOptions``, ``OutputConfig``), ``AsyncRunConfig`` (the virtual clock:
-``simulate(AsyncRunConfig(...))``), ``Callback`` (after every compiled chunk),
-``Interrupted``, ``algorithms``
-(the registry: ``algorithms.names()``), ``distributed`` (several processes:
-``distributed.initialize(...)`` before ``simulate``). Imported on first use, so
-``import fedjax_async`` does not load JAX.
+Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts, ``AsyncRunConfig``
+(the virtual clock: ``simulate(AsyncRunConfig(...))``), ``Callback`` (after every
+compiled chunk), ``Interrupted``, ``algorithms`` (the registry), ``distributed`` (several
+processes). Imported on first use: ``import fedjax_async`` does not load JAX.
 """
 
 import importlib

@@ -99,3 +99,36 @@ def test_the_virtual_clocks_flags_are_made_from_its_config():
                        env=run_script.env(), capture_output=True, text=True, timeout=120)
   assert "--concurrency: C, clients in flight." in out.stdout
   assert "--dp_clip_mode: example (Eq. 17) | batch" in out.stdout
+
+
+def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fields():
+  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import experiment, store  # pylint: disable=g-import-not-at-top
+  clock = async_config.AsyncRunConfig().replace(concurrency=3, dp_epsilon=2.0)
+  assert (clock.clock.concurrency, clock.get("dp_epsilon")) == (3, 2.0)
+  with pytest.raises(config.ConfigError, match="^concurency: not a AsyncRunConfig field; "
+                     "did you mean concurrency"):
+    clock.replace(concurency=4)
+  with pytest.raises(config.ConfigError) as e:
+    driver.validate(clock.replace(concurrency=20))
+  assert str(e.value) == "clock.concurrency: must be in [1, data.num_clients=10], got 20"
+  assert config.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
+                                           "got 20")
+  # FedEDS: the flags of experiments/fededs_table.py (besides --quick), one per field
+  fededs = fededs_config.FedEDSRunConfig
+  assert sorted(config.flag_specs(fededs)) == sorted(
+      "output_dir alphas num_clients bases variants rounds model hidden train_subset "
+      "test_subset target_accuracy lr mu base_epochs batch_size pretrain_epochs "
+      "encryptor_epochs unet_width utility_epochs share_rows transfer_mode seed "
+      "rounds_per_call data_dir privacy checkpoint_every resume overwrite".split())
+  quick = fededs().replace(**fededs_config.QUICK)
+  assert (quick.training.rounds, quick.model.name, quick.grid.alphas) == (5, "mlp", "0.1")
+  for fields, message in [({"rounds": 0}, "training.rounds: must be >= 1, got 0"),
+                          ({"variants": "base,s3"}, "grid.variants: 's3' is not one of"),
+                          ({"model": "resnet18", "hidden": 64}, "model.hidden: must be 512")]:
+    with pytest.raises(config.ConfigError, match="^" + message.replace(".", r"\.")):
+      experiment.validate(fededs().replace(**fields))
+  said = store.mismatch({"lr": 0.01, "alphas": "0.1"}, {"lr": 0.02, "alphas": "0.5"})
+  assert said == "training.lr=0.01 (now 0.02)"  # the grid may change on resumption
+  assert config.as_flags(said) == "--lr=0.01 (now 0.02)"

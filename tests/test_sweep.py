@@ -11,6 +11,7 @@ import types
 import numpy as np
 import pytest
 
+from fedjax_async import loop
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
@@ -290,39 +291,49 @@ def test_config_differences_name_the_flags():
   assert sweep_store.config_differences(saved, config_lib.run_config_for(same, "fedavg")) == []
 
 
-def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, monkeypatch,
-                                                                    capsys):
-  """A computation interrupted after round 3 (checkpoints every 2 rounds) continues with
-  --resume from round 2 to the rows and models of an uninterrupted one; its checkpoint is
-  removed once its runs are written; a checkpoint made with other flags is discarded,
-  naming them, and the computation starts over."""
+class StopAfter(loop.Callback):
+  """Records (rounds done, each run's row count) after every chunk of a sweep; stops the
+  computation after ``rounds`` rounds (None: never)."""
+
+  def __init__(self, rounds):
+    self.rounds, self.calls = rounds, []
+
+  def after_chunk(self, host, state, rows):
+    self.calls.append((host.end, [len(r) for r in rows]))
+    if host.end == self.rounds:
+      host.stop()
+
+
+def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, capsys):
+  """A computation stopped after round 3 (checkpoints every 2 rounds) saves a checkpoint
+  of round 3 as it stops and continues with --resume from there to the rows and models
+  of an uninterrupted one; its checkpoint is removed once its runs are written; a
+  checkpoint made with other flags is discarded, naming them, and the computation starts
+  over."""
   fed = tiny_data()
   base = BASE.replace(algorithm="pafed", rounds=6, rounds_per_call=1,
                              checkpoint_every=2)
   cfgs = sweep.grid(base, {"lr": [0.05, 0.2]}, num_seeds=1)
   ref = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "ref"), quiet=True)
-  calls = []
-
-  def interrupt_after_round_3():
-    calls.append(1)
-    if len(calls) == 3:
-      raise KeyboardInterrupt
-
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
+  seen = StopAfter(None)
+  sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "seen"), quiet=True,
+                  callbacks=[seen])
+  assert seen.calls == [(r, [r, r]) for r in range(1, 7)]  # rounds done, rows of each run
   out = tmp_path / "cut"
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), quiet=True)
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), quiet=True, callbacks=[StopAfter(3)])
   ckpt_root = out / "checkpoints" / "pafed"
   [key] = os.listdir(ckpt_root)
   c = ckpt_lib.Checkpointer(str(ckpt_root / key))
-  assert c.latest_round() == 2  # round 3 came back, but 3 is no multiple of 2
-  assert [len(rows) for rows in c.restore_meta()["rows"]] == [2, 2]
+  assert c.all_rounds() == [2, 3]  # round 2 (a multiple of 2), round 3 as it stopped
+  assert [len(rows) for rows in c.restore_meta()["rows"]] == [3, 3]
   c.close()
   assert not (out / "runs").exists()  # no run finished
-  calls.clear()
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
-  resumed = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), resume=True)
-  assert "[pafed x2] resuming from the checkpoint of round 2" in capsys.readouterr().out
+  rest = StopAfter(None)
+  resumed = sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(out), resume=True,
+                            callbacks=[rest])
+  assert "[pafed x2] resuming from the checkpoint of round 3" in capsys.readouterr().out
+  assert rest.calls == seen.calls[3:]
   for a, b in zip(resumed, ref):
     assert a["setting"] == b["setting"]
     assert a["final_accuracy"] == pytest.approx(b["final_accuracy"], abs=1e-6)
@@ -336,10 +347,9 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
       assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
   assert not (out / "checkpoints").exists()  # removed once the runs were written
   # a checkpoint of the same runs made with other flags: discarded, named, run again
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "stale"), quiet=True)
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "stale"), quiet=True,
+                    callbacks=[StopAfter(3)])
   capsys.readouterr()
   longer = [c_.replace(mu=0.5) for c_ in cfgs]
   sweep.run_sweep(longer, "pafed", fed, ["lr"], str(tmp_path / "stale"), resume=True)
@@ -347,13 +357,11 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
   assert "[pafed x2] discarding the checkpoint under" in text and "(--mu=0.01 (now 0.5))" in text
   assert "resuming" not in text
   # a checkpoint whose state cannot be read (meta intact): discarded, named, run again
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
-  calls.clear()
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "damaged"), quiet=True)
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "damaged"), quiet=True,
+                    callbacks=[StopAfter(3)])
   [key] = os.listdir(tmp_path / "damaged" / "checkpoints" / "pafed")
-  for root, _, files in os.walk(tmp_path / "damaged" / "checkpoints" / "pafed" / key / "2"
+  for root, _, files in os.walk(tmp_path / "damaged" / "checkpoints" / "pafed" / key / "3"
                                 / "state"):
     for f in files:
       open(os.path.join(root, f), "wb").close()  # truncated to nothing
@@ -365,11 +373,9 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, mon
       [s_["final_accuracy"] for s_ in ref], abs=1e-6)
   # a checkpoint of another grouping of the runs (one run per computation now) is not
   # used, and said to be left
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", interrupt_after_round_3)
-  calls.clear()
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), quiet=True)
-  monkeypatch.setattr(sweep.interrupts, "check_interrupted", lambda: None)
+    sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), quiet=True,
+                    callbacks=[StopAfter(3)])
   capsys.readouterr()
   sweep.run_sweep(cfgs, "pafed", fed, ["lr"], str(tmp_path / "regrouped"), resume=True,
                   max_runs_per_computation=1)

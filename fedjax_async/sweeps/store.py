@@ -1,7 +1,8 @@
 """A sweep's files: each run's metrics and summary, the grid's table (mean and std over
 seeds) and figure, the runs stored by an earlier sweep read back when their configuration
 matches (``read_stored_run``, ``config_differences``), and the checkpoints of one vmapped
-computation (``ComputationCheckpoint``). ``sweep.run_sweep`` / ``sweep.run_grid`` use them.
+computation (``ComputationCheckpoint``) and its host loop (``SweepLoop``).
+``sweep.run_sweep`` / ``sweep.run_grid`` use them.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class ComputationCheckpoint(loop.Checkpoints):
   ``checkpoint_every`` rounds of the first config (0: none): ``loop.Checkpoints`` with
   ``discard``, so with ``resume`` a checkpoint made with other flags, or that cannot be
   read, is discarded (saying why) and the computation starts over, as a stored run made
-  with other flags is run again. None is saved at the end: the runs are written then."""
+  with other flags is run again. One is saved at a signal; none at the end: the runs are
+  written then."""
 
   def __init__(self, out_dir: str, algorithm_name: str, group, run_names, extra_config,
                resume: bool, quiet: bool):
@@ -213,7 +215,7 @@ class ComputationCheckpoint(loop.Checkpoints):
                      label="" if quiet else f"{algorithm_name} x{len(group)}")
 
   def due(self, position: int, stopping: bool = False) -> bool:
-    return position < self.total and super().due(position)
+    return position < self.total and super().due(position, stopping)
 
   def save(self, position: int, state, rows, wall_time_s: float):
     """The stacked state without the padding runs, gathered to the host."""
@@ -254,3 +256,39 @@ def read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
           f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
           f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
   return found
+
+
+class SweepLoop(loop.HostLoop):
+  """The host loop of one vmapped computation: ``on_chunk(rounds_done, seconds, states,
+  rows)`` of ``simulate_sweep`` (``rows``: each run's rows so far) through ``HostLoop``'s
+  callbacks: the caller's, the checkpoint when due or at a signal, the progress line
+  (``label``; None: none), the signal check."""
+
+  def __init__(self, checkpoints, start: int, wall_before: float, callbacks, label, rounds):
+    self.start, self.end, self.seconds, self.per_run = start, start, wall_before, []
+    self.wall_start = wall_before
+    progress = None if label is None else lambda rows: self.progress(label, rounds, rows)
+    super().__init__(loop.MetricsFile(None), checkpoints, lambda _: self.end, progress,
+                     wall_before, callbacks)
+
+  @property
+  def rows(self):
+    return self.per_run
+
+  def wall(self) -> float:
+    return self.seconds
+
+  def progress(self, label: str, rounds: int, rows):
+    rate = (self.end - self.start) / max(self.seconds - self.wall_start, 1e-9)
+    print(f"[{label}] round {self.end}/{rounds} {rate:.2f} rounds/s "
+          f"({rate * len(rows):.2f} run-rounds/s) ETA {(rounds - self.end) / max(rate, 1e-9):.0f}s",
+          flush=True)
+
+  def save(self, state, position=None):
+    self.checkpoints.save(self.end, state, self.per_run, self.seconds)
+
+  def __call__(self, end, seconds, states, rows):
+    self.end, self.seconds, self.per_run = end, seconds, rows
+    self.stopping = loop.stopping()  # every process, once a chunk
+    for callback in self.callbacks:
+      callback.after_chunk(self, states, rows)

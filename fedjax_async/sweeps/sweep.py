@@ -44,7 +44,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_async import outputs
-from fedjax_async import interrupts
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
 from fedjax_async import client as client_lib
@@ -364,7 +363,7 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
               names: Sequence[str], out_dir: Optional[str] = None,
               max_runs_per_computation: int = 0, mesh: Optional[Mesh] = None,
               quiet: bool = False, resume: bool = False,
-              extra_config: Optional[dict] = None) -> List[dict]:
+              extra_config: Optional[dict] = None, callbacks: Sequence = ()) -> List[dict]:
   """Runs ``cfgs`` of one algorithm as vmapped computations (at most
   ``max_runs_per_computation`` runs each; 0 = all in one) and writes per-run outputs under
   ``<out_dir>/runs/<algorithm>/<setting>_seed=<s>/`` as each computation finishes.
@@ -372,7 +371,9 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
   ``resume``: runs already stored there with the same configuration are read back, not
   run; stored runs made with other flags are run again (and say which flags differ).
   ``extra_config``: settings outside RunConfig that change the results (stored in and
-  compared with each summary's config). Returns the run summaries in ``cfgs``' order."""
+  compared with each summary's config). ``callbacks``: ``loop.Callback``s after every
+  compiled chunk (``state``: the stacked states, ``rows``: each run's rows so far).
+  Returns the run summaries in ``cfgs``' order."""
   check_same_static(cfgs, names)
   run_dir = lambda c: os.path.join(out_dir, "runs", algorithm_name, run_name(c, names))
   found = (sweep_store.read_back(cfgs, algorithm_name, run_dir, out_dir, extra_config, quiet)
@@ -394,23 +395,13 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
       if not quiet:
         print(f"[{algorithm_name} x{len(group)}] resuming from the checkpoint of round "
               f"{start} ({ckpt.directory})", flush=True)
-
-    def on_chunk(end, seconds, states, rows, n=len(group), start=start,
-                 wall_before=wall_before, ckpt=ckpt):
-      if ckpt is not None and ckpt.due(end):
-        ckpt.save(end, states, rows, seconds)
-      if not quiet:
-        rate = (end - start) / max(seconds - wall_before, 1e-9)
-        print(f"[{algorithm_name} x{n}] round {end}/{group[0].run.rounds} "
-              f"{rate:.2f} rounds/s ({rate * n:.2f} run-rounds/s) ETA "
-              f"{(group[0].run.rounds - end) / max(rate, 1e-9):.0f}s", flush=True)
-      interrupts.check_interrupted()
-
+    host = sweep_store.SweepLoop(ckpt, start, wall_before, callbacks,
+                     None if quiet else f"{algorithm_name} x{len(group)}", group[0].run.rounds)
     try:
       res = simulate_sweep(prep.runner, states, prep.slots, prep.hp, prep.data,
                            num_rounds=group[0].run.rounds, eval_every=group[0].run.eval_every,
                            rounds_per_call=group[0].run.rounds_per_call, mesh=mesh,
-                           on_chunk=on_chunk, start_round=start, rows_before=rows_before,
+                           on_chunk=host, start_round=start, rows_before=rows_before,
                            wall_before=wall_before)
     finally:
       if ckpt is not None:
