@@ -5,8 +5,8 @@ Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: t
 engine (``rounds.engine.simulate``, driven by ``rounds.experiment.run``), the virtual
 clock (``asynchronous.engine.simulate``, driven by ``experiments/async_family.py``) and
 FedEDS (``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
-callback: the metrics rows written, then a list of ``Callback``s (after pfl-research's
-``run`` and its callbacks):
+callback: a list of ``Callback``s run in order (after pfl-research's ``run`` and its
+callbacks):
 
 * ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
   first, then each chunk's rows, flushed;
@@ -14,7 +14,10 @@ callback: the metrics rows written, then a list of ``Callback``s (after pfl-rese
   signal; with ``resume`` the latest one is restored after its configuration was
   compared with this run's (a ValueError naming the flags that differ, or the folder that
   cannot be read and the checkpoint to fall back to);
-* the caller's callbacks, ``SaveCheckpoints``, ``Report`` (progress lines) and
+* ``StopOnDivergence`` (the chunk's rows up to the first non-finite one written, then
+  ``engine.Diverged``), ``WriteMetrics``, ``CheckSignals``, the caller's callbacks,
+  ``SaveCheckpoints``,
+  ``Report`` (progress lines) and
   ``StopOnSignal``: a SIGINT / SIGTERM received by any process stops every process after
   the same chunk, after its checkpoint (``distributed.any_process``).
 """
@@ -191,6 +194,36 @@ class Callback:
     pass
 
 
+class StopOnDivergence(Callback):
+  """``engine.Diverged`` at the chunk's first non-finite row (``engine.first_nonfinite``:
+  the model, or the test loss): the rows before it are written, and no checkpoint is
+  made of the non-finite state. Runs first, before the rows are written."""
+
+  def after_chunk(self, loop, state, rows):
+    from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
+    bad = engine.first_nonfinite(rows)
+    if bad is not None:
+      if loop.metrics is not None:
+        loop.metrics(rows[:bad])
+      raise engine.diverged(rows, bad)
+
+
+class WriteMetrics(Callback):
+  """The chunk's rows to ``loop.metrics`` (metrics.jsonl, TensorBoard, ``loop.rows``)."""
+
+  def after_chunk(self, loop, state, rows):
+    loop.metrics(rows)
+
+
+class CheckSignals(Callback):
+  """``loop.stopping``: whether a SIGINT / SIGTERM arrived in any process. Every process
+  asks once a chunk, after the chunk's rows are written, so that all stop after the same
+  chunk, with its checkpoint; a signal that arrives later counts at the next chunk."""
+
+  def after_chunk(self, loop, state, rows):
+    loop.stopping = stopping()
+
+
 class SaveCheckpoints(Callback):
   """A checkpoint when due (``Checkpoints.due``), or now when a signal arrived."""
 
@@ -214,30 +247,38 @@ class Report(Callback):
 
 
 class StopOnSignal(Callback):
-  """``Interrupted`` when a SIGINT / SIGTERM arrived, or a callback asked for a stop
-  (after the chunk's checkpoint)."""
+  """``Interrupted`` when a SIGINT / SIGTERM arrived (``CheckSignals``), or a callback
+  asked for a stop (after the chunk's checkpoint)."""
 
   def after_chunk(self, loop, state, rows):
     if loop.stop_requested:
       raise interrupts.Interrupted("", signal.SIGINT)
-    interrupts.check_interrupted()
+    if loop.stopping:
+      interrupts.check_interrupted()
 
 
 class HostLoop:
-  """``on_chunk(state, rows)`` of every driver: the rows to ``metrics`` (metrics.jsonl,
-  TensorBoard), then each callback in order: the caller's ``callbacks``, a checkpoint
-  when due (at ``position(state)``), the progress lines, and the signal check
-  (``Interrupted`` after the checkpoint)."""
+  """``on_chunk(state, rows)`` of every driver: each callback in order: the divergence
+  check (``StopOnDivergence``, unless ``stop_on_divergence`` is False), the rows to
+  ``metrics`` (metrics.jsonl, TensorBoard), the signal check of every process
+  (``CheckSignals``), the caller's ``callbacks``, a checkpoint when
+  due (at ``position(state)``), the progress lines, and the signal check (``Interrupted``
+  after the checkpoint)."""
 
-  def __init__(self, metrics: MetricsFile, checkpoints: Optional[Checkpoints],
+  def __init__(self, metrics: Optional[MetricsFile], checkpoints: Optional[Checkpoints],
                position: Callable[[Any], int], progress: Optional[Callable] = None,
-               wall_before: float = 0.0, callbacks: Sequence[Callback] = ()):
+               wall_before: float = 0.0, callbacks: Sequence[Callback] = (),
+               stop_on_divergence: bool = True):
     self.metrics, self.checkpoints, self.position = metrics, checkpoints, position
     self.wall_before = wall_before
     self.callbacks: List[Callback] = (
-        list(callbacks)
+        ([StopOnDivergence()] if stop_on_divergence else [])
+        + ([WriteMetrics()] if metrics is not None else []) + [CheckSignals()]
+        + list(callbacks)
         + ([SaveCheckpoints(checkpoints)] if checkpoints is not None else [])
         + ([Report(progress)] if progress is not None else []) + [StopOnSignal()])
+    # the engines hand a chunk with non-finite rows to this loop instead of raising
+    self.stops_on_divergence = stop_on_divergence
     self.t0 = time.perf_counter()
     self.stopping = False  # a signal arrived in some process (this chunk's check)
     self.stop_requested = False  # a callback asked for a stop (``stop``)
@@ -262,7 +303,5 @@ class HostLoop:
                           self.metrics.rows, self.wall())
 
   def __call__(self, state, rows: Sequence[dict]):
-    self.metrics(rows)
-    self.stopping = stopping()  # every process, once a chunk: a signal in any stops all
     for callback in self.callbacks:
       callback.after_chunk(self, state, rows)

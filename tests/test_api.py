@@ -202,3 +202,18 @@ def test_a_virtual_clock_run_stopped_by_a_callback_resumes_to_the_uninterrupted_
   with pytest.raises(ValueError, match=r"^clock\.concurrency: must be in \[1, "
                      r"data\.num_clients=6\], got 7"):
     fa.simulate(fa.AsyncRunConfig(), **dict(CLOCK, concurrency=7))
+
+
+def test_a_diverging_virtual_clock_run_keeps_its_finite_arrivals_and_is_left_out(tmp_path):
+  """FedBuff with eta_s = 1e38: after its second server step (group 3) the test loss is
+  infinite. The host loop's divergence check writes the arrivals before that group, also
+  those of its own compiled call (groups 2-3), keeps the checkpoint of the last finite
+  state (group 2) and leaves the run out of the result, naming the group."""
+  result = fa.simulate(fa.AsyncRunConfig(), **dict(CLOCK, groups_per_call=2, server_lr=1e38,
+                                                   output_dir=str(tmp_path),
+                                                   checkpoint_every=1))
+  assert result.runs == {} and result.diverged == {
+      "fedbuff (seed 0)": "group 3: the global model or test loss is not finite (NaN/Inf)"}
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert [json.loads(line)["group"] for line in f] == [0, 1, 2]
+  assert os.listdir(tmp_path / "checkpoints") == ["2"]

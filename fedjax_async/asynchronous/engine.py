@@ -340,7 +340,9 @@ def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups
   arrival (in order). ``state`` is the state before group ``start_group`` (a checkpoint's,
   to continue a run: per-task keys come from the dispatch index, so the continuation
   computes what the uninterrupted run does). ``on_chunk(state, rows)`` after each call of
-  ``groups_per_call`` groups."""
+  ``groups_per_call`` groups. ``Diverged`` at a group whose model is non-finite; a
+  ``loop.HostLoop`` as ``on_chunk`` gets the chunk (that group's rows carry
+  ``nonfinite``) and raises it itself (``loop.StopOnDivergence``)."""
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   num_groups = groups["valid"].shape[0]
   schedule_eval = eval_groups(groups, schedule, eval_every)
@@ -362,7 +364,7 @@ def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups
     rows = []
     for gi in range(end - start):
       g = start + gi
-      if metrics["nonfinite"][gi]:
+      if metrics["nonfinite"][gi] and not engine.host_stops_on_divergence(on_chunk):
         raise engine.Diverged(f"group {g}: the global model is not finite (NaN/Inf)")
       members = np.flatnonzero(groups["valid"][g])
       for j in members:
@@ -376,6 +378,8 @@ def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups
                "client_steps": int(metrics["client_steps"][gi, j]),
                "test_accuracy": None, "test_loss": None,
                "wall_time": elapsed / max(end - start, 1) / max(len(members), 1)}
+        if metrics["nonfinite"][gi]:  # (only then: the rows' keys are otherwise unchanged)
+          row["nonfinite"] = True
         rows.append(row)
       if ev[gi]:
         rows[-1]["test_accuracy"] = float(metrics["test_accuracy"][gi])

@@ -179,17 +179,13 @@ def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_d
   return protocol
 
 
-def _round_rows(metrics: dict, evaluated, t: int, t_round: float) -> List[dict]:
-  """The round's metrics row (with the test accuracy and loss when ``evaluated``);
-  ``engine.Diverged`` when the model or the test loss is not finite."""
+def _round_rows(metrics: dict, evaluated, t_round: float) -> List[dict]:
+  """The round's metrics row (with the test accuracy and loss when ``evaluated``)."""
   acc, loss = evaluated if evaluated is not None else (jnp.float32(jnp.nan),
                                                        jnp.float32(jnp.nan))
   metrics["test_accuracy"], metrics["test_loss"] = acc, loss
   rows = engine.metrics_to_rows(jax.tree.map(lambda v: jnp.asarray(v)[None], metrics))
   rows[0]["wall_time"] = time.perf_counter() - t_round
-  if rows[0]["nonfinite"] or (rows[0]["test_loss"] is not None
-                              and not np.isfinite(rows[0]["test_loss"])):
-    raise engine.Diverged(f"round {t}: the global model or test loss is not finite")
   return rows
 
 
@@ -268,7 +264,10 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
     alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
     alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
     state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
-    rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t, t_round)
+    rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
+    if (not engine.host_stops_on_divergence(on_chunk)
+        and engine.first_nonfinite(rows) is not None):
+      raise engine.diverged(rows, 0)
     for s in STAGES:
       totals[s] += timings[s]
     print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(

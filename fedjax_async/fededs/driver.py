@@ -78,6 +78,8 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
     if on_chunk is not None:
       on_chunk(chunk_state, rows)
 
+  annotated.stops_on_divergence = engine.host_stops_on_divergence(on_chunk)
+
   return engine.simulate(runner, state, timeline, hp, data, eval_every=eval_every,
                          rounds_per_call=rounds_per_call, on_chunk=annotated,
                          round_hp=round_hp)

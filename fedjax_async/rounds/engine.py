@@ -411,6 +411,32 @@ class Diverged(RuntimeError):
     self.rows = rows or []  # the finite rounds of the chunk that diverged
 
 
+def first_nonfinite(rows: List[dict]) -> Optional[int]:
+  """The index of the first row whose model (``nonfinite``) or test loss is NaN/Inf, or
+  None: what ``loop.StopOnDivergence`` stops at (rounds, or the virtual clock's arrivals)."""
+  for i, r in enumerate(rows):
+    loss = r.get("test_loss")
+    if r.get("nonfinite") or (loss is not None and not np.isfinite(loss)):
+      return i
+  return None
+
+
+def host_stops_on_divergence(on_chunk) -> bool:
+  """Whether ``on_chunk`` (a ``loop.HostLoop`` with ``StopOnDivergence``) takes a chunk
+  with non-finite rows and stops the run itself; else the engine raises ``Diverged``."""
+  return bool(getattr(on_chunk, "stops_on_divergence", False))
+
+
+def diverged(rows: List[dict], i: int) -> Diverged:
+  """The ``Diverged`` of row ``i`` (``first_nonfinite``), carrying the rows before it."""
+  r = rows[i]
+  if "round" in r:
+    return Diverged(f"round {r['round'] + 1}: the global model or test loss is not finite "
+                    "(NaN/Inf)", r["round"] + 1, rows[:i])
+  return Diverged(f"group {r['group']}: the global model or test loss is not finite "
+                  "(NaN/Inf)", None, rows[:i])
+
+
 def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
              *, eval_every: int = 1, rounds_per_call: int = 10,
              on_chunk: Optional[Callable[[SimState, List[dict]], None]] = None,
@@ -419,9 +445,10 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
   """Runs rounds ``state.round .. stop_round`` (default: the whole timeline).
 
   ``on_chunk(state, rows)`` is called after every jitted chunk (progress printing,
-  metrics files, checkpoints). Raises ``Diverged`` naming the round when the global model
-  or the test loss turns non-finite; it carries the rows of that chunk's earlier rounds
-  (the state passed to the last ``on_chunk`` is the chunk's start, since donated).
+  metrics files, checkpoints). ``Diverged`` is raised naming the round when the global
+  model or the test loss turns non-finite, carrying the rows of that chunk's earlier
+  rounds; a ``loop.HostLoop`` as ``on_chunk`` gets the chunk and raises it itself
+  (``loop.StopOnDivergence``, after writing those rows).
   ``round_hp``: per-round values ``{key: [num_rounds]}`` (0-based engine rounds) that
   override ``hp[key]`` in each round, traced like ``hp`` (a schedule does not recompile).
   """
@@ -454,11 +481,9 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
   while start < stop:
     end = min(start + rounds_per_call, stop)
     new_state, rows = run_chunk(state, start, end)
-    bad = [r["round"] for r in rows if r["nonfinite"] or (
-        r["test_loss"] is not None and not np.isfinite(r["test_loss"]))]
-    if bad:  # the chunk's state is gone (donated): its finite rows travel with the error
-      raise Diverged(f"round {bad[0] + 1}: the global model or test loss is not finite "
-                     "(NaN/Inf)", bad[0] + 1, [r for r in rows if r["round"] < bad[0]])
+    bad = None if host_stops_on_divergence(on_chunk) else first_nonfinite(rows)
+    if bad is not None:  # the chunk's state is gone (donated): its finite rows travel
+      raise diverged(rows, bad)
     state = new_state
     all_rows.extend(rows)
     if on_chunk is not None:

@@ -356,9 +356,9 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
 
 def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runner, host,
               ckpt):
-  """Writes the finite rows of the chunk that diverged, checkpoints the last finite state
-  and raises ``engine.Diverged`` naming the round, the algorithm and that checkpoint."""
-  host.metrics(e.rows)
+  """Checkpoints the last finite state (the host loop wrote the finite rows of the chunk
+  that diverged) and raises ``engine.Diverged`` naming the round, the algorithm and that
+  checkpoint."""
   if (ckpt is not None and cfg.crypto.secure_aggregation == "none" and e.round is not None
       and e.round - 1 > ckpt.last_saved):
     # The last finite state (after round e.round - 1): the newest checkpoint's state, or

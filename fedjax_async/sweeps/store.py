@@ -268,8 +268,10 @@ class SweepLoop(loop.HostLoop):
     self.start, self.end, self.seconds, self.per_run = start, start, wall_before, []
     self.wall_start = wall_before
     progress = None if label is None else lambda rows: self.progress(label, rounds, rows)
-    super().__init__(loop.MetricsFile(None), checkpoints, lambda _: self.end, progress,
-                     wall_before, callbacks)
+    # no metrics file (each run's rows are written when its computation ends), and no
+    # divergence stop: a run that diverges is marked, the others go on (simulate_sweep)
+    super().__init__(None, checkpoints, lambda _: self.end, progress, wall_before, callbacks,
+                     stop_on_divergence=False)
 
   @property
   def rows(self):
@@ -289,6 +291,5 @@ class SweepLoop(loop.HostLoop):
 
   def __call__(self, end, seconds, states, rows):
     self.end, self.seconds, self.per_run = end, seconds, rows
-    self.stopping = loop.stopping()  # every process, once a chunk
     for callback in self.callbacks:
       callback.after_chunk(self, states, rows)
