@@ -39,6 +39,7 @@ from absl import app
 from absl import flags
 
 from fedjax_async import cli
+from fedjax_async import config as config_lib
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async.fededs import config as fededs_config
@@ -81,7 +82,7 @@ def main(argv):
 def _main(cfg):
   try:
     experiment.simulate(cfg, record={"quick": FLAGS.quick})
-  except (OSError, ValueError) as e:  # the messages name the field or the file
+  except (config_lib.ConfigError, experiment.DataError) as e:  # naming the field, the file
     sys.exit(f"error: {cli.as_flags(str(e))}")
 
 

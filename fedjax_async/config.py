@@ -334,7 +334,7 @@ def as_flags(message: str) -> str:
   by_path = {spec.path: name for cls in (RunConfig, async_config.AsyncRunConfig,
                                          fededs_config.FedEDSRunConfig)
              for name, spec in flag_specs(cls).items()}
-  return re.sub(r"\b[a-z_]+\.[a-z_0-9]+\b",
+  return re.sub(r"\b[a-z_][a-z_0-9]*\.[a-z_0-9]+\b",
                 lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
                 message)
 

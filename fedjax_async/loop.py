@@ -85,7 +85,7 @@ class Checkpoints:
         if bad and self.discard:
           return self._discard(", ".join(bad))
         if bad and not (extends is not None and extends(saved, bad)):
-          raise ValueError(f"output.resume: the checkpoint under {self.directory} was made with "
+          raise _resume_error(f"the checkpoint under {self.directory} was made with "
                            f"other flags: {', '.join(bad)}")
         r = self.manager.restore(template)
       except checkpoint_lib.CheckpointError as e:
@@ -94,7 +94,7 @@ class Checkpoints:
         earlier = [p for p in self.manager.all_rounds() if p < self.manager.latest_round()]
         fallback = (f"the checkpoint of {self.unit} {max(earlier)}" if earlier
                     else f"{self.unit} 0")
-        raise ValueError(f"output.resume: {e}; delete that folder to resume from {fallback}, or "
+        raise _resume_error(f"{e}; delete that folder to resume from {fallback}, or "
                          "pass output.overwrite to start over") from None
     except ValueError:
       self.close()
@@ -134,6 +134,12 @@ class Checkpoints:
   def close(self):
     if self.manager is not None:
       self.manager.close()
+
+
+def _resume_error(message: str) -> ValueError:
+  """A ``config.ConfigError`` of output.resume."""
+  from fedjax_async.config import ConfigError  # pylint: disable=g-import-not-at-top
+  return ConfigError("output.resume", message)
 
 
 class MetricsFile:

@@ -132,3 +132,8 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
   said = store.mismatch({"lr": 0.01, "alphas": "0.1"}, {"lr": 0.02, "alphas": "0.5"})
   assert said == "training.lr=0.01 (now 0.02)"  # the grid may change on resumption
   assert config.as_flags(said) == "--lr=0.01 (now 0.02)"
+  assert config.as_flags("alg1.unet_width=4 (now 16)") == "--unet_width=4 (now 16)"
+  with pytest.raises(config.ConfigError, match=r"^algorithm\.names: lists an algorithm more"):
+    driver.validate(clock.replace(algorithm="fedasync,fedbuff,fedasync"))
+  with pytest.raises(config.ConfigError, match=r"^algorithm\.mix_alpha: needs distinct"):
+    driver.validate(clock.replace(mix_alpha="0.5,0.50"))

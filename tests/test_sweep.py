@@ -383,6 +383,12 @@ def test_interrupted_sweep_computation_resumes_from_its_checkpoint(tmp_path, cap
   assert "resuming" not in text
   assert ("[pafed] 1 checkpoint(s) of computations this command does not run are left under "
           f"{tmp_path / 'regrouped' / 'checkpoints' / 'pafed'}") in text
+  # checkpoint_every=0: none, not even when stopped (the Table V driver resumes sweeps)
+  off = [c_.replace(checkpoint_every=0) for c_ in cfgs]
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(off, "pafed", fed, ["lr"], str(tmp_path / "off"), quiet=True,
+                    resume=True, callbacks=[StopAfter(3)])
+  assert [p for p in (tmp_path / "off").rglob("*") if p.is_file()] == []
 
 
 def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(

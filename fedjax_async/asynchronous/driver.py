@@ -117,6 +117,8 @@ def validate(cfg: AsyncRunConfig):
   choices = algorithms.names("virtual_clock")
   for n in names:
     check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
+  check(len(set(names)) == len(names), "algorithm.names",
+        f"lists an algorithm more than once: {a.names!r}")
   seeds_of(cfg)
   n_clients = cfg.data.num_clients
   check(n_clients >= 1, "data.num_clients", f"must be >= 1, got {n_clients}")
@@ -168,7 +170,10 @@ def validate(cfg: AsyncRunConfig):
 
 def _validate_servers(a):
   check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
-  for alpha in parse_floats(a.mix_alpha, "algorithm.mix_alpha"):
+  alphas = parse_floats(a.mix_alpha, "algorithm.mix_alpha")
+  check(alphas and len(set(alphas)) == len(alphas), "algorithm.mix_alpha",
+        f"needs distinct values (one run each), got {a.mix_alpha!r}")
+  for alpha in alphas:
     check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
   check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
         f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
@@ -430,8 +435,8 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
         f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}", flush=True)
   devices = sharding.select_devices(cfg.run.devices)
   if len(devices) > 1:
-    print(f"each group's members split over {len(devices)} devices (run.devices)",
-          flush=True)
+    print(outputs.name_fields(f"each group's members split over {len(devices)} devices "
+                              "(run.devices)"), flush=True)
   done: Dict[str, Run] = {}
   for run_name, algo, alpha in runs:
     out = out_dir if out_dir is None or len(runs) == 1 else os.path.join(out_dir, run_name)

@@ -40,6 +40,10 @@ from fedjax_async.rounds import engine
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.rounds.experiment import Progress
 
+class DataError(ValueError):
+  """Fashion-MNIST cannot be read: the message names the file (and data.data_dir)."""
+
+
 # Everything an invocation writes into output.output_dir (output.overwrite deletes these).
 OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
            "encryption_grid.png", "shared.md", "runs")
@@ -285,7 +289,10 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
   out_dir = cfg.output.output_dir
   prepare_output_dir(cfg)
   os.makedirs(out_dir, exist_ok=True)
-  pool = load_pool(cfg)
+  try:
+    pool = load_pool(cfg)
+  except (OSError, ValueError) as e:
+    raise DataError(str(e)) from None
   flat = cfg.flat()  # the record of the invocation (grid included); resumption compares it
   store.atomic_json(os.path.join(out_dir, "flags.json"), checkpoint_lib.to_json_ready(
       {**store.run_config(cfg), **{k: flat[k] for k in store.RESUME_FREE_FIELDS

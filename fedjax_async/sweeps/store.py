@@ -215,7 +215,7 @@ class ComputationCheckpoint(loop.Checkpoints):
                      label="" if quiet else f"{algorithm_name} x{len(group)}")
 
   def due(self, position: int, stopping: bool = False) -> bool:
-    return position < self.total and super().due(position, stopping)
+    return self.every > 0 and position < self.total and super().due(position, stopping)
 
   def save(self, position: int, state, rows, wall_time_s: float):
     """The stacked state without the padding runs, gathered to the host."""
