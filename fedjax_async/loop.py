@@ -3,10 +3,10 @@ what happens between two compiled chunks.
 
 Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: the round
 engine (``rounds.engine.simulate``, driven by ``rounds.experiment.run``), the virtual
-clock (``asynchronous.engine.simulate``, driven by ``experiments/async_family.py``) and
-FedEDS (``fededs.run``, driven by ``experiments/fededs_table.py``). ``HostLoop`` is that
-callback: a list of ``Callback``s run in order (after pfl-research's ``run`` and its
-callbacks):
+clock (``asynchronous.engine.simulate``, driven by ``asynchronous.driver``), FedEDS
+(``fededs.run``, driven by ``fededs.experiment``) and a sweep's vmapped computations
+(``sweeps.store.SweepLoop``). ``HostLoop`` is that callback: a list of ``Callback``s
+run in order (after pfl-research's ``run`` and its callbacks):
 
 * ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
   first, then each chunk's rows, flushed;
@@ -16,10 +16,9 @@ callbacks):
   cannot be read and the checkpoint to fall back to);
 * ``StopOnDivergence`` (the chunk's rows up to the first non-finite one written, then
   ``engine.Diverged``), ``WriteMetrics``, ``CheckSignals``, the caller's callbacks,
-  ``SaveCheckpoints``,
-  ``Report`` (progress lines) and
-  ``StopOnSignal``: a SIGINT / SIGTERM received by any process stops every process after
-  the same chunk, after its checkpoint (``distributed.any_process``).
+  ``SaveCheckpoints``, ``Report`` (progress lines) and ``StopOnSignal``: a SIGINT /
+  SIGTERM received by any process stops every process after the same chunk, after its
+  checkpoint (``distributed.any_process``).
 """
 
 from __future__ import annotations
