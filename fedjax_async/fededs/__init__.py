@@ -22,7 +22,10 @@ The parts, each a small pure function (see docs/fededs.md for the full story):
 
 One module a part: ``schedule`` (Eqs. 5, 9-10, ``FedEDSConfig``), ``model`` (the split
 model, the stochastic layer, the UNet encryptor), ``generation`` (Alg. 1), ``transfer``
-(Alg. 2, ``wrap``), ``driver`` (``run`` on the round engine), ``privacy`` (Fig. 3). Their
+(Alg. 2, ``wrap``), ``driver`` (``run`` on the round engine), ``privacy`` (Fig. 3). The
+experiment of the paper's tables: ``config`` (``FedEDSRunConfig``), ``experiment``
+(``simulate`` of a configuration), ``store`` (what resumption reads back), ``report``
+(tables, Fig. 3, shared.md); imported by their module names. The parts'
 public names are imported here: ``fededs.wrap``, ``fededs.run``, ...
 """
 
