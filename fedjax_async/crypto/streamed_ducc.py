@@ -27,9 +27,9 @@ DUCC's class weights from the Min (Eq. 13). The round, with S0's computations:
    ciphertext each; S0 forms w' chunk by chunk: sum_j Enc(beta_j + b_j) * u_j (products
    added before one relinearisation per chunk) minus sum_j b_j u_j (plaintext
    constants);
-5. the key transformation (Alg. 5) in V, for the next round's recipients; S0 removes its
-   mask r from S1's re-encryptions by a plaintext subtraction (Enc_pk_i(w + r) - r), which
-   is the paper's Enc_pk_i(w + r) - Enc_pk_i(r) without its encryptions.
+5. the key transformation (Alg. 5) in V, for the next round's recipients: S0 subtracts a
+   fresh Enc_pk_i(r) from S1's Enc_pk_i(w + r) (Alg. 5 line 14), so what client i receives
+   shares no randomness with what S1 produced.
 
 What S1 decrypts, beyond ``secure_ducc``'s blinded scalars and w + r: the additively
 masked ip_j, ||m||^2 and coefficients (2k + 3 scalars per round, each masked once). The
@@ -93,12 +93,15 @@ class StreamedHelper:
   def key_transform_each(self, masked_cts, recipients):
     """Alg. 5 lines 6-12, one recipient at a time: Dec_sk_s(w + r) once, then yields
     (i, Enc_pk_i(w + r)) for each recipient and last (None, Enc_pk_s(w + r)), so that a
-    round holds one recipient's copy of the model, not all of them."""
+    round holds one recipient's copy of the model, not all of them. Each chunk of w + r
+    is encoded once and encrypted afresh for every key."""
     h = self.vector
-    plain = [h._decrypt(ct) for ct in masked_cts]  # pylint: disable=protected-access
+    ev = h._ev  # pylint: disable=protected-access
+    plain = [ev.encode(h._decrypt(ct)) for ct in masked_cts]  # pylint: disable=protected-access
     for i in recipients:
-      yield i, [h._ev.encrypt(h._client_pks[i], p) for p in plain]  # pylint: disable=protected-access
-    yield None, [h._ev.encrypt(h.pk_s, p) for p in plain]  # pylint: disable=protected-access
+      pk = h._client_pks[i]  # pylint: disable=protected-access
+      yield i, [ev.cc.Encrypt(pk, p) for p in plain]
+    yield None, [ev.cc.Encrypt(h.pk_s, p) for p in plain]
 
   def masked_inverse_sqrt(self, cts):
     return self.scalar.masked_inverse_sqrt(cts)
@@ -331,14 +334,21 @@ class StreamedServer(secure_ducc.AggregationServer):
     return [self.vev.add(c, self.vev.encrypt(self.vector_public.pk_s, rb))
             for c, rb in zip(w_ct, r)]
 
-  def kt_unmask(self, cts: List[object]) -> List[object]:
-    """Alg. 5 lines 13-17 for one recipient: Enc_pk_i(w + r) - r, r subtracted as a
-    plaintext (each chunk's r encoded once, for every recipient), in place."""
+  def kt_unmask(self, cts: List[object], recipient: Optional[int]) -> List[object]:
+    """Alg. 5 lines 13-17 for one recipient: Enc_pk_i(w + r) - Enc_pk_i(r), a fresh
+    encryption of r under the recipient's key for every chunk (each chunk's r encoded
+    once, for every recipient), so that what client i receives shares no randomness with
+    the ciphertext S1 produced (with r subtracted as a plaintext, S1 would read r off
+    the difference of the two and so w: ``test_crypto_attacks``, the stripping test).
+    ``recipient`` None: the next round's Enc_pk_s(w), which S0 keeps and S1 could
+    decrypt anyway (it holds sk_s): r is subtracted as a plaintext there."""
     if "kt_r_encoded" not in self._state:
       self._state["kt_r_encoded"] = [self.vev.encode(rb) for rb in self._state.pop("kt_r")]
-    for c, p in zip(cts, self._state["kt_r_encoded"]):
-      self.vev.cc.EvalSubInPlace(c, p)
-    return cts
+    cc, encoded = self.vev.cc, self._state["kt_r_encoded"]
+    if recipient is None:
+      return [cc.EvalSub(c, p) for c, p in zip(cts, encoded)]
+    pk = self.vector_public.client_pks[recipient]
+    return [cc.EvalSub(c, cc.Encrypt(pk, p)) for c, p in zip(cts, encoded)]
 
 
 @dataclasses.dataclass
@@ -442,7 +452,7 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
     recipients = (0,) + tuple(recipients)
   out = {}
   for i, cts in s1.key_transform_each(s0.kt_mask(new_ct), recipients):
-    cts = s0.kt_unmask(cts)  # then sent to client i (or kept by S0 for the next round)
+    cts = s0.kt_unmask(cts, i)  # then sent to client i (or kept by S0 for the next round)
     if i is None:
       s0.global_ct = cts
     elif protocol.keep_client_models or i == 0:
