@@ -22,6 +22,7 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import streamed_ducc
 from fedjax_async.crypto import vectors
 
 PRESET = "insecure_test"
@@ -314,16 +315,13 @@ def _walk(obj, seen, found, path="s0"):
       _walk(v, seen, found, f"{path}.{k}")
 
 
-@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
-def test_s0_holds_no_secret_key(protocol, round_data):
-  rng, online, m_hat = round_data
-  # Run a round first so any state S0 keeps is populated.
-  secure_ducc.secure_pafed_step(protocol, np.zeros(DIM), online,
-                                vectors.with_cos(m_hat, [0.4, -0.4], DIM, rng), ALPHAS)
+def _assert_s0_public_only(s0, classes, path="s0"):
+  """S0's object graph holds no secret key, S1, client, KDC, bound method or seedable
+  generator, but its public material; the source of ``classes`` never decrypts."""
   found = []
-  _walk(protocol.s0, set(), found)
+  _walk(s0, set(), found, path)
   forbidden = (entities.secret_key_type(), entities.HelperServer, entities.Client,
-               entities.KDC)
+               entities.KDC, streamed_ducc.StreamedHelper)
   bad = [p for p, o in found if isinstance(o, forbidden)]
   assert not bad, bad
   # No seedable generator: S0's randomness is os.urandom's (fedjax_async.crypto.csprng).
@@ -332,12 +330,47 @@ def test_s0_holds_no_secret_key(protocol, round_data):
   assert not any(callable(o) and hasattr(o, "__self__") for _, o in found)
   assert any(isinstance(o, entities.PublicMaterial) for _, o in found)
   # S0's code (and its evaluator's) never decrypts nor touches a secret key.
-  for cls in (secure_ducc.AggregationServer, ckks.Evaluator):
+  for cls in classes:
     src = inspect.getsource(cls)
     for token in (".Decrypt(", "decrypt_vector", "secretKey", "_secret_key", "KeyGen"):
       assert token not in src, (cls, token)
+
+
+@pytest.mark.xdist_group("crypto_protocol")  # its module fixture computed once
+def test_s0_holds_no_secret_key(protocol, round_data):
+  rng, online, m_hat = round_data
+  # Run a round first so any state S0 keeps is populated.
+  secure_ducc.secure_pafed_step(protocol, np.zeros(DIM), online,
+                                vectors.with_cos(m_hat, [0.4, -0.4], DIM, rng), ALPHAS)
+  _assert_s0_public_only(protocol.s0, (secure_ducc.AggregationServer, ckks.Evaluator))
   # The other entities do hold their own secret keys.
   assert isinstance(protocol.s1._secret_key, entities.secret_key_type())
+
+
+def test_streamed_s0_holds_no_secret_key():
+  """The streamed design's S0, walked at every message it sends S1 (mid-round, with the
+  round's state populated) and after the round, holds public material only."""
+  proto = streamed_ducc.make_streamed_protocol(3, 300, PRESET, min_depth=3)
+  s1, walks = proto.s1, []
+  classes = (streamed_ducc.StreamedServer, secure_ducc.AggregationServer, ckks.Evaluator)
+
+  def walking(name, method):
+    def call(*args):
+      _assert_s0_public_only(proto.s0, classes, f"s0 at {name}")
+      walks.append(name)
+      return method(*args)
+    return call
+
+  for name in ("refresh_inner_products", "masked_inverse_sqrt", "masked_inverse",
+               "refresh_coefficients", "key_transform_each"):
+    setattr(s1, name, walking(name, getattr(s1, name)))
+  rng = np.random.default_rng(2)
+  online = vectors.unit(rng.normal(size=(3, 300)) + 2.0 * rng.normal(size=300))
+  delayed = vectors.with_cos(vectors.unit(online.mean(0)), [0.4, -0.4], 300, rng)
+  streamed_ducc.streamed_pafed_step(proto, np.zeros(300), online, delayed, ALPHAS)
+  assert len(walks) == 5, walks
+  _assert_s0_public_only(proto.s0, classes)
+  assert isinstance(proto.s1.vector._secret_key, entities.secret_key_type())
 
 
 def test_csprng_draws_are_fresh_uniform_and_ignore_numpy_seeds():

@@ -168,3 +168,210 @@ def test_attack_key_transformation_stripping(design):
   weak = [cc.EvalSub(p, ev.encode(rb)) for p, rb in zip(produced[1], r)]
   got = _strip(cc, sk, weak, produced[1], received)
   assert np.max(np.abs(ckks.unchunk(got, DIM) - new_w)) < 1e-5
+
+
+# ------------------------------------------ the streamed design's additive masks
+
+
+def _truth(online, delayed, tol, alphas=ALPHAS, d=D):
+  """The values the streamed design's masks hide, in plaintext (Alg. 4 with Cheon's Min,
+  Eq. 12, Eq. 17): ip_j = msum . u_j, ||m||^2, the class totals n1, n2, and the
+  coefficients beta_j, gamma of w' = w + gamma msum + sum_j beta_j u_j."""
+  msum = online.sum(0)
+  m = msum / len(online)
+  s = (delayed @ (m / np.linalg.norm(m)) + 1.0) / 2.0
+  x = cheon.cheon_min(s, 0.5, d)
+  w1, w2 = s - x, x - 0.5
+  n1, n2 = w1.sum(), w2.sum()
+  tol = max(tol, secure_ducc.EMPTY_EPS)
+  f1 = 1.0 / n1 if abs(n1) > tol else 0.0
+  f2 = 1.0 / n2 if abs(n2) > tol else 0.0
+  ip = delayed @ msum
+  a0, a1, a2 = alphas
+  beta = a1 * w1 * f1 + a2 * w2 * f2
+  gamma = a0 / len(online) - a2 * f2 * (w2 @ ip) / (msum @ msum)
+  return {"ip": ip, "norm": m @ m, "n": (n1, n2), "beta": beta, "gamma": gamma}
+
+
+def _rounds(proto, record, cos_list, seed, tol=0.0):
+  """Rounds of the streamed design; per round (S1's record of it, the truth)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for cos in cos_list:
+    online, delayed, w = _uploads(rng, cos)
+    streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS, tol)
+    out.append((dict((n, record.last(n)) for n in ("refresh_inner_products",
+                                                   "refresh_coefficients", "masked_inverse")),
+                _truth(online, delayed, tol)))
+  return out
+
+
+def _refresh_in(msgs):
+  """S1's refresh-in message: the k masked inner products and the masked ||m||^2
+  (each replicated: slot 0)."""
+  ips, norm = msgs["refresh_inner_products"]
+  return np.array([v[0] for v in ips]), float(norm[0])
+
+
+def _refresh_out(msgs):
+  """S1's refresh-out message: the k masked beta_j (packed) and the masked gamma."""
+  betas, gamma, k = msgs["refresh_coefficients"]
+  return np.asarray(betas[:k]), float(gamma[0])
+
+
+def _streams(length, seeds=256):
+  """[2 seeds, length] uniform [0, 1) draws of numpy's generators S1 would try:
+  default_rng(seed) and RandomState(seed) for seeds 0..seeds-1 (the run's seed among
+  them: summary.json's default is 0)."""
+  out = []
+  for seed in range(seeds):
+    out.append(np.random.default_rng(seed).random(length))
+    out.append(np.random.RandomState(seed).random_sample(length))
+  return np.stack(out)
+
+
+def test_attack_inner_product_masks_replayed_from_seeded_generators(streamed):
+  """S1 replays numpy generators (default_rng and RandomState, seeds 0..255, 2048 draws
+  each, the masks at any offset: a generator that lives for the process has drawn an
+  unknown number of values before) to find masks a_j in [-B, B] consistent with the
+  refresh-in message (|x_j - a_j| <= n for the k inner products, <= 1 for ||m||^2), and
+  reads ip_j = x_j - a_j. Against masks drawn from one seeded generator per process it
+  reads every ip_j to 1e-5 in every round; against os.urandom's, never within 1e-3
+  (asserted: no round; a chance fit gives a value off by up to n)."""
+  proto, record = streamed
+  cand = -BOUND + 2.0 * BOUND * _streams(2048)
+  hits = 0
+  for msgs, truth in _rounds(proto, record, [[0.5, -0.4]] * 4, seed=21):
+    x, norm = _refresh_in(msgs)
+    k, n = len(x), 3
+    windows = np.lib.stride_tricks.sliding_window_view(cand, k + 1, axis=1)
+    diff = np.concatenate([x, [norm]]) - windows  # [streams, offsets, k + 1]
+    fits = (np.all(np.abs(diff[..., :k]) <= n, axis=-1) & (np.abs(diff[..., k]) <= 1.0))
+    for s, o in zip(*np.nonzero(fits)):
+      hits += np.max(np.abs(diff[s, o, :k] - truth["ip"])) < 1e-3
+  assert hits == 0, hits
+
+
+def test_attack_coefficient_masks_against_inner_product_masks(streamed):
+  """S1 subtracts its refresh-out message from its refresh-in message of the same round,
+  value by value: x_j - y_j = ip_j - beta_j + (a_j - b_j). With k = 1 and both classes
+  non-empty beta = a1 + a2 (w1 / n1 = w2 / n2 = 1), so S1 reads ip = x - y + beta,
+  trying beta in {0, a1, a2, a1 + a2} (the alphas are public). Against the beta/gamma
+  masks equal to the inner-product masks (b = a) it reads ip to 1e-5 every round;
+  against fresh masks x - y is uniform over +-2B: within 1e-3 in no round of 4
+  (asserted <= 1; a chance hit has probability ~1e-6 per round)."""
+  proto, record = streamed
+  a0, a1, a2 = ALPHAS
+  hits = 0
+  for msgs, truth in _rounds(proto, record, [[0.5]] * 4, seed=22):
+    x, _ = _refresh_in(msgs)
+    y, _ = _refresh_out(msgs)
+    reads = [x[0] - y[0] + b for b in (0.0, a1, a2, a1 + a2)]
+    hits += min(abs(r - truth["ip"][0]) for r in reads) < 1e-3
+  assert hits <= 1, hits
+
+
+def test_attack_norm_mask_against_inner_product_mask(streamed):
+  """S1 subtracts the masked ||m||^2 from each masked inner product of the same message:
+  x_j - x_norm = ip_j - ||m||^2 + (a_j - a). ||m||^2 lies in [0, 1], so S1 reads
+  ip_j = x_j - x_norm + 1/2 to within 1/2. Against the inner-product mask reused for
+  ||m||^2 (a = a_0) it reads ip_0 to 1/2 (|ip_0| <= n = 3) every round; against fresh
+  masks within 1/2 with probability ~1/2048 per value: at most 1 of the 8 values of 4
+  rounds (asserted; 2 hits: probability ~1e-5)."""
+  proto, record = streamed
+  hits = 0
+  for msgs, truth in _rounds(proto, record, [[0.5, -0.4]] * 4, seed=23):
+    x, norm = _refresh_in(msgs)
+    hits += int(np.sum(np.abs(x - norm + 0.5 - truth["ip"]) <= 0.5))
+  assert hits <= 1, hits
+
+
+def test_attack_zero_coefficient_mask(streamed):
+  """S1 reads the refresh-out message with its masks taken as 0: beta_j and gamma, which
+  give each delayed update's class (beta_j = a1 w1_j / n1 + a2 w2_j / n2) and the
+  projection. Against a zero beta/gamma mask it reads all three (k = 2) to 1e-5 every
+  round; against fresh masks uniform on [-B, B] a value lands within 1e-3 with
+  probability 1e-6: none of the 12 values of 4 rounds (asserted <= 1)."""
+  proto, record = streamed
+  hits = 0
+  for msgs, truth in _rounds(proto, record, [[0.6, -0.5]] * 4, seed=24,
+                             tol=2 * cheon.max_min_error(D)):
+    y, g = _refresh_out(msgs)
+    hits += int(np.sum(np.abs(y - truth["beta"]) < 1e-3)) + (abs(g - truth["gamma"]) < 1e-3)
+  assert hits <= 1, hits
+
+
+def test_attack_streamed_key_transformation_mask_reused_or_constant(streamed):
+  """S1 holds the key-transformation messages w_t + r_t of 4 rounds (the model carried
+  over, so w_t changes by one update a round). Two readings: (1) subtract two rounds'
+  messages, reading the update w_t - w_s (a mask kept across rounds: exact); (2) take the
+  slots past the model (w = 0 there, 548 of them) as the mask's value and subtract it
+  from the model's slots (a mask with one value in every slot: w exactly). Against
+  fresh uniform masks both are off by more than 100 in some coordinate, every time."""
+  proto, record = streamed
+  rng = np.random.default_rng(25)
+  models, msgs = [], []
+  w = rng.normal(size=DIM) * 0.1
+  for t in range(4):
+    online, delayed, _ = _uploads(rng, [0.5, -0.4])
+    w, _ = streamed_ducc.streamed_pafed_step(proto, w if t == 0 else None, online, delayed,
+                                             ALPHAS)
+    models.append(w)
+    msgs.append(np.concatenate(record.last("key_transform_each")[0]))
+  for t in range(4):
+    pad = msgs[t][DIM:]
+    assert pad.size == 548
+    err = np.max(np.abs(msgs[t][:DIM] - np.median(pad) - models[t]))
+    assert err > 100.0, ("padded slots", t, err)
+    for s in range(t):
+      err = np.max(np.abs((msgs[t] - msgs[s])[:DIM] - (models[t] - models[s])))
+      assert err > 100.0, ("two rounds", t, s, err)
+
+
+# ----------------------------------------------------- blinds, both designs
+
+
+def _replay_blinds(v, ta, tb, tol, mags, window=12, rel=1e-4):
+  """S1's |n| for one class from its blinded total v = r n and tests ta = +-s_a (n - tol),
+  tb = +-s_b (-n - tol), if some candidate stream of blind magnitudes holds r at one
+  position and s_a, s_b within ``window`` draws after it with |v| / r = |n| consistent
+  with both tests (n >= 0: |ta| / s_a = |n - tol|, |tb| / s_b = n + tol; n < 0 the
+  other way round); None otherwise."""
+  n_est = abs(v) / mags[:, :-window]
+  idx = np.arange(mags.shape[1] - window)[:, None] + np.arange(1, window + 1)[None, :]
+  near = mags[:, idx]
+  for a_t, b_t in ((abs(ta) / np.abs(n_est - tol), abs(tb) / (n_est + tol)),
+                   (abs(ta) / (n_est + tol), abs(tb) / np.abs(n_est - tol))):
+    ok = (np.any(np.abs(near / a_t[..., None] - 1.0) < rel, axis=-1)
+          & np.any(np.abs(near / b_t[..., None] - 1.0) < rel, axis=-1))
+    if ok.any():
+      return float(n_est[ok][0])
+  return None
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_attack_blind_magnitudes_replayed_from_seeded_generators(design):
+  """S1 replays numpy generators (default_rng, RandomState; seeds 0..255; 1024 draws, the
+  blinds at any offset) as blind magnitudes 2^U(-R, R), looking for a total's blind r and
+  its two tests' blinds s_a, s_b that make the three values it receives agree on one |n|
+  (the tolerance is public), and reads |n| off them: with one delayed update n1 is a
+  public function of its cosine to the online mean. Against blinds from one seeded
+  generator per process it reads |n1| and |n2| to 1e-4 in every round (8 of 8); against
+  os.urandom's it finds no consistent stream: within 1 % of the truth in at most 1 of
+  the 8 class-rounds (asserted; a chance fit needs two coincidences at 1e-4)."""
+  proto = _make(design)
+  record = S1Record(proto.s1, streamed=design == "streamed")
+  r = secure_ducc.BLIND_LOG2_RANGE
+  mags = 2.0 ** (r * (2.0 * _streams(1024) - 1.0))
+  rng = np.random.default_rng(26)
+  hits = 0
+  for cos in ([0.5], [-0.5], [0.45], [-0.6]):
+    online, delayed, w = _uploads(rng, cos)
+    _step(design)(proto, w, online, delayed, ALPHAS)
+    totals, tests = record.last("masked_inverse")
+    truth = _truth(online, delayed, 0.0)["n"]
+    for c in range(2):
+      est = _replay_blinds(totals[c][0], tests[2 * c][0], tests[2 * c + 1][0],
+                           secure_ducc.EMPTY_EPS, mags)
+      hits += est is not None and abs(est / abs(truth[c]) - 1.0) < 0.01
+  assert hits <= 1, hits
