@@ -4,7 +4,8 @@ r"""Seeds and scalar hyperparameters of one configuration as ONE vmapped computa
       --sweep_lr=0.05,0.1 --sweep_delay_fraction=0,0.3 --rounds=30 --output_dir=runs/sweep
 
 Every flag of experiments/run.py sets the shared (static) configuration; ``--sweep_<name>``
-(lr, momentum, rho, mu, alpha0, alpha1, alpha2, server_lr, delay_fraction) lists values
+(lr, momentum, rho, mu, alpha0, alpha1, alpha2, alpha = all three, alpha_decay, server_lr,
+delay_fraction) lists values
 whose cartesian product with the seeds ``--seed .. --seed+num_seeds-1`` is run, per
 algorithm, as one ``jit(vmap(run_chunk))`` (the run axis sharded over all devices when
 there are several). Writes ``<output_dir>/runs/<algorithm>/<setting>_seed=<s>/``

@@ -119,9 +119,9 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     interrupts.check_interrupted()
     s = runs[name].summary
     where = f" -> {dirs[name]}" if name in dirs else ""
-    print(f"[{outputs.algorithm_label(s)}] average best accuracy "
-          f"{s['average_best_accuracy']:.4f}, final {s['final_accuracy']:.4f}, "
-          f"{s['wall_time_s']:.1f}s{where}", flush=True)
+    print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
+          f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
+          f"{s['average_best_accuracy']:.4f}, {s['wall_time_s']:.1f}s{where}", flush=True)
   result = Result(cfg, runs)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")

@@ -85,6 +85,13 @@ class AlgorithmConfig:
                                    f"delayed mean; {_BY_DATASET}.")
   alpha2: Optional[float] = option(None, f"PAFed Eq. 17 weight of the projected conflicting "
                                    f"mean; {_BY_DATASET}.")
+  alpha_decay: float = option(1.0, "PAFed: gamma in (0, 1] of alpha_t = alpha * gamma^t, the "
+                              "Eq. 17 weights decayed per round (1: constant, as printed).")
+  ducc_projection: str = option(
+      "conflicting", "PAFed: the delayed class projected onto m's normal plane (Eq. 14): "
+      "conflicting (m . u_j < 0; Eq. 13's weights, Eq. 17's labels) | non_conflicting "
+      "(m . u_j > 0; Sec. V-A's prose; docs/design.md).",
+      choices=("conflicting", "non_conflicting"))
   server_lr: float = option(1.0, "Server learning rate eta (FedAvg, FedProx, FedNova, "
                             "FedADMM).")
   server_lr2: float = option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
@@ -104,12 +111,14 @@ class DataConfig:
   shards_per_client: int = option(2, "Label shards per client.")
   data_dir: Optional[str] = option(None, "IDX directory or tensorflow-datasets data_dir.")
   data_source: str = option("auto", "auto | idx | tfds.")
+  normalize: str = option("none", "Image inputs in [0, 1]: none | fedadmm ((x - 0.1307) / "
+                          "0.3081, Gong et al.'s FedADMM code).", choices=("none", "fedadmm"))
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  name: str = option("auto", "logreg | mlp | cnn | cifar10_cnn | cifar100_cnn | simple_cnn | "
-                     "auto (by data set).", flag="model")
+  name: str = option("auto", "logreg | mlp | cnn | cnn_fedadmm | cifar10_cnn | cifar100_cnn | "
+                     "simple_cnn | auto (by data set).", flag="model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +296,8 @@ class RunConfig(FlatKeys):
     a, loc = self.algorithm, self.local
     return {"lr": loc.lr, "momentum": loc.momentum, "rho": a.rho, "mu": a.mu,
             "alpha0": a.alpha0, "alpha1": a.alpha1, "alpha2": a.alpha2,
+            "alpha_decay": a.alpha_decay,
+            "ducc_project_conflicting": float(a.ducc_projection == "conflicting"),
             "server_lr": a.server_lr,
             "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
             "server_lr_switch_round": a.server_lr_switch_round}
@@ -386,6 +397,10 @@ def _validate_algorithm(cfg: RunConfig):
   for k in ("alpha0", "alpha1", "alpha2"):  # PAFed's non-negative weights (Eq. 17)
     check(getattr(a, k) >= 0, f"algorithm.{k}", f"must be >= 0 (a weight of PAFed's "
           f"Eq. 17), got {getattr(a, k)}")
+  check(0 < a.alpha_decay <= 1, "algorithm.alpha_decay",
+        f"must be in (0, 1] (1: constant alphas), got {a.alpha_decay}")
+  check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
+        f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
   rounds = cfg.run.rounds
   check(a.server_lr_switch_round == -1 or 0 <= a.server_lr_switch_round < rounds,
@@ -400,6 +415,8 @@ def _validate_data_and_run(cfg: RunConfig):
   check(d.num_clients >= 1, "data.num_clients", f"must be >= 1, got {d.num_clients}")
   check(d.dirichlet_alpha > 0, "data.dirichlet_alpha",
         f"must be > 0, got {d.dirichlet_alpha}")
+  check(d.normalize in ("none", "fedadmm"), "data.normalize",
+        f"must be none or fedadmm, got {d.normalize!r}")
   check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
   check(0.0 < r.participation <= 1.0, "run.participation",
         f"must be in (0, 1], got {r.participation}")
@@ -422,6 +439,11 @@ def _validate_crypto(c: CryptoConfig, a: AlgorithmConfig):
   if c.secure_aggregation == "ckks":
     check(a.names == "pafed", "crypto.secure_aggregation",
           "ckks secure aggregation is PAFed's (use algorithm.names='pafed')")
+    check(a.ducc_projection == "conflicting" and a.alpha_decay == 1.0,
+          "algorithm.ducc_projection" if a.ducc_projection != "conflicting"
+          else "algorithm.alpha_decay", "the CKKS server runs Alg. 4 and Eq. 17 as printed "
+          "(conflicting class projected, constant alphas); use the plaintext server "
+          "(crypto.secure_aggregation='none') for this option")
   check(c.ckks_preset in ("secure", "insecure_test"), "crypto.ckks_preset",
         f"must be 'secure' or 'insecure_test', got {c.ckks_preset!r}")
   check(c.secure_aggregation != "ckks" or c.ckks_preset != "insecure_test"

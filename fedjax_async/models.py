@@ -6,7 +6,7 @@ among them.
 
 Public API:
 
-* models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`,
+* models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`, :class:`CNNFedADMM`,
   :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`;
 * :func:`get_model`, :func:`default_model_for`, :data:`MODEL_NAMES`;
 * :func:`flat_model` (what the engine uses): ``(w0_flat, apply_flat)``, ``apply_flat`` a
@@ -82,6 +82,28 @@ class CNN(nn.Module):
     x = layers.max_pool2(nn.relu(layers.make_conv(self.impl, 64, (5, 5), name="conv2")(x)))
     x = nn.relu(layers.make_dense(self.dense, self.hidden, name="fc1")(layers.flatten(x)))
     return layers.make_dense(self.dense, self.num_classes, name="fc2")(x)
+
+
+class CNNFedADMM(nn.Module):
+  """``Model1`` of Gong et al.'s FedADMM code (YonghaiGong/FedADMM, src/models.py), whose
+  layer sizes are PAFed's Table II: conv 5x5x32 pad 2, maxpool 2, conv 5x5x64 pad 2,
+  maxpool 2, flatten 3136, Dense 512, ReLU, Dense num_classes, softmax. As written there,
+  the convolutions have no ReLU and the output is the softmax, which the training loss
+  (PyTorch's CrossEntropyLoss there, the engine's softmax cross-entropy here) treats as
+  logits: a second softmax. 1,663,370 parameters for 28x28x1 inputs, as :class:`CNN`."""
+
+  num_classes: int = 10
+  impl: str = "vjp"
+  dense: str = "fast"
+  hidden: int = 512
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    x = layers.max_pool2(layers.make_conv(self.impl, 32, (5, 5), name="conv1")(x))
+    x = layers.max_pool2(layers.make_conv(self.impl, 64, (5, 5), name="conv2")(x))
+    x = nn.relu(layers.make_dense(self.dense, self.hidden, name="fc1")(layers.flatten(x)))
+    return nn.softmax(layers.make_dense(self.dense, self.num_classes, name="fc2")(x))
 
 
 class CIFAR10CNN(CNN):
@@ -231,10 +253,11 @@ class ResNet18(nn.Module):
 
 # --------------------------------------------------------------------------- registry
 
-MODEL_NAMES = ("logreg", "mlp", "cnn", "cifar10_cnn", "cifar100_cnn", "simple_cnn",
-               "resnet18")
+MODEL_NAMES = ("logreg", "mlp", "cnn", "cnn_fedadmm", "cifar10_cnn", "cifar100_cnn",
+               "simple_cnn", "resnet18")
 _CONV_MODELS = {
     "cnn": CNN,
+    "cnn_fedadmm": CNNFedADMM,
     "cifar10_cnn": CIFAR10CNN,
     "cifar100_cnn": CIFAR100CNN,
     "simple_cnn": SimpleCNN,

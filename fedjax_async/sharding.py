@@ -179,15 +179,17 @@ def pad_timeline(tl: timeline_lib.Timeline, multiple: int) -> timeline_lib.Timel
   extra = k2 - k
   # The engine ignores the id of an invalid slot (it scatters to N, out of bounds); reuse
   # build's padding id N where the timeline has one, else any id past the largest seen.
-  pad_client = (int(tl.client[~tl.valid].max()) if not tl.valid.all()
-                else int(tl.client.max()) + 1)
+  idle = ~tl.valid if tl.lost is None else ~(tl.valid | tl.lost)
+  pad_client = (int(tl.client[idle].max()) if idle.any() else int(tl.client.max()) + 1)
   rounds = np.arange(t, dtype=tl.dispatch.dtype)[:, None]
   return tl._replace(
       client=np.concatenate([tl.client, np.full((t, extra), pad_client, tl.client.dtype)],
                             1),
       dispatch=np.concatenate([tl.dispatch, np.broadcast_to(rounds, (t, extra))], 1),
       online=np.concatenate([tl.online, np.zeros((t, extra), bool)], 1),
-      valid=np.concatenate([tl.valid, np.zeros((t, extra), bool)], 1))
+      valid=np.concatenate([tl.valid, np.zeros((t, extra), bool)], 1),
+      lost=None if tl.lost is None else np.concatenate([tl.lost, np.zeros((t, extra), bool)],
+                                                       1))
 
 
 def shard_spec(x: jax.Array) -> Optional[PartitionSpec]:

@@ -707,12 +707,6 @@ def test_server_lr_schedule():
   assert float(base.server_lr(hp, 5)) == pytest.approx(0.1)
 
 
-def test_average_best_accuracy():
-  accs = [0.1, 0.5, None, 0.4, 0.6, 0.55]
-  # best so far: .1 .5 .5 .5 .6 .6 -> mean of the last 3 = (.5 + .6 + .6) / 3
-  assert engine.average_best_accuracy(accs, last=3) == pytest.approx((0.5 + 0.6 + 0.6) / 3)
-
-
 def test_auto_client_chunk_trains_large_models_one_client_at_a_time_on_cpu():
   assert engine.auto_client_chunk(1_663_370, "cpu") == 1
   assert engine.auto_client_chunk(610, "cpu") is None

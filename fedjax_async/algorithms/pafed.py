@@ -91,16 +91,27 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
   return jax.lax.cond(jnp.any(dm), add_delayed, lambda c: c, sums)
 
 
-def ducc_result(sums: DuccSums, empty_class_tol: float = 0.0):
-  """(m, m1, m2) from the running sums (Alg. 4 lines 3, 11; Eq. 12)."""
+def ducc_result(sums: DuccSums, empty_class_tol: float = 0.0, project_conflicting=True):
+  """(m, m1, m2) from the running sums (Alg. 4 lines 3, 11; Eq. 12 / 14).
+
+  ``project_conflicting`` (a bool, or a traced scalar): which delayed class is projected
+  onto the normal plane of m. True: m2, the conflicting class (m . u_j < 0), as Eq. 13's
+  weights and Eq. 14 define it and Eq. 17 labels alpha_2; False: m1, the non-conflicting
+  class, the reading of Sec. V-A's prose, whose labels of m1 and m2 are swapped
+  (docs/design.md). Either way alpha_1 weighs the non-conflicting mean."""
   m = base.mean_from_sum(sums.online_sum, sums.online_count)
   n1, n2 = sums.class_weights[0], sums.class_weights[1]
   m1 = base.mean_from_sum(sums.class_sums[0], n1, empty_class_tol)  # Alg. 4 lines 5-6, 11
   m2 = base.mean_from_sum(sums.class_sums[1], n2, empty_class_tol)  # Alg. 4 lines 7-8, 11
   m_sq = jnp.vdot(m, m)
-  # Eq. 12: project m2 onto the normal plane of m (skipped when m = 0).
-  m2 = m2 - jnp.where(m_sq > 0, jnp.vdot(m2, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
-  return m, m1, m2
+
+  def project(v):  # Eq. 14: v onto the normal plane of m (unchanged when m = 0)
+    return v - jnp.where(m_sq > 0, jnp.vdot(v, m) / jnp.where(m_sq > 0, m_sq, 1.0), 0.0) * m
+
+  if isinstance(project_conflicting, bool):
+    return (m, m1, project(m2)) if project_conflicting else (m, project(m1), m2)
+  flag = jnp.asarray(project_conflicting) > 0
+  return m, jnp.where(flag, m1, project(m1)), jnp.where(flag, project(m2), m2)
 
 
 def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
@@ -151,10 +162,11 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
     return ducc_add(sums, uploads, rows.online, rows.delayed, min_fn)
 
   def finish(w, server_state, sums, arrivals, round_index, hp):
-    del round_index
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
-    m, m1, m2 = ducc_result(sums, tol)
-    new_w = w + hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2  # Eq. 17
+    m, m1, m2 = ducc_result(sums, tol, hp.get("ducc_project_conflicting", True))
+    # alpha_t = alpha * gamma^t (hp alpha_decay; 1 = Eq. 17's constant weights)
+    decay = jnp.power(jnp.asarray(hp.get("alpha_decay", 1.0), jnp.float32), round_index)
+    new_w = w + decay * (hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2)  # Eq. 17
     return new_w, server_state, {"conflicting": sums.conflicting}
 
   return base.StreamedServer(init=ducc_init, add=add, finish=finish, online_first=True)

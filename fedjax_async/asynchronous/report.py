@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import privacy
 
 
@@ -63,7 +64,7 @@ def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_pa
       "model": model_name, "num_params": num_params,
       "local_work": {"local_epochs": loc.local_epochs, "local_steps": loc.local_steps,
                      "batch_size": loc.batch_size},
-      "final_accuracy": accs[-1] if accs else float("nan"),
+      **metrics_lib.accuracy_summary(accs),
       "best_accuracy": max(accs) if accs else float("nan"),
       "accuracy_curve": [(r["arrival_version"] + 1, r["test_accuracy"]) for r in rows
                          if r["test_accuracy"] is not None],

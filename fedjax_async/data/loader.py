@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
+import numpy as np
+
 from fedjax_async.data.federated import (DATA_SOURCES, DATASETS,
                                          DEFAULT_FASHION_MNIST_DIR, PARTITIONS,
                                          FederatedData, federate, make_partition)
@@ -69,7 +71,7 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
          alpha: float = 0.5, shards_per_client: int = 2, min_size: int = 10, seed: int = 0,
          data_dir: Optional[str] = None, data_source: str = "auto",
          synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
-         tfds_download: bool = False) -> FederatedData:
+         tfds_download: bool = False, normalize: str = "none") -> FederatedData:
   """The federated data set named ``dataset`` (see module docstring); seeded.
 
   synthetic / synthetic_iid use their natural partition (``partition`` is checked, then
@@ -81,6 +83,12 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
   fit in memory (:func:`check_padded_size`), are refused naming data.num_clients.
   """
   name = dataset.lower().replace("-", "_")
+  if normalize not in NORMALIZATIONS:
+    raise ValueError(f"data.normalize: unknown normalisation {normalize!r}; choose from "
+                     f"{list(NORMALIZATIONS)}")
+  if normalize != "none" and name.startswith("synthetic"):
+    raise ValueError(f"data.normalize={normalize}: normalises image inputs in [0, 1]; "
+                     f"{dataset} is not an image data set (use data.normalize=none)")
   # checked for every data set (the synthetic ones ignore both, but a typo is a typo)
   if partition not in PARTITIONS:
     raise ValueError(f"data.partition: unknown partition {partition!r}; choose from "
@@ -106,6 +114,7 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
                      "or any tensorflow-datasets name")
   train_x, train_y, test_x, test_y, num_classes = _load_pool(name, data_dir, data_source,
                                                              tfds_download)
+  train_x, test_x = (normalized(x, normalize) for x in (train_x, test_x))
   if num_clients > len(train_y):
     raise ValueError(f"data.num_clients={num_clients}: more clients than the {len(train_y)} "
                      f"training examples of {name}; some clients would have no data")
@@ -113,6 +122,20 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
                          shards_per_client=shards_per_client, min_size=min_size, seed=seed)
   return federate(train_x, train_y, parts, test_x, test_y, num_classes, name,
                   partition=f"{partition!r}")
+
+
+# data.normalize -> (mean, std) applied to inputs in [0, 1]; fedadmm: Gong et al.'s FedADMM
+# code (src/utils.py: transforms.Normalize((0.1307,), (0.3081,)) for (Fashion-)MNIST).
+NORMALIZATIONS = {"none": None, "fedadmm": (0.1307, 0.3081)}
+
+
+def normalized(x, normalize: str = "none"):
+  """``x`` (float32 inputs in [0, 1]) as ``(x - mean) / std`` of ``NORMALIZATIONS``."""
+  stats = NORMALIZATIONS[normalize]
+  if stats is None:
+    return x
+  mean, std = stats
+  return ((x - np.float32(mean)) / np.float32(std)).astype(np.float32)
 
 
 def _is_tfds_name(name: str) -> bool:

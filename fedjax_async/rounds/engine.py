@@ -223,6 +223,9 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   return res, (None if stream else uploads), total, new_state
 
 
+_SLOT_FIELDS = ("valid", "client", "dispatch", "online", "lost")  # a round's [K] slot arrays
+
+
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
                  algorithm: base.Algorithm, cfg: EngineConfig) -> ClientPhase:
   """Gather (ring buffer, client state), vmapped local training, scatter."""
@@ -235,16 +238,18 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     # a delayed upload against the online mean): the round's online slots first. The
     # timeline already orders them so (``timeline.build``); other timelines need not.
     order = jnp.argsort(~(slots["valid"] & slots["online"]), stable=True)
-    slots = dict(slots, **{f: slots[f][order] for f in ("valid", "client", "dispatch",
-                                                          "online")})
+    slots = dict(slots, **{f: slots[f][order] for f in _SLOT_FIELDS if f in slots})
   if cfg.client_sharding is not None:
     # The slot arrays replicated: without this GSPMD splits them like the clients, and
     # every sum over K in the metrics becomes a cross-device all-reduce.
     rep = jax.sharding.NamedSharding(cfg.client_sharding.mesh, jax.sharding.PartitionSpec())
     slots = dict(slots, **jax.lax.with_sharding_constraint(
-        {k: slots[k] for k in ("valid", "client", "dispatch", "online")}, rep))
+        {k: slots[k] for k in _SLOT_FIELDS if k in slots}, rep))
   valid = slots["valid"]
-  ids = jnp.where(valid, slots["client"], num_clients)  # out of bounds for padding
+  # A lost slot (timeline.DelayConfig.train_dropped) trains and keeps its client state,
+  # but is no arrival: the server never sees its upload.
+  trains = valid if "lost" not in slots else valid | slots["lost"]
+  ids = jnp.where(trains, slots["client"], num_clients)  # out of bounds for padding
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
   ring_row = dispatch % ring_size  # the ring slot holding the model each client started from
@@ -320,6 +325,7 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
       "client_steps": jnp.sum(jnp.where(a.valid, a.num_steps, 0)).astype(jnp.int32),
       "nonfinite": ~jnp.all(jnp.isfinite(new_w)),
       "model_norm": jnp.linalg.norm(new_w),  # ||w||: a diverging scale shows here first
+      "server_step_norm": jnp.linalg.norm(new_w - state.w),  # ||w_{t+1} - w_t||
   }
   metrics.update(alg_metrics)
   return new_state, metrics
@@ -490,15 +496,3 @@ def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data:
       on_chunk(state, rows)
     start = end
   return state, all_rows
-
-
-def average_best_accuracy(accuracies, last: int = 10) -> float:
-  """The PAFed paper's metric: the mean over the last ``last`` rounds of the best test
-  accuracy reached so far (rounds without evaluation carry the previous best)."""
-  best, running = [], -np.inf
-  for a in accuracies:
-    if a is not None:
-      running = max(running, a)
-    best.append(running)
-  tail = [b for b in best[-last:] if np.isfinite(b)]
-  return float(np.mean(tail)) if tail else float("nan")

@@ -28,6 +28,7 @@ from fedjax_async import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async import interrupts
 from fedjax_async import loop
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import distributed
 from fedjax_async import sharding
 from fedjax_async.rounds import timeline as timeline_lib
@@ -43,7 +44,8 @@ def load_data(cfg: RunConfig):
   d = cfg.data
   return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
                        alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
-                       seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source)
+                       seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source,
+                       normalize=d.normalize)
 
 
 def build_model(cfg: RunConfig, fed_data):
@@ -402,13 +404,11 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
               model: str, num_params: int, rounds: int, wall: float, config: dict) -> dict:
   """summary.json of one run from its metrics rows and timeline."""
   accs = [r["test_accuracy"] for r in rows]
-  final = next((a for a in reversed(accs) if a is not None), float("nan"))
   delayed_mask = tl.valid & ~tl.online
   return {
       "algorithm": name, "dataset": dataset, "model": model,
       "num_params": num_params, "rounds": rounds,
-      "average_best_accuracy": engine.average_best_accuracy(accs),
-      "final_accuracy": final, "wall_time_s": wall,
+      **metrics_lib.accuracy_summary(accs), "wall_time_s": wall,
       "updates_dropped": int(tl.dropped.sum()), "updates_in_flight_at_end": tl.in_flight_at_end,
       "delayed_updates": int(sum(r["delayed"] for r in rows)),
       "mean_staleness_of_delayed": float(np.mean(tl.staleness()[delayed_mask]))

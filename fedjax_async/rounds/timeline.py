@@ -41,6 +41,10 @@ class DelayConfig:
       "flag": "delay_mean", "help": "Mean delay for geometric delays, rounds."})
   buffer_size: int = dataclasses.field(default=0, metadata={
       "help": "R, past global models kept (0: Dmax + 1)."})
+  train_dropped: bool = dataclasses.field(default=False, metadata={
+      "help": "A delayed update older than the ring buffer: False drops it whole (its "
+      "client never trains, its ADMM dual never moves); True trains the client in its "
+      "dispatch round (state and dual step kept) and loses only its upload."})
 
   def __post_init__(self):  # the errors name the field's path in RunConfig
     if not 0.0 <= self.fraction <= 1.0:
@@ -82,6 +86,9 @@ class Timeline(NamedTuple):
   dropped: np.ndarray  # int32 [T]; updates arriving this round but older than the buffer
   sampled: np.ndarray  # int32 [T]; clients sampled (dispatched) this round
   in_flight_at_end: int  # delayed updates still travelling after the last round
+  # bool [T, K]; a client that trains in this round (its dispatch round) but whose upload
+  # is lost (dropped, DelayConfig.train_dropped): not valid, it never reaches the server
+  lost: Optional[np.ndarray] = None
 
   @property
   def num_rounds(self) -> int:
@@ -92,9 +99,10 @@ class Timeline(NamedTuple):
 
   def slice(self, start: int, stop: int) -> dict:
     """The per-round arrays for rounds [start, stop), as the round step consumes them."""
+    lost = (np.zeros_like(self.valid) if self.lost is None else self.lost)[start:stop]
     return {"client": self.client[start:stop], "dispatch": self.dispatch[start:stop],
             "online": self.online[start:stop], "valid": self.valid[start:stop],
-            "dropped": self.dropped[start:stop]}
+            "dropped": self.dropped[start:stop], "lost": lost}
 
 
 def build(num_clients: int, num_rounds: int, participation: float, delay: DelayConfig,
@@ -110,7 +118,7 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
   per_round = max(1, int(round(participation * num_clients)))
   ring = delay.ring_size
   free_from = np.zeros(num_clients, np.int64)  # first round a client may be sampled again
-  arrivals = [[] for _ in range(num_rounds)]  # (client, dispatch round, online)
+  arrivals = [[] for _ in range(num_rounds)]  # (client, dispatch round, online, lost)
   dropped = np.zeros(num_rounds, np.int32)
   sampled_count = np.zeros(num_rounds, np.int32)
   in_flight_at_end = 0
@@ -123,7 +131,7 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
     is_delayed[rng.choice(chosen.size, size=num_delayed, replace=False)] = True
     delays = delay.draw(rng, num_delayed)
     for c in chosen[~is_delayed]:
-      arrivals[t].append((c, t, True))
+      arrivals[t].append((c, t, True, False))
       free_from[c] = t + 1
     for c, d in zip(chosen[is_delayed], delays):
       arrive = t + int(d)
@@ -132,19 +140,25 @@ def build(num_clients: int, num_rounds: int, participation: float, delay: DelayC
         in_flight_at_end += 1
       elif d > ring - 1:  # its dispatch model has left the ring buffer
         dropped[arrive] += 1
+        if delay.train_dropped:  # trains now, from w^t; its upload never arrives
+          arrivals[t].append((c, t, False, True))
       else:
-        arrivals[arrive].append((c, t, False))
+        arrivals[arrive].append((c, t, False, False))
   k = max(min_slots, max(len(a) for a in arrivals))
   client = np.full((num_rounds, k), num_clients, np.int32)
   dispatch = np.zeros((num_rounds, k), np.int32)
   online = np.zeros((num_rounds, k), bool)
   valid = np.zeros((num_rounds, k), bool)
+  lost = np.zeros((num_rounds, k), bool)
   for t, slots in enumerate(arrivals):
-    slots.sort(key=lambda s: (not s[2], s[1], s[0]))  # online first, then by dispatch
-    for j, (c, d, on) in enumerate(slots):
-      client[t, j], dispatch[t, j], online[t, j], valid[t, j] = c, d, on, True
+    # online first, then by dispatch; the lost ones last
+    slots.sort(key=lambda s: (s[3], not s[2], s[1], s[0]))
+    for j, (c, d, on, gone) in enumerate(slots):
+      client[t, j], dispatch[t, j], online[t, j] = c, d, on
+      valid[t, j], lost[t, j] = not gone, gone
     dispatch[t, len(slots):] = t
-  return Timeline(client, dispatch, online, valid, dropped, sampled_count, in_flight_at_end)
+  return Timeline(client, dispatch, online, valid, dropped, sampled_count, in_flight_at_end,
+                  lost)
 
 
 def delayed_only_rounds(tl: Timeline) -> np.ndarray:
@@ -183,16 +197,19 @@ def dropped_warning(delay: DelayConfig, tl: Timeline) -> Optional[str]:
   total = dropped + arrived
   buffer = (f"delay.buffer_size={delay.buffer_size} keeps {ring} past global models"
             if delay.buffer_size else f"delay.buffer_size=0 (auto) keeps {ring} past global models")
+  clients = ("; their clients still train (delay.train_dropped)" if delay.train_dropped else
+             "; their clients never train, so their ADMM duals do not move (delay.train_dropped "
+             "trains them and loses only the upload)")
   if delay.distribution in ("fixed", "uniform") and ring < delay.max_delay + 1:
     law = ("every delayed update is" if delay.distribution == "fixed"
            else f"delays of {ring}..{delay.max_delay} rounds are")
     return (f"warning: {buffer} but delay.max_delay={delay.max_delay} needs "
             f"{delay.max_delay + 1}: {law} dropped ({dropped} of the {total} delayed "
-            f"updates that arrive within run.rounds); set delay.buffer_size >= "
+            f"updates that arrive within run.rounds){clients}; set delay.buffer_size >= "
             f"{delay.max_delay + 1} (or 0) to keep them")
   if dropped:
     return (f"warning: {buffer} (staleness <= {ring - 1}); the timeline drops {dropped} of "
             f"the {total} delayed updates that arrive within run.rounds (delay.distribution="
-            f"{delay.distribution}, delay.mean={delay.mean}); raise delay.buffer_size to keep "
-            f"them")
+            f"{delay.distribution}, delay.mean={delay.mean}){clients}; raise delay.buffer_size "
+            f"to keep them")
   return None

@@ -22,6 +22,7 @@ from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
 from fedjax_async import loop
+from fedjax_async import metrics as metrics_lib
 
 # Config fields that do not change a stored run's results (beyond those a resumption may
 # change, config_lib.RESUME_FREE_FIELDS): a run stored under other values is still reused.
@@ -53,44 +54,42 @@ def aggregate(summaries: List[dict], names: Sequence[str]) -> List[dict]:
   stat = lambda f, v: float(f(v)) if len(v) else float("nan")
   for key, group in groups.items():
     ok = [g for g in group if g["diverged_round"] is None]
-    abest = np.array([g["average_best_accuracy"] for g in ok], float)
-    final = np.array([g["final_accuracy"] for g in ok], float)
     row = {"algorithm": key[0]}
     row.update(dict(zip(names, key[1:])))
-    row.update({
-        "num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
-        "average_best_accuracy_mean": stat(np.mean, abest),
-        "average_best_accuracy_std": stat(np.std, abest),
-        "final_accuracy_mean": stat(np.mean, final),
-        "final_accuracy_std": stat(np.std, final),
-        "diverged": len(group) - len(ok),
-    })
+    row.update({"num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
+                "rounds": group[0].get("rounds")})
+    for k in metrics_lib.KEYS:  # a summary stored before a key existed has NaN there
+      v = np.array([g.get(k, np.nan) for g in ok], float)
+      row[k + "_mean"], row[k + "_std"] = stat(np.mean, v), stat(np.std, v)
+    row["diverged"] = len(group) - len(ok)
     out.append(row)
   return out
 
 
 def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str:
   """aggregate.csv and aggregate.md (Markdown returned)."""
-  cols = (["algorithm"] + list(names) +
-          ["num_seeds", "average_best_accuracy_mean", "average_best_accuracy_std",
-           "final_accuracy_mean", "final_accuracy_std", "diverged"])
+  cols = (["algorithm"] + list(names) + ["num_seeds"] +
+          [k + s for k in metrics_lib.KEYS for s in ("_mean", "_std")] + ["diverged"])
   with open(os.path.join(out_dir, "aggregate.csv"), "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(cols)
     for r in rows:
       w.writerow([r[c] for c in cols])
-  header = ["algorithm", *names, "seeds", "average best accuracy¹", "final accuracy¹",
-            "diverged"]
+  header = ["algorithm", *names, "seeds", "final accuracy¹", "last-10 mean accuracy¹",
+            "average best accuracy¹", "diverged"]
   lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+  rounds = lambda r: int(r.get("rounds") or metrics_lib.LAST + 1)
   cell = lambda r, k: ("all diverged" if r["diverged"] >= r["num_seeds"] else
-                       f"{r[k + '_mean']:.4f} ± {r[k + '_std']:.4f}")
+                       metrics_lib.mark_short(f"{r[k + '_mean']:.4f} ± {r[k + '_std']:.4f}",
+                                              k, rounds(r)))
   for r in rows:
     cells = [r["algorithm"], *(f"{r[n]:g}" for n in names), str(r["num_seeds"]),
-             cell(r, "average_best_accuracy"), cell(r, "final_accuracy"),
-             str(r["diverged"])]
+             *(cell(r, k) for k in metrics_lib.KEYS), str(r["diverged"])]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "¹ mean ± std over the seeds whose run did not diverge (a non-finite loss); "
             "the diverged runs, counted in `diverged`, are left out."]
+  if any(metrics_lib.is_short(rounds(r)) for r in rows):
+    lines.append(metrics_lib.SHORT_RUN_NOTE)
   md = "\n".join(lines)
   with open(os.path.join(out_dir, "aggregate.md"), "w") as f:
     f.write(md + "\n")

@@ -54,8 +54,10 @@ from fedjax_async import distributed
 from fedjax_async.rounds import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
-SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "server_lr",
-             "delay_fraction")
+SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "alpha",
+             "alpha_decay", "server_lr", "delay_fraction")
+# Swept names that set several fields at once: ``alpha`` is PAFed's three Eq. 17 weights.
+TIED = {"alpha": ("alpha0", "alpha1", "alpha2")}
 
 
 class SetupError(ValueError):
@@ -79,8 +81,9 @@ def parse_values(flag: str, text: str) -> List[float]:
 
 
 def with_value(cfg: config_lib.RunConfig, name: str, value: float) -> config_lib.RunConfig:
-  """``cfg`` with one sweepable field set, by its flat key (``lr``, ``delay_fraction``)."""
-  return cfg.replace(**{name: value})
+  """``cfg`` with one sweepable field set, by its flat key (``lr``, ``delay_fraction``), or
+  the fields a ``TIED`` name stands for."""
+  return cfg.replace(**{n: value for n in TIED.get(name, (name,))})
 
 
 def check_values(base: config_lib.RunConfig, name: str, values: Sequence[float],
@@ -127,7 +130,7 @@ def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
 
 def setting_of(cfg: config_lib.RunConfig, names: Sequence[str]) -> Dict[str, float]:
   """The swept values of ``cfg`` (its hyperparameter setting, without the seed)."""
-  return {n: cfg.get(n) for n in names}
+  return {n: cfg.get(TIED.get(n, (n,))[0]) for n in names}
 
 
 def run_name(cfg: config_lib.RunConfig, names: Sequence[str]) -> str:
@@ -154,6 +157,8 @@ def pad_slots(slots: dict, k: int, num_clients: int, start: int = 0) -> dict:
       "online": np.concatenate([slots["online"], np.zeros((t, extra), bool)], 1),
       "valid": np.concatenate([slots["valid"], np.zeros((t, extra), bool)], 1),
       "dropped": np.asarray(slots["dropped"]),
+      "lost": np.concatenate([slots.get("lost", np.zeros_like(slots["valid"])),
+                              np.zeros((t, extra), bool)], 1),
   }
 
 
@@ -321,7 +326,8 @@ def check_same_static(cfgs: Sequence[config_lib.RunConfig], names: Sequence[str]
   def static(c):
     d = config_lib.config_dict(c)
     for n in list(names) + ["seed", "output_dir"]:
-      d.pop(n, None)
+      for key in TIED.get(n, (n,)):
+        d.pop(key, None)
     d["delay"] = {k: v for k, v in d["delay"].items() if k != "fraction"}
     return d
   first = static(cfgs[0])

@@ -1,0 +1,68 @@
+"""A run's accuracy summary: three numbers that read differently, always reported together.
+
+* ``final_accuracy``: the test accuracy of the last evaluated round (the model a user keeps);
+* ``last10_mean_accuracy``: the mean test accuracy over the last ``LAST`` rounds (where the
+  curve ends, averaged over its round-to-round swings);
+* ``average_best_accuracy``: the PAFed paper's Table V metric, the mean over the last
+  ``LAST`` rounds of the best accuracy reached so far. It never decreases with a model
+  that gets worse, and for T <= ``LAST`` rounds it averages the whole curve's running
+  best, so tables mark the last-10 metrics of such runs (``mark_short``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+LAST = 10
+KEYS = ("final_accuracy", "last10_mean_accuracy", "average_best_accuracy")
+SHORT_RUN_MARK = "†"
+SHORT_RUN_NOTE = (f"{SHORT_RUN_MARK} T <= {LAST} rounds: the last-{LAST} metrics average the "
+                  "whole run (early rounds included), not its end.")
+
+
+def _finite(values):
+  return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def last10_mean_accuracy(accuracies: Sequence[Optional[float]], last: int = LAST) -> float:
+  """Mean of the evaluated test accuracies among the last ``last`` rounds (None: a round
+  without evaluation)."""
+  tail = _finite(accuracies[-last:])
+  return sum(tail) / len(tail) if tail else float("nan")
+
+
+def average_best_accuracy(accuracies: Sequence[Optional[float]], last: int = LAST) -> float:
+  """The PAFed paper's metric: the mean over the last ``last`` rounds of the best test
+  accuracy reached so far (rounds without evaluation carry the previous best)."""
+  best, running = [], -math.inf
+  for a in accuracies:
+    if a is not None and math.isfinite(a):
+      running = max(running, a)
+    best.append(running)
+  tail = [b for b in best[-last:] if math.isfinite(b)]
+  return sum(tail) / len(tail) if tail else float("nan")
+
+
+def final_accuracy(accuracies: Sequence[Optional[float]]) -> float:
+  """The last evaluated test accuracy."""
+  done = _finite(accuracies)
+  return done[-1] if done else float("nan")
+
+
+def accuracy_summary(accuracies: Sequence[Optional[float]]) -> Dict[str, float]:
+  """The three ``KEYS`` of one run's per-round test accuracies (None where not evaluated)."""
+  return {"final_accuracy": final_accuracy(accuracies),
+          "last10_mean_accuracy": last10_mean_accuracy(accuracies),
+          "average_best_accuracy": average_best_accuracy(accuracies)}
+
+
+def is_short(rounds: int) -> bool:
+  """Whether a run of ``rounds`` rounds is too short for the last-10 metrics to mean the
+  end of training."""
+  return rounds <= LAST
+
+
+def mark_short(text: str, key: str, rounds: int) -> str:
+  """``text`` (a formatted metric) marked when ``key`` is a last-10 metric of a short run."""
+  return text + SHORT_RUN_MARK if key != "final_accuracy" and is_short(rounds) else text
