@@ -275,14 +275,23 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
   x = cheon.cheon_min(s, 0.5, D_SMALL)
   n1, n2 = np.sum(s - x), np.sum(x - 0.5)
   tol = secure_ducc.EMPTY_EPS
-  true_scalars = [len(online) ** 2 * (m @ m), n1, n2, m @ m, n1 - tol, -n1 - tol, n2 - tol,
-                  -n2 - tol]
   r = secure_ducc.BLIND_LOG2_RANGE
-  for i, (v, t) in enumerate(zip(log[:8], true_scalars)):
+
+  def blinded(v, t, blind=r):
     assert np.ptp(v) < 1e-4 * abs(v[0]) + 1e-8  # a replicated scalar, nothing else
     ratio = abs(v[0] / t)
-    blind = 2 * r if i == 0 else r  # a squared blind for r0^2
-    assert 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
+    return 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
+
+  assert blinded(log[0], len(online) ** 2 * (m @ m), 2 * r)  # a squared blind for r0^2
+  assert blinded(log[3], m @ m)
+  # The classes (totals and tests) go out in a random order, the two tests of a class
+  # too: some order of each matches the blinded values.
+  assert any(blinded(log[1], a) and blinded(log[2], b)
+             and any(blinded(log[4], ta) and blinded(log[5], tb) for ta, tb in (
+                 (a - tol, -a - tol), (-a - tol, a - tol)))
+             and any(blinded(log[6], ta) and blinded(log[7], tb) for ta, tb in (
+                 (b - tol, -b - tol), (-b - tol, b - tol)))
+             for a, b in ((n1, n2), (n2, n1)))
   masked = ckks.unchunk(log[8:], DIM)
   assert np.linalg.norm(masked - want) > 100 * np.linalg.norm(want)
   assert abs(np.corrcoef(masked, want)[0, 1]) < 0.1

@@ -129,8 +129,8 @@ class KDC:
   """Key distribution centre (Alg. 3 line 1): context, all key pairs, sk_s eval keys."""
 
   def __init__(self, num_clients: int, depth: int, min_iterations: int, preset="secure",
-               ring_dim=None, log_size: int = 0):
-    self.cc = ckks.make_context(depth, preset, ring_dim)
+               ring_dim=None, log_size: int = 0, batch_size=None):
+    self.cc = ckks.make_context(depth, preset, ring_dim, batch_size)
     server_keys = self.cc.KeyGen()
     # Evaluation keys for S0's computations over ciphertexts under pk_s.
     self.cc.EvalMultKeyGen(server_keys.secretKey)

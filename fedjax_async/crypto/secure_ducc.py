@@ -199,7 +199,7 @@ class AggregationServer:
     st["v3"] = self._dot_replicated(msum, st["c"], "Eq. 12: ||m||^2")
     st["P"] = self._dot_replicated(st["A2"], msum, "Eq. 12: m2 . m")
     self._tick("projection", t)
-    return [st["v1"], st["v2"], st["v3"]]
+    return self._swap_classes([st["v1"], st["v2"], st["v3"]])
 
   def empty_class_test(self, w, total_mask: np.ndarray, tol: float):
     """The class is empty when |n| <= tol, n = EvalSum(w * total_mask): two linear tests
@@ -208,7 +208,11 @@ class AggregationServer:
     is > 0. s_a, s_b are blinds independent of each other and of the total's r (so S1
     cannot cancel one against another), sigma = +-1 hides which sign means what.
     1 level each, off the critical path. (A single squared test s^2 (n^2 - tol^2) falls
-    below CKKS noise for small s and tol: s = 2^-8, tol = 2e-3 give 1e-10.)"""
+    below CKKS noise for small s and tol: s = 2^-8, tol = 2e-3 give 1e-10.)
+    The two tests go out in a random order (a fresh coin; the sigmas are returned in
+    the order sent), so that S1 cannot tell |n - tol| from |n + tol|, i.e. the sign of
+    n, from their positions; "empty" is "neither test positive under its sigma", which
+    does not depend on the order."""
     tests, sigmas = [], []
     for side in (1.0, -1.0):
       s, sigma = self._blind(signed=False), float(csprng.signs(1)[0])
@@ -216,7 +220,30 @@ class AggregationServer:
                                                what="empty-class test"))
       tests.append(self.ev.add_const(sn, -sigma * s * tol))
       sigmas.append(sigma)
+    if csprng.signs(1)[0] < 0:
+      tests, sigmas = tests[::-1], sigmas[::-1]
     return tests, tuple(sigmas)
+
+  def _swap_classes(self, requests: List[object]) -> List[object]:
+    """The two classes' blinded totals (and their tests, ``empty_tests``) in a random
+    order (a fresh coin, kept in the round's state): with one delayed update one class
+    total is large and the other is the Min's residue, and which class is which is the
+    update's conflict bit. n1 for cosine c and -n2 for -c are equal (m_d depends on y^2
+    only), so with the classes' order and the tests' order random S1's view is the same
+    for c and -c (docs/crypto.md, "Leakage")."""
+    swap = bool(csprng.signs(1)[0] < 0)
+    self._state["swap"] = swap
+    if swap:
+      requests = [requests[1], requests[0]] + list(requests[2:])
+      self.empty_tests = self.empty_tests[2:4] + self.empty_tests[0:2]
+    return requests
+
+  def _unswap_classes(self, inverses: Sequence[object]) -> List[object]:
+    """S1's answers back in class order (1, 2, ...)."""
+    inverses = list(inverses)
+    if self._state.pop("swap"):
+      inverses = [inverses[1], inverses[0]] + inverses[2:]
+    return inverses
 
   def _class_factor(self, answer, sigmas):
     """Enc(1 / (r n)) if the class is not empty, else Enc(0), from S1's four members
@@ -241,6 +268,7 @@ class AggregationServer:
       return list(w_ct)
     terms = [st["m_term"]]
     if st["k"] > 0:
+      inverses = self._unswap_classes(inverses)
       inv1 = self._class_factor(inverses[0], st["sigma1"])
       inv2 = self._class_factor(inverses[1], st["sigma2"])
       inv3 = inverses[2]
@@ -312,7 +340,7 @@ class SecureProtocol:
 def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
                   ring_dim: Optional[int] = None, depth: Optional[int] = None,
                   recipients: Optional[Sequence[int]] = None, min_scale: float = 1.0,
-                  log_size: int = 0) -> SecureProtocol:
+                  log_size: int = 0, batch_size: Optional[int] = None) -> SecureProtocol:
   """KDC setup (Alg. 3 line 1) sized for DUCC with ``min_depth`` Cheon iterations.
 
   Args:
@@ -327,12 +355,14 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
       1 is Alg. 1 as printed; 4 feeds Wilkes' iteration its whole range [0, 1] at no
       extra depth (a quarter of the error).
     log_size: S1 keeps its last ``log_size`` decryptions in ``decryption_log`` (tests).
+    batch_size: slots per ciphertext, a power of two <= N/2 (default N/2; fewer make
+      each slot sum cheaper and the model more ciphertexts).
 
   S0's masks and blinds come from the OS's CSPRNG (``csprng``), never from a seed.
   """
   cheon.check_ducc_scale(min_scale)
   depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
-  kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim, log_size)
+  kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim, log_size, batch_size)
   s0 = AggregationServer(kdc.public)
   s0.min_scale = float(min_scale)
   rec = None if recipients is None else tuple(int(i) for i in recipients)

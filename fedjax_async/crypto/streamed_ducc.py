@@ -254,7 +254,7 @@ class StreamedServer(secure_ducc.AggregationServer):
       tests, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
       self.empty_tests += tests
     self._tick("class_totals", t)
-    return requests
+    return self._swap_classes(requests)
 
   def scalars_finish(self, inverses) -> Tuple[object, object]:
     """beta (packed) and gamma, each plus a fresh additive mask, for S1's
@@ -262,6 +262,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     st, slots, c = self._state, self.ev.slots, self.min_scale
     a0, a1, a2 = st["alphas"]
     t = secure_ducc._now()  # pylint: disable=protected-access
+    inverses = self._unswap_classes(inverses)
     inv1 = self._class_factor(inverses[0], st["sigma1"])  # 1 / (r1 n1), or 0 if empty
     inv2 = self._class_factor(inverses[1], st["sigma2"])
     valid = st["valid"]
@@ -281,7 +282,9 @@ class StreamedServer(secure_ducc.AggregationServer):
                         what="Eq. 12: / ||msum||^2")
     b = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, len(self._delayed) + 1)
     st["coef_mask"] = b
-    b_packed = np.zeros(slots)
+    # The slots past the k coefficients (beta = 0 there, but for S0's CKKS noise) get
+    # masks of their own, so S1 reads no unmasked slot.
+    b_packed = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, slots)
     b_packed[:len(self._delayed)] = b[:-1]
     masked_beta = self.ev.cc.EvalAdd(beta, self.ev.encode(b_packed))
     masked_gamma = self.ev.add_const(self.ev.cc.EvalNegate(proj), a0 / self._n + b[-1])
