@@ -200,3 +200,26 @@ def test_s1_cannot_read_the_inner_products_it_refreshes():
   streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS)
   (again, _), = log.inner_products()[-1:]
   assert abs(again[0] - log.inner_products()[-2][0][0]) > 1.0
+
+
+def test_messages_as_bytes_give_the_same_round_and_their_sizes():
+  """With a ``wire.Wire`` every message is serialised (OpenFHE binary) and what the
+  receiver deserialises is used: the round equals pafed.ducc as before. The uploads
+  weigh (n + k) C fresh ciphertexts of 2 N (depth + 1) 8-byte words (plus a header of
+  under 4 KiB each); S1 sends S0 the recipients' and pk_s's copies of the model: (R + 1) C
+  ciphertexts at least, and S0 the clients R C."""
+  from fedjax_async.crypto import wire as wire_lib  # pylint: disable=g-import-not-at-top
+  dim = 1500
+  proto = streamed_ducc.make_streamed_protocol(3, dim, PRESET, min_depth=3)
+  proto.wire = wire_lib.Wire()
+  rng = np.random.default_rng(12)
+  online, delayed, w = _round(rng, [0.6, -0.4], dim=dim)
+  got, _ = streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS)
+  assert np.max(np.abs(got - _expected(w, online, delayed, d=3))) < 1e-5
+  links = proto.last_breakdown["bytes"]
+  n_ct = 2 * 2048 * (streamed_ducc.VECTOR_DEPTH + 1) * 8
+  chunks, uploads, recipients = 2, 5, 3
+  assert n_ct * chunks * uploads <= links["clients->S0"] <= (n_ct + 4096) * chunks * uploads
+  assert links["S1->S0"] >= n_ct * chunks * (recipients + 1)
+  assert n_ct * chunks * recipients <= links["S0->clients"] <= (n_ct + 4096) * chunks * recipients
+  assert set(links) == {"clients->S0", "S0->S1", "S1->S0", "S0->clients"}

@@ -331,6 +331,9 @@ class SecureProtocol:
   last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
   # {client i: Enc_pk_i(w^{tau+1}) chunks} from the last key transformation.
   last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
+  # A ``wire.Wire``: the streamed round's messages carried as bytes and counted (None:
+  # passed as objects).
+  wire: Optional[object] = None
 
   @property
   def cc(self):

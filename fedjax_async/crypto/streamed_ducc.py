@@ -413,15 +413,25 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
   clients, now = protocol.clients, secure_ducc._now  # pylint: disable=protected-access
+  wire = protocol.wire
+  if wire is not None:
+    wire.reset()
+
+  def send(sender, receiver, message, deliver=True):
+    return message if wire is None else wire.send(sender, receiver, message, deliver)
+
   s0.start_round()
   timings = {"client_encrypt": 0.0}
   s1_time = {"refresh": 0.0, "division": 0.0}
+  t_receive = 0.0
   for i, (u, is_online) in enumerate([(u, True) for u in online] +
                                      [(u, False) for u in delayed]):
     t = now()
     cts = clients[i % len(clients)].encrypt_update(u)
     timings["client_encrypt"] += now() - t
-    s0.receive(cts, is_online)
+    t = now()
+    s0.receive(send("clients", "S0", cts), is_online)
+    t_receive += now() - t
   t_server = now()
   w_ct = s0.start_model(w_global)
   if len(online) == 0:  # m = 0: s = 1/2, both classes empty (plaintext reference)
@@ -429,24 +439,25 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   elif len(delayed) == 0:
     new_ct = s0.online_only(alphas, w_ct)
   else:
-    masked, norm = s0.inner_products()
+    masked, norm = send("S0", "S1", s0.inner_products())
     t = now()
-    refreshed = s1.refresh_inner_products(masked, norm)
+    refreshed = send("S1", "S0", s1.refresh_inner_products(masked, norm))
     s1_time["refresh"] += now() - t
-    request = s0.normalise(refreshed)
+    request = send("S0", "S1", s0.normalise(refreshed))
     t = now()
-    inverse_norm = s1.masked_inverse_sqrt(request)
+    inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(request))
     s1_time["division"] += now() - t
     requests = s0.scalars_begin(inverse_norm, alphas, empty_class_tol)
+    requests, tests = send("S0", "S1", (requests, s0.empty_tests))
     t = now()
-    inverses = s1.masked_inverse(requests, s0.empty_tests)
+    inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
     s1_time["division"] += now() - t
-    masked_beta, masked_gamma = s0.scalars_finish(inverses)
+    masked_beta, masked_gamma, k = send("S0", "S1", s0.scalars_finish(inverses) + (len(delayed),))
     t = now()
-    coefficients = s1.refresh_coefficients(masked_beta, masked_gamma, len(delayed))
+    coefficients = send("S1", "S0", s1.refresh_coefficients(masked_beta, masked_gamma, k))
     s1_time["refresh"] += now() - t
     new_ct = s0.combine(coefficients, w_ct)
-  timings["ducc"] = now() - t_server
+  timings["ducc"] = now() - t_server + t_receive
   t = now()
   recipients = protocol.recipients
   if recipients is None:
@@ -454,11 +465,15 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   if 0 not in recipients:
     recipients = (0,) + tuple(recipients)
   out = {}
-  for i, cts in s1.key_transform_each(s0.kt_mask(new_ct), recipients):
-    cts = s0.kt_unmask(cts, i)  # then sent to client i (or kept by S0 for the next round)
-    if i is None:
+  masked = send("S0", "S1", s0.kt_mask(new_ct))
+  for i, cts in s1.key_transform_each(masked, recipients):
+    cts = s0.kt_unmask(send("S1", "S0", cts), i)
+    if i is None:  # kept by S0 for the next round
       s0.global_ct = cts
-    elif protocol.keep_client_models or i == 0:
+      continue
+    keep = protocol.keep_client_models or i == 0
+    cts = send("S0", "clients", cts, deliver=keep)  # sent to client i
+    if keep:
       out[i] = cts
   timings["key_transform"] = now() - t
   t = now()
@@ -466,6 +481,9 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   timings["decrypt"] = now() - t
   breakdown = dict(s0.timings, s1_refresh=s1_time["refresh"], division=s1_time["division"])
   breakdown.update(timings)
+  if wire is not None:
+    breakdown["wire_s"] = float(sum(wire.seconds.values()))
+    breakdown["bytes"] = wire.links()
   protocol.last_breakdown = breakdown
   protocol.last_client_models = out
   return new_w, timings
