@@ -15,12 +15,13 @@ client (CIFAR-10 has ~1000 per client in pfl's split), ``--rounds`` rounds.
     PyTorch CPU clients.
 
 (c) and (d) run as subprocesses of the peers' own venv (``--peers_python``, default
-``.venv-peers/bin/python``; see ``benchmarks/requirements-peers.txt``); the project never
-depends on them. Each peer reports seconds per round over the timed rounds after a
-1-round warm-up run (set-up excluded). If a peer cannot be installed or run, the row says
-why. The systems take turns: each repetition runs every system once (and a 2048^3
-matmul, the peak), and each figure is the best of its ``--reps`` turns, so a change of
-this machine's speed during the run reaches every ratio alike. Rows go to
+``.venv-peers/bin/python``; see ``benchmarks/requirements-peers.txt``), isolated (``-I``:
+this folder is not on their path); the project never depends on them. Each peer reports
+seconds per round over the timed rounds after a 1-round warm-up run (set-up excluded). If
+a peer cannot be installed or run, the row says why. The systems take turns: each
+repetition runs every system once (and a 2048^3 matmul, the peak), and each figure is the
+best of its ``--reps`` turns, so a change of this machine's speed during the run reaches
+every ratio alike. Rows go to
 ``benchmarks/results/peers.jsonl`` / ``.csv``.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/peers.py
@@ -233,14 +234,24 @@ def peer_main(argv):
 # ---------------------------------------------------------------- driver (project venv)
 
 
+def peer_command(py, name, args):
+  """The peer child's command line. ``-I`` (isolated): neither this script's folder nor the
+  user's site-packages on its ``sys.path``, PYTHON* variables ignored. Run as a plain
+  script, the child would have ``benchmarks/`` first on its path, where a module named like
+  one of the peers' dependencies would be imported in its place (pfl imports
+  ``multiprocess``); tests/test_name_clash.py keeps such names out of the script folders
+  as well."""
+  return [py, "-I", os.path.abspath(__file__), f"--child={name}", f"--clients={args.clients}",
+          f"--examples={args.examples}", f"--batch={args.batch}", f"--rounds={args.rounds}"]
+
+
 def run_peer(name, args):
   """Runs a peer in its venv; (row fields, error or None)."""
   py = args.peers_python
   if not os.path.exists(py):
     return None, (f"{py} not found: create it with `python3.11 -m venv .venv-peers && "
                   ".venv-peers/bin/pip install -r benchmarks/requirements-peers.txt`")
-  cmd = [py, os.path.abspath(__file__), f"--child={name}", f"--clients={args.clients}",
-         f"--examples={args.examples}", f"--batch={args.batch}", f"--rounds={args.rounds}"]
+  cmd = peer_command(py, name, args)
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.peer_timeout,
@@ -258,8 +269,9 @@ SYSTEMS = ("engine", "engine_flax_dense", "loop", "pfl", "flower")
 
 
 def parse_args(argv):
-  """The driver's flags, checked (argparse: one error line naming the flag)."""
-  p = argparse.ArgumentParser()
+  """The driver's flags, checked (argparse: one error line naming the flag; a flag's
+  prefix is not taken for it, so a misspelt flag is refused)."""
+  p = argparse.ArgumentParser(allow_abbrev=False)
   p.add_argument("--clients", type=int, default=50)
   p.add_argument("--examples", type=int, default=20)
   p.add_argument("--batch", type=int, default=10)

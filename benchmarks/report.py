@@ -163,7 +163,7 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("efficiency", "efficiency", "g3"),
          ("max abs diff vs unsharded", "max_abs_diff_vs_unsharded", "g3")], 4),
     "multiprocess": (
-        "Client axis sharded over processes, localhost (`multiprocess.py`)",
+        "Client axis sharded over processes, localhost (`multiprocess_scaling.py`)",
         lambda r: True,
         [("scaling", "scaling", "str"), ("model", "model", "str"),
          ("processes", "processes", "int"), ("devices each", "devices_per_process", "int"),

@@ -192,7 +192,7 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
         Step("multidevice", "multidevice.py",
              ["--devices=1,2", "--k_strong=4", "--k_per_device=2", "--rounds=1", "--reps=1"]
              + (["--platform=default"] if not cpu and p.devices > 1 else [])),
-        Step("multiprocess", "multiprocess.py",
+        Step("multiprocess", "multiprocess_scaling.py",
              ["--configs=1x1,2x1", "--k_strong=4", "--k_per_device=2", "--rounds=1",
               "--reps=1"]),
         # 20 peer rounds: at 2 the toy rounds (~10 ms) vanished in pfl's set-up noise and
@@ -221,8 +221,8 @@ def plan(p: Platform, quick: bool, peers_python: str) -> List[Step]:
              ["--sweep=k_fit,n", "--models=cnn", "--n_cnn=20,60,120", "--rounds=1",
               "--examples=20"]),
         Step("multidevice", "multidevice.py", ["--reps=2"]),
-        Step("multiprocess", "multiprocess.py", []),
-        Step("multiprocess", "multiprocess.py",
+        Step("multiprocess", "multiprocess_scaling.py", []),
+        Step("multiprocess", "multiprocess_scaling.py",
              ["--model=cnn", "--k_strong=4", "--k_per_device=1", "--rounds=2", "--reps=2",
               "--configs=1x1,2x1,1x2,4x1"]),
         Step("peers", "peers.py", ["--reps=2", "--engine_rounds=2"] + peers),

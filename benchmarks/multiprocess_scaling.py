@@ -17,8 +17,8 @@ minibatch rows, the upload reduction, process start), not a speed-up from more h
 ``bytes_per_round`` is the model-sized all-reduce volume a round needs across processes
 (docs/distributed.md).
 
-  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/multiprocess.py
-  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/multiprocess.py --model=cnn \
+  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/multiprocess_scaling.py
+  PYTHONPATH=. JAX_PLATFORMS=cpu .venv/bin/python benchmarks/multiprocess_scaling.py --model=cnn \
       --k_strong=4 --k_per_device=1 --rounds=2 --reps=2
 """
 

@@ -1,0 +1,307 @@
+"""Every command behind a figure in the docs still runs.
+
+The commands are read from the tables of README.md's "Measured figures" and
+docs/performance.md's "Figures" (the column whose header says "command"; a script without a
+folder is under the folder the header names, ``benchmarks/...``; a code span starting
+``...`` or ``--`` is the cell's previous command with those flags added):
+
+* every command, exactly as written, passes its script's flag checks
+  (``--only_check_args``): a misspelt or removed flag, a bad value or a renamed script fails;
+* the first command of each script runs end to end at a tiny size: its flags, then the
+  overrides of ``TINY`` (later flags win), in a results folder of the test's own.
+
+The peers' command (pfl-research and Flower in their own venv) runs with the stub peers of
+``tests/stub_peers`` (a venv made here): the peer children's entry points, command line and
+RESULT lines run without pfl, Flower or torch; where ``.venv-peers`` exists it also runs
+with the real peers. ``FEDJAX_ASYNC_FIGURE_DOCS`` (comma-separated markdown files named
+README.md or performance.md) reads other copies of the docs, e.g. one with a command changed.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = {"README.md": "Measured figures", "performance.md": "Figures"}
+DOCS = [p for p in os.environ.get("FEDJAX_ASYNC_FIGURE_DOCS", "").split(",") if p] or [
+    os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "performance.md")]
+PEERS_PYTHON = os.path.join(ROOT, ".venv-peers", "bin", "python")
+STUB_PEERS = os.path.join(ROOT, "tests", "stub_peers")
+
+# Tiny sizes, appended to a script's first command ("{tmp}": the test's folder); a script
+# of a figure needs one here. Models stay as the command has them.
+TINY = {
+    "throughput.py": ["--clients=2", "--examples=10", "--rounds=1", "--reps=1"],
+    "fraction_of_peak.py": ["--clients=2", "--examples=10", "--rounds=1", "--reps=1"],
+    "scaling.py": ["--k_logreg=2", "--k_cnn=2", "--n_logreg=2", "--n_cnn=2",
+                   "--k_fixed_logreg=2", "--k_fixed_cnn=2", "--examples=10", "--rounds=1",
+                   "--reps=1"],
+    "multidevice.py": ["--devices=2", "--k_strong=2", "--k_per_device=1", "--examples=10",
+                       "--rounds=1", "--reps=1"],
+    "server_stream.py": ["--clients=2", "--examples=10", "--rounds=2", "--reps=1"],
+    "sweep_vs_sequential.py": ["--runs=2", "--rounds=1"],
+    # (--peers_python: the stub peers' venv, or .venv-peers)
+    "peers.py": ["--clients=2", "--examples=10", "--rounds=2", "--engine_rounds=1",
+                 "--reps=1", "--systems=engine,pfl,flower", "--peer_timeout=300"],
+    # insecure toy rings (2^11): the protocol runs whole in a second
+    "ducc_round.py": ["--security=insecure", "--ring_dim=2048", "--min_depth=3", "--dims=3000",
+                      "--online=2", "--delayed=2", "--num_clients=3", "--kt_recipients=2",
+                      "--out_jsonl={tmp}/ducc_round.jsonl"],
+    "min_depth.py": ["--security=insecure", "--ring_dim=2048", "--depths=4", "--seed_depths=4",
+                     "--cheb_degrees=59", "--composite=1:2", "--gaps_log2=2",
+                     "--out_csv={tmp}/min_depth.csv"],
+}
+# What a tiny run leaves in its folder (rows as they are measured), where it writes any.
+OUTPUT = {"throughput.py": "throughput.jsonl", "fraction_of_peak.py": "fraction_of_peak.jsonl",
+          "scaling.py": "scaling.jsonl", "multidevice.py": "multidevice.jsonl",
+          "server_stream.py": "server_stream.jsonl", "peers.py": "peers.jsonl",
+          "ducc_round.py": "ducc_round.jsonl", "min_depth.py": "min_depth.csv"}
+
+
+class Command:
+  """A command of a figure: its script (a path from the checkout's root) and flags, and
+  where the docs say it (``file:line``)."""
+
+  def __init__(self, where, script, flags):
+    self.where, self.script, self.flags = where, script, list(flags)
+
+  @property
+  def name(self):
+    return os.path.basename(self.script)
+
+  def __str__(self):
+    return " ".join([self.script] + self.flags)
+
+
+def _spans(text):
+  return re.findall(r"`([^`]+)`", text)
+
+
+def _cells(line):
+  return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def parse(path, section=None):
+  """(commands, rows without one) of the tables in ``path``'s section ``section`` (by
+  default the one ``SECTIONS`` names for the file). A row without a command is
+  ``(where, cell)``."""
+  section = section or SECTIONS[os.path.basename(path)]
+  with open(path) as f:
+    lines = f.read().splitlines()
+  try:
+    start = lines.index(f"## {section}")
+  except ValueError:
+    raise AssertionError(f"{path}: no section '## {section}'") from None
+  commands, bare = [], []
+  base = col = None
+  for i in range(start + 1, len(lines)):
+    line = lines[i]
+    if line.startswith("#"):
+      break
+    if not line.startswith("|"):
+      base = col = None  # a table ends
+      continue
+    cells = _cells(line)
+    if col is None:  # the header row
+      col = next((j for j, c in enumerate(cells) if c.lower().startswith("command")), None)
+      folders = [s[:-4] for s in _spans(cells[col]) if s.endswith("/...")] if col is not None \
+          else []
+      base = folders[0].split()[-1] if folders else ""
+      if col is None:
+        col = -1  # a table without commands
+      continue
+    if col < 0 or set(line) <= set("|-: "):
+      continue
+    shown = os.path.relpath(path, ROOT)
+    where = f"{path if shown.startswith('..') else shown}:{i + 1}"
+    cell = cells[col]
+    found = []
+    for span in _spans(cell):
+      words = shlex.split(span)
+      if words and words[0].endswith(".py"):
+        script = words[0] if "/" in words[0] else os.path.join(base, words[0])
+        found.append(Command(where, script, words[1:]))
+      elif words and words[0] in ("...", "…") or words and words[0].startswith("--"):
+        if not found:
+          raise AssertionError(f"{where}: `{span}` adds flags to no command before it")
+        prev = found[-1]
+        found.append(Command(where, prev.script,
+                             prev.flags + [w for w in words if w not in ("...", "…")]))
+    commands += found
+    if not found:
+      bare.append((where, cell))
+  return commands, bare
+
+
+def figure_commands():
+  out = []
+  for path in DOCS:
+    out += parse(path)[0]
+  return out
+
+
+def first_per_script(commands):
+  seen = {}
+  for c in commands:
+    seen.setdefault(c.script, c)
+  return list(seen.values())
+
+
+def _env(tmp=None, **extra):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
+  if tmp is not None:
+    env["FEDJAX_ASYNC_BENCH_RESULTS"] = str(tmp)
+  return env
+
+
+def check_args(commands):
+  """One line per command that its script refuses (or that names no script)."""
+  errors = []
+  for c in commands:
+    path = os.path.join(ROOT, c.script)
+    if not os.path.isfile(path):
+      errors.append(f"{c.where}: {c.script}: no such script (`{c}`)")
+      continue
+    proc = subprocess.run([sys.executable, path] + c.flags + ["--only_check_args"],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+      last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+      errors.append(f"{c.where}: `{c}`: {last}")
+  return errors
+
+
+COMMANDS = figure_commands()
+CRYPTO = set(conftest.CRYPTO_SCRIPTS)
+
+
+def test_the_figure_tables_give_a_command_for_every_figure():
+  for path in DOCS:
+    commands, bare = parse(path)
+    assert commands, f"{path}: no commands found in its figure tables"
+    if os.path.basename(path) == "README.md":  # every README figure has its command
+      assert not bare, bare
+    else:  # a row without one says where it is (the row above's, or another doc)
+      assert all("same command" in cell or ".md" in cell for _, cell in bare), bare
+  scripts = {c.name for c in COMMANDS}
+  if not os.environ.get("FEDJAX_ASYNC_FIGURE_DOCS"):
+    assert {"throughput.py", "fraction_of_peak.py", "scaling.py", "peers.py",
+            "ducc_round.py", "multidevice.py", "min_depth.py"} <= scripts
+  missing = sorted(scripts - set(TINY))
+  assert not missing, f"no tiny size for {missing}: add it to TINY in {__file__}"
+
+
+def test_every_figure_command_passes_its_flag_checks():
+  commands = {}
+  for c in COMMANDS:  # each command once, where the docs first give it
+    commands.setdefault((c.script, tuple(c.flags)), c)
+  commands = list(commands.values())
+  if conftest.openfhe_error():  # the crypto scripts load OpenFHE with their flags
+    commands = [c for c in commands if c.name not in CRYPTO]
+  errors = check_args(commands)
+  assert not errors, "\n".join(errors)
+
+
+def test_a_misspelt_flag_or_a_renamed_script_in_a_figure_command_is_named(tmp_path):
+  """The check itself, on a copy of a table with each planted: a misspelt absl flag, a
+  script that is not there, an argparse flag cut short (argparse would take a prefix for
+  the flag: peers.py does not), a bad value in a cell's second command."""
+  doc = tmp_path / "README.md"
+  doc.write_text("# x\n\n## Measured figures\n\n| what | figure | command |\n|---|---|---|\n"
+                 "| a | 1x | `benchmarks/throughput.py --modles=logreg --reps=3` |\n"
+                 "| b | 2x | `benchmarks/multiprocess.py --reps=2` |\n"
+                 "| c | 3x | `benchmarks/peers.py --engine_round=2` |\n"
+                 "| d | 4x | `benchmarks/peers.py --reps=2` (K = 1: `--clients=0`) |\n\n"
+                 "## Next\n")
+  commands, bare = parse(str(doc))
+  assert [str(c) for c in commands] == [
+      "benchmarks/throughput.py --modles=logreg --reps=3", "benchmarks/multiprocess.py --reps=2",
+      "benchmarks/peers.py --engine_round=2", "benchmarks/peers.py --reps=2",
+      "benchmarks/peers.py --reps=2 --clients=0"]
+  assert not bare
+  errors = check_args(commands)
+  assert len(errors) == 4, errors
+  assert errors[0].startswith(f"{doc}:7: `benchmarks/throughput.py --modles=logreg --reps=3`: "
+                              "error: --modles: unknown flag"), errors[0]
+  assert errors[1] == (f"{doc}:8: benchmarks/multiprocess.py: no such script "
+                       "(`benchmarks/multiprocess.py --reps=2`)")
+  assert errors[2] == (f"{doc}:9: `benchmarks/peers.py --engine_round=2`: peers.py: error: "
+                       "unrecognized arguments: --engine_round=2")
+  assert errors[3].startswith(f"{doc}:10: `benchmarks/peers.py --reps=2 --clients=0`: ") and (
+      "--clients: must be >= 1" in errors[3])
+
+
+def _stub_peers_python(tmp_path):
+  """A venv whose site-packages lists the stub peers (then numpy's folder): the peers'
+  Python where pfl, Flower and torch are not installed."""
+  venv = tmp_path / "stub_peers_venv"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                 timeout=120)
+  import numpy  # pylint: disable=g-import-not-at-top
+  site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+  (site / "stub_peers.pth").write_text(
+      f"{STUB_PEERS}\n{os.path.dirname(os.path.dirname(numpy.__file__))}\n")
+  return str(venv / "bin" / "python")
+
+
+def _rows(path):
+  with open(path) as f:
+    return [json.loads(l) for l in f if l.strip()]
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(c, id=c.name, marks=[pytest.mark.crypto] if c.name in CRYPTO else [])
+    for c in first_per_script(COMMANDS)])
+def test_figure_command_runs_at_a_tiny_size(command, tmp_path):
+  tiny = [a.replace("{tmp}", str(tmp_path)) for a in TINY[command.name]]
+  if command.name == "peers.py":
+    # pfl, Flower and torch as stubs (tests/stub_peers); the real ones: the test below
+    tiny.append(f"--peers_python={_stub_peers_python(tmp_path)}")
+  argv = [sys.executable, os.path.join(ROOT, command.script)] + command.flags + tiny
+  proc = subprocess.run(argv, env=_env(tmp_path), cwd=tmp_path, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, f"{command.where}: {' '.join(argv[1:])}\n" + (
+      proc.stdout[-2000:] + proc.stderr[-3000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  if command.name in OUTPUT:
+    assert (tmp_path / OUTPUT[command.name]).exists(), proc.stdout[-2000:]
+  else:
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+  if command.name == "peers.py":
+    for peer in ("pfl", "flower"):
+      assert re.search(rf"\[peers\] {peer}\s+\S+ s/round .*engine is \S+x (faster|slower)",
+                       proc.stdout), proc.stdout[-3000:]
+    assert "did not run" not in proc.stdout and "NOT RUN" not in proc.stdout
+    rows = {r["system"]: r for r in _rows(tmp_path / "peers.jsonl")}
+    assert set(rows) == {"engine", "pfl", "flower"}
+    for peer in ("pfl", "flower"):
+      note = json.loads(rows[peer]["note"])
+      assert note["version"] == "0+stub" and note["torch"] == "0+stub", note
+      assert rows[peer]["s_per_round"] > 0
+      assert rows[peer]["engine_speedup"] == pytest.approx(
+          rows[peer]["s_per_round"] / rows["engine"]["s_per_round"])
+
+
+@pytest.mark.skipif(not os.path.exists(PEERS_PYTHON),
+                    reason="no .venv-peers: pfl-research and Flower are not installed here "
+                           "(benchmarks/requirements-peers.txt); the peers' child entry points "
+                           "ran with the stub peers (test_figure_command_runs_at_a_tiny_size"
+                           "[peers.py])")
+def test_the_peers_figure_command_runs_with_the_real_peers(tmp_path):
+  (command,) = [c for c in first_per_script(COMMANDS) if c.name == "peers.py"]
+  argv = ([sys.executable, os.path.join(ROOT, command.script)] + command.flags
+          + TINY["peers.py"] + ["--systems=pfl,flower", f"--peers_python={PEERS_PYTHON}"])
+  proc = subprocess.run(argv, env=_env(tmp_path), cwd=tmp_path, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  rows = {r["system"]: r for r in _rows(tmp_path / "peers.jsonl")}
+  for peer in ("pfl", "flower"):
+    assert re.search(rf"\[peers\] {peer}\s+\S+ s/round", proc.stdout), proc.stdout[-3000:]
+    note = json.loads(rows[peer]["note"])
+    assert rows[peer]["s_per_round"] > 0 and "stub" not in note["version"], note
