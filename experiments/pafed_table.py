@@ -223,12 +223,14 @@ def table_rows(results: dict, partitions, algs):
       for alg in algs:
         runs = by_delta(results.get((part, alg), [])).get(d, [])
         # A diverged run (sweep's diverged_round) is left out of the mean and counted.
-        ok = [s for s, _ in runs if s.get("diverged_round") is None]
+        # (from the rows: runs stored before a metric existed have it too)
+        ok = [metrics_lib.accuracy_summary([r["test_accuracy"] for r in rows])
+              for s, rows in runs if s.get("diverged_round") is None]
         paper = PAPER.get((part, round(d, 2)), {}).get(alg)
         cell = {"seeds": len(ok), "paper": paper, "diverged": len(runs) - len(ok),
                 "rounds": runs[0][0]["rounds"] if runs else None}
         for key in metrics_lib.KEYS:
-          vals = np.array([s.get(key, np.nan) for s in ok], float)
+          vals = np.array([s[key] for s in ok], float)
           cell[key] = {"mean": float(np.mean(vals)) if len(vals) else float("nan"),
                        "std": float(np.std(vals)) if len(vals) else float("nan")}
         mean = cell["average_best_accuracy"]["mean"]
@@ -337,9 +339,16 @@ def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str):
 
 def header_for(base: config_lib.RunConfig, opts: TableOptions) -> str:
   test = f"first {opts.test_subset} test examples" if opts.test_subset else "full test set"
-  return (f"**{opts.config} configuration** — {base.data.dataset}, model {base.model.name}, "
-          f"N={base.data.num_clients}, σ={base.run.participation}, E={base.local.local_epochs}, "
-          f"B={base.local.batch_size}, lr={base.local.lr}, momentum={base.local.momentum}, "
+  a, loc = base.algorithm, base.local
+  epochs = f"E~U{{1..{loc.local_epochs}}}" if loc.random_local_epochs else f"E={loc.local_epochs}"
+  eta = (f"η={a.server_lr}" + (f"→{a.server_lr2} from round {a.server_lr_switch_round}"
+                               if a.server_lr_switch_round >= 0 else ""))
+  pafed_opts = ("" if a.alpha_decay == 1.0 and a.ducc_projection == "conflicting" else
+                f", α decay γ={a.alpha_decay}, DUCC projects the {a.ducc_projection} class")
+  return (f"**{opts.config} configuration** — {base.data.dataset} (inputs normalised: "
+          f"{base.data.normalize}), model {base.model.name}, "
+          f"N={base.data.num_clients}, σ={base.run.participation}, {epochs}, {eta}, "
+          f"μ={a.mu}{pafed_opts}, B={loc.batch_size}, lr={loc.lr}, momentum={loc.momentum}, "
           f"ρ={base.algorithm.rho}, α={base.algorithm.alpha0}/{base.algorithm.alpha1}/"
           f"{base.algorithm.alpha2}, ADMM upload (Eq. 16) "
           f"{base.algorithm.admm_upload}, T={base.run.rounds}, delays "

@@ -28,6 +28,7 @@ from fedjax_async.algorithms import fedadmm
 from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
+PRECISIONS = ("float32", "tf32", "bf16")  # LocalTraining.precision (client.PRECISIONS)
 
 
 def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=None,
@@ -131,6 +132,11 @@ class LocalTraining:
   batch_size: int = option(50, "B, local minibatch size.")
   lr: float = option(0.1, "Local learning rate.")
   momentum: float = option(0.5, "Local SGD momentum.")
+  precision: str = option(
+      "float32", "Arithmetic of the local forward and backward passes: float32 (as written; "
+      "JAX's default matmul precision, TF32 on recent NVIDIA GPUs) | tf32 (dots and "
+      "convolutions in TF32) | bf16 (parameters and inputs cast to bfloat16). Parameters, "
+      "optimiser state and the server stay float32.", choices=PRECISIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,6 +380,8 @@ def validate(cfg: RunConfig):
   _validate_algorithm(cfg)
   _validate_data_and_run(cfg)
   validate_local(cfg.local)
+  check(cfg.local.precision in PRECISIONS, "local.precision",
+        f"must be one of {', '.join(PRECISIONS)}, got {cfg.local.precision!r}")
   _validate_crypto(cfg.crypto, cfg.algorithm)
   _validate_output(cfg.output)
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
@@ -512,10 +520,24 @@ def run_config_for(cfg: RunConfig, name: str) -> dict:
 STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0}
 
 
+def flat_stored(config: dict) -> dict:
+  """A stored configuration (``config_dict``) with the delay's fields under their flat keys
+  (``delay_fraction``, ``train_dropped``), so that a field added to ``DelayConfig`` later
+  is missing from older configurations like any other field."""
+  delay = config.get("delay")
+  if not isinstance(delay, dict):
+    return dict(config)
+  flat = {k: v for k, v in config.items() if k != "delay"}
+  flags = {f.name: f.metadata.get("flag", f.name) for f in dataclasses.fields(DelayConfig)}
+  flat.update({flags.get(k, k): v for k, v in delay.items()})
+  return flat
+
+
 def mismatch_flags(saved: dict, current: dict) -> List[str]:
   """``config_mismatch`` as ``["run.rounds=3 (now 5)", ...]`` (a key that is no
   ``RunConfig`` field, e.g. a virtual-clock driver's, as ``--key=...``), for the
   messages."""
+  saved, current = flat_stored(saved), flat_stored(current)
   return [f"{path(k) if k in _KEYS else '--' + k}={saved.get(k)!r} (now {current.get(k)!r})"
           for k in config_mismatch(saved, current)]
 
@@ -524,6 +546,7 @@ def config_mismatch(saved: dict, current: dict) -> List[str]:
   """Fields (flag names) whose values differ, ignoring the resume-free ones. A field that
   ``saved`` lacks (stored before the field existed) counts as what such runs ran with:
   ``STORED_BEFORE``, else its ``RunConfig`` default."""
+  saved, current = flat_stored(saved), flat_stored(current)
   keys = (set(saved) | set(current)) - set(RESUME_FREE_FIELDS)
-  defaults = dict(config_dict(RunConfig()), **STORED_BEFORE)
+  defaults = dict(flat_stored(config_dict(RunConfig())), **STORED_BEFORE)
   return sorted(k for k in keys if saved.get(k, defaults.get(k)) != current.get(k))

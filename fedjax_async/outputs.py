@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -237,10 +237,18 @@ def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
   return lines
 
 
-def figure_title(cfg, dataset: str, model: str, names: List[str]) -> str:
-  """The data set, partition, model, delays and algorithms of a run's figure."""
+def figure_title(cfg, dataset: str, model: str, names: List[str],
+                 swept: Sequence[str] = ()) -> str:
+  """The data set, partition, model, delays and algorithms of a figure; a ``swept`` field
+  is named as swept, not by its base value."""
   d = cfg.delay
   law = f"mean {d.mean:g}" if d.distribution == "geometric" else f"max {d.max_delay}"
-  delays = f"δ = {d.fraction:g}, {d.distribution} delays ({law})" if d.fraction else "δ = 0"
+  fraction = "δ swept" if "delay_fraction" in swept else f"δ = {d.fraction:g}"
+  delays = (f"{fraction}, {d.distribution} delays ({law})"
+            if d.fraction or "delay_fraction" in swept else "δ = 0")
+  if model == "auto":
+    from fedjax_async import models  # pylint: disable=g-import-not-at-top
+    model = models.default_model_for(cfg.data.dataset)
+  others = [n for n in swept if n != "delay_fraction"]
   return (f"{dataset} ({cfg.data.partition}, N = {cfg.data.num_clients}), {model}; {delays}; "
-          f"{', '.join(names)}")
+          f"{', '.join(names)}" + (f"; swept: {', '.join(others)}" if others else ""))

@@ -1,6 +1,7 @@
 """The nested configuration: its parts, flat keys, errors by field path, and the CLI's flags
 made from it (the same names, types and defaults; the errors mapped to flags)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def test_a_field_is_set_by_its_part_or_by_its_flat_key_alike():
   stored = config.config_dict(flat)
   assert stored["lr"] == 0.05 and stored["algorithm"] == "fedprox"
   assert stored["delay"] == {"fraction": 0.5, "distribution": "fixed", "max_delay": 2,
-                             "mean": 2.0, "buffer_size": 0}
+                             "mean": 2.0, "buffer_size": 0, "train_dropped": False}
   assert config.RunConfig.from_flat(stored) == flat
 
 
@@ -67,7 +68,9 @@ def test_a_delay_error_and_an_unknown_key_name_their_field():
 def test_every_field_is_one_flag_with_its_default_and_type():
   specs = config.flag_specs()
   paths = [s.path for s in specs.values()]
-  assert len(paths) == len(set(paths)) == 51
+  fields = {f"{part.name}.{f.name}" for part in dataclasses.fields(config.RunConfig)
+            for f in dataclasses.fields(type(part.default))}
+  assert len(paths) == len(set(paths)) and set(paths) == fields  # one flag per field
   cfg = config.RunConfig()
   for flag, spec in specs.items():
     part, name = spec.path.split(".")

@@ -86,7 +86,8 @@ def test_comparison_table_lists_every_algorithm(all_algorithms):
   for alg in ALGS:
     assert f"| {alg} |" in md
     assert any(line.startswith(alg + ",") for line in csv_lines)
-  assert "| algorithm | average best accuracy |" in res.stdout
+  assert "| algorithm | final accuracy | last-10 mean accuracy | average best accuracy |" in (
+      res.stdout)
   assert f"figure: {out / 'curves.png'}" in res.stdout
   assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -230,6 +231,13 @@ def test_a_field_missing_from_a_stored_config_counts_as_its_default():
   saved = {k: v for k, v in current.items() if k != "admm_upload"}
   assert config_lib.config_mismatch(saved, current) == ["admm_upload"]
   assert config_lib.config_mismatch(saved, dict(current, admm_upload="last_local")) == []
+  # a field added to the delay's part later (train_dropped) is missing the same way
+  saved = dict(current, delay={k: v for k, v in current["delay"].items()
+                               if k != "train_dropped"})
+  assert config_lib.config_mismatch(saved, current) == []
+  now = dict(current, delay=dict(current["delay"], train_dropped=True))
+  assert config_lib.config_mismatch(saved, now) == ["train_dropped"]
+  assert config_lib.mismatch_flags(saved, now) == ["delay.train_dropped=None (now True)"]
 
 
 def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():

@@ -28,9 +28,6 @@ from fedjax_async import metrics as metrics_lib
 # change, config_lib.RESUME_FREE_FIELDS): a run stored under other values is still reused.
 RESULT_FREE_FIELDS = ("rounds_per_call", "client_chunk")
 # The delay's fields under their flag names (config differences are named by flag).
-_DELAY_FLAGS = {"fraction": "delay_fraction", "distribution": "delay_distribution",
-                "max_delay": "max_delay", "mean": "delay_mean", "buffer_size": "buffer_size"}
-
 
 def write_run(out_dir: str, rows: List[dict], summary: dict):
   os.makedirs(out_dir, exist_ok=True)
@@ -97,60 +94,57 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
 
 
 def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str = "") -> int:
-  """``path`` (PNG): average best accuracy, mean +- std over seeds, against the first swept
-  value (log x when every value is positive and they span 10x or more), one line per
-  algorithm and setting of the other swept values; without swept values, one bar per
-  algorithm. Returns the number of lines (or bars) drawn."""
+  """``path`` (PNG): two panels, the final and the average best accuracy, mean +- std over
+  seeds, against the first swept value (log x when every value is positive and they span
+  10x or more), one line per algorithm and setting of the other swept values; without
+  swept values, one bar per algorithm. Returns the number of lines (or bars) per panel."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(6.0, 4.0))
+  fig = Figure(figsize=(10.0, 4.0))
   FigureCanvasAgg(fig)
-  ax = fig.add_subplot(1, 1, 1)
-  mean = lambda r: r["average_best_accuracy_mean"]
-  std = lambda r: r["average_best_accuracy_std"]
-  if not names:
-    ax.bar([r["algorithm"] for r in rows], [mean(r) for r in rows],
-           yerr=[std(r) for r in rows], capsize=4)
-    drawn = len(rows)
-  else:
-    x_name, others = names[0], list(names[1:])
-    lines: Dict[tuple, List[dict]] = {}
-    for r in rows:
-      lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
-    for key, pts in lines.items():
-      pts = sorted(pts, key=lambda r: r[x_name])
-      label = " ".join([key[0]] + [f"{n}={v:g}" for n, v in zip(others, key[1:])])
-      ax.errorbar([r[x_name] for r in pts], [mean(r) for r in pts],
-                  yerr=[std(r) for r in pts], marker="o", capsize=3, label=label)
-    xs = [r[x_name] for r in rows]
-    if min(xs) > 0 and max(xs) >= 10 * min(xs):
-      ax.set_xscale("log")
-    ax.set_xlabel(x_name)
-    ax.legend(fontsize=7)
-    drawn = len(lines)
-  seeds = sorted({r["num_seeds"] for r in rows})
-  ax.set_ylabel(f"average best accuracy (mean +- std, {'/'.join(map(str, seeds))} seeds)")
-  ax.grid(True, alpha=0.3)
+  seeds = "/".join(map(str, sorted({r["num_seeds"] for r in rows})))
+  drawn = 0
+  for i, (key, label) in enumerate((("final_accuracy", "final accuracy"),
+                                    ("average_best_accuracy", "average best accuracy"))):
+    ax = fig.add_subplot(1, 2, i + 1)
+    mean = lambda r, k=key: r[k + "_mean"]
+    std = lambda r, k=key: r[k + "_std"]
+    if not names:
+      ax.bar([r["algorithm"] for r in rows], [mean(r) for r in rows],
+             yerr=[std(r) for r in rows], capsize=4)
+      drawn = len(rows)
+    else:
+      x_name, others = names[0], list(names[1:])
+      lines: Dict[tuple, List[dict]] = {}
+      for r in rows:
+        lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
+      for k, pts in lines.items():
+        pts = sorted(pts, key=lambda r: r[x_name])
+        name = " ".join([k[0]] + [f"{n}={v:g}" for n, v in zip(others, k[1:])])
+        ax.errorbar([r[x_name] for r in pts], [mean(r) for r in pts],
+                    yerr=[std(r) for r in pts], marker="o", capsize=3, label=name)
+      xs = [r[x_name] for r in rows]
+      if min(xs) > 0 and max(xs) >= 10 * min(xs):
+        ax.set_xscale("log")
+      ax.set_xlabel(x_name)
+      if i == 0:
+        ax.legend(fontsize=7)
+      drawn = len(lines)
+    ax.set_ylabel(f"{label} (mean ± std, {seeds} seeds)")
+    ax.grid(True, alpha=0.3)
   if title:
-    ax.set_title(title, fontsize=8)
+    fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn
-
-
-def _flat_config(config: dict) -> dict:
-  """A stored config with the delay's fields under their flag names."""
-  flat = {k: v for k, v in config.items() if k != "delay"}
-  for k, v in (config.get("delay") or {}).items():
-    flat[_DELAY_FLAGS.get(k, k)] = v
-  return flat
 
 
 def config_differences(saved: dict, current: dict) -> List[str]:
   """``--flag=<stored> (now <current>)`` for each flag whose value differs between a stored
   run's config and ``current`` (``config_lib.config_mismatch``, by flag name, ignoring the
   RESULT_FREE_FIELDS)."""
-  saved, current = _flat_config(saved), _flat_config(json.loads(json.dumps(current)))
+  saved = config_lib.flat_stored(saved)
+  current = config_lib.flat_stored(json.loads(json.dumps(current)))
   bad = [k for k in config_lib.config_mismatch(saved, current) if k not in RESULT_FREE_FIELDS]
   def stored(k):
     return (repr(saved[k]) if k in saved else
