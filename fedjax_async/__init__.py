@@ -30,6 +30,7 @@ _EXPORTS = {
     "Callback": ("fedjax_async.loop", "Callback"),
     "Interrupted": ("fedjax_async.interrupts", "Interrupted"),
     "algorithms": ("fedjax_async.algorithms", None),
+    "data": ("fedjax_async.data", None),
     "distributed": ("fedjax_async.distributed", None),
 }
 __all__ = ["__version__", *_EXPORTS]

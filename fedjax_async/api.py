@@ -68,6 +68,51 @@ def prepare(cfg: config_lib.RunConfig):
     outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
 
 
+def _own_data_and_model(fields: dict):
+  """(FederatedData, flax module, input_shape) given to ``simulate`` in place of a data set's
+  and a model's names (``data=``, ``dataset=``, ``model=``, ``input_shape=``), popped from
+  ``fields``; None for those not given. A wrong kind is a ``ConfigError``."""
+  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  fed_data = None
+  for key in ("data", "dataset"):
+    if isinstance(fields.get(key), FederatedData):
+      fed_data = fields.pop(key)
+    elif key == "data" and key in fields and not isinstance(fields[key], config_lib.DataConfig):
+      raise config_lib.ConfigError("data", "expected a FederatedData (fa.data.from_arrays, "
+                                   "fa.data.from_clients) or a DataConfig, got "
+                                   f"{type(fields[key]).__name__}")
+  module = fields.pop("model") if isinstance(fields.get("model"), nn.Module) else None
+  input_shape = fields.pop("input_shape", None)
+  if input_shape is not None and module is None:
+    raise config_lib.ConfigError("input_shape", "only with model=<a flax.linen.Module>")
+  return fed_data, module, None if input_shape is None else tuple(input_shape)
+
+
+def _flat_user_model(module, input_shape, seed: int):
+  """The engine's (name, w0, apply_flat) of a user's flax module (one whose ``__call__``
+  takes no ``train`` argument is wrapped to ignore it)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  name = type(module).__name__
+  if "train" not in inspect.signature(module.__call__).parameters:
+
+    class NoTrainArgument(nn.Module):
+      inner: nn.Module
+
+      def __call__(self, x, train: bool = False):
+        del train
+        return self.inner(x)
+
+    module = NoTrainArgument(module)
+  try:
+    w0, apply_flat = models.flat_model(module, input_shape, jax.random.PRNGKey(seed))
+  except ValueError as e:
+    raise config_lib.ConfigError("model", f"{name}: {e}") from None
+  return name, w0, apply_flat
+
+
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
              **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
@@ -76,7 +121,10 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
   ``fields`` replace its fields by their flat keys (``simulate(rounds=20)``, as
-  ``RunConfig.replace``). Raises ``config.ConfigError`` (a ValueError) naming the field
+  ``RunConfig.replace``); ``algorithm`` may be a list. Your own data and model:
+  ``data=fa.data.from_arrays(...)`` (or ``from_clients``) instead of a data set's name,
+  ``model=<flax.linen.Module>`` (its ``params`` only; ``input_shape`` defaults to the
+  data's example shape) instead of a model's name. Raises ``config.ConfigError`` (a ValueError) naming the field
   at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
@@ -86,6 +134,11 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   if isinstance(config, async_config.AsyncRunConfig):
     from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
     return driver.simulate(config, callbacks, **fields)
+  if isinstance(fields.get("algorithm"), (list, tuple)):  # ["fedavg", "pafed"]
+    fields["algorithm"] = ",".join(map(str, fields["algorithm"]))
+  fed_data, module, input_shape = _own_data_and_model(fields)
+  if fed_data is not None and "dataset" not in fields:
+    fields["dataset"] = fed_data.name  # names the runs; PAFed's alphas: the image default
   cfg = (config or config_lib.RunConfig()).replace(**fields)
   config_lib.validate(cfg)
   if cfg.crypto.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:
@@ -95,9 +148,11 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   devices = sharding.select_devices(cfg.run.devices)
   prepare(cfg)
   names = cfg.algorithm.name_list()
-  print(f"loading {cfg.data.dataset} ...", flush=True)
-  fed_data = experiment.load_data(cfg)
-  model = experiment.build_model(cfg, fed_data)
+  if fed_data is None:
+    print(f"loading {cfg.data.dataset} ...", flush=True)
+    fed_data = experiment.load_data(cfg)
+  model = (experiment.build_model(cfg, fed_data) if module is None else
+           _flat_user_model(module, input_shape or tuple(fed_data.x.shape[2:]), cfg.run.seed))
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import re
 from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import fedadmm
@@ -375,8 +378,33 @@ def validate_local(c, check_fn=check, prefix: str = "local."):
   check_fn(0.0 <= c.momentum < 1.0, p + "momentum", f"must be in [0, 1), got {c.momentum}")
 
 
+_KINDS = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool, np.bool_),
+          "str": (str,)}
+
+
+def check_types(cfg) -> None:
+  """Every field of every part of ``cfg`` (a ``FlatKeys`` configuration) has its declared
+  type (an int for a float field is fine, a bool is no number); ``ConfigError`` naming the
+  field otherwise (``run.rounds: expected int, got '5' (str)``)."""
+  for part in dataclasses.fields(cfg):
+    value_part = getattr(cfg, part.name)
+    for f in dataclasses.fields(value_part):
+      declared = str(f.type)
+      optional = declared.startswith("Optional[")
+      kind = declared.replace("Optional[", "").rstrip("]")
+      value = getattr(value_part, f.name)
+      if kind not in _KINDS or (optional and value is None):
+        continue
+      ok = isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(
+          value, (bool, np.bool_)))
+      if not ok:
+        raise ConfigError(f"{part.name}.{f.name}", f"expected {kind}, got {value!r} "
+                          f"({type(value).__name__})")
+
+
 def validate(cfg: RunConfig):
   """Raises ``ConfigError`` naming the field at fault by its path."""
+  check_types(cfg)
   _validate_algorithm(cfg)
   _validate_data_and_run(cfg)
   validate_local(cfg.local)

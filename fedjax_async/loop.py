@@ -192,8 +192,9 @@ class Callback:
   chunk's metrics rows and the loop (``loop.rows``: every row so far, ``loop.wall()``,
   ``loop.stopping``: a signal arrived in some process).
   A user's callback (``simulate(..., callbacks=[...])``) runs before the checkpoint of the
-  chunk; ``loop.stop()`` stops the run as Ctrl-C does, after that checkpoint (every
-  process must ask for it after the same chunk)."""
+  chunk; ``loop.stop()`` ends the run after that checkpoint (early stopping: the round
+  engine returns the rows and state so far; every process must ask for it after the same
+  chunk)."""
 
   def after_chunk(self, loop: "HostLoop", state, rows: Sequence[dict]):
     pass
@@ -251,13 +252,23 @@ class Report(Callback):
       self.progress(rows)
 
 
+class EarlyStop(interrupts.Interrupted):
+  """A callback asked this run to stop (``HostLoop.stop``): ``state`` is the state after
+  the chunk it stopped at. The round engine returns its result up to there; the other
+  drivers treat it as an ``Interrupted``."""
+
+  def __init__(self, state, message: str = ""):
+    super().__init__(message, signal.SIGINT)
+    self.state = state
+
+
 class StopOnSignal(Callback):
-  """``Interrupted`` when a SIGINT / SIGTERM arrived (``CheckSignals``), or a callback
-  asked for a stop (after the chunk's checkpoint)."""
+  """``Interrupted`` when a SIGINT / SIGTERM arrived (``CheckSignals``), or ``EarlyStop``
+  when a callback asked for a stop (after the chunk's checkpoint)."""
 
   def after_chunk(self, loop, state, rows):
     if loop.stop_requested:
-      raise interrupts.Interrupted("", signal.SIGINT)
+      raise EarlyStop(state)
     if loop.stopping:
       interrupts.check_interrupted()
 
@@ -298,8 +309,8 @@ class HostLoop:
     return self.wall_before + time.perf_counter() - self.t0
 
   def stop(self):
-    """Stop after this chunk, as a SIGINT would (its checkpoint first): ``Interrupted``.
-    Nothing global is recorded: the next run is not stopped."""
+    """Stop after this chunk (its checkpoint first): ``EarlyStop``. Nothing global is
+    recorded: the next run is not stopped."""
     self.stop_requested = self.stopping = True
 
   def save(self, state, position: Optional[int] = None):

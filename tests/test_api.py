@@ -113,15 +113,19 @@ def test_a_callback_sees_every_chunk_and_can_stop_the_run_with_its_checkpoint(tm
                        quiet=True)
   assert seen.calls == [([0, 1], 2, 2), ([2, 3], 4, 4), ([4], 5, 5)]
   stop = Recorder(stop_at=4)
-  with pytest.raises(fa.Interrupted, match="interrupted at round 5/5.*last checkpoint is "
-                     "round 4"):
-    fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[stop],
-                quiet=True, output_dir=str(tmp_path), checkpoint_every=100,
-                tensorboard=False)
+  # Early stopping keeps the result: the rows and state up to the stop, a summary saying
+  # so, the checkpoint of round 4 on disk.
+  early = fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[stop],
+                      quiet=True, output_dir=str(tmp_path), checkpoint_every=100,
+                      tensorboard=False).runs["fedavg"]
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
-  assert without_times(rows) == without_times(
-      json.loads(json.dumps(result.runs["fedavg"].rows[:4])))
+  four = without_times(json.loads(json.dumps(result.runs["fedavg"].rows[:4])))
+  assert without_times(rows) == four == without_times(json.loads(json.dumps(early.rows)))
+  assert int(early.state.round) == 4 and early.summary["stopped_early_at_round"] == 4
+  assert early.summary["final_accuracy"] == early.rows[-1]["test_accuracy"]
+  assert json.load(open(tmp_path / "summary.json"))["stopped_early_at_round"] == 4
+  assert os.path.isdir(tmp_path / "checkpoints" / "4")
   from fedjax_async import interrupts  # pylint: disable=g-import-not-at-top
   assert not interrupts.pending()  # the stop was that run's: later runs are not stopped
 
@@ -217,3 +221,60 @@ def test_a_diverging_virtual_clock_run_keeps_its_finite_arrivals_and_is_left_out
   with open(tmp_path / "metrics.jsonl") as f:
     assert [json.loads(line)["group"] for line in f] == [0, 1, 2]
   assert os.listdir(tmp_path / "checkpoints") == ["2"]
+
+
+def _arrays(seed=0, n=400, d=6, k=3):
+  rng = np.random.default_rng(seed)
+  w = rng.normal(size=(d, k))
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  tx = rng.normal(size=(100, d)).astype(np.float32)
+  return x, np.argmax(x @ w, 1), tx, np.argmax(tx @ w, 1)
+
+
+def test_own_arrays_federate_with_every_example_once():
+  x, y, tx, ty = _arrays()
+  fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.3)
+  assert fed.x.shape[0] == 8 and int(fed.counts.sum()) == len(y) and fed.num_classes == 3
+  got = sorted(tuple(r) for i in range(8) for r in fed.x[i, :fed.counts[i]])
+  assert got == sorted(tuple(r) for r in x)  # each example on exactly one client
+  clients = [(x[:10], y[:10]), (x[10:25], y[10:25])]
+  own = fa.data.from_clients(clients, (tx, ty))
+  assert list(own.counts) == [10, 15]
+  np.testing.assert_array_equal(own.x[1, :15], x[10:25])
+  np.testing.assert_array_equal(own.y[0, :10], y[:10])
+  with pytest.raises(ValueError, match=r"^x and y: 400 examples against 399 labels"):
+    fa.data.from_arrays(x, y[:-1], (tx, ty), num_clients=8)
+  with pytest.raises(ValueError, match=r"^test: expected a pair"):
+    fa.data.from_arrays(x, y, tx, num_clients=8)
+
+
+def test_own_data_and_flax_module_through_simulate():
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  x, y, tx, ty = _arrays()
+  fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.5)
+
+  class Tiny(nn.Module):  # no ``train`` argument: simulate wraps it
+    @nn.compact
+    def __call__(self, h):
+      return nn.Dense(3)(nn.relu(nn.Dense(8)(h)))
+
+  module = Tiny()
+  run = fa.simulate(algorithm=["fedavg"], data=fed, model=module, rounds=3,
+                    quiet=True).runs["fedavg"]
+  assert run.summary["model"] == "Tiny" and run.summary["dataset"] == "arrays"
+  # the final flat model, unravelled into the module's own parameters, scores the last row
+  params = run.model[2].params(run.state.w)
+  logits = module.apply({"params": params["inner"]}, tx)
+  assert np.mean(np.argmax(np.asarray(logits), -1) == ty) == pytest.approx(
+      run.rows[-1]["test_accuracy"], abs=1e-6)
+
+  class WithBatchStats(nn.Module):
+    @nn.compact
+    def __call__(self, h, train: bool = False):
+      return nn.Dense(3)(nn.BatchNorm(use_running_average=not train)(h))
+
+  with pytest.raises(ValueError, match=r"^model: WithBatchStats: model has non-parameter "
+                     "state"):
+    fa.simulate(algorithm="fedavg", data=fed, model=WithBatchStats(), rounds=1, quiet=True)
+  with pytest.raises(ValueError, match=r"^data: expected a FederatedData"):
+    fa.simulate(algorithm="fedavg", data=[(x, y)], rounds=1, quiet=True)

@@ -140,3 +140,22 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
     driver.validate(clock.replace(algorithm="fedasync,fedbuff,fedasync"))
   with pytest.raises(config.ConfigError, match=r"^algorithm\.mix_alpha: needs distinct"):
     driver.validate(clock.replace(mix_alpha="0.5,0.50"))
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"rounds": "5"}, r"^run\.rounds: expected int, got '5' \(str\)"),
+    ({"rounds": 2.5}, r"^run\.rounds: expected int, got 2\.5 \(float\)"),
+    ({"rounds": True}, r"^run\.rounds: expected int, got True \(bool\)"),
+    ({"lr": "0.1"}, r"^local\.lr: expected float, got '0\.1' \(str\)"),
+    ({"quiet": 1}, r"^output\.quiet: expected bool, got 1 \(int\)"),
+    ({"delay_fraction": "0.3"}, r"^delay\.fraction: expected float, got '0\.3' \(str\)"),
+])
+def test_a_value_of_the_wrong_type_is_an_error_naming_its_field(fields, message):
+  with pytest.raises(ValueError, match=message):
+    config.validate(config.RunConfig().replace(**fields))
+
+
+def test_numbers_of_any_width_are_accepted():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cfg = config.RunConfig().replace(rounds=np.int64(5), lr=np.float32(0.1), mu=1)
+  config.validate(cfg)

@@ -20,6 +20,8 @@ and assigns every example exactly once): :func:`partition_iid` (equal class prop
 PAFed), :func:`partition_shards` (McMahan et al.: 2 label-sorted shards per client) and
 :func:`partition_dirichlet` (per-class Dir(alpha) proportions). :func:`federate` pads them.
 
+:func:`from_arrays` (your labelled arrays, partitioned) and :func:`from_clients` (your own
+split) make a :class:`FederatedData` for ``simulate(..., data=...)``.
 :func:`load` is the single entry point of ``experiments/run.py``. Label histograms:
 :func:`label_histogram`, :func:`format_histogram`, :func:`save_histogram_png`, and the CLI
 
@@ -31,6 +33,7 @@ from fedjax_async.data.federated import (DATA_SOURCES, DATASETS, DEFAULT_FASHION
                                          KNOWN_NUM_CLASSES, MAX_DATA_ENV, PARTITIONS,
                                          FederatedData, available_memory_bytes,
                                          check_padded_size, federate, format_histogram,
+                                         from_arrays, from_clients,
                                          label_histogram, make_partition,
                                          padded_data_limit_bytes, partition_dirichlet,
                                          partition_iid, partition_shards,
@@ -45,7 +48,8 @@ from fedjax_async.data.sources import (IDX_STEMS, SYNTHETIC_CLASSES, SYNTHETIC_D
 __all__ = [
     "DATA_SOURCES", "DATASETS", "DEFAULT_FASHION_MNIST_DIR", "KNOWN_NUM_CLASSES",
     "MAX_DATA_ENV", "PARTITIONS", "FederatedData", "available_memory_bytes",
-    "check_padded_size", "federate", "format_histogram", "label_histogram",
+    "check_padded_size", "federate", "format_histogram", "from_arrays", "from_clients",
+    "label_histogram",
     "make_partition", "padded_data_limit_bytes", "partition_dirichlet", "partition_iid",
     "partition_shards", "save_histogram_png", "load", "IDX_STEMS", "SYNTHETIC_CLASSES",
     "SYNTHETIC_DIM", "find_idx", "idx_files_present", "load_fashion_mnist",

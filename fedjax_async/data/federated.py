@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -269,3 +269,74 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   fig.colorbar(im, ax=ax, label="examples")
   fig.tight_layout()
   fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
+
+
+def _labels(y, what: str) -> np.ndarray:
+  y = np.asarray(y)
+  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+    raise ValueError(f"{what}: expected a 1-D array of non-negative integer labels, got "
+                     f"shape {y.shape} dtype {y.dtype}")
+  return y.astype(np.int32)
+
+
+def from_arrays(x, y, test, *, num_clients: int, partition: str = "iid",
+                alpha: float = 0.5, shards_per_client: int = 2, min_size: int = 1,
+                seed: int = 0, num_classes: Optional[int] = None,
+                name: str = "arrays") -> FederatedData:
+  """Your labelled arrays as a federated data set: ``x [n, ...]`` (float features),
+  ``y [n]`` (int labels), ``test = (x_test, y_test)``, split over ``num_clients`` by the
+  project's partitions (``partition``: iid | shards | dirichlet, with ``alpha`` /
+  ``shards_per_client``; seeded). ``num_classes`` defaults to the largest label + 1.
+
+    fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=20, partition="dirichlet", alpha=0.1)
+    fa.simulate(algorithm="fedavg", data=fed)
+  """
+  x = np.asarray(x, np.float32)
+  y = _labels(y, "y")
+  if len(x) != len(y):
+    raise ValueError(f"x and y: {len(x)} examples against {len(y)} labels")
+  if partition not in PARTITIONS:
+    raise ValueError(f"partition: unknown partition {partition!r}; choose from "
+                     f"{list(PARTITIONS)}")
+  if not 1 <= num_clients <= len(y):
+    raise ValueError(f"num_clients: must be in [1, {len(y)}] (the examples), got {num_clients}")
+  parts = make_partition(y, partition, num_clients, alpha=alpha,
+                         shards_per_client=shards_per_client, min_size=min_size, seed=seed)
+  return _federated(x, y, parts, test, num_classes, name, partition)
+
+
+def from_clients(clients: Sequence[Tuple[np.ndarray, np.ndarray]], test, *,
+                 num_classes: Optional[int] = None, name: str = "clients") -> FederatedData:
+  """Your own split: one ``(x_i, y_i)`` pair per client, ``test = (x_test, y_test)``."""
+  if not clients:
+    raise ValueError("clients: expected at least one (x, y) pair")
+  xs, parts, start = [], [], 0
+  ys = []
+  for i, (cx, cy) in enumerate(clients):
+    cx, cy = np.asarray(cx, np.float32), _labels(cy, f"clients[{i}] labels")
+    if len(cx) != len(cy) or not len(cy):
+      raise ValueError(f"clients[{i}]: {len(cx)} examples against {len(cy)} labels (each "
+                       "client needs at least one)")
+    xs.append(cx)
+    ys.append(cy)
+    parts.append(np.arange(start, start + len(cy)))
+    start += len(cy)
+  return _federated(np.concatenate(xs), np.concatenate(ys), parts, test, num_classes, name,
+                    "given")
+
+
+def _federated(x, y, parts, test, num_classes, name, partition) -> FederatedData:
+  try:
+    tx, ty = test
+  except (TypeError, ValueError):
+    raise ValueError("test: expected a pair (x_test, y_test)") from None
+  tx, ty = np.asarray(tx, np.float32), _labels(ty, "test labels")
+  if tx.shape[1:] != x.shape[1:]:
+    raise ValueError(f"test: examples of shape {tx.shape[1:]}, the training ones "
+                     f"{x.shape[1:]}")
+  k = int(max(y.max(initial=0), ty.max(initial=0))) + 1
+  if num_classes is None:
+    num_classes = k
+  elif num_classes < k:
+    raise ValueError(f"num_classes={num_classes}: the labels go up to {k - 1}")
+  return federate(x, y, parts, tx, ty, num_classes, name, partition=partition)

@@ -47,6 +47,15 @@ class DelayConfig:
       "dispatch round (state and dual step kept) and loses only its upload."})
 
   def __post_init__(self):  # the errors name the field's path in RunConfig
+    number, integer = (int, float, np.number), (int, np.integer)
+    for name, kinds, kind in (("fraction", number, "float"), ("distribution", (str,), "str"),
+                              ("max_delay", integer, "int"), ("mean", number, "float"),
+                              ("buffer_size", integer, "int"),
+                              ("train_dropped", (bool, np.bool_), "bool")):
+      value = getattr(self, name)
+      if not isinstance(value, kinds) or (kind != "bool" and isinstance(value, bool)):
+        raise ValueError(f"delay.{name}: expected {kind}, got {value!r} "
+                         f"({type(value).__name__})")
     if not 0.0 <= self.fraction <= 1.0:
       raise ValueError(f"delay.fraction: must be in [0, 1], got {self.fraction}")
     if self.distribution not in DELAY_DISTRIBUTIONS:
