@@ -68,6 +68,20 @@ def prepare(cfg: config_lib.RunConfig):
     outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
 
 
+def _algorithm_names(value, config) -> str:
+  """``algorithm=`` as the configuration's comma list: a name, a list of names, or
+  ``base.Algorithm`` objects (registered by their names, ``algorithms.register``)."""
+  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  if value is None:
+    return (config or config_lib.RunConfig()).algorithm.names
+  items = list(value) if isinstance(value, (list, tuple)) else [value]
+  for item in items:
+    if isinstance(item, base.Algorithm):
+      algorithms.register(item, replace=True)
+  return ",".join(i.name if isinstance(i, base.Algorithm) else str(i) for i in items)
+
+
 def _own_data_and_model(fields: dict):
   """(FederatedData, flax module, input_shape) given to ``simulate`` in place of a data set's
   and a model's names (``data=``, ``dataset=``, ``model=``, ``input_shape=``), popped from
@@ -134,8 +148,9 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   if isinstance(config, async_config.AsyncRunConfig):
     from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
     return driver.simulate(config, callbacks, **fields)
-  if isinstance(fields.get("algorithm"), (list, tuple)):  # ["fedavg", "pafed"]
-    fields["algorithm"] = ",".join(map(str, fields["algorithm"]))
+  fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
+  if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}
+    fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
   fed_data, module, input_shape = _own_data_and_model(fields)
   if fed_data is not None and "dataset" not in fields:
     fields["dataset"] = fed_data.name  # names the runs; PAFed's alphas: the image default

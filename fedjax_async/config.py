@@ -100,6 +100,8 @@ class AlgorithmConfig:
                             "FedADMM).")
   server_lr2: float = option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
   server_lr_switch_round: int = option(-1, "Round where eta_2 starts (-1: never).")
+  hp: str = option("", "The algorithms' own hyper-parameters (Algorithm.hparams), "
+                   "name=value,... (simulate(hp={...}) takes a dict).")
 
   def name_list(self) -> List[str]:
     return self.names.split(",")
@@ -300,8 +302,14 @@ class RunConfig(FlatKeys):
       flat["delay"] = delay
     return cls().replace(**flat)
 
-  def hparams(self) -> Dict[str, float]:
-    """The traced scalar hyperparameters (sweepable with vmap)."""
+  def hparams(self, algorithm=None) -> Dict[str, float]:
+    """The traced scalar hyperparameters (sweepable with vmap): the common ones, then
+    ``algorithm``'s own (``Algorithm.hparams``) with the values of ``algorithm.hp``."""
+    own = dict(getattr(algorithm, "hparams", ()))
+    own.update({k: v for k, v in parse_hp(self.algorithm.hp).items() if k in own})
+    return {**self.common_hparams(), **own}
+
+  def common_hparams(self) -> Dict[str, float]:
     a, loc = self.algorithm, self.local
     return {"lr": loc.lr, "momentum": loc.momentum, "rho": a.rho, "mu": a.mu,
             "alpha0": a.alpha0, "alpha1": a.alpha1, "alpha2": a.alpha2,
@@ -310,6 +318,27 @@ class RunConfig(FlatKeys):
             "server_lr": a.server_lr,
             "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
             "server_lr_switch_round": a.server_lr_switch_round}
+
+
+def parse_hp(text) -> Dict[str, float]:
+  """``algorithm.hp``: ``"beta=0.9,gamma=2"`` (or a dict) -> {name: float}; ConfigError
+  naming the field otherwise."""
+  if isinstance(text, dict):
+    items = list(text.items())
+  else:
+    items = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+      name, sep, value = part.partition("=")
+      if not sep or not name.strip():
+        raise ConfigError("algorithm.hp", f"expected name=value,..., got {text!r}")
+      items.append((name.strip(), value))
+  out = {}
+  for name, value in items:
+    try:
+      out[name] = float(value)
+    except (TypeError, ValueError):
+      raise ConfigError("algorithm.hp", f"{name}: expected a number, got {value!r}") from None
+  return out
 
 
 class FlagSpec(NamedTuple):
@@ -433,6 +462,11 @@ def _validate_algorithm(cfg: RunConfig):
   for k in ("alpha0", "alpha1", "alpha2"):  # PAFed's non-negative weights (Eq. 17)
     check(getattr(a, k) >= 0, f"algorithm.{k}", f"must be >= 0 (a weight of PAFed's "
           f"Eq. 17), got {getattr(a, k)}")
+  declared = {k for n in names if n in algorithms.names("rounds")
+              for k, _ in algorithms.get(n).hparams}
+  for k in parse_hp(a.hp):
+    check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
+          f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
   check(0 < a.alpha_decay <= 1, "algorithm.alpha_decay",
         f"must be in (0, 1] (1: constant alphas), got {a.alpha_decay}")
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",

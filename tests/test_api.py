@@ -278,3 +278,35 @@ def test_own_data_and_flax_module_through_simulate():
     fa.simulate(algorithm="fedavg", data=fed, model=WithBatchStats(), rounds=1, quiet=True)
   with pytest.raises(ValueError, match=r"^data: expected a FederatedData"):
     fa.simulate(algorithm="fedavg", data=[(x, y)], rounds=1, quiet=True)
+
+
+def test_a_user_algorithm_with_its_own_hyperparameter_equals_its_builtin_twin():
+  """FedAvg rewritten by a user, its step size a declared hyper-parameter ``beta``:
+  with beta = b it must follow the built-in FedAvg at server_lr = b round for round."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    del round_index
+    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+    mean = jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n)
+    return w + hp["beta"] * mean, server_state, {}
+
+  mine = base.Algorithm(name="my_fedavg", local_penalty=base.no_penalty,
+                        client_final=base.delta_upload, server_update=server_update,
+                        hparams=(("beta", 0.5),))
+  common = dict(rounds=3, quiet=True, delay_fraction=0.0)
+  default = fa.simulate(algorithm=mine, **common).runs["my_fedavg"]
+  assert "my_fedavg" in fa.algorithms.names("rounds")
+  quarter = fa.simulate(algorithm="my_fedavg", hp={"beta": 0.25}, **common).runs["my_fedavg"]
+  for run, lr in ((default, 0.5), (quarter, 0.25)):
+    twin = fa.simulate(algorithm="fedavg", server_lr=lr, **common).runs["fedavg"]
+    np.testing.assert_allclose(np.asarray(run.state.w), np.asarray(twin.state.w), atol=1e-5)
+  assert not np.allclose(np.asarray(default.state.w), np.asarray(quarter.state.w))
+  with pytest.raises(ValueError, match=r"^algorithm\.hp: gamma: not a hyper-parameter of "
+                     r"my_fedavg \(declared: beta\)"):
+    fa.simulate(algorithm="my_fedavg", hp="gamma=1", **common)
+  with pytest.raises(ValueError, match="the name 'fedavg' is taken"):
+    fa.algorithms.register(base.Algorithm(name="fedavg", local_penalty=base.no_penalty,
+                                          client_final=base.delta_upload,
+                                          server_update=server_update))

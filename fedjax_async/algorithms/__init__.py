@@ -11,6 +11,7 @@ runs those with a per-arrival rule (``server_step``), and a round rule as rounds
   names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
   engine_of("fedbuff")      # "virtual_clock"
   get("pafed")              # its base.Algorithm
+  register(my_algorithm)    # a base.Algorithm of your own, by its name
 """
 
 from __future__ import annotations
@@ -39,22 +40,48 @@ _REGISTRY = {
 ADMM = ("fedadmm", "pafed")
 
 
+# Algorithms registered from Python (``register``): name -> base.Algorithm.
+_REGISTERED = {}
+
+
+def register(algorithm, replace: bool = False):
+  """Registers a ``base.Algorithm`` under its ``name`` for every entry point of this
+  process (``simulate(algorithm=name)``, validation, the CLI when registered before its
+  flags are parsed); its engine is its rule's (``Algorithm.engine``). A name already
+  taken is refused unless ``replace`` (a built-in name never is). Returns ``algorithm``."""
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  if not isinstance(algorithm, base.Algorithm):
+    raise TypeError(f"register: expected a fedjax_async.algorithms.base.Algorithm, got "
+                    f"{type(algorithm).__name__}")
+  name = algorithm.name
+  if not name or "," in name:
+    raise ValueError(f"register: the algorithm's name must be non-empty without commas, "
+                     f"got {name!r}")
+  if name in _REGISTRY or (name in _REGISTERED and not replace
+                           and _REGISTERED[name] is not algorithm):
+    raise ValueError(f"register: the name {name!r} is taken (replace=True replaces a "
+                     "registered one; built-in names cannot be)")
+  _REGISTERED[name] = algorithm
+  return algorithm
+
+
 def names(engine: Optional[str] = None) -> Tuple[str, ...]:
   """The registered algorithms, all of them or those of one engine (``ENGINES``)."""
   if engine is not None and engine not in ENGINES:
     raise ValueError(f"unknown engine {engine!r}; choices: {', '.join(ENGINES)}")
-  return tuple(n for n, (e, _) in _REGISTRY.items() if engine in (None, e))
+  built_in = tuple(n for n, (e, _) in _REGISTRY.items() if engine in (None, e))
+  return built_in + tuple(n for n, a in _REGISTERED.items() if engine in (None, a.engine))
 
 
 def engine_of(name: str) -> str:
   """``"rounds"`` or ``"virtual_clock"``: the engine that runs ``name``."""
   _check(name)
-  return _REGISTRY[name][0]
+  return _REGISTRY[name][0] if name in _REGISTRY else _REGISTERED[name].engine
 
 
 def _check(name: str):
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown algorithm {name!r}; choices: {', '.join(_REGISTRY)}")
+  if name not in _REGISTRY and name not in _REGISTERED:
+    raise ValueError(f"unknown algorithm {name!r}; choices: {', '.join(names())}")
 
 
 def get(name: str, admm_upload: str = "received"):
@@ -62,6 +89,8 @@ def get(name: str, admm_upload: str = "received"):
   ``admm_upload`` selects the reading of Eq. 16 for the ADMM clients
   (the others ignore it)."""
   _check(name)
+  if name in _REGISTERED:
+    return _REGISTERED[name]
   module = importlib.import_module(_REGISTRY[name][1])
   if name in ADMM and admm_upload != "received":
     return module.make_algorithm(upload=admm_upload)

@@ -26,7 +26,7 @@ sweeps can ``vmap`` over them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -154,6 +154,9 @@ class Algorithm:
       Alg. 1), stop once the loss is <= ``hp['loss_threshold']`` (double compensation),
       train the sub-model of the device class's scale, and server versions every
       ``buffer_k`` arrivals (FedBuff).
+    hparams: the algorithm's own scalar hyper-parameters, ``(name, default)`` pairs: they
+      reach its functions in ``hp`` (traced, so a new value needs no recompilation) and
+      are set by ``algorithm.hp`` (``--hp=name=value,...``; ``simulate(hp={...})``).
   """
 
   name: str
@@ -170,6 +173,7 @@ class Algorithm:
   early_stop: bool = False
   pruned: bool = False
   buffered: bool = False
+  hparams: Tuple[Tuple[str, float], ...] = ()
 
   def __post_init__(self):
     if (self.server_update is None) == (self.server_step is None):
