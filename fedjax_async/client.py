@@ -33,6 +33,9 @@ import optax
 from fedjax_async.algorithms import base
 
 
+PRECISIONS = ("float32", "tf32", "bf16")  # LocalConfig.precision
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalConfig:
   """Static shape of local training (changing it recompiles)."""
@@ -48,10 +51,20 @@ class LocalConfig:
   # > 0: at most this many minibatch steps per task (PrivaAsyncFed Alg. 1's H, Table II's
   # "Local Steps"), within the E epochs' shuffles; 0: the E epochs' steps.
   local_steps: int = 0
+  # The forward and backward pass's arithmetic (``PRECISIONS``): "float32" as written
+  # (dots and convolutions at JAX's default matmul precision: TF32 on recent NVIDIA GPUs),
+  # "tf32" (``jax.default_matmul_precision("tensorfloat32")`` around the loss and its
+  # gradient), "bf16" (parameters and inputs cast to bfloat16 for the loss and its
+  # gradient). The parameters, their updates, the optimiser state and the penalty stay
+  # float32.
+  precision: str = "float32"
 
   def __post_init__(self):
     if self.local_steps < 0:
       raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
+    if self.precision not in PRECISIONS:
+      raise ValueError(f"local.precision: must be one of {', '.join(PRECISIONS)}, got "
+                       f"{self.precision!r}")
 
   @property
   def steps_per_epoch(self) -> int:
@@ -204,6 +217,30 @@ def flat_params(w):
   return jnp.concatenate(w) if isinstance(w, tuple) else w
 
 
+def compute_dtype(w, x, precision: str):
+  """``(w, x)`` as the loss sees them: cast to bfloat16 for ``precision="bf16"`` (floating
+  inputs only; the gradient of the cast brings the parameters' gradient back to float32),
+  else unchanged."""
+  if precision != "bf16":
+    return w, x
+  cast = lambda a: a.astype(jnp.bfloat16) if jnp.issubdtype(a.dtype, jnp.floating) else a
+  return jax.tree.map(cast, w), cast(x)
+
+
+def with_precision(fn: Callable, precision: str) -> Callable:
+  """``fn`` traced under ``jax.default_matmul_precision("tensorfloat32")`` for
+  ``precision="tf32"`` (every dot and convolution it makes, the backward ones included),
+  else ``fn``."""
+  if precision != "tf32":
+    return fn
+
+  def wrapped(*args, **kwargs):
+    with jax.default_matmul_precision("tensorfloat32"):
+      return fn(*args, **kwargs)
+
+  return wrapped
+
+
 def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
                      hp, cfg: LocalConfig, budget, dropout_key):
   """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
@@ -232,13 +269,13 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
     return algorithm.local_penalty(flat_params(w), w_start, client_state, hp)
 
   def loss_fn(w, xb, yb, mask, rng):
-    logits = apply_flat(w, xb, train=True, rng=rng)
-    data_loss = masked_cross_entropy(logits, yb, mask)
+    logits = apply_flat(*compute_dtype(w, xb, cfg.precision), train=True, rng=rng)
+    data_loss = masked_cross_entropy(logits.astype(jnp.float32), yb, mask)
     return data_loss + penalty(w), data_loss
 
   # The step reports the data loss: the penalty's value is never needed (only its
   # gradient), so XLA drops its pass over the parameters.
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  grad_fn = with_precision(jax.value_and_grad(loss_fn, has_aux=True), cfg.precision)
 
   def client_step(carry, batch):
     w, opt_state, loss_sum = carry

@@ -100,6 +100,13 @@ class AlgorithmConfig:
                             "FedADMM).")
   server_lr2: float = option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
   server_lr_switch_round: int = option(-1, "Round where eta_2 starts (-1: never).")
+  server_optimizer: str = option(
+      "sgd", "Server optimiser on the round's step (Reddi et al. 2021): sgd (the rule "
+      "itself) | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi); eta = "
+      "algorithm.server_lr.", choices=("sgd", "momentum", "adam", "yogi"))
+  server_beta1: float = option(0.9, "beta_1 of the server optimiser (momentum's decay).")
+  server_beta2: float = option(0.99, "beta_2 of the adam / yogi server optimisers.")
+  server_tau: float = option(1e-3, "tau, adam / yogi's adaptivity (optax's eps).")
   hp: str = option("", "The algorithms' own hyper-parameters (Algorithm.hparams), "
                    "name=value,... (simulate(hp={...}) takes a dict).")
 
@@ -467,6 +474,12 @@ def _validate_algorithm(cfg: RunConfig):
   for k in parse_hp(a.hp):
     check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
           f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
+  check(a.server_optimizer in ("sgd", "momentum", "adam", "yogi"),
+        "algorithm.server_optimizer", "must be sgd, momentum, adam or yogi, got "
+        f"{a.server_optimizer!r}")
+  for k in ("server_beta1", "server_beta2"):
+    check(0 <= getattr(a, k) < 1, f"algorithm.{k}", f"must be in [0, 1), got {getattr(a, k)}")
+  check(a.server_tau > 0, "algorithm.server_tau", f"must be > 0, got {a.server_tau}")
   check(0 < a.alpha_decay <= 1, "algorithm.alpha_decay",
         f"must be in (0, 1] (1: constant alphas), got {a.alpha_decay}")
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
@@ -509,9 +522,11 @@ def _validate_crypto(c: CryptoConfig, a: AlgorithmConfig):
   if c.secure_aggregation == "ckks":
     check(a.names == "pafed", "crypto.secure_aggregation",
           "ckks secure aggregation is PAFed's (use algorithm.names='pafed')")
-    check(a.ducc_projection == "conflicting" and a.alpha_decay == 1.0,
+    check(a.ducc_projection == "conflicting" and a.alpha_decay == 1.0
+          and a.server_optimizer == "sgd",
           "algorithm.ducc_projection" if a.ducc_projection != "conflicting"
-          else "algorithm.alpha_decay", "the CKKS server runs Alg. 4 and Eq. 17 as printed "
+          else "algorithm.alpha_decay" if a.alpha_decay != 1.0
+          else "algorithm.server_optimizer", "the CKKS server runs Alg. 4 and Eq. 17 as printed "
           "(conflicting class projected, constant alphas); use the plaintext server "
           "(crypto.secure_aggregation='none') for this option")
   check(c.ckks_preset in ("secure", "insecure_test"), "crypto.ckks_preset",

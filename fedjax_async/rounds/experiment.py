@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
+from fedjax_async.algorithms import server_optimizers
 from fedjax_async import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async import interrupts
@@ -249,9 +250,15 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   runner = engine.make_runner(setup.apply_flat, setup.algorithm, ecfg)
   if not quiet and start_round < cfg.run.rounds:
     runner = CompileTimer(runner, name)
+  stopped_early = False
   try:
     with stop_softly:
       state = _simulate(cfg, setup, ecfg, runner, state, host, quiet)
+  except loop.EarlyStop as e:  # a callback ended the run: its result so far
+    state, stopped_early = e.state, True
+    if not quiet:
+      print(f"[{name}] stopped by a callback after round {int(state.round)}/{cfg.run.rounds}",
+            flush=True)
   except engine.Diverged as e:
     _diverged(e, cfg, name, setup, runner, host, ckpt)
   except KeyboardInterrupt as e:
@@ -264,6 +271,8 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
                       num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=host.wall(),
                       config=config_dict(cfg))
+  if stopped_early:
+    summary["stopped_early_at_round"] = int(state.round)
   if cfg.crypto.secure_aggregation == "ckks":
     summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
   if writes:
@@ -316,13 +325,15 @@ class _Setup(NamedTuple):
 
 def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
   _, w0, apply_flat = model
-  algorithm = algorithms.get(name, cfg.algorithm.admm_upload)
+  algorithm = server_optimizers.configured(algorithms.get(name, cfg.algorithm.admm_upload),
+                                           cfg.algorithm)
   tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
                           cfg.run.seed)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed_data.max_examples,
                              cfg.local.random_local_epochs, momentum=cfg.local.momentum > 0,
-                             local_steps=cfg.local.local_steps),
+                             local_steps=cfg.local.local_steps,
+                             precision=cfg.local.precision),
       cfg.delay.ring_size,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.run.client_chunk < 0
                     else cfg.run.client_chunk or None))
@@ -346,12 +357,14 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
   if cfg.crypto.secure_aggregation == "ckks":
     from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
     return secure_engine.simulate(
-        setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl, cfg.hparams(),
+        setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl,
+        cfg.hparams(setup.algorithm),
         setup.data, preset=cfg.crypto.ckks_preset, min_depth=cfg.crypto.ckks_min_depth,
         min_scale=cfg.crypto.ckks_min_scale, design=cfg.crypto.ckks_design, on_chunk=host,
         eval_every=cfg.run.eval_every,
         stream=io.StringIO() if quiet else sys.stdout)[0]
-  return engine.simulate(runner, state, setup.run_tl, cfg.hparams(), setup.data,
+  return engine.simulate(runner, state, setup.run_tl, cfg.hparams(setup.algorithm),
+                         setup.data,
                          eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call,
                          on_chunk=host)[0]
 
@@ -369,7 +382,8 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
     if ckpt.latest is not None:
       start = setup.place(jax.tree.map(
           jnp.asarray, ckpt.manager.restore(start, ckpt.latest).state))[2]
-    finite, _ = engine.simulate(runner, start, setup.run_tl, cfg.hparams(), setup.data,
+    finite, _ = engine.simulate(runner, start, setup.run_tl, cfg.hparams(setup.algorithm),
+                                setup.data,
                                 eval_every=cfg.run.eval_every, stop_round=e.round - 1,
                                 rounds_per_call=cfg.run.rounds_per_call)
     host.save(finite)

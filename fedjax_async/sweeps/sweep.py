@@ -46,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
+from fedjax_async.algorithms import server_optimizers
 from fedjax_async import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
@@ -173,8 +174,9 @@ def stack_trees(trees: Sequence):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def stack_hparams(cfgs: Sequence[config_lib.RunConfig]) -> Dict[str, jax.Array]:
-  hps = [c.hparams() for c in cfgs]
+def stack_hparams(cfgs: Sequence[config_lib.RunConfig], algorithm=None
+                  ) -> Dict[str, jax.Array]:
+  hps = [c.hparams(algorithm) for c in cfgs]
   return {k: jnp.asarray([h[k] for h in hps], jnp.float32) for k in hps[0]}
 
 
@@ -340,12 +342,14 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
             fed_data) -> Prepared:
   """Per-run initial states (model init from each run's seed) and timelines, stacked."""
   base = cfgs[0]
-  algorithm = algorithms.get(algorithm_name, base.algorithm.admm_upload)
+  algorithm = server_optimizers.configured(
+      algorithms.get(algorithm_name, base.algorithm.admm_upload), base.algorithm)
   ecfg = engine.EngineConfig(
       client_lib.LocalConfig(base.local.batch_size, base.local.local_epochs, fed_data.max_examples,
                              base.local.random_local_epochs,
                              momentum=any(c.local.momentum > 0 for c in cfgs),
-                             local_steps=base.local.local_steps),
+                             local_steps=base.local.local_steps,
+                             precision=base.local.precision),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
@@ -357,7 +361,7 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
     timelines.append(timeline_lib.build(fed_data.num_clients, c.run.rounds, c.run.participation,
                                         c.delay, c.run.seed))
   return Prepared(make_sweep_runner(apply_flat, algorithm, ecfg), stack_trees(states),
-                  stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs),
+                  stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs, algorithm),
                   engine.DeviceData.from_federated(fed_data), timelines, model_name,
                   num_params)
 
@@ -494,6 +498,6 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output.output_dir, "aggregate.png")
   sweep_store.plot_aggregate(agg, names, figure, title=outputs.figure_title(
-      base, fed_data.name, base.model.name, base.algorithm.name_list()))
+      base, fed_data.name, base.model.name, base.algorithm.name_list(), swept=names))
   print(f"figure: {figure}")
   return sweep_store.write_aggregate(agg, names, base.output.output_dir)
