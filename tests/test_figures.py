@@ -109,13 +109,10 @@ def parse(path, section=None):
       base = col = None  # a table ends
       continue
     cells = _cells(line)
-    if col is None:  # the header row
-      col = next((j for j, c in enumerate(cells) if c.lower().startswith("command")), None)
-      folders = [s[:-4] for s in _spans(cells[col]) if s.endswith("/...")] if col is not None \
-          else []
+    if col is None:  # the header row: the command column, and its folder ("benchmarks/...")
+      col = next((j for j, c in enumerate(cells) if c.lower().startswith("command")), -1)
+      folders = [s[:-4] for s in _spans(cells[col]) if s.endswith("/...")] if col >= 0 else []
       base = folders[0].split()[-1] if folders else ""
-      if col is None:
-        col = -1  # a table without commands
       continue
     if col < 0 or set(line) <= set("|-: "):
       continue
@@ -125,6 +122,8 @@ def parse(path, section=None):
     found = []
     for span in _spans(cell):
       words = shlex.split(span)
+      while words and (re.match(r"\w+=", words[0]) or re.search(r"python[\d.]*$", words[0])):
+        words = words[1:]  # PYTHONPATH=. .venv/bin/python ...
       if words and words[0].endswith(".py"):
         script = words[0] if "/" in words[0] else os.path.join(base, words[0])
         found.append(Command(where, script, words[1:]))
@@ -217,13 +216,14 @@ def test_a_misspelt_flag_or_a_renamed_script_in_a_figure_command_is_named(tmp_pa
                  "| a | 1x | `benchmarks/throughput.py --modles=logreg --reps=3` |\n"
                  "| b | 2x | `benchmarks/multiprocess.py --reps=2` |\n"
                  "| c | 3x | `benchmarks/peers.py --engine_round=2` |\n"
-                 "| d | 4x | `benchmarks/peers.py --reps=2` (K = 1: `--clients=0`) |\n\n"
+                 "| d | 4x | `benchmarks/peers.py --reps=2` (K = 1: `--clients=0`) |\n"
+                 "| e | 5x | `PYTHONPATH=. .venv/bin/python benchmarks/peers.py --reps=1` |\n\n"
                  "## Next\n")
   commands, bare = parse(str(doc))
   assert [str(c) for c in commands] == [
       "benchmarks/throughput.py --modles=logreg --reps=3", "benchmarks/multiprocess.py --reps=2",
       "benchmarks/peers.py --engine_round=2", "benchmarks/peers.py --reps=2",
-      "benchmarks/peers.py --reps=2 --clients=0"]
+      "benchmarks/peers.py --reps=2 --clients=0", "benchmarks/peers.py --reps=1"]
   assert not bare
   errors = check_args(commands)
   assert len(errors) == 4, errors
