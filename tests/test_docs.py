@@ -1,0 +1,37 @@
+"""docs/api.md's Python blocks run, in order, as one script (a reader pastes them into one
+session): a renamed function, a removed field or a wrong keyword in the docs fails here."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import run_script
+
+API_MD = os.path.join(run_script.ROOT, "docs", "api.md")
+
+
+def python_blocks(text: str):
+  return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def run_blocks(text: str, cwd):
+  script = "\n".join(python_blocks(text))
+  return subprocess.run([sys.executable, "-c", script], env=run_script.env(), cwd=cwd,
+                        capture_output=True, text=True, timeout=900)
+
+
+def test_every_python_block_of_the_api_doc_runs(tmp_path):
+  text = open(API_MD).read()
+  assert len(python_blocks(text)) >= 5
+  out = run_blocks(text, tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert os.listdir(tmp_path) == []  # the docs' runs write nothing unless asked
+
+
+def test_a_misspelt_keyword_in_a_block_fails():
+  text = "```python\nimport fedjax_async as fa\nfa.simulate(algorithm='fedavg', roundz=1)\n```\n"
+  out = run_blocks(text, None)
+  assert out.returncode != 0 and "roundz: not a RunConfig field" in out.stderr
