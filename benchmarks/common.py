@@ -183,6 +183,7 @@ class Workload:
   dense: str = "fast"  # the conv models' dense layers: layers.DENSE_IMPLS
   seed: int = 0
   jax_data: bool = False  # draw the data on the device (no host copy; for memory runs)
+  precision: str = "float32"  # the local training's (client.LocalConfig.precision)
 
   def __post_init__(self):
     name, self.input_shape, self.num_classes = MODELS[self.model]
@@ -193,7 +194,8 @@ class Workload:
     self.dim = int(self.w0.shape[0])
     self.alg = get_algorithm(self.algorithm)
     self.local = client_lib.LocalConfig(self.batch, self.epochs, self.examples,
-                                        momentum=HP["momentum"] > 0)
+                                        momentum=HP["momentum"] > 0,
+                                        precision=self.precision)
     self.steps = self.local.max_steps
     rng = np.random.default_rng(self.seed)
     n, m = self.num_clients, self.examples

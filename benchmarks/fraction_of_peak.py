@@ -7,10 +7,13 @@ reported: ``fraction_of_peak`` by XLA's cost analysis (taps on SAME padding left
 element-wise ops in: 630 MFLOP for the CNN at batch 10) and ``fraction_of_peak_analytic``
 counted from the model (every product, every tap: 724 MFLOP, what PyTorch's
 ``torch.utils.flop_counter`` gives for the same CNN; ``models.analytic_flops``).
-Peak = a 2048^3 float32 matmul measured in the same process: best of 3 at start, and
-again as one more runner taking turns with the engine and the loop in every repetition;
-the larger of the two is the peak (a VM that slows down mid-run then lowers
-the engine's figure, never the peak's). The default 60 examples per client at batch 10
+Peak = a square matmul in the precision the round's products run in (``peaks.py``:
+float32 local training at the process's default matmul precision, TF32 on recent NVIDIA
+GPUs; ``--precision=tf32`` / ``bf16`` in those), 2048^3 on CPU and the best of 8192^3 and
+16384^3 on an accelerator, measured in the same process: best of 3 at start, and again as
+one more runner taking turns with the engine and the loop in every repetition; the larger
+of the two is the peak (a VM that slows down mid-run then lowers the engine's figure,
+never the peak's). The default 60 examples per client at batch 10
 are the 6 local steps of the issue's starting point.
 Also times the sequential per-client jit loop on the same workload (``--loop``) so that
 "never slower than the loop" is checked in the same run. The round runs as the engine
@@ -36,6 +39,8 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
+from benchmarks import peaks  # noqa: E402
+from fedjax_async import client as client_lib  # noqa: E402
 from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 
@@ -59,6 +64,9 @@ flags.DEFINE_bool("loop", True, "Also time the sequential per-client loop.")
 flags.DEFINE_integer("client_chunk", -1, "Engine: clients per vmapped chunk (-1: the "
                      "engine's automatic choice, 1 for models of >= 100k parameters on CPU; "
                      "0: all K in one vmap).", lower_bound=-1)
+flags.DEFINE_enum("precision", "float32", list(client_lib.PRECISIONS),
+                  "The local training's arithmetic (--precision of the experiments); the "
+                  "peak is measured in the same precision.")
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 # A client with fewer examples than a batch trains on a partial batch, which the FLOP count
 # (a full batch per local step) would over-count.
@@ -71,23 +79,26 @@ flags.register_multi_flags_validator(
 
 def main(_):
   mach = common.machine()
-  peak_start = common.matmul_peak()
+  peak_precision = peaks.workload_peak_precision(FLAGS.precision)
+  peak_start, peak_n = peaks.measure(peak_precision, peaks.default_sizes())
   name, shape, classes = common.MODELS[FLAGS.model]
   net = models.get_model(name, classes, shape, impl="lax")
   step_flops = models.train_step_flops(net, shape, FLAGS.batch)
   step_flops_analytic = models.train_step_flops(net, shape, FLAGS.batch, count="analytic")
-  print(f"[fraction_of_peak] {mach} matmul peak {peak_start:.1f} GFLOP/s at start; "
+  print(f"[fraction_of_peak] {mach} matmul peak ({peak_precision}, n = {peak_n}) "
+        f"{peak_start:.1f} GFLOP/s at start; "
         f"{FLAGS.model} fwd+bwd {step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch} by "
         f"XLA's count, {step_flops_analytic / 1e6:.1f} counted from the model")
   rows = []
   other = [d for d in layers.DENSE_IMPLS if d != FLAGS.dense][0]
-  mm_prepare, mm_run, mm_flops = common.matmul_runner()
+  mm_run, mm_flops = peaks.matmul_runner(peak_precision, peak_n)
+  mm_prepare = lambda: None
   for k in map(int, FLAGS.clients):
     runners = {"matmul_peak": (mm_prepare, mm_run)}
     for dense in [FLAGS.dense] + ([other] if FLAGS.compare_dense else []):
       wl = common.Workload(FLAGS.model, k, num_clients=k, examples=FLAGS.examples,
                            batch=FLAGS.batch, rounds=FLAGS.rounds, impl=FLAGS.impl,
-                           dense=dense)
+                           dense=dense, precision=FLAGS.precision)
       chunk = common.client_chunk(FLAGS.client_chunk, wl.dim)
       prep, run, _ = common.engine_runner(wl, wl.engine_config(client_chunk=chunk))
       runners["engine" if dense == FLAGS.dense else "engine_other_dense"] = (prep, run)
@@ -109,6 +120,8 @@ def main(_):
     flops_analytic = step_flops_analytic * wl.client_steps_per_round * FLAGS.rounds
     row = dict(bench="fraction_of_peak", model=FLAGS.model, impl=FLAGS.impl, dense=FLAGS.dense,
                clients_per_round=k, local_steps=wl.steps, batch=FLAGS.batch,
+               precision=FLAGS.precision, peak_precision=peak_precision, peak_n=peak_n,
+               examples_per_s=wl.examples_per_round * FLAGS.rounds / t,
                rounds=FLAGS.rounds, client_chunk=chunk or 0, engine_s=t,
                loop_s=t_loop,
                gflops=flops / t / 1e9, loop_gflops=flops / t_loop / 1e9,

@@ -105,6 +105,25 @@ def _peak_memory(r) -> Optional[float]:
 # columns that identify a configuration)
 Column = Tuple[str, Any, str]
 SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
+    "peaks": (
+        "Dense matmul peak per precision, beside the datasheet (`peaks.py`)",
+        lambda r: True,
+        [("precision", "precision", "str"), ("n", "n", "int"),
+         ("measured GFLOP/s", "peak_gflops", "g3"),
+         ("datasheet TFLOP/s", lambda r: r.get("datasheet_tflops") or "unknown", "str"),
+         ("of the datasheet", "fraction_of_datasheet", "pct")], 1),
+    "paper_shapes": (
+        "The CNN round at Table V's shapes, runs vmapped, per precision "
+        "(`paper_shapes.py`)",
+        lambda r: True,
+        [("model", "model", "str"), ("convolutions", "impl", "str"),
+         ("precision", "precision", "str"),
+         ("runs", "runs", "int"), ("local steps", "local_steps", "int"),
+         ("batch", "batch", "int"), ("examples/s", "examples_per_s", "g3"),
+         ("GFLOP/s", "gflops_analytic", "g3"), ("peak", "peak_precision", "str"),
+         ("peak GFLOP/s", "peak_gflops", "g3"),
+         ("fraction of peak (counted from the model)", "fraction_of_peak_analytic", "pct"),
+         ("s per paper run (T = 100)", "projected_run_s", "g3")], 6),
     "fraction_of_peak": (
         "A round's FLOP/s as a fraction of the matmul peak (`fraction_of_peak.py`)",
         lambda r: True,

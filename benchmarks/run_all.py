@@ -26,17 +26,22 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
   (PNG) next to the logs.
 
 ``--device_suite`` is the run prepared for an accelerator lent for a short window (a lease
-of 15 minutes of device time, the machine's start included; BUILD.md "The device suite"):
-the steps above at the accelerator sizes, whatever the platform (the CNN's K sweep fitted
-for the largest K per round in the device's memory; the peers run by this Python, so pfl /
-Flower only where they are installed), and last ``table_v``, the PAFed paper's Table V in
-its own configuration (``experiments/pafed_table.py --config=full``) for non-IID
-δ ∈ {0, 0.5}, the four algorithms, 2 seeds, the paper's values beside (on such a lease it
-needs one of its own: ``--only=table_v``). ``--time_budget_min`` (9 by default there)
-bounds the whole run: a step still running at the end is stopped (its finished rows stay),
-the steps after it are listed as not run, and the report is written. The report
-(``report.md``) then has Table V after the performance tables. With ``--quick`` the same
-steps run at toy sizes: the CPU dry run in the test suite.
+of 15 minutes of device time, the machine's start included; BUILD.md "The device suite"),
+in one command of at most 10 minutes: ``peaks`` (the dense matmul peak in float32, TF32,
+bf16 and JAX's default precision, beside the datasheet's), ``fraction_of_peak`` at the
+accelerator sizes (one vmap of all K), ``paper_shapes`` (the CNN round at Table V's
+shapes, B = 50 and 120 local steps, 20 runs vmapped, float32 and bf16 local training, the
+convolutions as lax convolutions and as im2col GEMMs, against the peak in the same
+precision), and last ``table_v`` (``table_v.py``: whole runs
+of the PAFed paper's Table V in its own configuration, as many as the time left allows,
+skipping the runs whose rows are committed; its rows under ``<results_dir>/table_v/``).
+``--only`` adds the other steps at the accelerator sizes (``throughput``, ``scaling``,
+``peers``, ``multidevice``; each needs most of a lease). ``--time_budget_min`` (9 by
+default there) bounds the whole run: ``table_v`` plans its computations to end before it
+(``FEDJAX_ASYNC_DEADLINE``), a step still running at the end is stopped (its finished rows
+stay), the steps after it are listed as not run, and the report (``report.md``, Table V
+after the performance tables) is written. With ``--quick`` the same steps run at toy
+sizes: the CPU dry run in the test suite.
 
 The steps run with tcmalloc preloaded where it is installed (``--allocator``; on CPU it
 spares each call the page faults of fresh large buffers, docs/performance.md, "The
@@ -71,9 +76,13 @@ HERE = os.path.join(ROOT, "benchmarks")
 from benchmarks import flagcheck  # noqa: E402  (no JAX import)
 from benchmarks import paths  # noqa: E402  (no JAX import)
 
-STEPS = ("fraction_of_peak", "throughput", "scaling", "multidevice", "multiprocess", "peers",
-         "table_v")
+STEPS = ("peaks", "fraction_of_peak", "throughput", "scaling", "multidevice", "multiprocess",
+         "peers", "paper_shapes", "table_v")
 DEVICE_SUITE_BUDGET_MIN = 9.0  # --time_budget_min's default with --device_suite
+# The device suite's steps without --only: they end within one lease's command, Table V
+# taking the time the others leave (the others were measured on an H200: README).
+DEVICE_DEFAULT = ("peaks", "fraction_of_peak", "paper_shapes", "table_v")
+DEADLINE_ENV = "FEDJAX_ASYNC_DEADLINE"  # the suite's deadline (Unix time), for table_v
 
 FLAGS = flags.FLAGS
 
@@ -99,9 +108,9 @@ def define_flags():
                       "The peers' Python (pfl, Flower); see "
                       "benchmarks/requirements-peers.txt.")
   flags.DEFINE_bool("device_suite", False,
-                    "The accelerator run in one command: the steps at the accelerator sizes "
-                    "whatever the platform, and table_v (the PAFed paper's Table V, non-IID "
-                    "delta 0 and 0.5, 4 algorithms, 2 seeds), within --time_budget_min. "
+                    "The accelerator run in one command, at the accelerator sizes whatever "
+                    f"the platform: {', '.join(DEVICE_DEFAULT)} (Table V's whole runs in "
+                    "the time left), within --time_budget_min; --only adds the other steps. "
                     "With --quick: toy sizes (the CPU dry run).")
   flags.DEFINE_float("time_budget_min", None,
                      "Minutes the whole run may take: a step still running then is stopped "
@@ -121,8 +130,9 @@ def define_flags():
       message="--time_budget_min: expected a number of minutes > 0")
   flags.register_multi_flags_validator(
       ["only", "device_suite"],
-      lambda v: v["device_suite"] or "table_v" not in (v["only"] or ()),
-      message="--only: table_v is a step of --device_suite")
+      lambda v: v["device_suite"] or not {"table_v", "peaks", "paper_shapes"} & set(
+          v["only"] or ()),
+      message="--only: peaks, paper_shapes and table_v are steps of --device_suite")
   flags.register_validator(
       "data_dir", lambda v: v is None or os.path.isdir(v),
       message="--data_dir: not a folder (expected the Fashion-MNIST IDX files' folder)")
@@ -266,7 +276,10 @@ DEVICE_SIZES = {
                         "--rounds=20", "--reps=3"],
         scaling_cnn=["--models=cnn", "--k_cnn=10,50,200,1000", "--rounds=2", "--reps=2"],
         peers=["--reps=2", "--engine_rounds=2"],
-        table_v=["--config=full", "--checkpoint_every=0"]),  # no rerun there to resume
+        peaks=[],
+        # 20 runs: a Table V computation (4 deltas x 5 seeds); float32 runs TF32 there
+        paper_shapes=["--runs=20", "--precisions=float32,bf16", "--impls=vjp,patches"],
+        table_v=[]),  # the paper's and the authors' flag files, whole runs, 5 seeds
     True: dict(
         fop=["--model=logreg", "--clients=2", "--examples=20", "--rounds=1", "--reps=1"],
         tp=["--models=logreg", "--clients=2", "--rounds=2", "--reps=1"],
@@ -276,9 +289,14 @@ DEVICE_SIZES = {
         scaling_cnn=None,
         peers=["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1",
                "--reps=1"],
-        table_v=["--config=reduced", "--rounds=1", "--local_epochs=1", "--num_clients=10",
-                 "--test_subset=100", "--eval_every=1", "--rounds_per_call=1",
-                 "--checkpoint_every=0"]),
+        peaks=["--sizes=128", "--min_time=0.01", "--reps=1"],
+        paper_shapes=["--model=logreg", "--runs=2", "--clients=2", "--num_clients=4",
+                      "--examples=20", "--batch=10", "--epochs=1", "--reps=1",
+                      "--precisions=float32,bf16", "--impls=vjp"],
+        table_v=["--flagfiles=experiments/flags/pafed_table_paper.flags", "--model=logreg",
+                 "--rounds=2", "--local_epochs=1", "--num_clients=10", "--test_subset=100",
+                 "--num_seeds=1", "--algorithm=fedavg,pafed", "--partitions=shards",
+                 "--deltas=0,0.7"]),
 }
 
 
@@ -291,6 +309,7 @@ def device_plan(p: Platform, quick: bool, results_dir: str,
   device_counts = [d for d in (1, 2, 4, 8, 16) if d <= p.devices]
   data = [f"--data_dir={data_dir}"] if data_dir else []
   steps = [
+      Step("peaks", "peaks.py", z["peaks"]),
       Step("fraction_of_peak", "fraction_of_peak.py", z["fop"] + ["--client_chunk=0"]),
       Step("throughput", "throughput.py", z["tp"] + (
           [f"--engine_devices={p.devices}"] if p.devices > 1 else [])),
@@ -307,14 +326,22 @@ def device_plan(p: Platform, quick: bool, results_dir: str,
           ["--platform=default", f"--devices={','.join(map(str, device_counts))}",
            "--reps=1" if quick else "--reps=3"]
           + (["--k_strong=4", "--k_per_device=2", "--rounds=1"] if quick else [])),
-      # last: the longest step; on a 15-minute lease it needs one of its own (--only)
-      Step("table_v", "experiments/pafed_table.py",
-           z["table_v"] + ["--partitions=shards", "--deltas=0,0.5", "--num_seeds=2",
-                           "--algorithm=fedadmm,fedavg,fedprox,pafed",
-                           f"--output_dir={os.path.join(results_dir, 'table_v')}"] + data,
-           tagged=False),
+      Step("paper_shapes", "paper_shapes.py", z["paper_shapes"]),
+      # last: whole runs of Table V in the time the others leave (benchmarks/table_v.py),
+      # its rows beside the suite's; the committed rows are skipped
+      Step("table_v", "table_v.py",
+           z["table_v"] + [f"--new_rows={os.path.join(results_dir, 'table_v', 'rows.jsonl')}"]
+           + data),
   ]
   return [s for s in steps if s]
+
+
+def select(steps: List[Step], only: Sequence[str], skip: Sequence[str],
+           device_suite: bool) -> List[Step]:
+  """The steps ``--only`` names (without it: all, or ``DEVICE_DEFAULT`` in the device
+  suite), less those ``--skip`` names."""
+  chosen = only or (DEVICE_DEFAULT if device_suite else STEPS)
+  return [s for s in steps if s.name in chosen and s.name not in skip]
 
 
 def default_tag(p: Platform) -> str:
@@ -431,15 +458,17 @@ def summary(done: List[tuple]) -> str:
 
 
 def table_v_section(results: str) -> str:
-  """The Table V driver's table (``<results>/table_v/table.md``) as a report section, or
+  """The Table V job's table (``<results>/table_v/table_v.md``) as a report section, or
   '' when it did not write one."""
-  path = os.path.join(results, "table_v", "table.md")
+  path = os.path.join(results, "table_v", "table_v.md")
   if not os.path.isfile(path):
     return ""
   with open(path) as f:
-    table = f.read().strip()
+    table = f.read().strip().replace("\n# ", "\n### ").replace("\n## ", "\n### ")
+  table = table.split("\n", 1)[1] if table.startswith("# ") else table
   return ("\n\n## Table V (PAFed paper, Fashion-MNIST): ours beside the paper's\n\n"
-          f"`experiments/pafed_table.py`, runs and figures under `table_v/`.\n\n{table}\n")
+          "`benchmarks/table_v.py`, this lease's rows in `table_v/rows.jsonl`.\n\n"
+          f"{table}\n")
 
 
 def run_steps(steps: Sequence[Step], tag: str, env: Dict[str, str], log_dir: str,
@@ -479,12 +508,13 @@ def main(argv):
     steps = device_plan(p, FLAGS.quick, results, FLAGS.data_dir)
   else:
     steps = plan(p, FLAGS.quick, FLAGS.peers_python)
-  steps = [s for s in steps
-           if (not FLAGS.only or s.name in FLAGS.only) and s.name not in FLAGS.skip]
+  steps = select(steps, FLAGS.only, FLAGS.skip, FLAGS.device_suite)
   budget_min = FLAGS.time_budget_min
   if budget_min is None and FLAGS.device_suite:
     budget_min = DEVICE_SUITE_BUDGET_MIN
   deadline = None if budget_min is None else t_start + 60.0 * budget_min
+  if deadline is not None:  # table_v sizes its computations to end before it
+    env[DEADLINE_ENV] = f"{time.time() + deadline - time.monotonic():.1f}"
   print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
         f"{tag!r}; {len(steps)} step(s); rows to {results}; malloc: "
         f"{env.get('LD_PRELOAD') or 'the system allocator'}"

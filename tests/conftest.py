@@ -91,13 +91,16 @@ def openfhe_error():
 # marked py312: about a minute on 2 cores, so that both legs fit CI's 20 minutes (BUILD.md
 # "Tests"). They cover what differs between JAX versions: the engine against its plain
 # references, the virtual clock, checkpoints (orbax), the public API's main job end to end,
-# and the device suite's plan, flags and time budget (its CPU dry run is marked slow).
+# the device suite's plan, flags and time budget (its CPU dry run is marked slow), and the
+# Table V job's toy run (the accelerator runs Python 3.12).
 PY312_TESTS = frozenset({
     "test_device_suite.py::test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_"
     "platform",
     "test_device_suite.py::test_every_step_of_the_device_suite_passes_its_flag_checks",
     "test_device_suite.py::test_a_step_still_running_at_the_deadline_is_stopped_with_what_it_"
     "started",
+    "test_table_v.py::test_dry_run_plans_computations_writes_rows_and_skips_them_on_the_next_"
+    "call",
     "test_async.py::test_fedasync_batched_equals_event_loop[0]",
     "test_checkpoint.py::test_round_trip_restores_every_array_and_the_rows",
     "test_engine.py::test_engine_equals_sequential_reference[pafed-0.5-received]",

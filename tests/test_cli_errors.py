@@ -231,6 +231,8 @@ def test_pafed_table_leaves_diverged_runs_out_of_its_means(tmp_path):
     (["--algorithm=fedavg,fedprox,fedavg"], "error: --algorithm: lists fedavg more than once"),
     (["--seed=-1"], "error: --seed: must be >= 0, got -1"),  # numpy's, naming nothing
     (["--shards_per_client=0"], "error: --shards_per_client: must be >= 1, got 0"),
+    (["--precision=fp16"], "error: --precision=fp16: value should be one of "
+     "<float32|tf32|bf16>"),
 ])
 def test_run_py_errors(tmp_path, args, message):
   out = run_script.run(["--num_clients=6", "--rounds=2", f"--output_dir={tmp_path}"] + args,

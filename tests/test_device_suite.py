@@ -3,7 +3,6 @@ time budget, and its CPU dry run (``--quick``: the same steps at toy sizes) on w
 accelerator image has: no openfhe, dp-accounting, tensorboardX or tensorflow-datasets.
 """
 
-import csv
 import json
 import os
 import subprocess
@@ -17,9 +16,6 @@ from benchmarks import run_all
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 IMAGE_LACKS = ("openfhe", "dp_accounting", "tensorboardX", "tensorflow_datasets")
-# Table V of the PAFed paper (Fashion-MNIST, non-IID), as printed there
-PAPER_NON_IID = {0.0: dict(fedadmm=0.842, fedavg=0.835, fedprox=0.836, pafed=0.867),
-                 0.5: dict(fedadmm=0.812, fedavg=0.787, fedprox=0.802, pafed=0.867)}
 H100 = run_all.Platform("gpu", 1, "NVIDIA H100 80GB HBM3", 16)
 CPU = run_all.Platform("cpu", 1, "cpu", 2)
 
@@ -32,42 +28,58 @@ def _flag(step, name):
 def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
   for p in (H100, CPU):  # the accelerator's sizes whatever the platform
     steps = run_all.device_plan(p, False, "/r")
-    assert [s.name for s in steps] == ["fraction_of_peak", "throughput", "throughput",
-                                       "scaling", "scaling", "peers", "table_v"]
-    fop = steps[0]
+    assert [s.name for s in steps] == ["peaks", "fraction_of_peak", "throughput",
+                                       "throughput", "scaling", "scaling", "peers",
+                                       "paper_shapes", "table_v"]
+    assert steps[0].args == []  # peaks: the sizes that fill an accelerator (8192, 16384)
+    fop = steps[1]
     assert (_flag(fop, "model"), _flag(fop, "clients"), _flag(fop, "client_chunk")) == (
         "cnn", "10,50,200,1000", "0")  # one vmap of all K
-    assert _flag(steps[1], "clients") == "10,50,200,1000"
+    assert _flag(steps[2], "clients") == "10,50,200,1000"
     # fedjax's per-step dispatch only where it ends within the lease (31 s for 20 logreg
     # rounds at K = 200 on an H200)
-    assert _flag(steps[1], "fedjax_loop_max_clients") == "50"
-    assert _flag(steps[2], "clients") == "10000" and _flag(steps[2], "loop") == "false"
-    for s in steps[3:5]:  # the largest K per round that fits in the device's memory
+    assert _flag(steps[2], "fedjax_loop_max_clients") == "50"
+    assert _flag(steps[3], "clients") == "10000" and _flag(steps[3], "loop") == "false"
+    for s in steps[4:6]:  # the largest K per round that fits in the device's memory
       assert _flag(s, "sweep") == "k_fit,n" and _flag(s, "budget_gib") == "0"
-    assert _flag(steps[4], "models") == "cnn" and _flag(steps[4], "k_cnn").endswith("1000")
-    assert _flag(steps[5], "peers_python") == sys.executable  # pfl / Flower where installed
+    assert _flag(steps[5], "models") == "cnn" and _flag(steps[5], "k_cnn").endswith("1000")
+    assert _flag(steps[6], "peers_python") == sys.executable  # pfl / Flower where installed
+    # Table V's shapes (the paper's CNN, B = 50, 120 steps), 20 runs vmapped
+    assert (_flag(steps[7], "runs"), _flag(steps[7], "impls")) == ("20", "vjp,patches")
   table_v = run_all.device_plan(H100, False, "/r", data_dir="/d")[-1]
   argv = table_v.argv("t", python="py")
-  assert argv[1] == os.path.join(common.ROOT, "experiments", "pafed_table.py")
-  assert "--tag=t" not in argv  # the driver has no --tag
-  assert (_flag(table_v, "config"), _flag(table_v, "partitions"), _flag(table_v, "deltas"),
-          _flag(table_v, "num_seeds"), _flag(table_v, "algorithm"),
-          _flag(table_v, "output_dir"), _flag(table_v, "data_dir")) == (
-              "full", "shards", "0,0.5", "2", "fedadmm,fedavg,fedprox,pafed", "/r/table_v",
-              "/d")
+  assert argv[1] == os.path.join(common.ROOT, "benchmarks", "table_v.py")
+  assert "--tag=t" in argv
+  # the paper's configuration (the default flag files, every run), this lease's rows apart
+  assert table_v.args == ["--new_rows=/r/table_v/rows.jsonl", "--data_dir=/d"]
   eight = run_all.device_plan(run_all.Platform("gpu", 8, "H100", 16), False, "/r")
-  assert _flag(eight[-2], "devices") == "1,2,4,8" and eight[-2].name == "multidevice"
+  assert _flag(eight[-3], "devices") == "1,2,4,8" and eight[-3].name == "multidevice"
+
+
+def test_the_device_suite_runs_peaks_fraction_of_peak_paper_shapes_and_table_v_by_default():
+  steps = run_all.device_plan(H100, False, "/r")
+  names = lambda chosen: [s.name for s in chosen]
+  assert names(run_all.select(steps, [], [], True)) == [
+      "peaks", "fraction_of_peak", "paper_shapes", "table_v"]
+  assert names(run_all.select(steps, ["throughput", "table_v"], [], True)) == [
+      "throughput", "throughput", "table_v"]
+  assert names(run_all.select(steps, [], ["table_v"], True)) == [
+      "peaks", "fraction_of_peak", "paper_shapes"]
+  cpu = run_all.plan(CPU, False, "py")
+  assert names(run_all.select(cpu, [], [], False)) == names(cpu)  # the CPU suite: all
 
 
 def test_the_dry_run_is_the_device_plan_at_toy_sizes():
   full, tiny = (run_all.device_plan(H100, quick, "/r") for quick in (False, True))
   # the second throughput and scaling parts would only repeat the first ones at toy sizes
-  full = [full[i] for i in (0, 1, 3, 5, 6)]
+  full = [full[i] for i in (0, 1, 2, 4, 6, 7, 8)]
   assert [(s.name, s.script) for s in tiny] == [(s.name, s.script) for s in full]
   sizes = {"model", "models", "clients", "examples", "rounds", "reps", "k_logreg", "k_cnn",
            "n_logreg", "k_fixed_logreg", "engine_rounds", "config", "local_epochs",
            "num_clients", "test_subset", "eval_every", "rounds_per_call", "checkpoint_every",
-           "fedjax_loop_max_clients"}
+           "fedjax_loop_max_clients", "sizes", "min_time", "runs", "batch", "epochs",
+           "precisions", "flagfiles", "num_seeds", "algorithm", "partitions", "deltas",
+           "impls"}
   for f, t in zip(full, tiny):
     other = lambda step: sorted(a for a in step.args if a[2:].split("=")[0] not in sizes)
     assert other(f) == other(t), f.name
@@ -91,7 +103,8 @@ def _run_all(*argv, env=None, timeout=300):
     (["--device_suite", "--time_budget_min=-2"], "--time_budget_min: expected"),
     (["--device_suite", "--time_budget_min=inf"], "--time_budget_min: expected"),
     (["--device_suite", "--data_dir=/nonexistent"], "--data_dir: not a folder"),
-    (["--only=table_v"], "--only: table_v is a step of --device_suite"),
+    (["--only=table_v"], "--only: peaks, paper_shapes and table_v are steps of "
+     "--device_suite"),
 ])
 def test_device_suite_flags_are_refused_in_one_line_naming_the_flag(argv, message):
   proc = _run_all(*argv, "--only_check_args")
@@ -176,7 +189,7 @@ def _image_like_env(tmp_path):
 @pytest.mark.skipif(not os.path.isfile(os.path.join(FMNIST_DIR, "t10k-labels-idx1-ubyte.gz")),
                     reason=f"Fashion-MNIST IDX files not in {FMNIST_DIR} (apt-get install "
                     "dataset-fashion-mnist): Table V needs them")
-@pytest.mark.slow  # 155-220 s on 2 cores (five steps and Table V, each a JAX process)
+@pytest.mark.slow  # 155-220 s on 2 cores (seven steps, each a JAX process)
 def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_paper(
     tmp_path):
   env = _image_like_env(tmp_path)
@@ -184,13 +197,14 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
                          capture_output=True, text=True)
   assert "not on the image" in check.stderr  # the emulation holds in the steps' Python
   results = tmp_path / "out"
+  every = "peaks,fraction_of_peak,throughput,scaling,peers,paper_shapes,table_v"
   proc = _run_all("--device_suite", "--quick", f"--results_dir={results}", "--tag=dry",
-                  f"--data_dir={FMNIST_DIR}", env=env, timeout=600)
+                  f"--data_dir={FMNIST_DIR}", f"--only={every}", env=env, timeout=600)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-  for part in ("fraction_of_peak", "throughput", "table_v", "peers", "scaling"):
+  for part in every.split(","):
     assert f"| {part} | ok |" in proc.stdout
     assert (results / "logs" / "dry" / f"{part}.log").exists()
-  for bench in ("fraction_of_peak", "throughput", "peers", "scaling"):
+  for bench in ("peaks", "fraction_of_peak", "throughput", "peers", "scaling", "paper_shapes"):
     rows = [json.loads(l) for l in open(results / f"{bench}.jsonl")]
     assert rows and {r["tag"] for r in rows} == {"dry"}
   # --allocator=auto: tcmalloc preloaded where it is installed, and every row says which
@@ -203,14 +217,14 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
   assert [r["sweep"] for r in scaling if r["sweep"] == "k_fit"] == ["k_fit"]
   # one vmap of K streams nothing: the kept-uploads pass would repeat the same rounds
   assert not any(r["sweep"] == "k_kept" for r in scaling)
-  with open(results / "table_v" / "table.csv") as f:
-    table = list(csv.DictReader(f))
-  assert [(r["partition"], float(r["delta"])) for r in table] == [("shards", 0.0),
-                                                                  ("shards", 0.5)]
-  for r in table:
-    for alg, paper in PAPER_NON_IID[float(r["delta"])].items():
-      assert float(r[f"{alg}_paper"]) == paper and int(r[f"{alg}_seeds"]) == 2
-      assert 0.0 <= float(r[f"{alg}_ours"]) <= 1.0
+  peaks = [json.loads(l) for l in open(results / "peaks.jsonl")]
+  assert [r["precision"] for r in peaks] == ["float32", "tf32", "bf16", "default"]
+  shapes = [json.loads(l) for l in open(results / "paper_shapes.jsonl")]
+  assert [(r["precision"], r["peak_precision"]) for r in shapes] == [
+      ("float32", "default"), ("bf16", "bf16")]
+  table = [json.loads(l) for l in open(results / "table_v" / "rows.jsonl")]
+  assert sorted((r["algorithm"], r["delta"]) for r in table) == [
+      ("fedavg", 0.0), ("fedavg", 0.7), ("pafed", 0.0), ("pafed", 0.7)]
   report = (results / "logs" / "dry" / "report.md").read_text()
   assert report.startswith("# Device suite, tag dry: 1 x ")
   for title in ("fraction of the matmul peak", "Engine vs per-client loops",
@@ -219,8 +233,8 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
     assert title in report
   for png in ("fraction_of_peak.png", "throughput.png", "scaling_n.png", "scaling_k.png"):
     assert (results / "logs" / "dry" / png).read_bytes()[:4] == b"\x89PNG"
-  assert "| non-IID δ=0 |" in report and "| non-IID δ=0.5 |" in report
-  assert "| 0.842 |" in report and "| 0.812 |" in report  # FedADMM's, δ = 0 and 0.5
+  assert "| non-IID δ=0 |" in report and "| non-IID δ=0.7 |" in report
+  assert "| 0.835 |" in report and "| 0.840 |" in report  # FedAvg's δ = 0, PAFed's δ = 0.7
 
 
 def test_fedjax_pattern_is_timed_only_up_to_its_client_cap(tmp_path):
@@ -233,3 +247,62 @@ def test_fedjax_pattern_is_timed_only_up_to_its_client_cap(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = {r["clients_per_round"]: r for r in map(json.loads, open(tmp_path / "throughput.jsonl"))}
   assert rows[2]["fedjax_loop_s"] > 0 and rows[3]["fedjax_loop_s"] != rows[3]["fedjax_loop_s"]
+
+
+def test_the_datasheet_peaks_are_the_dense_figures_of_the_detected_device():
+  from benchmarks import peaks
+  # NVIDIA's datasheets print the Hopper tensor figures with sparsity: dense is half
+  assert peaks.datasheet_model("NVIDIA H100 80GB HBM3") == "H100 SXM"
+  assert peaks.datasheet_tflops("NVIDIA H100 80GB HBM3", "tf32") == 989 / 2 == 494.5
+  assert peaks.datasheet_tflops("NVIDIA H100 80GB HBM3", "bf16") == 1979 / 2
+  assert peaks.datasheet_tflops("NVIDIA H100 80GB HBM3", "float32") == 67
+  assert peaks.datasheet_tflops("NVIDIA H200", "default") == 494.5  # float32 dots: TF32
+  assert peaks.datasheet_model("NVIDIA H100 PCIe") == "H100 PCIe"
+  assert peaks.datasheet_tflops("NVIDIA H100 PCIe", "bf16") == 1513 / 2
+  assert peaks.datasheet_model("NVIDIA H100 NVL") == "H100 NVL"
+  assert peaks.datasheet_tflops("NVIDIA A100-SXM4-40GB", "tf32") == 156
+  assert peaks.datasheet_tflops("NVIDIA A100 80GB PCIe", "bf16") == 312
+  for unknown in ("cpu", "TPU v5 lite", "NVIDIA GeForce RTX 4090", "NVIDIA H100"):
+    assert peaks.datasheet_model(unknown) is None
+    assert peaks.datasheet_text(unknown, "bf16") == "datasheet: unknown"
+
+
+def test_each_peak_runs_its_product_in_its_precision_and_workloads_use_theirs():
+  from benchmarks import peaks
+  expected = {"float32": ("HIGHEST", "f32"), "tf32": ("HIGH", "f32"),
+              "bf16": ("DEFAULT", "bf16"), "default": ("DEFAULT", "f32")}
+  for precision, (prec, dtype) in expected.items():
+    dots = [l for l in peaks.lower(precision, 16)[0].as_text().splitlines()
+            if "dot_general" in l]
+    assert len(dots) == 1 and f"precision = [{prec}, {prec}]" in dots[0], dots
+    assert f"tensor<16x16x{dtype}>, tensor<16x16x{dtype}>" in dots[0], dots
+  # float32 local training runs at the process's default matmul precision
+  assert [peaks.workload_peak_precision(p) for p in ("float32", "tf32", "bf16")] == [
+      "default", "tf32", "bf16"]
+
+
+def test_peaks_and_paper_shapes_write_their_rows_at_toy_sizes(tmp_path):
+  env = dict(common.child_env(JAX_PLATFORMS="cpu"), FEDJAX_ASYNC_BENCH_RESULTS=str(tmp_path))
+  bench = lambda name, *args: subprocess.run(
+      [sys.executable, os.path.join(common.ROOT, "benchmarks", name), *args], env=env,
+      capture_output=True, text=True, timeout=300)
+  proc = bench("peaks.py", "--sizes=32,64", "--min_time=0.001", "--reps=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("datasheet: unknown") == 4
+  rows = [json.loads(l) for l in open(tmp_path / "peaks.jsonl")]
+  assert [r["precision"] for r in rows] == ["float32", "tf32", "bf16", "default"]
+  assert all(r["peak_gflops"] > 0 and r["n"] in (32, 64) and r["datasheet_tflops"] is None
+             for r in rows)
+  proc = bench("paper_shapes.py", "--model=logreg", "--runs=2", "--clients=2",
+               "--num_clients=4", "--examples=20", "--batch=10", "--epochs=1", "--reps=1",
+               "--precisions=bf16")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (row,) = [json.loads(l) for l in open(tmp_path / "paper_shapes.jsonl")]
+  assert (row["precision"], row["peak_precision"], row["runs"], row["local_steps"]) == (
+      "bf16", "bf16", 2, 2)
+  # 2 runs x 2 clients x 2 steps of 10 examples in the one timed round
+  assert abs(row["examples_per_s"] * row["seconds"] - 80) < 1e-6
+  flops = 2 * 2 * 2 * row["step_mflop_analytic"] * 1e6
+  assert abs(row["gflops_analytic"] * 1e9 * row["seconds"] / flops - 1) < 1e-9
+  assert abs(row["fraction_of_peak_analytic"] - row["gflops_analytic"] / row["peak_gflops"]) < 1e-12
+  assert abs(row["projected_run_s"] - row["seconds"] / 2 * 100) < 1e-9
