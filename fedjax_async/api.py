@@ -82,6 +82,40 @@ def _algorithm_names(value, config) -> str:
   return ",".join(i.name if isinstance(i, base.Algorithm) else str(i) for i in items)
 
 
+def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
+  """``simulate(..., seeds=[...], sweep={name: values})``: per algorithm, every setting
+  (the cartesian product of ``grid``, a field's flat key or an algorithm's own
+  hyper-parameter each) times every seed as ONE vmapped computation, in memory. The runs
+  are keyed ``<algorithm>/<setting>_seed=<s>``."""
+  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
+  if cfg.output.output_dir is not None:
+    raise config_lib.ConfigError("output.output_dir", "simulate's sweeps run in memory; "
+                                 "experiments/sweep.py writes a sweep's files")
+  seeds = [cfg.run.seed] if seeds is None else list(seeds)
+  if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
+                      for s in seeds):
+    raise config_lib.ConfigError("seeds", f"expected a list of ints, got {seeds!r}")
+  if not isinstance(grid, dict):
+    raise config_lib.ConfigError("sweep", f"expected {{name: [values]}}, got {grid!r}")
+  names = list(grid)
+  cfgs = []
+  for values in itertools.product(*(list(grid[n]) for n in names)):
+    for seed in seeds:
+      c = cfg.replace(seed=int(seed))
+      for n, v in zip(names, values):
+        c = sweep.with_value(c, n, v)
+      config_lib.validate(c)
+      cfgs.append(c)
+  runs: Dict[str, experiment.Run] = {}
+  for name in cfg.algorithm.name_list():
+    for c, (summary, rows, state) in zip(cfgs, sweep.run_in_memory(
+        cfgs, name, fed_data, names, model_fn, callbacks, cfg.output.quiet)):
+      model = (model_fn(c) if model_fn is not None else experiment.build_model(c, fed_data))
+      runs[f"{name}/{sweep.run_name(c, names)}"] = experiment.Run(summary, rows, state, model)
+  return Result(cfg, runs)
+
+
 def _own_data_and_model(fields: dict):
   """(FederatedData, flax module, input_shape) given to ``simulate`` in place of a data set's
   and a model's names (``data=``, ``dataset=``, ``model=``, ``input_shape=``), popped from
@@ -138,8 +172,11 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``RunConfig.replace``); ``algorithm`` may be a list. Your own data and model:
   ``data=fa.data.from_arrays(...)`` (or ``from_clients``) instead of a data set's name,
   ``model=<flax.linen.Module>`` (its ``params`` only; ``input_shape`` defaults to the
-  data's example shape) instead of a model's name. Raises ``config.ConfigError`` (a ValueError) naming the field
-  at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
+  data's example shape) instead of a model's name. ``seeds=[0, 1, 2]`` and
+  ``sweep={"lr": [0.05, 0.1], "beta": [...]}`` (fields or an algorithm's own
+  hyper-parameters) run every setting and seed of an algorithm as one vmapped
+  computation, keyed ``<algorithm>/<setting>_seed=<s>``. Raises ``config.ConfigError``
+  (a ValueError) naming the field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``).
@@ -152,6 +189,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}
     fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
   fed_data, module, input_shape = _own_data_and_model(fields)
+  seeds, grid = fields.pop("seeds", None), fields.pop("sweep", None) or {}
   if fed_data is not None and "dataset" not in fields:
     fields["dataset"] = fed_data.name  # names the runs; PAFed's alphas: the image default
   cfg = (config or config_lib.RunConfig()).replace(**fields)
@@ -166,8 +204,13 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   if fed_data is None:
     print(f"loading {cfg.data.dataset} ...", flush=True)
     fed_data = experiment.load_data(cfg)
+  shape = input_shape or tuple(fed_data.x.shape[2:])
   model = (experiment.build_model(cfg, fed_data) if module is None else
-           _flat_user_model(module, input_shape or tuple(fed_data.x.shape[2:]), cfg.run.seed))
+           _flat_user_model(module, shape, cfg.run.seed))
+  if seeds is not None or grid:
+    model_fn = (None if module is None else
+                lambda c: _flat_user_model(module, shape, c.run.seed))
+    return _sweep(cfg, seeds, grid, fed_data, model_fn, callbacks)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)

@@ -310,3 +310,36 @@ def test_a_user_algorithm_with_its_own_hyperparameter_equals_its_builtin_twin():
     fa.algorithms.register(base.Algorithm(name="fedavg", local_penalty=base.no_penalty,
                                           client_final=base.delta_upload,
                                           server_update=server_update))
+
+
+def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_runs():
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  x, y, tx, ty = _arrays(1)
+  fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.5)
+
+  class Tiny(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return nn.Dense(3)(nn.relu(nn.Dense(8)(h)))
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    del round_index
+    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+    return w + hp["beta"] * jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n), server_state, {}
+
+  mine = base.Algorithm(name="swept_fedavg", local_penalty=base.no_penalty,
+                        client_final=base.delta_upload, server_update=server_update,
+                        hparams=(("beta", 1.0),))
+  common = dict(algorithm=mine, data=fed, model=Tiny(), rounds=3, quiet=True)
+  swept = fa.simulate(seeds=[0, 1], sweep={"beta": [0.5, 1.0]}, **common)
+  assert sorted(swept.runs) == [f"swept_fedavg/beta={b}_seed={s}" for b in ("0.5", "1")
+                                for s in (0, 1)]
+  for (beta, seed) in ((0.5, 1), (1.0, 0)):
+    single = fa.simulate(seed=seed, hp={"beta": beta}, **common).runs["swept_fedavg"]
+    run = swept.runs[f"swept_fedavg/beta={beta:g}_seed={seed}"]
+    assert run.summary["setting"] == {"beta": beta}
+    np.testing.assert_allclose(np.asarray(run.state.w), np.asarray(single.state.w), atol=1e-6)
+    assert [r["test_accuracy"] for r in run.rows] == pytest.approx(
+        [r["test_accuracy"] for r in single.rows], abs=1e-6)

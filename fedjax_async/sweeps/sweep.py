@@ -82,8 +82,12 @@ def parse_values(flag: str, text: str) -> List[float]:
 
 
 def with_value(cfg: config_lib.RunConfig, name: str, value: float) -> config_lib.RunConfig:
-  """``cfg`` with one sweepable field set, by its flat key (``lr``, ``delay_fraction``), or
-  the fields a ``TIED`` name stands for."""
+  """``cfg`` with one sweepable field set, by its flat key (``lr``, ``delay_fraction``),
+  the fields a ``TIED`` name stands for, or (a name that is no field) an algorithm's own
+  hyper-parameter in ``algorithm.hp``."""
+  if name not in TIED and name not in cfg.keys():
+    hp = dict(config_lib.parse_hp(cfg.algorithm.hp), **{name: value})
+    return cfg.replace(hp=",".join(f"{k}={v!r}" for k, v in hp.items()))
   return cfg.replace(**{n: value for n in TIED.get(name, (name,))})
 
 
@@ -131,7 +135,9 @@ def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
 
 def setting_of(cfg: config_lib.RunConfig, names: Sequence[str]) -> Dict[str, float]:
   """The swept values of ``cfg`` (its hyperparameter setting, without the seed)."""
-  return {n: cfg.get(TIED.get(n, (n,))[0]) for n in names}
+  own = config_lib.parse_hp(cfg.algorithm.hp)
+  return {n: own[n] if n not in TIED and n not in cfg.keys() else cfg.get(TIED.get(n, (n,))[0])
+          for n in names}
 
 
 def run_name(cfg: config_lib.RunConfig, names: Sequence[str]) -> str:
@@ -324,9 +330,11 @@ class Prepared:
 
 
 def check_same_static(cfgs: Sequence[config_lib.RunConfig], names: Sequence[str]):
-  """All runs of one computation must agree outside the swept fields and the seed."""
+  """All runs of one computation must agree outside the swept fields and the seed (an
+  algorithm's own hyper-parameters in ``algorithm.hp`` are swept by their names)."""
   def static(c):
     d = config_lib.config_dict(c)
+    d["hp"] = {k: v for k, v in config_lib.parse_hp(d["hp"]).items() if k not in names}
     for n in list(names) + ["seed", "output_dir"]:
       for key in TIED.get(n, (n,)):
         d.pop(key, None)
@@ -339,8 +347,10 @@ def check_same_static(cfgs: Sequence[config_lib.RunConfig], names: Sequence[str]
 
 
 def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
-            fed_data) -> Prepared:
-  """Per-run initial states (model init from each run's seed) and timelines, stacked."""
+            fed_data, model_fn: Optional[Callable] = None) -> Prepared:
+  """Per-run initial states (model init from each run's seed) and timelines, stacked.
+  ``model_fn(cfg) -> (name, w0, apply_flat)`` builds each run's model (default:
+  ``experiment.build_model`` of the configuration's model name)."""
   base = cfgs[0]
   algorithm = server_optimizers.configured(
       algorithms.get(algorithm_name, base.algorithm.admm_upload), base.algorithm)
@@ -353,7 +363,8 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
-    model_name, w0, fn = experiment.build_model(c, fed_data)
+    model_name, w0, fn = (model_fn(c) if model_fn is not None else
+                          experiment.build_model(c, fed_data))
     apply_flat = apply_flat or fn
     num_params = int(np.size(w0))
     states.append(engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
@@ -364,6 +375,31 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
                   stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs, algorithm),
                   engine.DeviceData.from_federated(fed_data), timelines, model_name,
                   num_params)
+
+
+def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_data,
+                  names: Sequence[str], model_fn: Optional[Callable] = None,
+                  callbacks: Sequence = (), quiet: bool = False):
+  """``cfgs`` of one algorithm as ONE vmapped computation, nothing written: per run
+  ``(summary, rows, state)`` in ``cfgs``' order (``state``: that run's final state)."""
+  check_same_static(cfgs, names)
+  prep = prepare(cfgs, algorithm_name, fed_data, model_fn)
+  host = sweep_store.SweepLoop(None, 0, 0.0, callbacks,
+                               None if quiet else f"{algorithm_name} x{len(cfgs)}",
+                               cfgs[0].run.rounds)
+  res = simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                       num_rounds=cfgs[0].run.rounds, eval_every=cfgs[0].run.eval_every,
+                       rounds_per_call=cfgs[0].run.rounds_per_call, on_chunk=host)
+  out = []
+  for i, c in enumerate(cfgs):
+    s = experiment.summarize(res.rows[i], prep.timelines[i], name=algorithm_name,
+                             dataset=fed_data.name, model=prep.model_name,
+                             num_params=prep.num_params, rounds=c.run.rounds,
+                             wall=res.wall_time_s / len(cfgs),
+                             config=config_lib.run_config_for(c, algorithm_name))
+    s["setting"], s["diverged_round"] = setting_of(c, names), res.diverged_round[i]
+    out.append((s, res.rows[i], unstack(res.states, i)))
+  return out
 
 
 # ---------------------------------------------------------------------------- outputs
