@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from fedjax_async import outputs
+from fedjax_async import results
 from fedjax_async import config as config_lib
 from fedjax_async import distributed
 from fedjax_async.rounds import experiment
@@ -31,12 +32,23 @@ from fedjax_async.rounds import timeline as timeline_lib
 
 
 @dataclasses.dataclass
-class Result:
+class Result(results.Records):
   """The runs of one ``simulate`` call, by algorithm name (``experiment.Run``: summary,
-  per-round rows, final state, model); ``figure`` the curves' PNG when written."""
+  per-round rows, final state, model); ``figure`` the curves' PNG when written.
+  ``to_records()`` / ``to_pandas()``: every run's rows; ``final_model(name)``: a run's
+  final global model as its parameter tree."""
   config: config_lib.RunConfig
   runs: Dict[str, experiment.Run]
   figure: Optional[str] = None
+
+  def all_runs(self):
+    return self.runs
+
+  def final_model(self, name: Optional[str] = None):
+    """The final global model of run ``name`` (default: the only or first run) as the
+    model's parameter tree."""
+    run = self.runs[name if name is not None else next(iter(self.runs))]
+    return run.model[2].params(run.state.w)
 
   def summaries(self):
     return [r.summary for r in self.runs.values()]

@@ -343,3 +343,21 @@ def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_r
     np.testing.assert_allclose(np.asarray(run.state.w), np.asarray(single.state.w), atol=1e-6)
     assert [r["test_accuracy"] for r in run.rows] == pytest.approx(
         [r["test_accuracy"] for r in single.rows], abs=1e-6)
+
+
+def test_both_engines_results_read_into_records(in_memory):
+  result, _ = in_memory
+  records = result.to_records()
+  assert len(records) == len(result.runs["fedavg"].rows) == 2
+  assert [r["round"] for r in records] == [0, 1] and {r["run"] for r in records} == {"fedavg"}
+  assert records[-1]["test_accuracy"] == result.runs["fedavg"].rows[-1]["test_accuracy"]
+  (summary,) = result.summary_records()
+  assert summary["final_accuracy"] == result.runs["fedavg"].summary["final_accuracy"]
+  tree = result.final_model()
+  flat = np.concatenate([np.ravel(a) for a in __import__("jax").tree.leaves(tree)])
+  assert sorted(flat) == pytest.approx(sorted(np.asarray(result.runs["fedavg"].state.w)))
+  clock = fa.simulate(fa.AsyncRunConfig(), algorithm="fedasync", num_updates=6, seeds="0,1")
+  recs = clock.to_records()
+  assert {r["run"] for r in recs} == {"fedasync/seed=0", "fedasync/seed=1"}
+  assert len(recs) == sum(len(r.rows) for runs in clock.by_seed.values()
+                          for r in runs.values())

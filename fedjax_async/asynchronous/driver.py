@@ -36,6 +36,7 @@ from fedjax_async import config as config_lib
 from fedjax_async import loop
 from fedjax_async import outputs
 from fedjax_async import privacy
+from fedjax_async import results
 from fedjax_async import sharding
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.asynchronous import report
@@ -66,9 +67,11 @@ class Run:
 
 
 @dataclasses.dataclass
-class Result:
+class Result(results.Records):
   """The runs of one invocation: ``by_seed[seed][run name]``; ``runs`` those of the first
-  seed; ``diverged`` "run (seed s)" -> why; ``figure`` the last curves.png written."""
+  seed; ``diverged`` "run (seed s)" -> why; ``figure`` the last curves.png written;
+  ``to_records()`` / ``to_pandas()``: every run's rows (runs named ``<run>/seed=<s>``
+  with several seeds)."""
   config: AsyncRunConfig
   by_seed: Dict[int, Dict[str, Run]]
   diverged: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -77,6 +80,12 @@ class Result:
   @property
   def runs(self) -> Dict[str, Run]:
     return next(iter(self.by_seed.values()))
+
+  def all_runs(self) -> Dict[str, Run]:
+    if len(self.by_seed) == 1:
+      return self.runs
+    return {f"{name}/seed={seed}": run for seed, runs in self.by_seed.items()
+            for name, run in runs.items()}
 
   def table(self) -> str:
     """Markdown: the runs compared (one seed), or mean +- std over the seeds."""
