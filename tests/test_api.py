@@ -361,3 +361,17 @@ def test_both_engines_results_read_into_records(in_memory):
   assert {r["run"] for r in recs} == {"fedasync/seed=0", "fedasync/seed=1"}
   assert len(recs) == sum(len(r.rows) for runs in clock.by_seed.values()
                           for r in runs.values())
+
+
+def test_a_second_identical_simulate_call_compiles_nothing(capsys):
+  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
+  traces = []
+  for quiet in (True, True, False, False):
+    before = engine.TRACES[0]
+    fa.simulate(algorithm="fedavg", rounds=4, rounds_per_call=2, quiet=quiet, seed=7)
+    traces.append(engine.TRACES[0] - before)
+  # (at most one trace first: an earlier test in this process may have made it; progress
+  # lines are a program of their own)
+  assert traces[0] <= 1 and traces[2] <= 1 and traces[1] == traces[3] == 0, traces
+  out = capsys.readouterr().out
+  assert out.count("compiling the round program") <= 1  # the last run reused it

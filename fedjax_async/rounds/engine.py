@@ -28,6 +28,7 @@ is the same as at dispatch and the result equals training at dispatch time.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -361,7 +362,7 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=
     s, metrics = round_step(s, row, hp_r, data, apply_flat=apply_flat, algorithm=algorithm,
                             cfg=cfg)
     if cfg.progress is not None:
-      jax.debug.callback(cfg.progress, s.round)
+      jax.debug.callback(cfg.progress, s.round)  # _report: the current run's progress
     acc, loss = jax.lax.cond(
         do_eval,
         lambda w: evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
@@ -372,10 +373,69 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=
   return jax.lax.scan(body, state, (slots, eval_mask, {} if round_hp is None else round_hp))
 
 
+# Compiled runners by (apply_flat, algorithm, config): a second run of the same shapes in
+# this process compiles nothing. ``TRACES`` counts the traces of ``run_chunk`` (a trace
+# precedes every compilation).
+_RUNNERS: "collections.OrderedDict" = collections.OrderedDict()
+_RUNNERS_KEPT = 8
+_PROGRESS: list = [None]  # the progress function of the run being executed
+TRACES = [0]
+
+
+def _report(rounds_done):
+  if _PROGRESS[0] is not None:
+    _PROGRESS[0](rounds_done)
+
+
 def make_runner(apply_flat: Callable, algorithm: base.Algorithm, cfg: EngineConfig):
-  """``jit(run_chunk)`` with the static parts bound; the state buffer is donated."""
-  fn = functools.partial(run_chunk, apply_flat=apply_flat, algorithm=algorithm, cfg=cfg)
-  return jax.jit(fn, donate_argnums=(0,))
+  """``jit(run_chunk)`` with the static parts bound; the state buffer is donated. The
+  program is kept for later runs with the same parts (the last ``_RUNNERS_KEPT``), and
+  so are its ahead-of-time compilations (``Runner.compiled``); ``cfg.progress`` is the
+  run's own (called through ``_report``)."""
+  progress = cfg.progress
+  shared = dataclasses.replace(cfg, progress=_report if progress is not None else None)
+  try:
+    key = (apply_flat, algorithm, shared)
+    kept = _RUNNERS.get(key)
+  except TypeError:  # an unhashable part: not kept
+    key, kept = None, None
+  if kept is None:
+    fn = functools.partial(_traced_chunk, apply_flat=apply_flat, algorithm=algorithm,
+                           cfg=shared)
+    kept = (jax.jit(fn, donate_argnums=(0,)), {})
+    if key is not None:
+      _RUNNERS[key] = kept
+      while len(_RUNNERS) > _RUNNERS_KEPT:
+        _RUNNERS.popitem(last=False)
+  else:
+    _RUNNERS.move_to_end(key)
+  return Runner(kept[0], progress, kept[1])
+
+
+class Runner:
+  """A kept jitted chunk called for one run: its progress function is the one
+  ``_report`` calls (set before each call: the callbacks may run after it returns);
+  ``compiled``: ahead-of-time compilations by argument shapes, shared by the runs."""
+
+  def __init__(self, jitted, progress, compiled: dict):
+    self.jitted, self.progress, self.compiled = jitted, progress, compiled
+
+  def activate(self):
+    """This run's progress function is the one the program's callbacks reach."""
+    _PROGRESS[0] = self.progress
+
+  def __call__(self, *args, **kwargs):
+    self.activate()
+    return self.jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    self.activate()
+    return self.jitted.lower(*args, **kwargs)
+
+
+def _traced_chunk(*args, **kwargs):
+  TRACES[0] += 1
+  return run_chunk(*args, **kwargs)
 
 
 def eval_schedule(num_rounds: int, eval_every: int, last: int = 10) -> np.ndarray:
