@@ -168,7 +168,8 @@ def test_diverged_runs_are_left_out_of_the_means(tmp_path):
   the mean down; a setting whose runs all diverged says so instead of a number."""
   run = lambda lr, seed, acc, bad: {
       "algorithm": "fedadmm", "setting": {"lr": lr}, "average_best_accuracy": acc,
-      "final_accuracy": acc, "config": {"seed": seed}, "diverged_round": bad}
+      "final_accuracy": acc, "last10_mean_accuracy": acc, "config": {"seed": seed},
+      "diverged_round": bad}
   summaries = [run(0.1, 0, 0.8, None), run(0.1, 1, 0.025, 4), run(50.0, 0, 0.025, 4),
                run(50.0, 1, 0.025, 3)]
   agg = sweep_store.aggregate(summaries, ["lr"])
@@ -177,17 +178,19 @@ def test_diverged_runs_are_left_out_of_the_means(tmp_path):
   assert np.isnan(agg[1]["average_best_accuracy_mean"]) and agg[1]["diverged"] == 2
   md = sweep_store.write_aggregate(agg, ["lr"], str(tmp_path))
   lines = md.splitlines()
-  assert "| fedadmm | 0.1 | 2 | 0.8000 ± 0.0000 | 0.8000 ± 0.0000 | 1 |" in lines
-  assert "| fedadmm | 50 | 2 | all diverged | all diverged | 2 |" in lines
+  assert "| fedadmm | 0.1 | 2 | 0.8000 ± 0.0000 | 0.8000 ± 0.0000 | 0.8000 ± 0.0000 | 1 |" in (
+      lines)
+  assert "| fedadmm | 50 | 2 | all diverged | all diverged | all diverged | 2 |" in lines
   assert "diverged runs, counted in `diverged`, are left out" in md
   csv_text = (tmp_path / "aggregate.csv").read_text()
-  assert "fedadmm,50.0,2,nan,nan,nan,nan,2" in csv_text
+  assert "fedadmm,50.0,2,nan,nan,nan,nan,nan,nan,2" in csv_text
 
 
 def test_plot_aggregate_draws_one_line_per_algorithm_and_other_setting(tmp_path):
   row = lambda alg, lr, rho: {"algorithm": alg, "lr": lr, "rho": rho, "num_seeds": 2,
                               "average_best_accuracy_mean": 0.5,
-                              "average_best_accuracy_std": 0.1}
+                              "average_best_accuracy_std": 0.1,
+                              "final_accuracy_mean": 0.4, "final_accuracy_std": 0.1}
   rows = [row(a, lr, rho) for a in ("pafed", "fedavg") for lr in (0.01, 0.1)
           for rho in (0.1, 1.0)]
   # x = lr; lines: 2 algorithms x 2 values of rho
@@ -252,11 +255,12 @@ def test_sharded_over_four_host_devices():
 def test_aggregate_table_has_one_cell_per_header_column(tmp_path):
   row = {"algorithm": "fedavg", "lr": 0.1, "num_seeds": 2,
          "average_best_accuracy_mean": 0.5, "average_best_accuracy_std": 0.01,
-         "final_accuracy_mean": 0.4, "final_accuracy_std": 0.02, "diverged": 0}
+         "final_accuracy_mean": 0.4, "final_accuracy_std": 0.02,
+         "last10_mean_accuracy_mean": 0.45, "last10_mean_accuracy_std": 0.02, "diverged": 0}
   for names in ((), ("lr",)):
     md = sweep_store.write_aggregate([row], names, str(tmp_path))
     counts = {line.count("|") for line in md.splitlines() if line.startswith("|")}
-    assert counts == {len(names) + 6}, md
+    assert counts == {len(names) + 7}, md
 
 
 @pytest.mark.parametrize("extra,devices", [(["--cpu_devices=2"], 2),
