@@ -24,12 +24,23 @@ messages' deserialisation), client_encrypt_s and client_decrypt_s (per client),
 key_transform_s, the stages, where it ran and (streamed) ``bytes``: the round's messages
 serialised, in bytes per direction (clients->S0, S0->S1, S1->S0, S0->clients), with
 ``wire_s`` the CPU seconds of their (de)serialisation.
+
+``--workers=N`` runs Alg. 5 per chunk on S0's and S1's pools of N processes each
+(``crypto.parallel``; 0: the machine's cores for 16 chunks or more, 1: in this process);
+rows then add workers, workers_cpu_s (the pools' CPU seconds), server_cpu_s (S0 + S1 here
+and in the pools, with --clock=cpu), server_wall_s (streamed: the round's wall time but
+the clients'), workers_peak_rss_gib (the workers' peaks, summed) and the load average
+before the round. 1 vs 2 workers for the CNN:
+  python benchmarks/ducc_round.py --design=streamed --dims=1663370 --target_dim=0 \
+      --kt_recipients=20 --workers=2
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import os
 import resource
 import time
 
@@ -43,6 +54,7 @@ from benchmarks import host
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
 from fedjax_async.crypto import vectors
@@ -72,6 +84,17 @@ flags.DEFINE_string("out_jsonl", "", "Append one JSON row per size to this file.
 flags.DEFINE_enum("design", "one_context", ["one_context", "streamed"],
                   "one_context: secure_ducc (every product at the Min's depth); streamed: "
                   "streamed_ducc (vectors in a depth-2 context, scalars in a deep one).")
+flags.DEFINE_integer("workers", 0, "Alg. 5's per-chunk work in S0's and S1's pools of this "
+                     "many worker processes each (0: the machine's cores for a model of "
+                     f"{parallel.AUTO_MIN_CHUNKS} chunks or more, else 1; 1: in this "
+                     "process).", lower_bound=0)
+flags.DEFINE_enum("parallel_backend", "process", list(parallel.BACKENDS),
+                  "process: concurrent.futures process pools; ray: Ray actors (a local "
+                  "ray.init(); pip install fedjax_async[ray]).")
+flags.register_validator(
+    "parallel_backend",
+    lambda v: v != "ray" or importlib.util.find_spec("ray") is not None,
+    message="ray is not installed (pip install 'fedjax_async[ray]')")
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "cpu: process CPU seconds (OpenFHE is single-threaded here, so this is "
                   "the uncontended wall time on a shared machine); wall: perf_counter.")
@@ -94,6 +117,21 @@ def stages():
 def peak_rss_gib() -> float:
   """This process's peak resident memory so far (Linux reports KiB)."""
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def children_peak_rss_gib() -> float:
+  """The sum of the peak resident memory (VmHWM) of this process's live children: the
+  worker pools (and multiprocessing's resource tracker); 0 without /proc."""
+  total = 0
+  try:
+    for tid in os.listdir("/proc/self/task"):
+      with open(f"/proc/self/task/{tid}/children") as f:
+        for pid in f.read().split():
+          with open(f"/proc/{pid}/status") as g:
+            total += sum(int(line.split()[1]) for line in g if line.startswith("VmHWM:"))
+  except OSError:
+    return 0.0
+  return total / 2 ** 20
 
 
 def reference(w, online, delayed, alphas, d):
@@ -121,6 +159,7 @@ def measure(proto, dim, rng):
   proto.dim = dim
   step = (streamed_ducc.streamed_pafed_step if FLAGS.design == "streamed" else
           secure_ducc.secure_pafed_step)
+  load = os.getloadavg()[0]
   t0, c0 = time.perf_counter(), time.process_time()
   got, timings = step(proto, w, online, delayed, alphas)
   total = (time.process_time() - c0) if FLAGS.clock == "cpu" else time.perf_counter() - t0
@@ -139,7 +178,13 @@ def measure(proto, dim, rng):
                  "wire_s": proto.last_breakdown["wire_s"]}
                 if "bytes" in proto.last_breakdown else {}),
              client_decrypt_s=timings["decrypt"], key_transform_s=timings["key_transform"],
-             peak_rss_gib=peak_rss_gib(), measured=True)
+             peak_rss_gib=peak_rss_gib(), measured=True, load_avg_1m_before=load,
+             workers=parallel.resolve_workers(FLAGS.workers, ckks.num_chunks(dim, slots)),
+             workers_cpu_s=proto.last_breakdown.get("workers_cpu_s", 0.0))
+  if "server_wall_s" in proto.last_breakdown:
+    row["server_wall_s"] = proto.last_breakdown["server_wall_s"]
+  if FLAGS.clock == "cpu":  # S0 + S1 in this process, and their workers
+    row["server_cpu_s"] = row["server_s"] + row["workers_cpu_s"]
   return row
 
 
@@ -230,6 +275,7 @@ def write_rows(rows, preset):
         f.write(json.dumps(dict(r, design=FLAGS.design, preset=preset, online=FLAGS.online,
                                 delayed=FLAGS.delayed, min_depth=FLAGS.min_depth,
                                 kt_recipients=FLAGS.kt_recipients or FLAGS.num_clients,
+                                num_clients=FLAGS.num_clients,
                                 clock=FLAGS.clock, **prov)) + "\n")
 
 
@@ -245,12 +291,15 @@ def main(argv):
     if FLAGS.design == "streamed":
       proto = streamed_ducc.make_streamed_protocol(
           FLAGS.num_clients, dims[0], preset, FLAGS.min_depth, recipients=rec,
-          ring_dim=FLAGS.ring_dim or None, max_delayed=FLAGS.delayed)
+          ring_dim=FLAGS.ring_dim or None, max_delayed=FLAGS.delayed,
+          workers=FLAGS.workers, backend=FLAGS.parallel_backend)
       proto.keep_client_models = False  # each recipient's model is sent away
       proto.wire = wire_lib.Wire()  # messages as bytes, counted
     else:
       proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
-                                        ring_dim=FLAGS.ring_dim or None, recipients=rec)
+                                        ring_dim=FLAGS.ring_dim or None, recipients=rec,
+                                        workers=FLAGS.workers,
+                                        backend=FLAGS.parallel_backend)
   except ValueError as e:  # a ring too small for the security level
     raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
   setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -285,6 +334,11 @@ def main(argv):
     rows.append(row)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in row.items()), flush=True)
+  if any(r.get("workers", 1) > 1 for r in rows):
+    workers_peak = children_peak_rss_gib()
+    for r in rows:
+      r["workers_peak_rss_gib"] = workers_peak  # summed over the workers, whole run
+  proto.close()
   if FLAGS.target_dim and len(rows) >= 2:
     rows.append(extrapolate(rows, proto))
   write_rows(rows, preset)

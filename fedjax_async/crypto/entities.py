@@ -25,6 +25,7 @@ import numpy as np
 import openfhe
 
 from fedjax_async.crypto import ckks
+from fedjax_async.crypto import stopping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,11 @@ class Client:
 
   def encrypt_update(self, update: np.ndarray) -> List[object]:
     """Enc_pk_s(u) in ceil(d / (N/2)) ciphertexts (Alg. 3 line 9); u is unit length."""
-    return [self._ev.encrypt(self._pk_s, blk) for blk in ckks.chunk(update, self._ev.slots)]
+    out = []
+    for blk in ckks.chunk(update, self._ev.slots):
+      stopping.between_chunks()
+      out.append(self._ev.encrypt(self._pk_s, blk))
+    return out
 
   def decrypt_model(self, cts: Sequence[object], dim: int) -> np.ndarray:
     """Dec_sk_i of the key-transformed global model (after Alg. 5)."""
@@ -119,10 +124,16 @@ class HelperServer:
     """Alg. 5 lines 6-12: Dec_sk_s(w + r), then Enc_pk_i(w + r) for each recipient i
     and Enc_pk_s(w + r) for the next round. Returns ({i: [cts]}, [cts under pk_s])."""
     plain = [self._decrypt(ct) for ct in masked_cts]
-    per_client = {i: [self._ev.encrypt(self._client_pks[i], p) for p in plain]
-                  for i in recipients}
-    under_s = [self._ev.encrypt(self.pk_s, p) for p in plain]
-    return per_client, under_s
+
+    def encrypt(pk):
+      out = []
+      for p in plain:
+        stopping.between_chunks()
+        out.append(self._ev.encrypt(pk, p))
+      return out
+
+    per_client = {i: encrypt(self._client_pks[i]) for i in recipients}
+    return per_client, encrypt(self.pk_s)
 
 
 class KDC:

@@ -36,6 +36,8 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
+from fedjax_async.crypto import parallel
+from fedjax_async.crypto import stopping
 
 SQRT2 = math.sqrt(2.0)
 # Multiplicative blinds r = +-2^u of the masked inverse and of the empty-class test, u
@@ -103,7 +105,10 @@ class AggregationServer:
 
   def _dot_replicated(self, xs, ys, what):
     """Enc(x . y) in every slot: chunk-wise products, added, then EvalSum."""
-    prods = [self.ev.mult(x, y, what=what) for x, y in zip(xs, ys)]
+    prods = []
+    for x, y in zip(xs, ys):
+      stopping.between_chunks()
+      prods.append(self.ev.mult(x, y, what=what))
     return self.ev.eval_sum(self.ev.add_many(prods))
 
   # ------------------------------------------------------------------ Alg. 4
@@ -183,9 +188,12 @@ class AggregationServer:
       wj = [self.ev.eval_sum(self.ev.mult_plain(w, ckks.one_hot(slots, j, r * a / c),
                                                 what="broadcast class weight"))
             for j in range(k)]
-      acc[name] = [self.ev.add_many([self.ev.mult(wj[j], delayed[j][c],
-                                                  what="class weight * u_j")
-                                     for j in range(k)]) for c in range(len(msum))]
+      acc[name] = []
+      for ci in range(len(msum)):
+        stopping.between_chunks()
+        acc[name].append(self.ev.add_many([self.ev.mult(wj[j], delayed[j][ci],
+                                                        what="class weight * u_j")
+                                           for j in range(k)]))
       # Alg. 4 lines 6 / 8: the class totals n1, n2, blinded by r.
       st["v" + name] = self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
                                                            what="class total"))
@@ -297,8 +305,11 @@ class AggregationServer:
     independent of the model's, so S1 reads no known-plaintext slot."""
     r = csprng.uniform(-KT_MASK_BOUND, KT_MASK_BOUND, len(w_ct) * self.ev.slots)
     self._state = {"kt_r": list(r.reshape(len(w_ct), self.ev.slots))}
-    return [self.ev.add(c, self.ev.encrypt(self.public.pk_s, rb))
-            for c, rb in zip(w_ct, self._state["kt_r"])]
+    out = []
+    for c, rb in zip(w_ct, self._state["kt_r"]):
+      stopping.between_chunks()
+      out.append(self.ev.add(c, self.ev.encrypt(self.public.pk_s, rb)))
+    return out
 
   def kt_unmask(self, per_client: Dict[int, List[object]], under_s: List[object]):
     """Alg. 5 lines 13-17: Enc_pk_i(w + r) - Enc_pk_i(r) per client (and under pk_s)."""
@@ -306,7 +317,11 @@ class AggregationServer:
     pks = self.public.client_pks
 
     def unmask(cts, pk):
-      return [self.ev.sub(c, self.ev.encrypt(pk, rb)) for c, rb in zip(cts, rs)]
+      out = []
+      for c, rb in zip(cts, rs):
+        stopping.between_chunks()
+        out.append(self.ev.sub(c, self.ev.encrypt(pk, rb)))
+      return out
 
     out = {i: unmask(cts, pks[i]) for i, cts in per_client.items()}
     self.global_ct = unmask(under_s, self.public.pk_s)
@@ -334,16 +349,42 @@ class SecureProtocol:
   # A ``wire.Wire``: the streamed round's messages carried as bytes and counted (None:
   # passed as objects).
   wire: Optional[object] = None
+  # Alg. 5's per-chunk work in S0's and S1's worker pools (``parallel``): 0 the machine's
+  # cores for a model of ``parallel.AUTO_MIN_CHUNKS`` chunks or more, 1 in this process.
+  workers: int = 0
+  backend: str = "process"  # or "ray"
+  _pools: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def cc(self):
     return self.s0.public.cc
 
+  def _party_material(self):
+    """(S0's, S1's) material for their workers (``parallel.party_material``)."""
+    pub, s1 = self.s0.public, self.s1
+    return (parallel.party_material(pub.cc, pub.pk_s, pub.client_pks),
+            parallel.party_material(s1._cc, s1.pk_s, s1._client_pks, s1._secret_key))  # pylint: disable=protected-access
+
+  def key_transform_pools(self, workers: int):
+    """S0's and S1's pools of ``workers`` each, started on first use."""
+    if self._pools is not None and self._pools.workers != workers:
+      self.close()
+    if self._pools is None:
+      self._pools = parallel.KeyTransformPools(*self._party_material(), workers, self.backend)
+    return self._pools
+
+  def close(self):
+    """Stops the worker pools (if any)."""
+    if self._pools is not None:
+      self._pools.close()
+      self._pools = None
+
 
 def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
                   ring_dim: Optional[int] = None, depth: Optional[int] = None,
                   recipients: Optional[Sequence[int]] = None, min_scale: float = 1.0,
-                  log_size: int = 0, batch_size: Optional[int] = None) -> SecureProtocol:
+                  log_size: int = 0, batch_size: Optional[int] = None, workers: int = 0,
+                  backend: str = "process") -> SecureProtocol:
   """KDC setup (Alg. 3 line 1) sized for DUCC with ``min_depth`` Cheon iterations.
 
   Args:
@@ -360,17 +401,20 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
     log_size: S1 keeps its last ``log_size`` decryptions in ``decryption_log`` (tests).
     batch_size: slots per ciphertext, a power of two <= N/2 (default N/2; fewer make
       each slot sum cheaper and the model more ciphertexts).
+    workers, backend: Alg. 5's worker pools (``parallel``; 1: in this process).
 
   S0's masks and blinds come from the OS's CSPRNG (``csprng``), never from a seed.
   """
   cheon.check_ducc_scale(min_scale)
+  workers, backend = parallel.check_workers(workers), parallel.check_backend(backend)
   depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
   kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim, log_size, batch_size)
   s0 = AggregationServer(kdc.public)
   s0.min_scale = float(min_scale)
   rec = None if recipients is None else tuple(int(i) for i in recipients)
   return SecureProtocol(s0, kdc.helper, kdc.clients, int(dim), int(min_depth),
-                        ckks.get_preset(preset).name, float(min_scale), rec)
+                        ckks.get_preset(preset).name, float(min_scale), rec,
+                        workers=workers, backend=backend)
 
 
 def _encrypt_uploads(protocol: SecureProtocol, uploads: np.ndarray, offset: int):
@@ -420,9 +464,16 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
     recipients = tuple(range(len(protocol.clients)))
   if 0 not in recipients:
     recipients = (0,) + tuple(recipients)
-  masked = s0.kt_mask(new_ct)
-  per_client, under_s = s1.key_transform(masked, recipients)
-  out = s0.kt_unmask(per_client, under_s)
+  workers = parallel.resolve_workers(protocol.workers, len(new_ct))
+  if workers > 1:
+    out, s0.global_ct, cpu = parallel.key_transform(
+        protocol.key_transform_pools(workers), new_ct, recipients, [True] * len(recipients),
+        s0.ev.slots, KT_MASK_BOUND, plain_for_s=False)
+    breakdown["workers_cpu_s"] = float(sum(cpu.values()))
+  else:
+    masked = s0.kt_mask(new_ct)
+    per_client, under_s = s1.key_transform(masked, recipients)
+    out = s0.kt_unmask(per_client, under_s)
   timings["key_transform"] = _now() - t
   t = _now()
   new_w = protocol.clients[0].decrypt_model(out[0], dim)

@@ -32,11 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_async import interrupts
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import ops
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
 
@@ -54,53 +56,129 @@ MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 
 # docs/crypto.md).
 ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
 # The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): OpenFHE's ring
-# for the depth-2 vector context at 128 bits, the scalar context's keys (relinearisation
-# and 4 rotation keys at N = 2^16, measured RSS), and CPU seconds of the round's scalar
+# for the depth-2 vector context at 128 bits, and CPU seconds of the round's scalar
 # work plus its model-size work per (upload x ciphertext), the key transformation for as
 # many recipients as uploads (21 s + 0.016 s x 20 x 204 = 86 s; measured 86.7).
 STREAMED_RING_128 = 2 ** 14
-STREAMED_KEY_BYTES = int(0.9 * 2 ** 30)
 STREAMED_CPU_S_FIXED, STREAMED_CPU_S_PER_UPLOAD_CHUNK = 21.0, 0.016
+
+# The memory model, in units of one fresh ciphertext of the context concerned (2 N (L + 1)
+# 8-byte limbs), calibrated on measured peaks (benchmarks/results/ducc_round_memory.jsonl,
+# OpenFHE 1.6.1; tests/test_secure_engine.py holds the estimate within 1.5x of them):
+# Python with numpy and OpenFHE loaded, and OpenFHE's context tables (bytes).
+PROCESS_BYTES, CONTEXT_BYTES = int(0.25 * 2 ** 30), int(0.075 * 2 ** 30)
+# A key-switching key (the relinearisation key, each slot sum's rotation key) and a key
+# pair, per fresh ciphertext (measured RSS at N = 2^16, depth 25 and 28: 145-163 MB per
+# key, 37-42 MB per key pair).
+SWITCH_KEY_CTS, KEY_PAIR_CTS = 5.35, 1.37
+# One-context: the round's live ciphertexts per chunk at Alg. 5 (its peak): the uploads,
+# each recipient's copy twice (S1's and S0's), w and its mask; plus a fixed number for
+# the packed inner products, the Min and the broadcasts (fit to the 1-chunk round).
+ONE_CONTEXT_FIXED_CTS, ONE_CONTEXT_CHUNK_CTS = 17, 2
+# Streamed: per vector chunk the delayed uploads plus msum, w, w', the mask and one
+# recipient's copy in flight; in the scalar context, the Min's and the division's
+# ciphertexts (fit to the logreg and CNN rounds).
+STREAMED_CHUNK_CTS, STREAMED_SCALAR_CTS = 5, 21
+# A worker of ``parallel`` (each of S0's and S1's pools): its process (0.12 GiB measured
+# with N = 2^14), the public keys and one chunk's (R + 1) copies in and out; this process
+# holds up to 4 chunks per worker in flight (``parallel.key_transform``).
+WORKER_PROCESS_BYTES, WORKER_IN_FLIGHT_CHUNKS = int(0.1 * 2 ** 30), 4
+
+
+def _ct_bytes(ring: int, depth: int) -> int:
+  return 2 * ring * (depth + 1) * 8
+
+
+def _key_bytes(ring: int, depth: int, slots: int, key_pairs: int) -> int:
+  """The context's tables, the relinearisation key, log2(slots) rotation keys and
+  ``key_pairs`` key pairs."""
+  return int(CONTEXT_BYTES + _ct_bytes(ring, depth) * (
+      SWITCH_KEY_CTS * (1 + max(1, slots).bit_length() - 1) + KEY_PAIR_CTS * key_pairs))
+
+
+def _workers_bytes(workers: int, ct_bytes: int, num_clients: int, recipients: int) -> int:
+  """Two pools of ``workers`` processes, and the chunks in flight held here."""
+  if workers <= 1:
+    return 0
+  per_worker = WORKER_PROCESS_BYTES + (num_clients + 1 + 2 * (recipients + 1)) * ct_bytes
+  return 2 * workers * per_worker + WORKER_IN_FLIGHT_CHUNKS * workers * (
+      recipients + 1) * ct_bytes
 
 
 def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
-                   design: str = "one_context") -> dict:
+                   design: str = "one_context", *, num_clients: Optional[int] = None,
+                   recipients: Optional[int] = None, delayed: Optional[int] = None,
+                   workers: int = 1) -> dict:
   """What one encrypted round needs, before any key is made: the ring dimension N (the
   preset's, or the smallest that holds the context's modulus at 128-bit), ceil(dim /
   (N/2)) chunks, a fresh ciphertext's bytes (2 N (depth + 1) 8-byte limbs), the bytes of
-  the round's uploads alone (a lower bound on its memory), and CPU seconds scaled from
+  the round's uploads, the peak memory of the process's keys and ciphertexts
+  (``memory_bytes``, the model above; ``num_clients`` key pairs, default ``uploads``;
+  Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
+  default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
   the measured round (rough: linear in uploads, chunks and N)."""
   from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
-  if design == "streamed":
-    return _streamed_estimate(dim, uploads, ckks.get_preset(preset))
-  depth = ckks.ducc_depth(min_depth)
+  num_clients = uploads if num_clients is None else int(num_clients)
+  recipients = min(uploads, num_clients) if recipients is None else int(recipients)
+  delayed = uploads if delayed is None else min(int(delayed), uploads)
   p = ckks.get_preset(preset)
+  streamed = _streamed_estimate(dim, uploads, p, min_depth, num_clients, recipients,
+                                delayed, workers)
+  if design == "streamed":
+    return streamed
+  depth = ckks.ducc_depth(min_depth)
   log_q = p.first_mod_size + depth * p.scaling_mod_size
   ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= log_q)
   chunks = -(-dim // (ring // 2))
-  ct_bytes = 2 * ring * (depth + 1) * 8
+  ct_bytes = _ct_bytes(ring, depth)
   cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
            / ROUND_UPLOADS * ring / 2 ** 16)
+  held = (ONE_CONTEXT_FIXED_CTS
+          + chunks * (uploads + 2 * recipients + ONE_CONTEXT_CHUNK_CTS)) * ct_bytes
+  memory = (PROCESS_BYTES + _key_bytes(ring, depth, ring // 2, num_clients + 1) + held
+            + _workers_bytes(workers, ct_bytes, num_clients, recipients))
   return {"design": "one_context", "ring": ring, "depth": depth, "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
-          "memory_bytes": uploads * chunks * ct_bytes, "cpu_s": cpu_s,
-          "streamed_memory_bytes": _streamed_estimate(dim, uploads, p)["memory_bytes"]}
+          "memory_bytes": memory, "cpu_s": cpu_s,
+          "streamed_memory_bytes": streamed["memory_bytes"]}
 
 
-def _streamed_estimate(dim: int, uploads: int, p) -> dict:
-  """``round_estimate`` of ``streamed_ducc``: S0 keeps the delayed uploads (at most all
-  of them), then the key transformation holds one copy per recipient (at most all)."""
+def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: int,
+                       recipients: int, delayed: int, workers: int) -> dict:
+  """``round_estimate`` of ``streamed_ducc``: S0 keeps the delayed uploads, Alg. 5 holds
+  one recipient's copy at a time; the scalar context's keys and ciphertexts are fixed."""
+  from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
   ring = p.ring_dim or STREAMED_RING_128
   chunks = -(-dim // (ring // 2))
-  ct_bytes = 2 * ring * (streamed_ducc.VECTOR_DEPTH + 1) * 8
-  held = (uploads + 4) * chunks * ct_bytes  # delayed (or recipients) + msum, w, w', mask
-  keys = STREAMED_KEY_BYTES if p.ring_dim is None else 0
+  ct_bytes = _ct_bytes(ring, streamed_ducc.VECTOR_DEPTH)
+  s_depth = streamed_ducc.scalar_depth(min_depth)
+  s_log_q = p.first_mod_size + s_depth * p.scaling_mod_size
+  s_ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= s_log_q)
+  s_slots = min(2 ** max(1, (max(delayed, 2) - 1).bit_length()), ring // 2)
+  keys = (_key_bytes(ring, streamed_ducc.VECTOR_DEPTH, ring // 2, num_clients + 1)
+          + _key_bytes(s_ring, s_depth, s_slots, 1))
+  held = (chunks * (delayed + STREAMED_CHUNK_CTS) * ct_bytes
+          + STREAMED_SCALAR_CTS * _ct_bytes(s_ring, s_depth))
+  del ckks
   return {"design": "streamed", "ring": ring, "depth": streamed_ducc.VECTOR_DEPTH,
           "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
-          "memory_bytes": held + keys,
+          "memory_bytes": (PROCESS_BYTES + keys + held
+                           + _workers_bytes(workers, ct_bytes, num_clients, recipients)),
           "cpu_s": STREAMED_CPU_S_FIXED + STREAMED_CPU_S_PER_UPLOAD_CHUNK * uploads * chunks
           * ring / STREAMED_RING_128}
+
+
+def _rss_bytes() -> int:
+  """This process's resident memory now (0 where /proc is missing)."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
 
 
 def available_memory_bytes() -> int:
@@ -116,26 +194,28 @@ def available_memory_bytes() -> int:
 
 
 def check_round_fits(est: dict, uploads: int, dim: int, available: int):
-  """ValueError naming the flags that change it when the round's estimated memory
-  (``round_estimate``'s ``memory_bytes``) exceeds the memory available."""
+  """ValueError naming the flags that change it when the round's estimated peak memory
+  (``round_estimate``'s ``memory_bytes``) exceeds the memory available; for the
+  one-context design it names the streamed design, with its own estimate."""
   if est["memory_bytes"] <= available:
     return
+  need, have = est["memory_bytes"] / 2 ** 30, available / 2 ** 30
   if est["design"] == "streamed":
     raise ValueError(
         f"crypto.secure_aggregation=ckks crypto.ckks_design=streamed: one round of {uploads} "
-        f"uploads of {dim:,} parameters holds ~{est['memory_bytes'] / 2**30:.1f} GiB "
-        f"({est['chunks']} "
-        f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.2f} MB per upload), more than the "
-        f"{available / 2**30:.1f} GiB available: use a smaller model.name or fewer clients per "
-        "round (run.participation, delay.fraction)")
+        f"uploads of {dim:,} parameters ({est['chunks']} ciphertexts of "
+        f"{est['ciphertext_bytes'] / 1e6:.2f} MB each) needs ~{need:.1f} GiB, more than the "
+        f"{have:.1f} GiB available: use a smaller model.name or fewer clients per round "
+        "(run.participation, delay.fraction)")
   raise ValueError(
       f"crypto.secure_aggregation=ckks: one round's {uploads} uploads of {dim:,} parameters "
       f"are {est['chunks']} ciphertexts each of {est['ciphertext_bytes'] / 1e6:.1f} MB (ring "
-      f"2^{est['ring'].bit_length() - 1}, depth {est['depth']}), "
-      f"{est['upload_bytes'] / 2**30:.1f} GiB before any computation, more than the "
-      f"{available / 2**30:.1f} GiB available: use a smaller model.name, fewer clients per "
-      "round (run.participation, delay.fraction), a smaller crypto.ckks_min_depth, or "
-      f"crypto.ckks_design=streamed (~{est['streamed_memory_bytes'] / 2**30:.1f} GiB)")
+      f"2^{est['ring'].bit_length() - 1}, depth {est['depth']}); the round needs "
+      f"~{need:.1f} GiB, more than the {have:.1f} GiB available: use "
+      f"crypto.ckks_design=streamed (--ckks_design=streamed, "
+      f"~{est['streamed_memory_bytes'] / 2**30:.1f} GiB), or a smaller model.name, fewer "
+      "clients per round (run.participation, delay.fraction) or a smaller "
+      "crypto.ckks_min_depth")
 
 
 def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
@@ -153,15 +233,23 @@ def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
 
 
 def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_depth: int,
-                    min_scale: float, stream, design: str = "one_context"):
+                    min_scale: float, stream, design: str = "one_context",
+                    recipients: Optional[int] = None, delayed: Optional[int] = None):
   """The KDC's set-up, after the round's estimate is printed and checked against the
   memory available (a ValueError naming the flag that changes it)."""
-  est = round_estimate(dim, uploads, preset, min_depth, design)
+  def estimate(workers):
+    return round_estimate(dim, uploads, preset, min_depth, design, num_clients=num_clients,
+                          recipients=recipients, delayed=delayed, workers=workers)
+
+  est = estimate(1)
+  workers = parallel.resolve_workers(0, est["chunks"])  # the protocols' default
+  est = estimate(workers) if workers > 1 else est
   check_round_fits(est, uploads, dim, available_memory_bytes())
   print(f"[pafed/ckks] estimate per round ({design}): {uploads} uploads x {est['chunks']} "
         f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
-        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads, ~"
-        f"{est['memory_bytes'] / 2**30:.2f} GiB held, ~{est['cpu_s']:.0f} CPU s",
+        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads, peak ~"
+        f"{est['memory_bytes'] / 2**30:.2f} GiB for keys and ciphertexts (besides the "
+        f"{_rss_bytes() / 2**30:.2f} GiB this process holds), ~{est['cpu_s']:.0f} CPU s",
         file=stream, flush=True)
   print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
         f"pairs for S1 and {num_clients} clients ...", file=stream, flush=True)
@@ -169,7 +257,7 @@ def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_d
   if design == "streamed":
     protocol = streamed_ducc.make_streamed_protocol(
         num_clients, dim, preset=preset, min_depth=min_depth, min_scale=min_scale,
-        max_delayed=uploads)
+        max_delayed=uploads if delayed is None else max(int(delayed), 1))
     protocol.keep_client_models = False
   else:
     protocol = secure_ducc.make_protocol(num_clients, dim, preset=preset,
@@ -227,9 +315,12 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   preset = protocol.preset if protocol is not None else preset
   if preset == "insecure_test":  # every run, whatever ``stream`` is
     print(INSECURE_WARNING, file=sys.stderr, flush=True)
+  created = protocol is None
   if protocol is None:
     protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
-                               preset, min_depth, min_scale, stream, design)
+                               preset, min_depth, min_scale, stream, design,
+                               recipients=int(tl.sampled.max()) + 1,
+                               delayed=int((tl.valid & ~tl.online).sum(1).max()))
   step = (streamed_ducc.streamed_pafed_step
           if isinstance(protocol, streamed_ducc.StreamedProtocol)
           else secure_ducc.secure_pafed_step)
@@ -243,39 +334,51 @@ def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.Engin
   totals = {s: 0.0 for s in STAGES}
   all_rows: List[dict] = []
   first = True
-  for t in range(int(state.round), stop):
-    t_round = time.perf_counter()
-    slots = jax.tree.map(lambda a: jnp.asarray(a[0]), tl.slice(t, t + 1))
-    phase = phase_fn(state, slots, hp, data)
-    uploads = np.asarray(phase.uploads, np.float64)
-    online = np.asarray(phase.arrivals.online)
-    delayed = np.asarray(phase.arrivals.delayed)
-    protocol.recipients = next_round_recipients(tl, t)
-    # Round 0 (or a resumed run) starts from w in the clear (Alg. 3 line 2); afterwards
-    # S0 continues from Enc_pk_s(w) carried over by the key transformation.
-    new_w, timings = step(
-        protocol, np.asarray(state.w, np.float64) if first else None,
-        uploads[online], uploads[delayed], alphas,
-        int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)
-    first = False
-    new_w = jnp.asarray(new_w, jnp.float32)
-    # Simulator diagnostics from the plaintext uploads (no protocol party computes this).
-    m = np.mean(uploads[online], axis=0) if online.any() else np.zeros(dim)
-    alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
-    alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
-    state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
-    rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
-    if (not engine.host_stops_on_divergence(on_chunk)
-        and engine.first_nonfinite(rows) is not None):
-      raise engine.diverged(rows, 0)
-    for s in STAGES:
-      totals[s] += timings[s]
-    print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(
-        f"{s} {timings[s]:.2f}s" for s in STAGES) + f" ({rows[0]['delayed']} delayed, "
-          f"{alg_metrics['conflicting']} conflicting)", file=stream, flush=True)
-    all_rows.extend(rows)
-    if on_chunk is not None:
-      on_chunk(state, rows)
+  try:
+    for t in range(int(state.round), stop):
+      t_round = time.perf_counter()
+      slots = jax.tree.map(lambda a: jnp.asarray(a[0]), tl.slice(t, t + 1))
+      phase = phase_fn(state, slots, hp, data)
+      uploads = np.asarray(phase.uploads, np.float64)
+      online = np.asarray(phase.arrivals.online)
+      delayed = np.asarray(phase.arrivals.delayed)
+      protocol.recipients = next_round_recipients(tl, t)
+      # Round 0 (or a resumed run) starts from w in the clear (Alg. 3 line 2); afterwards
+      # S0 continues from Enc_pk_s(w) carried over by the key transformation.
+      try:
+        new_w, timings = step(
+            protocol, np.asarray(state.w, np.float64) if first else None,
+            uploads[online], uploads[delayed], alphas,
+            int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)
+      except interrupts.Interrupted:
+        # A stop asked for mid-round (``stopping.between_chunks``): this round is dropped;
+        # ``on_chunk`` with no rows checkpoints the rounds before it, as at a stop between
+        # rounds, and raises the stop itself.
+        if on_chunk is not None:
+          on_chunk(state, [])
+        raise
+      first = False
+      new_w = jnp.asarray(new_w, jnp.float32)
+      # Simulator diagnostics from the plaintext uploads (no protocol party computes this).
+      m = np.mean(uploads[online], axis=0) if online.any() else np.zeros(dim)
+      alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
+      alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
+      state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
+      rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
+      if (not engine.host_stops_on_divergence(on_chunk)
+          and engine.first_nonfinite(rows) is not None):
+        raise engine.diverged(rows, 0)
+      for s in STAGES:
+        totals[s] += timings[s]
+      print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(
+          f"{s} {timings[s]:.2f}s" for s in STAGES) + f" ({rows[0]['delayed']} delayed, "
+            f"{alg_metrics['conflicting']} conflicting)", file=stream, flush=True)
+      all_rows.extend(rows)
+      if on_chunk is not None:
+        on_chunk(state, rows)
+  finally:
+    if created:  # its worker pools, if any
+      protocol.close()
   n = max(len(all_rows), 1)
   print("[pafed/ckks] mean time per round: " + ", ".join(
       f"{s} {totals[s] / n:.2f}s" for s in STAGES), file=stream, flush=True)

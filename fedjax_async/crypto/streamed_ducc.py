@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -50,7 +51,9 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
+from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import stopping
 
 # Levels of the vector context: ip_j = msum . u_j (1), ||m||^2 = ||msum||^2 / n^2 (2);
 # the update's sum_j Enc(beta_j) * u_j (1).
@@ -98,10 +101,12 @@ class StreamedHelper:
     h = self.vector
     ev = h._ev  # pylint: disable=protected-access
     plain = [ev.encode(h._decrypt(ct)) for ct in masked_cts]  # pylint: disable=protected-access
-    for i in recipients:
-      pk = h._client_pks[i]  # pylint: disable=protected-access
-      yield i, [ev.cc.Encrypt(pk, p) for p in plain]
-    yield None, [ev.cc.Encrypt(h.pk_s, p) for p in plain]
+    for i, pk in [(i, h._client_pks[i]) for i in recipients] + [(None, h.pk_s)]:  # pylint: disable=protected-access
+      out = []
+      for p in plain:
+        stopping.between_chunks()
+        out.append(ev.cc.Encrypt(pk, p))
+      yield i, out
 
   def masked_inverse_sqrt(self, cts):
     return self.scalar.masked_inverse_sqrt(cts)
@@ -177,6 +182,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     self.vev._check(xs[0], ys[0], what="inner product over chunks")  # pylint: disable=protected-access
     acc = None
     for x, y in zip(xs, ys):
+      stopping.between_chunks()
       p = cc.EvalMultNoRelin(x, y)
       acc = p if acc is None else cc.EvalAdd(acc, p)
     return self.vev.eval_sum(cc.Relinearize(acc))
@@ -302,6 +308,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     self.vev._check(coefficients[0], vectors[0][0], what="sum_j beta_j u_j")  # pylint: disable=protected-access
     out = []
     for ci, w_c in enumerate(w_ct):
+      stopping.between_chunks()
       acc = None
       for coef, vec in zip(coefficients, vectors):
         p = cc.EvalMultNoRelin(coef, vec[ci])
@@ -334,8 +341,11 @@ class StreamedServer(secure_ducc.AggregationServer):
     r = csprng.uniform(-secure_ducc.KT_MASK_BOUND, secure_ducc.KT_MASK_BOUND,
                        len(w_ct) * slots).reshape(len(w_ct), slots)
     self._state = {"kt_r": r}
-    return [self.vev.add(c, self.vev.encrypt(self.vector_public.pk_s, rb))
-            for c, rb in zip(w_ct, r)]
+    out = []
+    for c, rb in zip(w_ct, r):
+      stopping.between_chunks()
+      out.append(self.vev.add(c, self.vev.encrypt(self.vector_public.pk_s, rb)))
+    return out
 
   def kt_unmask(self, cts: List[object], recipient: Optional[int]) -> List[object]:
     """Alg. 5 lines 13-17 for one recipient: Enc_pk_i(w + r) - Enc_pk_i(r), a fresh
@@ -351,7 +361,11 @@ class StreamedServer(secure_ducc.AggregationServer):
     if recipient is None:
       return [cc.EvalSub(c, p) for c, p in zip(cts, encoded)]
     pk = self.vector_public.client_pks[recipient]
-    return [cc.EvalSub(c, cc.Encrypt(pk, p)) for c, p in zip(cts, encoded)]
+    out = []
+    for c, p in zip(cts, encoded):
+      stopping.between_chunks()
+      out.append(cc.EvalSub(c, cc.Encrypt(pk, p)))
+    return out
 
 
 @dataclasses.dataclass
@@ -366,19 +380,27 @@ class StreamedProtocol(secure_ducc.SecureProtocol):
   def cc(self):
     return self.s0.vector_public.cc
 
+  def _party_material(self):
+    pub, s1 = self.s0.vector_public, self.s1.vector
+    return (parallel.party_material(pub.cc, pub.pk_s, pub.client_pks),
+            parallel.party_material(s1._cc, s1.pk_s, s1._client_pks, s1._secret_key))  # pylint: disable=protected-access
+
 
 def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
                            min_depth: int = 10, recipients: Optional[Sequence[int]] = None,
                            min_scale: float = 1.0, log_size: int = 0,
                            ring_dim: Optional[int] = None,
-                           max_delayed: int = 16) -> StreamedProtocol:
+                           max_delayed: int = 16, workers: int = 0,
+                           backend: str = "process") -> StreamedProtocol:
   """The KDC's set-up (Alg. 3 line 1) for the streamed design: a vector context of depth
   ``VECTOR_DEPTH`` (clients' and S1's key pairs, S1's evaluation keys) and a scalar
   context of depth ``scalar_depth(min_depth)`` (S1's key pair and evaluation keys) whose
   ciphertexts hold ``max_delayed`` slots rounded up to a power of two (sparse packing:
   its slot sums need log2 of that many rotation keys, 145 MB each at N = 2^16).
-  ``ring_dim`` overrides both contexts' ring (``preset`` must allow it)."""
+  ``ring_dim`` overrides both contexts' ring (``preset`` must allow it). ``workers``,
+  ``backend``: Alg. 5's worker pools (``parallel``; 1: in this process)."""
   cheon.check_ducc_scale(min_scale)
+  workers, backend = parallel.check_workers(workers), parallel.check_backend(backend)
   d = int(min_depth)
   vcc = ckks.make_context(VECTOR_DEPTH, preset, ring_dim)
   slots = 2 ** max(1, math.ceil(math.log2(max(int(max_delayed), 2))))
@@ -400,7 +422,7 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
   clients = [entities.Client(i, vcc, keys[0].publicKey, k) for i, k in enumerate(client_keys)]
   rec = None if recipients is None else tuple(int(i) for i in recipients)
   return StreamedProtocol(s0, s1, clients, int(dim), d, ckks.get_preset(preset).name,
-                          float(min_scale), rec)
+                          float(min_scale), rec, workers=workers, backend=backend)
 
 
 def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarray],
@@ -424,11 +446,13 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   timings = {"client_encrypt": 0.0}
   s1_time = {"refresh": 0.0, "division": 0.0}
   t_receive = 0.0
+  wall0, client_wall = time.perf_counter(), 0.0  # the server's wall time: all but the clients'
   for i, (u, is_online) in enumerate([(u, True) for u in online] +
                                      [(u, False) for u in delayed]):
-    t = now()
+    t, tw = now(), time.perf_counter()
     cts = clients[i % len(clients)].encrypt_update(u)
     timings["client_encrypt"] += now() - t
+    client_wall += time.perf_counter() - tw
     t = now()
     s0.receive(send("clients", "S0", cts), is_online)
     t_receive += now() - t
@@ -464,23 +488,35 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
     recipients = tuple(range(len(clients)))
   if 0 not in recipients:
     recipients = (0,) + tuple(recipients)
-  out = {}
-  masked = send("S0", "S1", s0.kt_mask(new_ct))
-  for i, cts in s1.key_transform_each(masked, recipients):
-    cts = s0.kt_unmask(send("S1", "S0", cts), i)
-    if i is None:  # kept by S0 for the next round
-      s0.global_ct = cts
-      continue
-    keep = protocol.keep_client_models or i == 0
-    cts = send("S0", "clients", cts, deliver=keep)  # sent to client i
-    if keep:
-      out[i] = cts
+  out, worker_cpu = {}, None
+  workers = parallel.resolve_workers(protocol.workers, len(new_ct))
+  if workers > 1:  # per chunk on S0's and S1's pools, messages as bytes
+    keep = [protocol.keep_client_models or i == 0 for i in recipients]
+    out, s0.global_ct, cpu = parallel.key_transform(
+        protocol.key_transform_pools(workers), new_ct, recipients, keep, s0.vev.slots,
+        secure_ducc.KT_MASK_BOUND, plain_for_s=True, wire=wire)
+    worker_cpu = float(sum(cpu.values()))
+  else:
+    masked = send("S0", "S1", s0.kt_mask(new_ct))
+    for i, cts in s1.key_transform_each(masked, recipients):
+      cts = s0.kt_unmask(send("S1", "S0", cts), i)
+      if i is None:  # kept by S0 for the next round
+        s0.global_ct = cts
+        continue
+      keep = protocol.keep_client_models or i == 0
+      cts = send("S0", "clients", cts, deliver=keep)  # sent to client i
+      if keep:
+        out[i] = cts
   timings["key_transform"] = now() - t
+  server_wall = time.perf_counter() - wall0 - client_wall
   t = now()
   new_w = clients[0].decrypt_model(out[0], dim)
   timings["decrypt"] = now() - t
   breakdown = dict(s0.timings, s1_refresh=s1_time["refresh"], division=s1_time["division"])
   breakdown.update(timings)
+  breakdown["server_wall_s"] = server_wall
+  if worker_cpu is not None:
+    breakdown["workers_cpu_s"] = worker_cpu
   if wire is not None:
     breakdown["wire_s"] = float(sum(wire.seconds.values()))
     breakdown["bytes"] = wire.links()
