@@ -276,7 +276,7 @@ class RunConfig(FlatKeys):
   data: DataConfig = DataConfig()
   model: ModelConfig = ModelConfig()
   local: LocalTraining = LocalTraining()
-  delay: DelayConfig = DelayConfig(0.3, "uniform", 3)
+  delay: DelayConfig = DelayConfig()
   crypto: CryptoConfig = CryptoConfig()
   run: RunOptions = RunOptions()
   output: OutputConfig = OutputConfig()

@@ -159,3 +159,27 @@ def test_numbers_of_any_width_are_accepted():
   import numpy as np  # pylint: disable=g-import-not-at-top
   cfg = config.RunConfig().replace(rounds=np.int64(5), lr=np.float32(0.1), mu=1)
   config.validate(cfg)
+
+
+def test_a_part_built_alone_has_runconfigs_defaults():
+  cfg = config.RunConfig()
+  for part in dataclasses.fields(config.RunConfig):
+    if part.name == "algorithm":  # PAFed's alphas: filled in by data set (None alone)
+      continue
+    assert type(getattr(cfg, part.name))() == getattr(cfg, part.name), part.name
+  assert config.RunConfig(delay=DelayConfig(max_delay=2)).delay.fraction == 0.3
+
+
+def test_rho_has_one_meaning_across_the_engines():
+  """--rho is FedADMM's / PAFed's penalty; double compensation's FedProx weight is
+  --dc_rho, so a flag file of one engine cannot set the other's by the same name."""
+  rounds, clock = config.flag_specs(), config.flag_specs(async_config.AsyncRunConfig)
+  assert rounds["rho"].path == "algorithm.rho" and "rho" not in clock
+  assert clock["dc_rho"].default == 1.0 and "dc_rho" not in rounds
+  for name in set(rounds) & set(clock):  # a flag of both engines: the same field
+    assert rounds[name].path == clock[name].path, name
+
+
+def test_a_virtual_clock_run_stored_with_rho_reads_as_dc_rho():
+  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  assert driver.renamed({"rho": 0.5, "lr": 0.1}) == {"dc_rho": 0.5, "lr": 0.1}

@@ -292,7 +292,7 @@ def test_run_engine_annealing_and_transfer(generation, tmp_path):
   gen, _, x, y = generation
   w0, apply_flat, split = MODEL.flat(jax.random.PRNGKey(0))
   data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
-  tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=0)
+  tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=0)
   alg = fededs.wrap(fedavg.ALGORITHM, MODEL, split, gen.shared, batch=8)
   base_hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
   mid = []  # the state after round 2, as a checkpoint stores it
@@ -336,7 +336,7 @@ def test_equal_work_baseline_takes_fededs_local_steps():
   x, y = _toy_data()
   w0, apply_flat, _ = MODEL.flat(jax.random.PRNGKey(0))
   data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
-  tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=0)
+  tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=0)
   alg = fededs.wrap(fedavg.ALGORITHM)
   hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
   equal = fededs.equal_work_epochs(4, CFG)

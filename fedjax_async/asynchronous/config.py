@@ -31,7 +31,8 @@ class AsyncAlgorithmConfig:
   server_lr: float = option(1.0, "FedBuff eta_s / double compensation eta.")
   server_momentum: float = option(0.0, "FedBuff server momentum.")
   fedbuff_staleness: bool = option(True, "FedBuff 1/sqrt(1+staleness) weights.")
-  rho: float = option(1.0, "Double compensation FedProx weight rho.")
+  dc_rho: float = option(1.0, "Double compensation's FedProx weight rho (Guo et al.; the "
+                         "round engine's --rho is FedADMM's penalty).")
   dc_lambda: float = option(1.0, "Double compensation lambda.")
   dc_lambda_t: float = option(1.0, "Double compensation lambda_t in [0, 1].")
   loss_threshold: float = option(0.0, "Double compensation loss threshold v.")

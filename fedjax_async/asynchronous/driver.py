@@ -191,7 +191,7 @@ def _validate_servers(a):
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
   check(0 <= a.server_momentum < 1, "algorithm.server_momentum",
         f"must be in [0, 1), got {a.server_momentum}")
-  check(a.rho >= 0, "algorithm.rho", f"must be >= 0, got {a.rho}")
+  check(a.dc_rho >= 0, "algorithm.dc_rho", f"must be >= 0, got {a.dc_rho}")
   check(0 <= a.dc_lambda_t <= 1, "algorithm.dc_lambda_t",
         f"must be in [0, 1], got {a.dc_lambda_t}")
   check(0 < a.beta <= 1, "algorithm.beta", f"must be in (0, 1], got {a.beta}")
@@ -217,7 +217,7 @@ def hparams(cfg: AsyncRunConfig, mix_alpha: float) -> Dict[str, float]:
           "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
           "poly_a": a.poly_a, "hinge_a": a.hinge_a, "hinge_b": a.hinge_b,
           "server_lr": a.server_lr, "server_momentum": a.server_momentum,
-          "fedbuff_staleness": float(a.fedbuff_staleness), "rho": a.rho,
+          "fedbuff_staleness": float(a.fedbuff_staleness), "rho": a.dc_rho,
           "dc_lambda": a.dc_lambda, "dc_lambda_t": a.dc_lambda_t,
           "loss_threshold": a.loss_threshold, "beta": a.beta, "dp_epsilon": p.dp_epsilon,
           "dp_clip": p.dp_clip, "dp_delta": p.dp_delta, "dp_noise_multiplier": 0.0}
@@ -354,7 +354,8 @@ def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule
     ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
                             every=o.checkpoint_every * cfg.run.groups_per_call,
                             total=num_groups, resume=o.resume,
-                            mismatch=config_lib.mismatch_flags, unit="group")
+                            mismatch=lambda saved, now: config_lib.mismatch_flags(
+                                renamed(saved), now), unit="group")
     resumed = ckpt.restore(state)
   start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
   if resumed is not None:
@@ -384,9 +385,19 @@ def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str) -> Optional[R
     return None
   saved = summary.get("config")
   if not isinstance(saved, dict) or config_lib.config_mismatch(
-      saved, checkpoint_lib.to_json_ready(run_config(cfg, run_name))):
+      renamed(saved), checkpoint_lib.to_json_ready(run_config(cfg, run_name))):
     return None
   return Run(summary, outputs.read_metrics(out_dir), None)
+
+
+# Flat keys renamed since runs were stored: old -> new (double compensation's rho).
+RENAMED = {"rho": "dc_rho"}
+
+
+def renamed(saved: dict) -> dict:
+  """A stored configuration under the current flat keys."""
+  return {RENAMED.get(k, k) if RENAMED.get(k) not in saved else k: v
+          for k, v in saved.items()}
 
 
 def prepare(cfg: AsyncRunConfig, runs, seeds):

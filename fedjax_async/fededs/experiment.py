@@ -238,7 +238,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
   model = SplitModel(cfg.model.name, 10, fd.feature_shape, hidden=cfg.model.hidden)
   w0, apply_flat, split = model.flat(jax.random.PRNGKey(seed))
   fcfg = fededs_config(cfg)
-  tl = timeline_lib.build(k, t.rounds, 1.0, timeline_lib.DelayConfig(max_delay=1), seed=seed)
+  tl = timeline_lib.build(k, t.rounds, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=seed)
   sdir = os.path.join(out_dir, "runs", f"alpha{alpha:g}_K{k}")
   os.makedirs(sdir, exist_ok=True)
   setting = {"alpha": alpha, "num_clients": k}

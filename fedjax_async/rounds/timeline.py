@@ -30,12 +30,12 @@ DELAY_DISTRIBUTIONS = ("fixed", "uniform", "geometric")
 @dataclasses.dataclass(frozen=True)
 class DelayConfig:
   """Which sampled clients are delayed, and by how many rounds (``RunConfig.delay``)."""
-  fraction: float = dataclasses.field(default=0.0, metadata={  # delta
+  fraction: float = dataclasses.field(default=0.3, metadata={  # delta
       "flag": "delay_fraction", "help": "delta, fraction of sampled clients that are "
-      "delayed (the library default is 0; the main job uses 0.3)."})
+      "delayed."})
   distribution: str = dataclasses.field(default="uniform", metadata={
       "flag": "delay_distribution", "help": "fixed | uniform | geometric."})
-  max_delay: int = dataclasses.field(default=5, metadata={
+  max_delay: int = dataclasses.field(default=3, metadata={
       "help": "Dmax (uniform) or k (fixed), rounds."})
   mean: float = dataclasses.field(default=2.0, metadata={  # geometric: support 1, 2, ...
       "flag": "delay_mean", "help": "Mean delay for geometric delays, rounds."})
