@@ -169,28 +169,29 @@ def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: i
           * ring / STREAMED_RING_128}
 
 
-def _rss_bytes() -> int:
-  """This process's resident memory now (0 where /proc is missing)."""
+def _proc_kib_field(path: str, key: str) -> Optional[int]:
+  """``key``'s value (kB) in a /proc file such as /proc/meminfo, in bytes; None where the
+  file or the key is missing."""
   try:
-    with open("/proc/self/status") as f:
+    with open(path) as f:
       for line in f:
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
           return int(line.split()[1]) * 1024
   except OSError:
     pass
-  return 0
+  return None
+
+
+def _rss_bytes() -> int:
+  """This process's resident memory now (0 where /proc is missing)."""
+  return _proc_kib_field("/proc/self/status", "VmRSS") or 0
 
 
 def available_memory_bytes() -> int:
   """MemAvailable of /proc/meminfo (else all physical memory)."""
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  found = _proc_kib_field("/proc/meminfo", "MemAvailable")
+  return found if found is not None else (os.sysconf("SC_PAGE_SIZE")
+                                          * os.sysconf("SC_PHYS_PAGES"))
 
 
 def check_round_fits(est: dict, uploads: int, dim: int, available: int):
