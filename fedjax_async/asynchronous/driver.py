@@ -300,6 +300,8 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
     hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(
         p.dp_epsilon, p.dp_delta, int(steps.max())))
+  if algorithm.dp and math.isfinite(p.dp_epsilon):  # the epsilon it will spend, up front
+    outputs.warn(report.dp_notice(run_name, cfg, report.dp_report(cfg, steps, counts, hp)))
   groups = async_engine.group_arrays(schedule, ecfg.group_size)
   data = engine.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)

@@ -52,6 +52,23 @@ def dp_report(cfg, steps, counts, hp) -> dict:
                         clip_mode=p.dp_clip_mode, noise_multiplier=hp["dp_noise_multiplier"])
 
 
+def dp_notice(run_name: str, cfg, privacy_report: dict) -> str:
+  """One line before a DP run trains: the epsilon every client will spend (the RDP
+  accountant over its steps, ``privacy.report``), a warning when that exceeds
+  privacy.dp_epsilon (privacy.dp_noise=alg1: the paper's per-step sigma)."""
+  p = cfg.privacy
+  spent, steps = privacy_report["epsilon_spent_max"], max(privacy_report["steps_per_client"])
+  z = max(privacy_report["noise_multiplier"])
+  if spent <= p.dp_epsilon * (1 + 1e-6):
+    return (f"[{run_name}] DP: noise multiplier {z:.3g} per step, so that every client "
+            f"spends at most epsilon {spent:.3g} (delta {p.dp_delta:g}) over its <= {steps} "
+            f"steps (privacy.dp_epsilon={p.dp_epsilon:g})")
+  return (f"[{run_name}] warning: privacy.dp_noise={p.dp_noise} spends epsilon {spent:.3g} "
+          f"(delta {p.dp_delta:g}, RDP over up to {steps} steps per client), not "
+          f"privacy.dp_epsilon={p.dp_epsilon:g}: the paper's sigma = lr 2C/(|D_k| eps) is one "
+          f"full-batch step's budget; privacy.dp_noise=calibrated spends {p.dp_epsilon:g}")
+
+
 def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_params: int,
                 hp: dict, rows: List[dict], wall: float, schedule, num_groups: int,
                 group_size: int, config: dict, privacy_report: Optional[dict]) -> dict:
