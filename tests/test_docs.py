@@ -35,3 +35,30 @@ def test_a_misspelt_keyword_in_a_block_fails():
   text = "```python\nimport fedjax_async as fa\nfa.simulate(algorithm='fedavg', roundz=1)\n```\n"
   out = run_blocks(text, None)
   assert out.returncode != 0 and "roundz: not a RunConfig field" in out.stderr
+
+
+API_REFERENCE = os.path.join(run_script.ROOT, "scripts", "api_reference.py")
+
+
+def _pdoc_missing():
+  try:
+    import pdoc  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    return str(e)
+  return None
+
+
+@pytest.mark.skipif(_pdoc_missing() is not None,
+                    reason="pdoc is not installed (the extra 'test' of setup.cfg has it; "
+                           "scripts/bootstrap.sh installs it)")
+def test_the_api_reference_builds_without_a_warning(tmp_path):
+  out = tmp_path / "ref"
+  proc = subprocess.run([sys.executable, API_REFERENCE, f"--out={out}"], env=run_script.env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+  top = (out / "fedjax_async.html").read_text()
+  for name in ("simulate", "Result", "RunConfig", "AsyncRunConfig", "algorithms"):
+    assert f'id="{name}"' in top or f'href="fedjax_async/{name}.html"' in top, name
+  assert 'id="register"' in (out / "fedjax_async" / "algorithms.html").read_text()
+  assert "fedjax_async.html" in (out / "index.html").read_text()
