@@ -56,3 +56,43 @@ def test_dp_alg1_noise_warns_with_the_epsilon_it_spends(capsys):
   assert len(warning) == 1
   assert f"spends epsilon {spent:.3g}" in warning[0]
   assert "dp_noise=calibrated" in warning[0]
+
+
+# ------------------------------------------------- 2. PrivaAsyncFed's paper defaults
+
+
+def final_models(capsys=None, **fields):
+  from fedjax_async.asynchronous import driver
+  result = driver.simulate(fa.AsyncRunConfig(), **TINY_ASYNC, **fields)
+  return {name: np.asarray(run.state.w) for name, run in result.runs.items()}
+
+
+def test_privaasyncfed_defaults_prune_on_the_papers_device_tiers(capsys):
+  """At the defaults PrivaAsyncFed runs on the paper's four device tiers with a model that
+  has hidden units, so its slower tiers train pruned sub-models and its model differs
+  from FedAsync's and DP-FedAsync's. With pruning off (every tier's scale 1) it is
+  DP-FedAsync (FedAsync with the same client clipping) to float rounding, and with a clip
+  that never binds it is FedAsync: the difference is the paper's pruning (and DP)."""
+  w = final_models(algorithm="fedasync,dp_fedasync,privaasyncfed")
+  out = capsys.readouterr().out
+  assert "clock.device_classes=privaasyncfed" in out and "model mlp " in out
+  assert np.abs(w["privaasyncfed"] - w["fedasync"]).max() > 1e-3
+  assert np.abs(w["privaasyncfed"] - w["dp_fedasync"]).max() > 1e-3
+
+  unpruned = final_models(algorithm="fedasync,dp_fedasync,privaasyncfed", scales="1,1,1,1")
+  np.testing.assert_allclose(unpruned["privaasyncfed"], unpruned["dp_fedasync"], atol=1e-6)
+  np.testing.assert_allclose(unpruned["dp_fedasync"], w["dp_fedasync"], atol=1e-6)
+  assert np.abs(unpruned["privaasyncfed"] - unpruned["fedasync"]).max() > 1e-3
+
+  plain = final_models(algorithm="fedasync,privaasyncfed", scales="1,1,1,1", dp_clip=1e6)
+  np.testing.assert_allclose(plain["privaasyncfed"], plain["fedasync"], atol=1e-6)
+
+
+def test_explicit_devices_and_model_are_kept(capsys):
+  """device_classes=none and an explicit model are the user's: no tiers, no MLP (logistic
+  regression has no hidden unit, so nothing is pruned and PrivaAsyncFed is DP-FedAsync)."""
+  w = final_models(algorithm="dp_fedasync,privaasyncfed", device_classes="none",
+                   model="logreg")
+  out = capsys.readouterr().out
+  assert "PrivaAsyncFed's defaults" not in out and "model logreg " in out
+  np.testing.assert_allclose(w["privaasyncfed"], w["dp_fedasync"], atol=1e-6)

@@ -53,7 +53,8 @@ class ClockOptions:
   compute_time: str = option("lognormal:0.001,0.5", "Seconds per example: constant:a | "
                              "uniform:a,b | exponential:mean | lognormal:median,sigma.")
   comm_time: str = option("constant:0.5", "Seconds of communication per task (same forms).")
-  device_classes: str = option("", "'' | privaasyncfed | p:slowdown[:scale_index],...")
+  device_classes: str = option("", "'' (privaasyncfed when --algorithm runs it, else none) "
+                               "| none | privaasyncfed | p:slowdown[:scale_index],...")
   scales: str = option("1,0.75,0.5,0.25", "PrivaAsyncFed's scale table S (Eq. 10).")
   prune_speedup: bool = option(
       False, "PrivaAsyncFed: a sub-model of scale S[p] takes S[p]^2 of the compute and "

@@ -163,6 +163,7 @@ def validate(cfg: AsyncRunConfig):
   check(cfg.output.checkpoint_every >= 0, "output.checkpoint_every",
         f"must be >= 0 (0: off), got {cfg.output.checkpoint_every}")
   classes = (vc.PRIVAASYNCFED_CLASSES if c.device_classes == "privaasyncfed"
+             else () if c.device_classes == "none"
              else vc.parse_device_classes(c.device_classes))
   if "privaasyncfed" in names:
     check(all(k.scale_index < len(scales) for k in classes), "clock.device_classes",
@@ -175,6 +176,33 @@ def validate(cfg: AsyncRunConfig):
       comm=vc.Distribution.parse(c.comm_time, "clock.comm_time"), device_classes=classes,
       ring_size=c.ring_size)
   return names, scales, clock
+
+
+def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
+  """PrivaAsyncFed's paper setting (Sec. IV-A) for what an invocation that runs it leaves
+  unset, in every run (its comparisons use one configuration, Sec. IV-B.3), said on the
+  console: the four device tiers (clock.device_classes), whose sub-models are pruned
+  (Eq. 10), and a model with hidden units to prune (the MLP where model.name=auto would
+  build logistic regression; the paper's is LeNet)."""
+  if "privaasyncfed" not in cfg.algorithm.names.split(","):
+    return cfg
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  set_ = {}
+  if not cfg.clock.device_classes:
+    set_["device_classes"] = "privaasyncfed"
+  try:
+    if cfg.model.name == "auto" and models.default_model_for(cfg.data.dataset) == "logreg":
+      set_["model"] = "mlp"
+  except ValueError:  # (named when the data loads)
+    pass
+  if set_:
+    print(outputs.name_fields(
+        "PrivaAsyncFed's defaults, for every run: " + ", ".join(
+            f"{'.'.join(AsyncRunConfig.keys()[k])}={v}" for k, v in set_.items())
+        + " (the paper's 4 device tiers 3/3/2/2 with slow-downs 1/2/4/8 and sub-model "
+        "scales clock.scales; a model with hidden units to prune); "
+        "clock.device_classes=none for identical unpruned clients"), flush=True)
+  return cfg.replace(**set_)
 
 
 def _validate_servers(a):
@@ -429,7 +457,7 @@ def simulate(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
   Ctrl-C / SIGTERM (with ``output_dir``, after a checkpoint); a run that diverges is left
   out (``Result.diverged``). ``callbacks``: ``loop.Callback``s after every compiled chunk
   of every run."""
-  cfg = (config or AsyncRunConfig()).replace(**fields)
+  cfg = privaasyncfed_defaults((config or AsyncRunConfig()).replace(**fields))
   names, scales, clock = validate(cfg)
   sharding.select_devices(cfg.run.devices)
   runs, seeds = run_list(cfg, names), seeds_of(cfg)
