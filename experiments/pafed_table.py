@@ -16,7 +16,7 @@ was; runs stored with other flags are re-run (the driver names the flags that di
 Outputs under ``--output_dir``: ``<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/``
 (metrics.jsonl, summary.json), ``table.md`` / ``table.csv`` (ours beside the paper's numbers
 and the difference) and ``figures/accuracy_<partition>_delta<d>.png`` (test accuracy versus
-round, mean over seeds, one curve per algorithm: the paper's Figs. 5-8).
+round, mean ± std over seeds, one curve per algorithm: the paper's Figs. 5-8).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 from fedjax_async import interrupts
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import config as config_lib
+from fedjax_async import outputs
 from fedjax_async import cli
 from fedjax_async import sharding
 from fedjax_async.sweeps import sweep
@@ -299,36 +300,61 @@ def write_csv(rows, algs, path: str):
       w.writerow([r["partition"], r["delta"]] + vals)
 
 
-def mean_curve(runs):
-  """(rounds, mean test accuracy over seeds) at the evaluated rounds."""
-  acc = np.array([[np.nan if r["test_accuracy"] is None else r["test_accuracy"]
-                   for r in rows] for _, rows in runs], float)
-  evaluated = ~np.all(np.isnan(acc), axis=0)
-  rounds = np.arange(acc.shape[1])[evaluated] + 1
-  return rounds, np.nanmean(acc[:, evaluated], axis=0)
+def seed_curves(runs):
+  """[(rounds, test accuracy)] at the evaluated rounds of each run that did not diverge."""
+  out = []
+  for s, rows in runs:
+    if s.get("diverged_round") is not None:
+      continue
+    points = outputs.curve_points(rows, "test_accuracy")
+    if points is not None:
+      out.append(points)
+  return out
 
 
-def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str):
-  """One PNG per (partition, delta): accuracy versus round, one curve per algorithm."""
+def plot_curves(results: dict, partitions, algs, fig_dir: str, title: str, data_cfg=None):
+  """One PNG per (partition, delta): accuracy versus round, per algorithm the mean over
+  the seeds that did not diverge with a shaded +-1 std band (numpy's, as the table's);
+  titled with the data set, its partition (``data_cfg``'s Dirichlet alpha or shards per
+  client) and the model the runs built."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   os.makedirs(fig_dir, exist_ok=True)
+  data_cfg = data_cfg or config_lib.RunConfig().data
   paths = []
   for part in partitions:
     per_alg = {a: by_delta(results.get((part, a), [])) for a in algs}
     deltas = sorted({d for v in per_alg.values() for d in v})
     for d in deltas:
       fig, ax = plt.subplots(figsize=(5, 3.6))
-      for a in algs:
-        if d in per_alg[a]:
-          x, y = mean_curve(per_alg[a][d])
-          ax.plot(x, y, marker="." if len(x) < 40 else None, label=LABELS.get(a, a))
+      first = next(v[d][0][0] for v in per_alg.values() if d in v)  # a summary
+      for j, a in enumerate(algs):
+        curves = seed_curves(per_alg[a].get(d, []))
+        if not curves:
+          continue
+        color = f"C{j % 10}"
+        if len(curves) == 1:
+          (x, y), std = curves[0], None
+        else:
+          band = outputs.seed_band(curves)
+          if band is None:
+            continue
+          x, y, std, _ = band
+        ax.plot(x, y, color=color, marker="." if len(x) < 40 else None,
+                label=outputs.seeds_label(LABELS.get(a, a), len(curves)))
+        if std is not None:
+          ax.fill_between(x, y - std, y + std, color=color, alpha=outputs.BAND_ALPHA,
+                          linewidth=0)
       ax.set_xlabel("communication round")
       ax.set_ylabel("test accuracy")
-      ax.set_title(f"{PARTITION_LABEL.get(part, part)}, δ = {d:g} ({title})", fontsize=9)
+      data = outputs.data_label(dataclasses.replace(data_cfg, partition=part),
+                                first.get("dataset", data_cfg.dataset))
+      ax.set_title(f"{data}, {outputs.model_label(data_cfg, first.get('model', 'auto'))}; "
+                   f"δ = {d:g} ({title})", fontsize=8)
       ax.grid(alpha=0.3)
-      ax.legend(fontsize=8)
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
       path = os.path.join(fig_dir, f"accuracy_{part}_delta{d:g}.png")
       fig.tight_layout()
       fig.savefig(path, dpi=110)
@@ -419,7 +445,7 @@ def main(argv):
     f.write(md + "\n")
   write_csv(rows, algs, os.path.join(out_dir, "table.csv"))
   figs = plot_curves(results, partitions, algs, os.path.join(out_dir, "figures"),
-                     f"{opts.config} config")
+                     f"{opts.config} config", base.data)
   with open(os.path.join(out_dir, "table.json"), "w") as f:
     json.dump({"config": opts.config, "num_seeds": opts.num_seeds,
                "driver_wall_time_s": wall, "run_config": config_lib.config_dict(base),

@@ -196,59 +196,177 @@ def read_metrics(run_dir: str) -> List[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(runs: Dict[str, List[dict]], path: str, x_key: str = "round",
-                loss_window: int = 1, title: str = "") -> int:
-  """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key``
-  (the 1-based round, or the virtual clock's ``virtual_time``), one line per run of
-  ``runs`` (name -> its metrics.jsonl rows); the loss as a running mean over
-  ``loss_window`` rows (one arrival's loss is noisy). Returns the number of lines drawn."""
+# ------------------------------------------------------------------------- figures
+
+RAW_ALPHA = 0.25  # the raw loss, drawn faint behind its smoothed curve
+BAND_ALPHA = 0.2  # the shaded +-1 std band over seeds
+
+
+def ema(values: Sequence[float], weight: float) -> np.ndarray:
+  """Exponential moving average: s_0 = v_0, s_t = weight * s_(t-1) + (1 - weight) * v_t."""
+  v = np.asarray(values, float)
+  out = np.empty_like(v)
+  for t, x in enumerate(v):
+    out[t] = x if t == 0 else weight * out[t - 1] + (1.0 - weight) * x
+  return out
+
+
+def ema_weight(num_points: int) -> float:
+  """The loss curves' EMA weight for ``num_points`` points: 1 - 1/span with a span of
+  1/20 of the points (at most 200); 0 (no smoothing) under 40 points."""
+  span = min(num_points / 20, 200.0)
+  return 0.0 if span < 2 else round(1.0 - 1.0 / span, 3)
+
+
+def seed_band(curves: Sequence[tuple], ddof: int = 0):
+  """``(x, mean, std, interpolated)`` of several seeds' curves ``[(xs, ys), ...]``: numpy's
+  mean and std (``ddof``) over the seeds at each x. Curves at the same xs are combined as
+  they are; otherwise each is interpolated linearly at every curve's xs inside the range
+  all of them cover (``interpolated``: True). None when they share no x range."""
+  curves = [(np.asarray(x, float), np.asarray(y, float)) for x, y in curves]
+  x0 = curves[0][0]
+  if all(len(x) == len(x0) and np.array_equal(x, x0) for x, _ in curves):
+    ys, interpolated = np.stack([y for _, y in curves]), False
+  else:
+    lo, hi = max(x.min() for x, _ in curves), min(x.max() for x, _ in curves)
+    x0 = np.unique(np.concatenate([x for x, _ in curves]))
+    x0 = x0[(x0 >= lo) & (x0 <= hi)]
+    if not len(x0):
+      return None
+    ys, interpolated = np.stack([np.interp(x0, x, y) for x, y in curves]), True
+  return x0, ys.mean(axis=0), ys.std(axis=0, ddof=ddof), interpolated
+
+
+def wrap_title(title: str, width: int = 115) -> str:
+  """``title`` broken at spaces into lines of at most ``width`` characters (a 10-inch
+  figure's suptitle at font size 9-10)."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
+
+
+def seeds_label(name: str, num_seeds: int) -> str:
+  """A curve's legend: ``name``, with "mean ± std over N seeds" when N > 1."""
+  return name if num_seeds <= 1 else f"{name} (mean ± std over {num_seeds} seeds)"
+
+
+def curve_points(rows: List[dict], key: str, x_key: str = "round"):
+  """``(xs, ys)`` of the rows where ``key`` is finite (None: none): x the 1-based round
+  (rows stored counting from 0 shifted by one) or the row's ``x_key``."""
+  shift = x_key == "round" and bool(rows) and rows[0].get("round") == 0
+  xy = [(r[x_key] + shift, r[key]) for r in rows
+        if r.get(key) is not None and np.isfinite(r[key])]
+  return tuple(np.array(v, float) for v in zip(*xy)) if xy else None
+
+
+def plot_curves(runs: Dict[str, list], path: str, x_key: str = "round", title: str = "",
+                loss_ema: Optional[float] = None, ddof: int = 0) -> int:
+  """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key`` (the
+  1-based round, or the virtual clock's ``virtual_time``), one curve per run of ``runs``
+  (name -> its metrics.jsonl rows, or a list of several seeds' rows: their mean with a
+  shaded +-1 std band of ``ddof``, "mean ± std over N seeds" in the legend). The loss is
+  smoothed, an EMA of weight ``loss_ema`` (None: ``ema_weight`` of the longest run), the
+  raw loss faint behind it. Returns the number of curves drawn (faint raw losses not
+  counted)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(10.0, 3.8))
   FigureCanvasAgg(fig)
-  lines = 0
+  per_run = {n: v if v and isinstance(v[0], list) else [v] for n, v in runs.items()}
+  if loss_ema is None:
+    loss_ema = ema_weight(max([sum(r.get("train_loss") is not None for r in rows)
+                               for seeds in per_run.values() for rows in seeds] or [0]))
+  drawn = 0
   for i, (key, label) in enumerate((("test_accuracy", "test accuracy"),
                                     ("train_loss", "train loss"))):
     ax = fig.add_subplot(1, 2, i + 1)
-    for name, rows in runs.items():
-      xy = [(r[x_key] + (x_key == "round"), r[key]) for r in rows
-            if r.get(key) is not None and np.isfinite(r[key])]
-      if key == "train_loss" and loss_window > 1:  # a running mean; none if too few rows
-        ys = [y for _, y in xy]
-        xy = [] if len(ys) < loss_window else list(zip(
-            [x for x, _ in xy][loss_window - 1:],
-            np.convolve(ys, np.ones(loss_window) / loss_window, "valid")))
-      if xy:
-        ax.plot(*zip(*xy), marker="." if len(xy) < 40 else None, label=name)
-        lines += 1
-    if key == "train_loss" and ax.lines and all(
-        min(line.get_ydata()) > 0 for line in ax.lines):
+    smooth = key == "train_loss" and loss_ema > 0
+    interpolated, positive = False, True
+    for j, (name, seeds) in enumerate(per_run.items()):
+      raw = [c for c in (curve_points(rows, key, x_key) for rows in seeds) if c is not None]
+      if not raw:
+        continue
+      positive &= all(np.all(y > 0) for _, y in raw)
+      curves = [(x, ema(y, loss_ema)) for x, y in raw] if smooth else raw
+      if len(curves) == 1:
+        (x, y), std = curves[0], None
+        raw_line = raw[0]
+      else:
+        band = seed_band(curves, ddof)
+        if band is None:
+          continue
+        x, y, std, interp = band
+        interpolated |= interp
+        raw_line = seed_band(raw)[:2]
+      color = f"C{j % 10}"
+      if smooth:
+        ax.plot(*raw_line, color=color, alpha=RAW_ALPHA, linewidth=0.8)
+      ax.plot(x, y, color=color, marker="." if len(x) < 40 else None,
+              label=seeds_label(name, len(curves)))
+      if std is not None:
+        ax.fill_between(x, y - std, y + std, color=color, alpha=BAND_ALPHA, linewidth=0)
+      drawn += 1
+    if key == "train_loss" and ax.lines and positive:
       ax.set_yscale("log")  # FedADMM's loss can grow by orders of magnitude
-    ax.set_xlabel(x_key.replace("_", " "))
-    ax.set_ylabel(label if key != "train_loss" or loss_window == 1
-                  else f"{label} (mean of {loss_window})")
+    ax.set_xlabel(x_key.replace("_", " ") + ("\n(seeds interpolated linearly to common "
+                                             "points)" if interpolated else ""))
+    ax.set_ylabel(f"{label}, EMA (weight {loss_ema:g}); raw faint" if smooth else label)
     ax.grid(True, alpha=0.3)
-    if ax.lines:
+    if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
   if title:
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(wrap_title(title), fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
-  return lines
+  return drawn
+
+
+def data_label(data_cfg, dataset: str) -> str:
+  """The data set and its partition as loaded: the synthetic sets have their natural
+  partition (``data.partition`` does not apply to them), image sets ``data.partition``."""
+  name = dataset.lower()
+  if name.startswith("synthetic_iid"):
+    part = "IID by construction"
+  elif name.startswith("synthetic"):
+    part = "natural partition, one generator per client"
+  elif data_cfg.partition == "dirichlet":
+    part = f"Dirichlet α = {data_cfg.dirichlet_alpha:g}"
+  elif data_cfg.partition == "shards":
+    part = f"shards, {data_cfg.shards_per_client} per client"
+  else:
+    part = {"iid": "IID"}.get(data_cfg.partition, data_cfg.partition)
+  return f"{dataset} ({part}, N = {data_cfg.num_clients})"
+
+
+def model_label(data_cfg, model: str) -> str:
+  """The model built: ``model``, or for "auto" the data set's default model."""
+  if model != "auto":
+    return model
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  try:
+    return models.default_model_for(data_cfg.dataset)
+  except ValueError:
+    return "the data set's default model"
+
+
+def _values(values) -> str:
+  return ", ".join(f"{v:g}" for v in sorted(values))
 
 
 def figure_title(cfg, dataset: str, model: str, names: List[str],
-                 swept: Sequence[str] = ()) -> str:
-  """The data set, partition, model, delays and algorithms of a figure; a ``swept`` field
-  is named as swept, not by its base value."""
+                 swept=()) -> str:
+  """The data set, partition, model, delays and algorithms of a figure. ``swept``: the
+  swept fields (names, or name -> values): each is named as swept, with its values when
+  given, never by its base value."""
+  swept = swept if isinstance(swept, dict) else {n: () for n in swept}
   d = cfg.delay
   law = f"mean {d.mean:g}" if d.distribution == "geometric" else f"max {d.max_delay}"
-  fraction = "δ swept" if "delay_fraction" in swept else f"δ = {d.fraction:g}"
-  delays = (f"{fraction}, {d.distribution} delays ({law})"
-            if d.fraction or "delay_fraction" in swept else "δ = 0")
-  if model == "auto":
-    from fedjax_async import models  # pylint: disable=g-import-not-at-top
-    model = models.default_model_for(cfg.data.dataset)
-  others = [n for n in swept if n != "delay_fraction"]
-  return (f"{dataset} ({cfg.data.partition}, N = {cfg.data.num_clients}), {model}; {delays}; "
-          f"{', '.join(names)}" + (f"; swept: {', '.join(others)}" if others else ""))
+  if "delay_fraction" in swept:
+    values = swept["delay_fraction"]
+    fraction = "δ swept" + (f": {_values(values)}" if len(values) else "")
+    delays = f"{fraction}, {d.distribution} delays ({law})"
+  else:
+    delays = f"δ = {d.fraction:g}, {d.distribution} delays ({law})" if d.fraction else "δ = 0"
+  others = [n + (f" {_values(v)}" if len(v) else "") for n, v in swept.items()
+            if n != "delay_fraction"]
+  return (f"{data_label(cfg.data, dataset)}, {model_label(cfg.data, model)}; {delays}; "
+          f"{', '.join(names)}" + (f"; swept: {'; '.join(others)}" if others else ""))

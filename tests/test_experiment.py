@@ -100,10 +100,8 @@ def test_plot_curves_draws_accuracy_where_evaluated_and_every_loss(tmp_path):
   # accuracy: a and c (b never evaluated; c's NaN round skipped); loss: all three
   assert outputs.plot_curves(runs, str(tmp_path / "c.png")) == 5
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
-  # a running mean over 3 rows: "b" (3 losses) keeps one point, so still 5 lines; over 4,
-  # no run has enough losses and only the 2 accuracy lines are left
-  assert outputs.plot_curves(runs, str(tmp_path / "d.png"), loss_window=3) == 5
-  assert outputs.plot_curves(runs, str(tmp_path / "e.png"), loss_window=4) == 2
+  # smoothed losses: still one curve per run (the faint raw losses are not counted)
+  assert outputs.plot_curves(runs, str(tmp_path / "d.png"), loss_ema=0.5) == 5
 
 
 @pytest.mark.xdist_group("all_algorithms")  # its module fixture computed once
@@ -481,10 +479,11 @@ def test_a_quiet_comparison_prints_no_round_lines_and_ends_with_its_table(tmp_pa
 
 
 def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatch, tmp_path):
-  cfg = config_lib.RunConfig().replace(algorithm="pafed,fedavg", partition="shards", num_clients=30)
-  title = outputs.figure_title(cfg, "synthetic", "logreg", ["pafed", "fedavg"])
-  assert title == ("synthetic (shards, N = 30), logreg; δ = 0.3, uniform delays (max 3); "
-                   "pafed, fedavg")
+  cfg = config_lib.RunConfig().replace(algorithm="pafed,fedavg", dataset="fashion_mnist",
+                                       partition="shards", num_clients=30)
+  title = outputs.figure_title(cfg, "fashion_mnist", "cnn", ["pafed", "fedavg"])
+  assert title == ("fashion_mnist (shards, 2 per client, N = 30), cnn; δ = 0.3, uniform "
+                   "delays (max 3); pafed, fedavg")
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   seen = []
   monkeypatch.setattr(Figure, "suptitle", lambda self, t, **kw: seen.append(t))

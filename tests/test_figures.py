@@ -1,4 +1,6 @@
-"""Every command behind a figure in the docs still runs.
+"""Every command behind a figure in the docs still runs; the figures a run writes say what
+they show (titles from the configuration as built, mean ± std bands over seeds, the smoothed
+loss over the faint raw one).
 
 The commands are read from the tables of README.md's "Measured figures" and
 docs/performance.md's "Figures" (the column whose header says "command"; a script without a
@@ -23,7 +25,9 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
+import numpy as np
 import pytest
 
 import conftest
@@ -305,3 +309,217 @@ def test_the_peers_figure_command_runs_with_the_real_peers(tmp_path):
     assert re.search(rf"\[peers\] {peer}\s+\S+ s/round", proc.stdout), proc.stdout[-3000:]
     note = json.loads(rows[peer]["note"])
     assert rows[peer]["s_per_round"] > 0 and "stub" not in note["version"], note
+
+
+# ------------------------------------------------------------------ the figures' content
+# Figures are inspected as matplotlib objects (Figure.savefig captured), not as pixels.
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+  """The Figures the code under test saves, in order (nothing is written)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+  return figures
+
+
+def _config(**fields):
+  from fedjax_async import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.RunConfig().replace(**fields)
+
+
+def test_a_swept_delta_is_titled_as_swept_with_its_values_never_its_base_value():
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  cfg = _config(delay_fraction=0.45)
+  title = outputs.figure_title(cfg, "synthetic_1_1", "logreg", ["pafed"],
+                               swept={"delay_fraction": [0.7, 0.0, 0.3], "lr": [0.1, 0.01]})
+  assert "δ swept: 0, 0.3, 0.7" in title, title
+  assert "0.45" not in title and "δ =" not in title, title
+  assert "swept: lr 0.01, 0.1" in title, title
+  # not swept: the configured value
+  assert "δ = 0.45" in outputs.figure_title(cfg, "synthetic_1_1", "logreg", ["pafed"])
+
+
+@pytest.mark.parametrize("dataset,model", [("synthetic", "logreg"),
+                                           ("fashion_mnist", "cnn"), ("cifar10", "cifar10_cnn")])
+def test_titles_name_the_model_built_never_auto(dataset, model):
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import config as aconfig  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import report  # pylint: disable=g-import-not-at-top
+  cfg = _config(dataset=dataset, model="auto")
+  titles = [outputs.figure_title(cfg, dataset, "auto", ["fedavg"]),
+            report.curves_title(aconfig.AsyncRunConfig().replace(dataset=dataset),
+                                dataset, "auto", ["fedasync"], [0, 1])]
+  for title in titles:
+    assert "auto" not in title and f", {model};" in title, title
+
+
+def test_synthetic_data_is_titled_by_its_natural_partition_image_data_by_data_partition():
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  for name in ("synthetic_1_1", "synthetic_iid"):
+    title = outputs.figure_title(_config(dataset=name.split("_1")[0], partition="shards"),
+                                 name, "logreg", ["fedavg"])
+    assert "shards" not in title and title.startswith(f"{name} ("), title
+    assert ("IID" if name.endswith("iid") else "natural partition") in title, title
+  image = lambda **f: outputs.figure_title(_config(dataset="fashion_mnist", **f),
+                                           "fashion_mnist", "cnn", ["fedavg"])
+  assert image(partition="shards", shards_per_client=3).startswith(
+      "fashion_mnist (shards, 3 per client, N = 30), cnn;")
+  assert image(partition="dirichlet", dirichlet_alpha=0.1).startswith(
+      "fashion_mnist (Dirichlet α = 0.1, N = 30)")
+  assert image(partition="iid").startswith("fashion_mnist (IID, N = 30)")
+
+
+def test_the_fededs_figure_names_its_partition_and_model():
+  from fedjax_async.fededs import report  # pylint: disable=g-import-not-at-top
+  title = report.encryption_grid_title("mlp", {"alpha": 0.1, "num_clients": 20})
+  assert "Dirichlet α = 0.1, K = 20" in title and "model mlp" in title, title
+
+
+def test_the_seed_band_is_numpys_mean_and_std_over_the_seeds():
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  ys = [[1.0, 2.0, 3.0], [3.0, 2.0, 5.0], [2.0, 5.0, 1.0]]
+  x, mean, std, interpolated = outputs.seed_band([([1, 2, 3], y) for y in ys])
+  assert not interpolated and list(x) == [1, 2, 3]
+  np.testing.assert_allclose(mean, [2.0, 3.0, 3.0])
+  np.testing.assert_allclose(std, [np.sqrt(2 / 3), np.sqrt(2), np.sqrt(8 / 3)])
+  np.testing.assert_allclose(outputs.seed_band([([1, 2, 3], y) for y in ys], ddof=1)[2],
+                             [1.0, np.sqrt(3), 2.0])
+  # other xs: each curve at every x inside the range all of them cover, linearly
+  x, mean, std, interpolated = outputs.seed_band([([0, 1, 2, 3], [0, 2, 4, 6]),
+                                                  ([1, 1.5, 2], [1, 2, 1])])
+  assert interpolated and list(x) == [1, 1.5, 2]
+  np.testing.assert_allclose(mean, [(2 + 1) / 2, (3 + 2) / 2, (4 + 1) / 2])
+  np.testing.assert_allclose(std, [0.5, 0.5, 1.5])
+  assert outputs.seed_band([([0, 1], [0, 0]), ([2, 3], [0, 0])]) is None
+
+
+def _band(ax):
+  """The (x, low, high) points of the Axes' one fill_between band."""
+  from matplotlib.collections import PolyCollection  # pylint: disable=g-import-not-at-top
+  (poly,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+  return {tuple(np.round(v, 9)) for path in poly.get_paths() for v in path.vertices}
+
+
+def _expected_band(x, mean, std):
+  return ({(round(a, 9), round(m - s, 9)) for a, m, s in zip(x, mean, std)} |
+          {(round(a, 9), round(m + s, 9)) for a, m, s in zip(x, mean, std)})
+
+
+def test_several_seeds_are_drawn_as_their_mean_and_a_std_band(saved_figures, tmp_path):
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  acc = [[0.2, 0.5, 0.6], [0.4, 0.5, 0.9], [0.3, 0.8, 0.6]]
+  seeds = [[{"round": i, "test_accuracy": a, "train_loss": 1.0} for i, a in enumerate(s)]
+           for s in acc]
+  single = [{"round": i, "test_accuracy": 0.1, "train_loss": 1.0} for i in range(3)]
+  assert outputs.plot_curves({"fedavg": seeds, "pafed": single}, str(tmp_path / "c.png"),
+                             loss_ema=0.0) == 4
+  ax = saved_figures[-1].axes[0]
+  mean, std = np.mean(acc, axis=0), np.std(acc, axis=0)
+  assert _band(ax) == _expected_band([1, 2, 3], mean, std)
+  (line,) = [l for l in ax.lines if l.get_label().startswith("fedavg")]
+  np.testing.assert_allclose(line.get_ydata(), mean)
+  assert line.get_label() == "fedavg (mean ± std over 3 seeds)"
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+      "fedavg (mean ± std over 3 seeds)", "pafed"]  # one seed: its line, no band
+
+
+def test_the_loss_is_smoothed_with_the_raw_loss_faint_behind_it(saved_figures, tmp_path):
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  np.testing.assert_allclose(outputs.ema([1, 3, 2, 6], 0.5), [1, 2, 2, 4])
+  np.testing.assert_allclose(outputs.ema([1, 3, 2, 6], 0.75), [1, 1.5, 1.625, 2.71875])
+  rows = [{"round": i, "test_accuracy": None, "train_loss": v}
+          for i, v in enumerate([1, 3, 2, 6])]
+  outputs.plot_curves({"fedavg": rows}, str(tmp_path / "c.png"), loss_ema=0.5)
+  ax = saved_figures[-1].axes[1]
+  raw, smooth = ax.lines
+  np.testing.assert_allclose(raw.get_ydata(), [1, 3, 2, 6])
+  np.testing.assert_allclose(smooth.get_ydata(), [1, 2, 2, 4])
+  assert raw.get_alpha() is not None and raw.get_alpha() <= 0.3
+  assert smooth.get_alpha() in (None, 1.0) and raw.get_color() == smooth.get_color()
+  assert "EMA (weight 0.5)" in ax.get_ylabel() and "raw" in ax.get_ylabel()
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fedavg"]
+
+
+def test_the_smoothing_weight_grows_with_the_points_and_is_named():
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  assert outputs.ema_weight(20) == 0.0  # a few rounds: drawn as they are
+  assert outputs.ema_weight(100) == 0.8 and outputs.ema_weight(1000) == 0.98
+  assert 0 < outputs.ema_weight(10 ** 7) < 1
+
+
+def test_the_sweep_figure_shades_mean_and_std_over_its_seeds(saved_figures, tmp_path):
+  from fedjax_async.sweeps import store  # pylint: disable=g-import-not-at-top
+  rows = [{"algorithm": "fedavg", "delay_fraction": d, "num_seeds": 3, "diverged": dv,
+           "final_accuracy_mean": m, "final_accuracy_std": s,
+           "average_best_accuracy_mean": m + 0.1, "average_best_accuracy_std": s}
+          for d, m, s, dv in ((0.0, 0.8, 0.05, 0), (0.3, 0.7, 0.1, 1), (0.7, 0.5, 0.2, 0))]
+  store.plot_aggregate(rows, ["delay_fraction"], str(tmp_path / "a.png"))
+  ax = saved_figures[-1].axes[0]
+  assert _band(ax) == _expected_band([0, 0.3, 0.7], [0.8, 0.7, 0.5], [0.05, 0.1, 0.2])
+  assert not ax.containers  # no error bars
+  assert ax.get_legend().get_texts()[0].get_text() == "fedavg (mean ± std over 2/3 seeds)"
+
+
+def test_the_sweep_titles_its_figure_by_the_swept_values_and_the_model_built(
+    saved_figures, tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
+  base = _config(algorithm="fedavg", dataset="synthetic", model="auto", num_clients=4,
+                 rounds=2, local_epochs=1, batch_size=10, delay_fraction=0.45,
+                 checkpoint_every=0, quiet=True, output_dir=str(tmp_path))
+  cfgs = sweep.grid(base, {"delay_fraction": [0.0, 0.3]}, num_seeds=2)
+  sweep.run_grid(base, cfgs, ["delay_fraction"], experiment.load_data(base),
+                 jax.devices()[:1], 2)
+  title = saved_figures[-1].get_suptitle().replace("\n", " ")  # wrapped
+  assert "δ swept: 0, 0.3" in title and "0.45" not in title, title
+  assert "logreg" in title and "auto" not in title and "shards" not in title, title
+
+
+def test_the_virtual_clock_draws_several_seeds_as_one_band(saved_figures, tmp_path):
+  from fedjax_async.asynchronous import config as aconfig  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  cfg = aconfig.AsyncRunConfig().replace(output_dir=str(tmp_path), model="auto",
+                                              dataset="synthetic")
+  summary = {"dataset": "synthetic_1_1", "model": "logreg"}
+  rows = lambda acc, t0: [{"virtual_time": t0 + i, "test_accuracy": a, "train_loss": 1.0}
+                          for i, a in enumerate(acc)]
+  run = lambda acc: types.SimpleNamespace(summary=summary, rows=rows(acc, 0.0))
+  result = types.SimpleNamespace(figure=None, by_seed={
+      0: {"fedasync": run([0.2, 0.4, 0.6])}, 3: {"fedasync": run([0.4, 0.8, 0.8])}})
+  driver.plot_seeds(cfg, result)
+  ax = saved_figures[-1].axes[0]
+  mean, std = [0.3, 0.6, 0.7], np.std([[0.2, 0.4, 0.6], [0.4, 0.8, 0.8]], axis=0, ddof=1)
+  assert _band(ax) == _expected_band([0, 1, 2], mean, std)
+  title = saved_figures[-1].get_suptitle().replace("\n", " ")  # wrapped
+  assert "seeds 0, 3" in title and "logreg" in title and "natural partition" in title, title
+  assert result.figure == str(tmp_path / "curves.png")
+
+
+@pytest.fixture(scope="module")
+def pafed_table():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "pafed_table_module", os.path.join(ROOT, "experiments", "pafed_table.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_pafed_table_draws_the_seeds_it_averages_as_a_band(pafed_table, saved_figures,
+                                                                tmp_path):
+  acc = {0: [0.1, 0.5], 1: [0.3, 0.7], 2: [0.9, 0.9]}  # seed 2 diverged: left out
+  runs = [({"setting": {"delay_fraction": 0.3}, "diverged_round": 1 if s == 2 else None,
+            "dataset": "fashion_mnist", "model": "cnn"},
+           [{"round": i + 1, "test_accuracy": a} for i, a in enumerate(v)])
+          for s, v in acc.items()]
+  pafed_table.plot_curves({("dirichlet", "pafed"): runs}, ["dirichlet"], ["pafed"],
+                          str(tmp_path), "reduced config",
+                          _config(dataset="fashion_mnist", dirichlet_alpha=0.1).data)
+  ax = saved_figures[-1].axes[0]
+  assert _band(ax) == _expected_band([1, 2], [0.2, 0.6], [0.1, 0.1])
+  assert ax.get_legend().get_texts()[0].get_text() == "PAFed (mean ± std over 2 seeds)"
+  assert ax.get_title().startswith("fashion_mnist (Dirichlet α = 0.1, N = 30), cnn; δ = 0.3")

@@ -473,7 +473,25 @@ def simulate(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
   if len(seeds) > 1 and cfg.output.output_dir is not None:
     with open(os.path.join(cfg.output.output_dir, "comparison.md"), "w") as f:
       f.write(result.table() + "\n")
+    plot_seeds(cfg, result)
   return result
+
+
+def plot_seeds(cfg: AsyncRunConfig, result: Result):
+  """``output_dir/curves.png`` of several seeds: per run the mean over the seeds with a
+  +-1 std band (ddof 1, as the table), on virtual time."""
+  runs: Dict[str, list] = {}
+  for done in result.by_seed.values():
+    for name, run in done.items():
+      runs.setdefault(name, []).append(run.rows)
+  if not runs:
+    return
+  first = next(r.summary for done in result.by_seed.values() for r in done.values())
+  result.figure = os.path.join(cfg.output.output_dir, "curves.png")
+  outputs.plot_curves(runs, result.figure, x_key="virtual_time", ddof=1,
+                      title=report.curves_title(cfg, first["dataset"], first["model"],
+                                                list(runs), list(result.by_seed)))
+  print(f"figure: {result.figure}")
 
 
 def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, callbacks,
@@ -507,9 +525,8 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
     result.figure = os.path.join(out_dir, "curves.png")
     outputs.plot_curves(
         {n: r.rows for n, r in done.items()}, result.figure, x_key="virtual_time",
-        loss_window=10,
-        title=f"{getattr(fed, 'name', cfg.data.dataset)}, {model[0]}; virtual clock, "
-              f"concurrency {cfg.clock.concurrency}; {', '.join(done)}")
+        title=report.curves_title(cfg, getattr(fed, "name", cfg.data.dataset), model[0],
+                                  list(done)))
     print(f"figure: {result.figure}")
   if len(done) > 1:
     table = report.comparison_table([r.summary for r in done.values()])

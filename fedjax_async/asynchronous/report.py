@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import outputs
 from fedjax_async import privacy
 
 
@@ -103,6 +104,16 @@ def result_line(s: dict) -> str:
           f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
           f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""))
+
+
+def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
+  """curves.png's title: the data set and its partition, the model built, the clock and
+  the runs; with several ``seeds``, which ones and the band's std (ddof 1, as
+  ``seed_table``)."""
+  over = (f"; seeds {', '.join(map(str, seeds))}: mean ± sample std (ddof 1)"
+          if len(seeds) > 1 else "")
+  return (f"{outputs.data_label(cfg.data, dataset)}, {outputs.model_label(cfg.data, model)}; "
+          f"virtual clock, concurrency {cfg.clock.concurrency}; {', '.join(names)}{over}")
 
 
 def comparison_table(summaries: List[dict]) -> str:

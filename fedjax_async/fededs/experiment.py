@@ -223,7 +223,8 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
   if cfg.alg1.utility_epochs:
     report.shared_report(cfg, sdir, setting, config, gen, model, split(w0), dev, pool, fcfg)
   if do_privacy:
-    report.privacy_outputs(cfg, model, encryptor, split(w0), layers, dev, fcfg, gen, out_dir)
+    report.privacy_outputs(cfg, model, encryptor, split(w0), layers, dev, fcfg, gen, out_dir,
+                           setting)
   return gen.shared
 
 

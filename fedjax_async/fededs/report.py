@@ -23,8 +23,10 @@ def client_loop() -> str:
   return "map" if jax.default_backend() == "cpu" else "vmap"
 
 
-def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_dir):
-  """Fig. 3 for client 0: originals, encrypted with / without the stochastic layer."""
+def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_dir,
+                    setting=None):
+  """Fig. 3 for client 0: originals, encrypted with / without the stochastic layer
+  (``setting``: the grid's alpha and num_clients, named in the title)."""
   no_layer = generate_encrypted(model, encryptor, theta0, layers, dev.x, dev.y, dev.counts,
                                 jax.random.PRNGKey(cfg.run.seed + 1), fcfg, share_rows=16,
                                 use_layer=False, client_loop=client_loop())
@@ -34,13 +36,21 @@ def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_d
   without_l = np.asarray(no_layer.shared.x[0, :n])
   save_encryption_grid(
       orig, with_l, os.path.join(out_dir, "encryption_grid.png"), without_l,
-      title=f"FedEDS encryptor, client 0, Fashion-MNIST, model {cfg.model.name} (Fig. 3)")
+      title=encryption_grid_title(model.kind, setting))
   rep = privacy_report(orig, with_l, without_l)
   rep["encryptor_loss_last_with_layer"] = float(np.mean(gen.encryptor_loss[:, -1]))
   rep["encryptor_loss_last_without_layer"] = float(np.mean(no_layer.encryptor_loss[:, -1]))
   with open(os.path.join(out_dir, "privacy.json"), "w") as f:
     json.dump(rep, f, indent=2)
   print("[fededs] privacy:", json.dumps(rep), flush=True)
+
+
+def encryption_grid_title(model: str, setting=None) -> str:
+  """Fig. 3's title: the data set, its partition (the setting's Dirichlet alpha and K, when
+  given) and the model built."""
+  part = (f" (Dirichlet α = {setting['alpha']:g}, K = {setting['num_clients']})"
+          if setting else "")
+  return f"FedEDS encryptor, client 0, Fashion-MNIST{part}, model {model} (Fig. 3)"
 
 
 def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcfg):

@@ -94,15 +94,18 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
 
 
 def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str = "") -> int:
-  """``path`` (PNG): two panels, the final and the average best accuracy, mean +- std over
-  seeds, against the first swept value (log x when every value is positive and they span
-  10x or more), one line per algorithm and setting of the other swept values; without
-  swept values, one bar per algorithm. Returns the number of lines (or bars) per panel."""
+  """``path`` (PNG): two panels, the final and the average best accuracy against the first
+  swept value (log x when every value is positive and they span 10x or more), one curve
+  per algorithm and setting of the other swept values: the mean over the seeds that did
+  not diverge with a shaded +-1 std band ("mean ± std over N seeds" in the legend);
+  without swept values, one bar per algorithm with its std. Returns the number of curves
+  (or bars) per panel."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(10.0, 4.0))
   FigureCanvasAgg(fig)
-  seeds = "/".join(map(str, sorted({r["num_seeds"] for r in rows})))
+  kept = lambda pts: "/".join(  # seeds in the means (the diverged ones left out)
+      map(str, sorted({r["num_seeds"] - r.get("diverged", 0) for r in pts})))
   drawn = 0
   for i, (key, label) in enumerate((("final_accuracy", "final accuracy"),
                                     ("average_best_accuracy", "average best accuracy"))):
@@ -118,11 +121,19 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
       lines: Dict[tuple, List[dict]] = {}
       for r in rows:
         lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
-      for k, pts in lines.items():
+      for j, (k, pts) in enumerate(lines.items()):
         pts = sorted(pts, key=lambda r: r[x_name])
         name = " ".join([k[0]] + [f"{n}={v:g}" for n, v in zip(others, k[1:])])
-        ax.errorbar([r[x_name] for r in pts], [mean(r) for r in pts],
-                    yerr=[std(r) for r in pts], marker="o", capsize=3, label=name)
+        x = np.array([r[x_name] for r in pts], float)
+        y = np.array([mean(r) for r in pts], float)
+        sd = np.array([std(r) for r in pts], float)
+        color = f"C{j % 10}"
+        n = kept(pts)
+        ax.plot(x, y, marker="o", color=color, label=name if n == "1" else
+                f"{name} (mean ± std over {n} seeds)")
+        if n != "1":
+          ax.fill_between(x, y - sd, y + sd, color=color, alpha=outputs.BAND_ALPHA,
+                          linewidth=0)
       xs = [r[x_name] for r in rows]
       if min(xs) > 0 and max(xs) >= 10 * min(xs):
         ax.set_xscale("log")
@@ -130,10 +141,11 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
       if i == 0:
         ax.legend(fontsize=7)
       drawn = len(lines)
-    ax.set_ylabel(f"{label} (mean ± std, {seeds} seeds)")
+    ax.set_ylabel(label if kept(rows) == "1" else
+                  f"{label}\n(mean ± std over {kept(rows)} seeds)")
     ax.grid(True, alpha=0.3)
   if title:
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(outputs.wrap_title(title, 125), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn

@@ -533,7 +533,9 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
   with open(os.path.join(base.output.output_dir, "sweep.json"), "w") as f:
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output.output_dir, "aggregate.png")
+  model = summaries[0]["model"] if summaries else base.model.name  # as built ("auto" resolved)
+  swept = {n: sorted({r[n] for r in agg}) for n in names}
   sweep_store.plot_aggregate(agg, names, figure, title=outputs.figure_title(
-      base, fed_data.name, base.model.name, base.algorithm.name_list(), swept=names))
+      base, fed_data.name, model, base.algorithm.name_list(), swept=swept))
   print(f"figure: {figure}")
   return sweep_store.write_aggregate(agg, names, base.output.output_dir)
