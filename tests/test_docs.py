@@ -62,3 +62,24 @@ def test_the_api_reference_builds_without_a_warning(tmp_path):
     assert f'id="{name}"' in top or f'href="fedjax_async/{name}.html"' in top, name
   assert 'id="register"' in (out / "fedjax_async" / "algorithms.html").read_text()
   assert "fedjax_async.html" in (out / "index.html").read_text()
+
+
+README_BUDGET = 6656      # 6.5 KB
+DOCS_BUDGET = 122880      # 120 KB: README.md, BUILD.md and docs/*.md (not the generated reference)
+
+
+def hand_written_docs(root=run_script.ROOT):
+  docs = os.path.join(root, "docs")
+  return ([os.path.join(root, "README.md"), os.path.join(root, "BUILD.md")]
+          + sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")))
+
+
+def test_the_hand_written_docs_fit_their_size_budget():
+  sizes = {os.path.relpath(p, run_script.ROOT): os.path.getsize(p) for p in hand_written_docs()}
+  assert {"README.md", "BUILD.md", "docs/api.md", "docs/design.md"} <= set(sizes)
+  assert sizes["README.md"] <= README_BUDGET, (
+      f"README.md is {sizes['README.md']} bytes, over {README_BUDGET}: move detail to docs/")
+  total = sum(sizes.values())
+  assert total <= DOCS_BUDGET, (
+      f"README.md, BUILD.md and docs/*.md are {total} bytes, over {DOCS_BUDGET}: "
+      f"{sorted(sizes.items(), key=lambda kv: -kv[1])}")
