@@ -93,15 +93,27 @@ def build(out: pathlib.Path) -> list[str]:
   """Writes the pages into ``out`` (replaced); returns the warnings (none: success)."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, str(ROOT))
-  import pdoc  # pylint: disable=g-import-not-at-top
-  from pdoc import doc, render  # pylint: disable=g-import-not-at-top
+  try:
+    from pdoc import doc, render  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise SystemExit("api_reference: pdoc is not installed: scripts/bootstrap.sh, or "
+                     ".venv/bin/pip install -e '.[test]'") from None
 
   names = public_modules()
-  modules = [importlib.import_module(n) for n in names]  # imports' own warnings aside
+  modules = []
+  for name in names:  # imported before pdoc runs: their own warnings aside
+    try:
+      modules.append(importlib.import_module(name))
+    except ImportError as e:
+      raise SystemExit(
+          f"api_reference: cannot import {name} ({str(e).splitlines()[0]}): every public "
+          "module must import; run it with .venv's Python 3.10, which has OpenFHE (BUILD.md)"
+      ) from None
   _resolve_lazy_exports(modules[0])
   for m in modules:
     _resolve_annotations(m)
-  render.configure(docformat="google", show_source=False, footer_text=f"fedjax_async {modules[0].__version__}")
+  render.configure(docformat="google", show_source=False,
+                   footer_text=f"fedjax_async {modules[0].__version__}")
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="api_reference."))
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -120,7 +132,6 @@ def build(out: pathlib.Path) -> list[str]:
     shutil.rmtree(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   shutil.move(str(tmp), str(out))
-  del pdoc
   return []
 
 

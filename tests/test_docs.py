@@ -64,6 +64,23 @@ def test_the_api_reference_builds_without_a_warning(tmp_path):
   assert "fedjax_async.html" in (out / "index.html").read_text()
 
 
+@pytest.mark.skipif(_pdoc_missing() is not None, reason="pdoc is not installed")
+def test_the_api_reference_names_a_module_that_does_not_import(tmp_path):
+  """Where openfhe does not load (Python 3.12 on Debian 12), one line names the module and
+  the Python to use, and nothing is written."""
+  (tmp_path / "openfhe").mkdir()
+  (tmp_path / "openfhe" / "__init__.py").write_text('raise ImportError("no openfhe here")\n')
+  env = run_script.env()
+  env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+  out = tmp_path / "ref"
+  proc = subprocess.run([sys.executable, API_REFERENCE, f"--out={out}"], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "api_reference: cannot import fedjax_async.crypto (no openfhe here): "), proc.stderr
+  assert "Traceback" not in proc.stderr and not out.exists()
+
+
 README_BUDGET = 6656      # 6.5 KB
 DOCS_BUDGET = 122880      # 120 KB: README.md, BUILD.md and docs/*.md (not the generated reference)
 
