@@ -43,6 +43,8 @@ from fedjax_async.asynchronous import driver
 
 # The flags: one per field of the virtual clock's configuration (AsyncRunConfig).
 cli.define_config_flags(async_config.AsyncRunConfig)
+cli.help.ESSENTIAL[:] = ["algorithm", "dataset", "model", "num_updates", "num_clients",
+                         "concurrency", "seeds", "local_epochs", "output_dir", "flagfile"]
 FLAGS = flags.FLAGS
 
 

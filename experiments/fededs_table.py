@@ -49,6 +49,8 @@ flags.DEFINE_boolean("quick", False, "Few rounds on a data subset (minutes on 2 
                      "presets every flag below that is not given explicitly.")
 # The flags: one per field of FedEDS's configuration (FedEDSRunConfig).
 cli.define_config_flags(fededs_config.FedEDSRunConfig)
+cli.help.ESSENTIAL[:] = ["quick", "alphas", "num_clients", "bases", "variants", "rounds", "seed",
+                         "model", "output_dir", "flagfile"]
 FLAGS = flags.FLAGS
 
 

@@ -69,6 +69,9 @@ class TableConfig(config_lib.FlatKeys):
 
 cli.define_run_flags()
 cli.define_config_flags(TableConfig)  # one flag per TableOptions field
+cli.help.ESSENTIAL[:] = ["config", "output_dir", "num_seeds", "partitions", "deltas",
+                         "algorithm", "rounds", "max_runs_per_computation", "read_only",
+                         "flagfile"]
 
 FLAGS = flags.FLAGS
 

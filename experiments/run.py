@@ -26,6 +26,7 @@ from (exit status 130 / 143).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,8 +66,10 @@ def mode_of(argv) -> str:
   listed = [n for n in names.split(",") if n]
   unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names("rounds")]
   if unknown:  # name both families: the round engine's check alone would list one
-    sys.exit(f"error: --algorithm: unknown {', '.join(map(repr, unknown))}; on rounds: "
-             f"{', '.join(algorithms.names('rounds'))}; on the virtual clock: {', '.join(ASYNC)}")
+    guess = cli.did_you_mean(unknown[0], algorithms.names())
+    sys.exit(f"error: --algorithm: unknown algorithm {', '.join(map(repr, unknown))}{guess} "
+             f"(on rounds: {', '.join(algorithms.names('rounds'))}; on the virtual clock: "
+             f"{', '.join(ASYNC)})")
   in_async = [n for n in listed if n in ASYNC]
   if in_async and len(in_async) != len(listed):
     sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "
@@ -87,7 +90,7 @@ def main_fededs(argv, driver):
   for name in fl.algorithm.split(","):
     if name not in ("fedavg", "fedprox", "fednova"):
       sys.exit(f"error: --algorithm: FedEDS plugs into fedavg, fedprox or fednova, got "
-               f"{name!r}")
+               f"{name!r}{cli.did_you_mean(name, ('fedavg', 'fedprox', 'fednova'))}")
   variant = fl.fededs_ablation or "fededs"
   if variant not in FEDEDS_VARIANTS:
     sys.exit(f"error: --fededs_ablation: expected s1 (annealing only) or s2 (sharing "
@@ -124,17 +127,22 @@ HELP_SECTIONS = (("the round engine: --algorithm=pafed,fedadmm,fedavg,fedprox,fe
 
 
 def print_every_flag():
-  """--helpfull: the flags of all three drivers, each under a heading (each driver
-  defines its own, so each prints its own in a child process)."""
-  env = dict(os.environ, FEDJAX_ASYNC_HELP_SECTION="1")
+  """--helpfull: the flags of all three drivers, each section with the flags the earlier
+  ones lack (each driver defines its own flags, so each lists them, as JSON, in a child
+  process)."""
+  env = dict(os.environ, **{cli.help.JSON_ENV: "json"})
+  sections = []
   for title, args in HELP_SECTIONS:
-    print(f"==== {title} ====", flush=True)
-    subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--helpfull"],
-                   env=env, check=False)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--helpfull"],
+                         env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+      sys.exit(out.stderr.strip() or f"error: --helpfull: the {title} section failed")
+    sections.append((title, json.loads(out.stdout)))
+  cli.help.emit(cli.help.sections_help(sections, __doc__))
 
 
 def main():
-  if "--helpfull" in sys.argv[1:] and not os.environ.get("FEDJAX_ASYNC_HELP_SECTION"):
+  if cli.help.requested(sys.argv[1:]) == "full" and not os.environ.get(cli.help.JSON_ENV):
     print_every_flag()
     return
   mode = mode_of(sys.argv)
@@ -152,6 +160,8 @@ def main():
     flags.DEFINE_boolean("fededs_compare_base", True, "Also run the base algorithm alone.")
     flags.FLAGS.set_default("alphas", "0.5")
     flags.FLAGS.set_default("num_clients", "10")
+    cli.help.ESSENTIAL[:] = ["algorithm", "fededs", "fededs_ablation", "quick", "alphas",
+                             "num_clients", "rounds", "seed", "output_dir", "flagfile"]
     app.run(lambda argv: main_fededs(argv, fededs_table),
             flags_parser=cli.parse_flags)
   else:

@@ -35,6 +35,8 @@ from fedjax_async import cli
 cli.define_run_flags()
 cli.define_sweep_flags()
 flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's runs/latest
+cli.help.ESSENTIAL[:] = ["algorithm", "dataset", "rounds", "num_clients", "num_seeds", "sweep_lr",
+                         "sweep_delay_fraction", "seed", "output_dir", "flagfile"]
 
 
 def main(argv):

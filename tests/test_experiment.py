@@ -363,7 +363,8 @@ def test_mode_of_picks_the_driver_from_algorithm_and_fededs(tmp_path):
   with pytest.raises(SystemExit) as exit_info:
     mode_of(["run.py", "--algorithm=pafed,fedasyn"])
   message = str(exit_info.value.code)
-  assert message.startswith("error: --algorithm: unknown 'fedasyn'; on rounds: fedavg")
+  assert message.startswith("error: --algorithm: unknown algorithm 'fedasyn'; did you mean "
+                            "fedasync or dp_fedasync? (on rounds: fedavg")
   assert "on the virtual clock: fedasync, fedbuff, double_compensation" in message
 
 
@@ -391,10 +392,11 @@ def test_run_py_plugs_fededs_into_a_base_algorithm(tmp_path):
   progress = "[fededs alpha=0.1 K=5 fedavg/fededs] round    2/2 acc"
   assert progress in res.stdout, res.stdout[-3000:]
   # --rounds_per_call=1 (fededs_table's default): round 1's line is printed when round 1
-  # came back, with its own rate and ETA
+  # came back; its time holds the compilation, so the ETA waits for round 2's
   first = [l for l in res.stdout.splitlines()
            if l.startswith("[fededs alpha=0.1 K=5 fedavg/fededs] round    1/2")]
-  assert len(first) == 1 and "rounds/s ETA" in first[0], res.stdout[-3000:]
+  assert len(first) == 1 and first[0].endswith("| ETA after the first steady chunk"), (
+      res.stdout[-3000:])
   res = run(["--algorithm=pafed", "--fededs", f"--output_dir={tmp_path}"])
   assert res.returncode != 0 and "--algorithm" in res.stderr
   res = run(["--algorithm=fedavg", "--fededs_ablation=s3", f"--output_dir={tmp_path}"])
@@ -408,25 +410,30 @@ def test_unreadable_flagfile_names_the_file(tmp_path):
 
 
 def test_progress_gives_rate_and_eta_once_per_chunk_on_its_last_round(monkeypatch):
-  # the run starts at 100 s; the 3-round chunk is back at 106 s (and any later reading)
-  clock = itertools.chain([100.0], itertools.repeat(106.0))
+  # the run starts at 100 s; its first 3-round chunk (with the compilation) is back at
+  # 106 s, the second at 107.5 s (and any later reading)
+  clock = itertools.chain([100.0, 106.0], itertools.repeat(107.5))
   monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
-  progress = experiment.Progress("run", total=6, stream=out)
-  row = lambda t: {"round": t, "test_accuracy": None if t % 2 else 0.5, "train_loss": 1.0,
+  progress = experiment.Progress("run", total=10, stream=out)
+  row = lambda t: {"round": t, "test_accuracy": 0.5 if t % 2 else None, "train_loss": 1.0,
                    "online": 3, "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
-  progress([row(0), row(1), row(2)])  # one jitted chunk of 3 rounds
+  progress([row(1), row(2), row(3)])  # one jitted chunk of 3 rounds
+  progress([row(4), row(5), row(6)])
   lines = out.getvalue().splitlines()
-  assert [l.split(" acc")[0] for l in lines] == [f"[run] round    {t}/6" for t in (1, 2, 3)]
+  assert [l.split(" acc")[0] for l in lines] == [f"[run] round    {t}/10" for t in range(1, 7)]
   assert "acc 0.5000" in lines[0] and "acc   -   " in lines[1]
-  assert ["rounds/s" in l for l in lines] == [False, False, True]
-  # 3 rounds in 6 s: 0.50 rounds/s; 3 rounds left: ETA 6 s
-  assert lines[2].endswith("staleness 0.25 | 0.50 rounds/s ETA 6s"), lines[2]
+  assert [" | " in l for l in lines] == [False, False, True] * 2
+  # the first chunk's time holds the compilation: no rate from it
+  assert lines[2].endswith("staleness 0.25 | ETA after the first steady chunk"), lines[2]
+  # 3 rounds in 1.5 s: 2.00 rounds/s; 4 rounds left: ETA 2 s
+  assert lines[5].endswith("staleness 0.25 | 2.00 rounds/s ETA 2s"), lines[5]
 
 
 def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(monkeypatch):
-  # algorithm 1 of 4 runs from 100 s; its 3-round chunk comes back at 106 s
-  clock = itertools.chain([100.0, 100.0], itertools.repeat(106.0))
+  # algorithm 1 of 4 runs from 100 s; its first 3-round chunk comes back at 106.5 s, the
+  # second at 108 s: 0.5 s per round, and a start-up of 6.5 - 3 x 0.5 = 5 s
+  clock = itertools.chain([100.0, 106.5], itertools.repeat(108.0))
   monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   overall = experiment.Overall(count=4, rounds=6)
@@ -434,15 +441,16 @@ def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(mon
                                  overall=overall)
   row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
                    "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
-  progress([row(0), row(1), row(2)])
+  progress([row(1), row(2), row(3)])
+  progress([row(4), row(5), row(6)])
   lines = out.getvalue().splitlines()
   assert lines[0].startswith("[pafed] algorithm 1/4 round    1/6 acc 0.5000")
-  # 0.5 rounds/s: this run's 3 rounds left take 6 s, the 3 later runs' 18 rounds 36 s more
-  assert lines[2].endswith("| 0.50 rounds/s ETA 6s, all 4 algorithms 42s"), lines[2]
+  # this run is done; the 3 later runs: 18 rounds x 0.5 s + 3 start-ups x 5 s = 24 s
+  assert lines[5].endswith("| 2.00 rounds/s ETA 0s, all 4 algorithms 24s"), lines[5]
   # one algorithm: the lines are as before
   out = io.StringIO()
   experiment.Progress("fedavg", total=6, stream=out, position=(1, 1),
-                      overall=experiment.Overall(1, 6))([row(0)])
+                      overall=experiment.Overall(1, 6))([row(1)])
   assert out.getvalue().startswith("[fedavg] round    1/6 acc")
   assert "all 1" not in out.getvalue()
 
@@ -455,7 +463,7 @@ def test_progress_prints_every_kth_round_the_last_and_one_after_a_silence(monkey
   progress = experiment.Progress("run", total=10, stream=out, every=4)
   row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
                    "delayed": 1, "dropped": 0, "mean_staleness": 0.25}
-  for chunk in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9]):
+  for chunk in ([1, 2, 3], [4, 5, 6], [7, 8, 9], [10]):
     progress([row(t) for t in chunk])
   printed = [int(l.split("round")[1].split("/")[0]) for l in out.getvalue().splitlines()]
   # 4 and 8 (every 4th), 9 (its chunk came back 16 s after the last line), 10 (the last)
@@ -502,7 +510,7 @@ def test_progress_tick_from_inside_a_chunk_prints_only_after_a_silence(monkeypat
   out = io.StringIO()
   progress = experiment.Progress("cnn", total=10, stream=out)  # starts at 100 s
   progress.tick(1)  # 105 s: 5 s of silence, no line
-  progress.tick(2)  # 112 s: 12 s
+  progress.tick(2)  # 112 s: 12 s (no chunk back yet: no ETA)
   progress.tick(3)  # 115 s: 3 s after that line
   assert out.getvalue().splitlines() == [
-      "[cnn] round    2/10 done (inside a compiled chunk of rounds) | 0.17 rounds/s ETA 48s"]
+      "[cnn] compiled chunk from round 1 running: 2 of its rounds done"]

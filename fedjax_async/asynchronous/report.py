@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -16,30 +16,38 @@ from fedjax_async import privacy
 
 class ArrivalProgress:
   """A console line per compiled call: server version, arrivals, the last accuracy seen,
-  loss, staleness, arrivals per second and the ETA from the versions still to come."""
+  loss, staleness, arrivals per second and the ETA from the versions still to come. The
+  first call's time holds the compilation, so the rate and ETA are measured over the
+  calls after it ("ETA after the first steady call" until one is back). ``clock``: the
+  time in seconds (tests pass a fake one)."""
 
-  def __init__(self, run_name: str, num_updates: int, rows_before):
+  def __init__(self, run_name: str, num_updates: int, rows_before,
+               clock: Optional[Callable[[], float]] = None):
     self.name, self.num_updates = run_name, num_updates
-    self.before = len(rows_before)
-    self.first = rows_before[-1]["arrival_version"] + 1 if rows_before else 0
-    self.done, self.last_acc = self.before, float("nan")
-    self.t0 = time.perf_counter()
+    self.done, self.last_acc = len(rows_before), float("nan")
+    self.clock = clock or time.perf_counter
+    self.steady = None  # (time, arrivals, version) when the first call came back
 
   def __call__(self, rows):
+    now = self.clock()
     self.done += len(rows)
     acc = [r["test_accuracy"] for r in rows
            if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
     if acc:
       self.last_acc = acc[-1]
-    elapsed = max(time.perf_counter() - self.t0, 1e-9)
-    rate = (self.done - self.before) / elapsed
     version = rows[-1]["arrival_version"] + 1
-    eta = (self.num_updates - version) * elapsed / max(version - self.first, 1)
+    timing = " | ETA after the first steady call" if version < self.num_updates else ""
+    if self.steady is None:
+      self.steady = (now, self.done, version)
+    elif version > self.steady[2]:
+      elapsed = max(now - self.steady[0], 1e-9)
+      rate = (self.done - self.steady[1]) / elapsed
+      eta = (self.num_updates - version) * elapsed / (version - self.steady[2])
+      timing = f" | {rate:.1f} arrivals/s ETA {eta:.0f}s"
     print(f"[{self.name}] version {version}/{self.num_updates}"
           f" arrivals {self.done} acc {self.last_acc:.4f} "
           f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
-          f"staleness {np.mean([r['staleness'] for r in rows]):.2f} | {rate:.1f} "
-          f"arrivals/s ETA {eta:.0f}s", flush=True)
+          f"staleness {np.mean([r['staleness'] for r in rows]):.2f}{timing}", flush=True)
 
 
 def dp_report(cfg, steps, counts, hp) -> dict:

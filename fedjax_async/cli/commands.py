@@ -10,6 +10,7 @@ from typing import Dict, List
 
 from absl import flags
 
+from fedjax_async.cli import help as help_lib
 from fedjax_async.cli.run_flags import config_from_flags, parse_flags
 
 
@@ -100,6 +101,9 @@ def define_sweep_flags():
   for name in sweep.SWEEPABLE:
     flags.DEFINE_string(f"sweep_{name}", "", f"Comma-separated values of --{name} "
                         "(cartesian product with the other sweeps and the seeds).")
+  help_lib.GROUPS.update(dict.fromkeys(
+      ["num_seeds", "max_runs_per_computation"] + [f"sweep_{n}" for n in sweep.SWEEPABLE],
+      "sweep"))
 
 
 def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
@@ -175,6 +179,12 @@ def define_data_flags():
   flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): beta.")
   flags.DEFINE_bool("tfds_download", False, "Let tensorflow-datasets download the data.")
   flags.DEFINE_string("png", None, "Write the histogram heat map to this PNG file.")
+  help_lib.GROUPS.update(dict.fromkeys(
+      ("dataset", "partition", "num_clients", "alpha", "shards_per_client", "min_size", "seed",
+       "data_dir", "data_source", "synthetic_alpha", "synthetic_beta", "tfds_download"),
+      "data"))
+  help_lib.ESSENTIAL[:] = ["dataset", "partition", "num_clients", "alpha", "shards_per_client",
+                           "seed", "data_dir", "data_source", "png", "flagfile"]
   return flags.FLAGS
 
 

@@ -9,6 +9,8 @@ from typing import Dict, List
 
 from absl import flags
 
+from fedjax_async.cli import help as help_lib
+
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.
 HINTS: Dict[str, str] = {}
@@ -40,7 +42,15 @@ def parse_flags(argv: List[str]) -> List[str]:
     lists them)``, or the driver's ``HINTS`` sentence for it;
   * a word that is not a flag (``clients=10``, a stray value), which would otherwise be
     ignored while the defaults ran: ``error: unexpected argument(s) 'clients=10' ...``.
+
+  ``--help`` / ``--helpfull`` print the project's flags (``cli.help``) and exit (status 0);
+  a --dataset, --model or --algorithm value close to a known name is refused with a
+  suggestion (``check_names``).
   """
+  wanted = help_lib.requested(argv[1:])
+  if wanted:
+    help_lib.print_help(wanted)
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
   except flags.Error as e:
@@ -55,7 +65,56 @@ def parse_flags(argv: List[str]) -> List[str]:
   if len(rest) > 1:
     sys.exit(f"error: unexpected argument(s) {' '.join(rest[1:])!r}: flags are written "
              "--name=value (see --help)")
+  try:
+    check_names(flags.FLAGS)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   return rest
+
+
+def did_you_mean(value: str, known) -> str:
+  """``"; did you mean x?"`` for the names in ``known`` closest to ``value`` (its
+  abbreviation first: fmnist for fashion_mnist), or ``""``."""
+  known = list(dict.fromkeys(known))
+  short = [k for k in known if "_" in k and value == "".join(
+      p[0] for p in k.split("_")[:-1]) + k.split("_")[-1]]
+  close = list(dict.fromkeys(short + difflib.get_close_matches(value, known, n=2,
+                                                                 cutoff=0.7)))[:2]
+  return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _is_tfds_name(name: str) -> bool:
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return name.split("/")[0].split(":")[0] in tfds.list_builders(with_community_datasets=False)
+
+
+def _known_names(flag: str):
+  """The names ``--flag`` takes (every engine's algorithms), or None."""
+  from fedjax_async import algorithms, data, models  # pylint: disable=g-import-not-at-top
+  return {"algorithm": algorithms.names(), "dataset": data.DATASETS,
+          "model": ("auto",) + tuple(models.MODEL_NAMES)}.get(flag)
+
+
+def check_names(fv) -> None:
+  """ValueError ``--dataset: unknown dataset 'fmnist'; did you mean fashion_mnist?`` for
+  a given --dataset, --model or --algorithm (each item of a comma list) of the project's
+  configurations that is no known name but close to one (a tensorflow-datasets name is a
+  data set; a name close to none is left to the configuration's own check)."""
+  for flag in ("algorithm", "dataset", "model"):
+    if (flag not in fv or not fv[flag].present or help_lib.GROUPS.get(flag) is None
+        or not isinstance(fv[flag].value, str)):
+      continue
+    known = _known_names(flag)
+    values = fv[flag].value.split(",") if flag == "algorithm" else [fv[flag].value]
+    for value in values:
+      guess = did_you_mean(value, known) if value not in known else ""
+      if guess and not (flag == "dataset" and _is_tfds_name(value)):
+        tfds = " or a tensorflow-datasets name" if flag == "dataset" else ""
+        raise ValueError(f"--{flag}: unknown {flag} {value!r}{guess} (choices: "
+                         f"{', '.join(known)}{tfds})")
 
 
 # ------------------------------------------------------------------ run flags
@@ -75,6 +134,7 @@ def define_config_flags(config_class=None):
   define = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
             "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
   for name, spec in config.flag_specs(config_class).items():
+    help_lib.GROUPS[name] = spec.path.split(".")[0]
     if spec.choices:
       flags.DEFINE_enum(name, spec.default, list(spec.choices), spec.help)
     else:
@@ -95,6 +155,8 @@ def _define_process_flags():
   flags.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
                        "(jax_num_cpu_devices) so that --devices can split the clients over "
                        "the cores; 0: JAX's default (one).")
+  help_lib.GROUPS.update(dict.fromkeys(("coordinator_address", "num_processes", "process_id",
+                                        "distributed", "cpu_devices"), "processes"))
 
 
 def config_from_flags(FLAGS):
