@@ -96,3 +96,107 @@ def test_explicit_devices_and_model_are_kept(capsys):
   out = capsys.readouterr().out
   assert "PrivaAsyncFed's defaults" not in out and "model logreg " in out
   np.testing.assert_allclose(w["privaasyncfed"], w["dp_fedasync"], atol=1e-6)
+
+
+# ------------------------------------------------------------ 4. cost before work
+
+
+
+def pinned_cpu():
+  from fedjax_async import cost
+  # 60 GFLOP/s and 0.1 s a round: this 2-core CPU's constants
+  return cost.Device("cpu", 2, "cpu (2 cores)", 60e9, 0.1)
+
+
+def fake_data(clients, per_client, shape, test):
+  """The shapes the estimate reads (no data is loaded)."""
+  import types
+  import jax
+  return types.SimpleNamespace(
+      x=jax.ShapeDtypeStruct((clients, per_client) + shape, np.float32),
+      test_x=jax.ShapeDtypeStruct((test,) + shape, np.float32),
+      counts=np.full(clients, per_client))
+
+
+def built(name, shape, classes=10):
+  import jax
+  from fedjax_async import models
+  w0, apply_flat = models.flat_model(models.get_model(name, classes, shape), shape,
+                                     jax.random.PRNGKey(0))
+  return name, w0, apply_flat
+
+
+def test_cost_of_a_small_and_a_large_round_engine_run():
+  """FLOPs = 3 x forward FLOPs per trained example + 1 x per evaluated test example, the
+  forward FLOPs counted by hand from the layers (2 x inputs x outputs per dense layer,
+  2 x output pixels x channels x 5 x 5 x input channels per convolution)."""
+  from fedjax_async import config as config_lib
+  from fedjax_async import cost
+  # Logistic regression on 60 features, 10 classes; 30 clients of 100, 10 a round.
+  small = config_lib.RunConfig().replace(rounds=20, participation=1 / 3, local_epochs=2)
+  fwd = 2 * 60 * 10
+  trained = 20 * 10 * 2 * 100  # rounds x clients a round x epochs x examples
+  evaluated = 20 * 500  # every round (eval_every=1) x the test set
+  est = cost.round_engine(small, fake_data(30, 100, (60,), 500), built("logreg", (60,)),
+                          device=pinned_cpu())
+  assert est.flops == pytest.approx(3 * fwd * trained + fwd * evaluated, rel=1e-9)
+  assert est.seconds < cost.WARN_SECONDS
+  # The default Fashion-MNIST CNN: 30 clients of 2000, 10 a round, 2 epochs, 100 rounds.
+  conv1 = 2 * 28 * 28 * 32 * 5 * 5 * 1
+  conv2 = 2 * 14 * 14 * 64 * 5 * 5 * 32
+  dense = 2 * (7 * 7 * 64 * 512 + 512 * 10)
+  fwd = conv1 + conv2 + dense
+  large = config_lib.RunConfig().replace(dataset="fashion_mnist")
+  trained = 100 * 10 * 2 * 2000
+  est = cost.round_engine(large, fake_data(30, 2000, (28, 28, 1), 10000),
+                          built("cnn", (28, 28, 1)), device=pinned_cpu())
+  assert est.flops == pytest.approx(3 * fwd * trained + fwd * 100 * 10000, rel=1e-9)
+  assert est.seconds == pytest.approx(est.flops / 60e9 + 100 * 0.1 + cost.COMPILE_SECONDS)
+  assert est.line().startswith("cost: 0.32 PFLOP, ~") and est.line().endswith(
+      " min on cpu (2 cores)")
+  # the data set (float32) is part of the memory
+  assert est.memory_bytes > 4 * 30 * 2000 * 784
+
+
+def test_cost_warning_for_the_cnn_default_not_for_logreg(capsys):
+  from fedjax_async import config as config_lib
+  from fedjax_async import cost
+  cnn = cost.round_engine(config_lib.RunConfig().replace(dataset="fashion_mnist"),
+                          fake_data(30, 2000, (28, 28, 1), 10000), built("cnn", (28, 28, 1)),
+                          device=pinned_cpu())
+  text = cost.announce(cnn, cost.ROUND_ENGINE_SMALLER, "fedavg")
+  assert text.startswith("[fedavg] cost: ") and "\nwarning: " in text
+  assert "model.name=mlp" in text and "run.rounds" in text
+  assert capsys.readouterr().err == text + "\n"
+  logreg = cost.round_engine(config_lib.RunConfig(), fake_data(30, 143, (60,), 1077),
+                             built("logreg", (60,)), device=pinned_cpu())
+  assert "warning" not in cost.announce(logreg, cost.ROUND_ENGINE_SMALLER)
+
+
+def test_every_driver_prints_its_cost_first_even_quiet(capsys):
+  """The round engine (quiet) and the virtual clock print the cost line to stderr before
+  training, without a warning for logistic regression on synthetic data."""
+  fa.simulate(algorithm="fedavg", rounds=2, quiet=True)
+  err = capsys.readouterr().err
+  assert err.count("[fedavg] cost: ") == 1 and "warning" not in err
+  from fedjax_async.asynchronous import driver
+  driver.simulate(fa.AsyncRunConfig(), algorithm="fedasync", **TINY_ASYNC)
+  err = capsys.readouterr().err
+  assert err.count("[fedasync] cost: ") == 1 and "warning" not in err
+
+
+def test_fededs_cost_warns_at_the_paper_size_not_quick():
+  from fedjax_async import cost
+  from fedjax_async.fededs import config as fededs_config
+  from fedjax_async.fededs import experiment
+  paper = fededs_config.FedEDSRunConfig()
+  quick = paper.replace(**fededs_config.QUICK)
+  est = {}
+  for name, cfg in (("paper", paper), ("quick", quick)):
+    alphas, ks, bases, variants = experiment.validate(cfg)
+    est[name] = cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants,
+                            device=pinned_cpu())
+  assert est["paper"].seconds > cost.WARN_SECONDS > est["quick"].seconds
+  # Alg. 1 alone at the paper's size: 60000 rows x (5 pre-training epochs of the CNN + 20
+  # encryptor epochs through the UNet and the CNN) x 3, for 9 settings and Fig. 3
+  assert est["paper"].flops > 10 * 60000 * 5 * 3 * 24e6

@@ -324,6 +324,10 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   else:
     masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
   steps = async_engine.client_steps(schedule, counts, local)
+  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
+  cost.announce(cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
+                                   ecfg.group_size, schedule.ring_size),
+                cost.VIRTUAL_CLOCK_SMALLER, run_name)
   p = cfg.privacy
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
     hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(

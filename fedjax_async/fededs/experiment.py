@@ -287,6 +287,9 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
   """Every setting of the grid, every run; (result, rows) of each finished run in grid
   order. ``record``: more keys for flags.json (the CLI's own flags)."""
   alphas, ks, bases, variants = validate(cfg)
+  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
+  cost.announce(cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants),
+                cost.FEDEDS_SMALLER, "fededs")
   out_dir = cfg.output.output_dir
   prepare_output_dir(cfg)
   os.makedirs(out_dir, exist_ok=True)

@@ -271,6 +271,9 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   setup = _setup(cfg, name, fed_data, model)
   ckpt, state, resumed = _resume(cfg, name, out_dir, setup, quiet)
   start_round = int(state.round)
+  if start_round < cfg.run.rounds and distributed.is_main():  # what it will take, first
+    from fedjax_async import cost  # pylint: disable=g-import-not-at-top
+    cost.announce(cost.round_engine(cfg, fed_data, model), cost.ROUND_ENGINE_SMALLER, name)
   if overall is not None:
     overall.skip(start_round)
   progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,

@@ -1,0 +1,286 @@
+"""What a run will cost, said before any work starts: one line such as
+
+  cost: 0.47 PFLOP, ~1.2 GiB, ~3 h on cpu (2 cores)
+
+and, when the time exceeds ``WARN_SECONDS``, a warning naming how to pick a smaller
+setting. The drivers print it to stderr, also when quiet.
+
+FLOPs: the model's forward pass on one example, counted from its jaxpr as
+``models.analytic_flops`` counts (2 x output size x contraction length of every matrix
+product and convolution; element-wise work left out), times 3 for a trained example
+(the forward pass and the backward pass's two products, the gradients of the activations
+and of the weights), times the examples the run trains on, plus one forward pass per
+evaluated test example. Memory: the data set (float32), the model's copies (the ring of
+past models and each client trained at once: weights, gradient, optimiser state and
+upload) and the activations of every client's minibatch (each matrix product's output,
+kept for the backward pass). Time: the FLOPs at the backend's throughput, plus a fixed
+cost per server step (small models are bound by it, not by arithmetic) and a compilation
+per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+WARN_SECONDS = 180.0
+
+# Throughput of the engines' training (FLOPs counted as above / wall time), per CPU core.
+# Measured on this project's 2-core AMD EPYC VM (AVX-512), jax 0.6.2, shared with other
+# jobs: the round engine's FedAvg on Fashion-MNIST (30 clients, 10 a round, 2 local epochs
+# of batch 50), rounds 2-4 against round 1: the MLP 48 GFLOP/s, the CNN (1 local epoch, 3
+# clients a round) 72 GFLOP/s, on 2 cores.
+CPU_FLOPS_PER_CORE = 30e9
+# Accelerators were not measured here: the H200's CNN rounds ran at 7-12 TFLOP/s
+# (docs/performance.md, "On a GPU"); TPUs are taken as alike.
+ACCELERATOR_FLOPS = 7e12
+# Seconds per server step besides arithmetic (a round, an arrival, an Alg. 1 epoch):
+# logistic regression's rounds on synthetic data took 0.13 s on this CPU.
+CPU_STEP_SECONDS = 0.1
+ACCELERATOR_STEP_SECONDS = 0.01
+COMPILE_SECONDS = 5.0  # per run: the engines' programs compile in seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+  """Where the work runs: ``backend`` (cpu, gpu, tpu), ``cores`` (CPU cores; 0 for an
+  accelerator), ``name`` (as the line says it), its throughput and step overhead."""
+  backend: str
+  cores: int
+  name: str
+  flops_per_second: float
+  step_seconds: float
+
+
+def detect() -> Device:
+  """The default JAX backend: a CPU by its usable cores, else the first device's kind."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    try:
+      cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+      cores = os.cpu_count() or 1
+    return Device("cpu", cores, f"cpu ({cores} core{'s' if cores > 1 else ''})",
+                  CPU_FLOPS_PER_CORE * cores, CPU_STEP_SECONDS)
+  devices = jax.devices()
+  kind = getattr(devices[0], "device_kind", backend)
+  count = f"{len(devices)} x " if len(devices) > 1 else ""
+  return Device(backend, 0, f"{backend} ({count}{kind})", ACCELERATOR_FLOPS * len(devices),
+                ACCELERATOR_STEP_SECONDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+  """An estimate: total ``flops``, peak ``memory_bytes``, wall ``seconds`` on ``device``."""
+  flops: float
+  memory_bytes: float
+  seconds: float
+  device: Device
+
+  def line(self) -> str:
+    return (f"cost: {_flops(self.flops)}, ~{_bytes(self.memory_bytes)}, "
+            f"~{_duration(self.seconds)} on {self.device.name}")
+
+
+def _number(v: float) -> str:
+  """Two significant digits, no exponent (0.47, 3.2, 89, 320)."""
+  return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+
+
+def _flops(f: float) -> str:
+  for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9),
+                      ("MFLOP", 1e6)):
+    if f >= 0.1 * scale:
+      return f"{_number(f / scale)} {unit}"
+  return f"{_number(f)} FLOP"
+
+
+def _bytes(b: float) -> str:
+  for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20)):
+    if b >= 0.1 * scale:
+      return f"{_number(b / scale)} {unit}"
+  return f"{_number(max(b, 0) / 2 ** 10)} KiB"
+
+
+def _duration(s: float) -> str:
+  if s < 90:
+    return f"{max(s, 1):.0f} s"
+  if s < 90 * 60:
+    return f"{s / 60:.0f} min"
+  if s < 48 * 3600:
+    return f"{_number(s / 3600)} h"
+  return f"{_number(s / 86400)} days"
+
+
+# ----------------------------------------------------------------------- the model
+
+
+def forward_counts(fn: Callable, *args) -> tuple:
+  """(FLOPs, activation elements) of ``fn(*args)``: its matrix products as
+  ``models.analytic_flops`` counts them, and the sizes of their outputs."""
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return models.analytic_flops(fn, *args), float(_product_outputs(jaxpr))
+
+
+def _product_outputs(jaxpr) -> int:
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+      total += int(np.prod(eqn.outvars[0].aval.shape))
+      continue
+    subs = [_product_outputs(getattr(v, "jaxpr", v))
+            for value in eqn.params.values()
+            for v in (value if isinstance(value, (tuple, list)) else (value,))
+            if hasattr(getattr(v, "jaxpr", v), "eqns")]
+    total += eqn.params.get("length", 1) * sum(subs) if eqn.primitive.name != "cond" else (
+        max(subs, default=0))
+  return total
+
+
+def model_counts(apply_flat: Callable, w0, input_shape) -> tuple:
+  """(forward FLOPs, activation elements) of ``apply_flat`` on one example (traced, no
+  compute)."""
+  x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), np.float32)
+  w = jax.ShapeDtypeStruct(np.shape(w0), np.float32)
+  return forward_counts(lambda w, x: apply_flat(w, x), w, x)
+
+
+def estimate(*, forward_flops: float, activations: float, num_params: int,
+             examples_trained: float, examples_evaluated: float, data_bytes: float,
+             clients_at_once: int, batch_size: int, model_copies: int, steps: float,
+             runs: int = 1, device: Optional[Device] = None) -> Cost:
+  """The cost of ``runs`` runs, each training on ``examples_trained`` examples and
+  evaluating ``examples_evaluated`` in ``steps`` server steps (see the module
+  docstring)."""
+  device = device or detect()
+  flops = runs * (3.0 * forward_flops * examples_trained
+                  + forward_flops * examples_evaluated)
+  memory = (data_bytes + 4.0 * num_params * (model_copies + 4 * clients_at_once)
+            + 4.0 * 2 * activations * batch_size * clients_at_once)
+  seconds = (flops / device.flops_per_second
+             + runs * (steps * device.step_seconds + COMPILE_SECONDS))
+  return Cost(flops, memory, seconds, device)
+
+
+def _nbytes(*arrays) -> float:
+  """float32 bytes of arrays (or anything with a ``shape``)."""
+  return float(sum(4 * math.prod(a.shape) for a in arrays))
+
+
+# --------------------------------------------------------------------- the drivers
+
+
+def round_engine(cfg, fed, model, runs: int = 1, device: Optional[Device] = None) -> Cost:
+  """A round-engine run (``rounds.experiment.run``) of ``cfg`` (a ``RunConfig``) on
+  ``fed`` with ``model`` (name, w0, apply_flat), ``runs`` times: participation x
+  num_clients clients a round, each local_steps x batch_size examples or local_epochs
+  passes over its data (the mean of 1..E with random_local_epochs)."""
+  _, w0, apply_flat = model
+  counts = np.asarray(fed.counts, np.float64)
+  loc, r = cfg.local, cfg.run
+  per_round = max(1, round(r.participation * len(counts)))
+  epochs = (loc.local_epochs + 1) / 2 if loc.random_local_epochs else loc.local_epochs
+  per_client = epochs * counts.mean()
+  if loc.local_steps:
+    per_client = min(per_client, loc.local_steps * loc.batch_size)
+  evals = min(r.rounds, r.rounds // r.eval_every + 10)  # (and the last 10 rounds)
+  fwd, act = model_counts(apply_flat, w0, fed.x.shape[2:])
+  return estimate(forward_flops=fwd, activations=act, num_params=int(np.size(w0)),
+                  examples_trained=r.rounds * per_round * per_client,
+                  examples_evaluated=evals * fed.test_x.shape[0],
+                  data_bytes=_nbytes(fed.x, fed.test_x), clients_at_once=per_round,
+                  batch_size=loc.batch_size, model_copies=cfg.delay.ring_size,
+                  steps=r.rounds, runs=runs, device=device)
+
+
+def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_once: int,
+                  ring_size: int, device: Optional[Device] = None) -> Cost:
+  """A virtual-clock run (``asynchronous.driver.run_one``) of ``cfg`` (an
+  ``AsyncRunConfig``): ``client_steps`` the local steps of every kept task (per client,
+  ``engine.client_steps``), of local.batch_size examples, ``clients_at_once`` trained in
+  one vmap."""
+  _, w0, apply_flat = model
+  b = cfg.local.batch_size
+  fwd, act = model_counts(apply_flat, w0, fed.x.shape[2:])
+  evals = num_updates // cfg.run.eval_every + 1
+  return estimate(forward_flops=fwd, activations=act, num_params=int(np.size(w0)),
+                  examples_trained=float(np.sum(client_steps)) * b,
+                  examples_evaluated=evals * fed.test_x.shape[0],
+                  data_bytes=_nbytes(fed.x, fed.test_x), clients_at_once=clients_at_once,
+                  batch_size=b, model_copies=ring_size, steps=num_updates, device=device)
+
+
+def fededs(cfg, num_settings: int, bases: int, variants, device: Optional[Device] = None
+           ) -> Cost:
+  """A FedEDS invocation (``fededs.experiment.simulate``) of ``cfg`` (a
+  ``FedEDSRunConfig``): per (alpha, K) setting Alg. 1 (E_c pre-training and E_g encryptor
+  epochs over every client's data, the UNet and the model), every base x variant for
+  training.rounds rounds of E_t epochs over the data (the sharing variants with as much
+  again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once."""
+  from fedjax_async.fededs.config import VARIANTS  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import experiment, model as model_lib, schedule
+  # pylint: enable=g-import-not-at-top
+  shape = (28, 28, 1)  # Fashion-MNIST
+  split = model_lib.SplitModel(cfg.model.name, 10, shape, hidden=cfg.model.hidden)
+  x1 = jax.ShapeDtypeStruct((1,) + shape, np.float32)
+  theta = jax.eval_shape(split.init, jax.random.PRNGKey(0))
+  num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(theta))
+  fwd, act = forward_counts(lambda th, x: split.forward(th[0], th[1], x), theta, x1)
+  unet = model_lib.make_encryptor(shape, width=cfg.alg1.unet_width)
+  phi = jax.eval_shape(lambda x: unet.init(jax.random.PRNGKey(0), x), x1)
+  enc_fwd, enc_act = forward_counts(lambda p, x: unet.apply(p, x), phi, x1)
+  n = cfg.data.train_subset or 60000
+  t, a = cfg.training, cfg.alg1
+  fcfg = experiment.fededs_config(cfg)
+  annealed = sum(schedule.annealed_epochs(r, fcfg.e_max, fcfg.e_min, fcfg.t_alpha,
+                                          fcfg.t_beta) for r in range(1, t.rounds + 1))
+  epochs = sum((annealed if VARIANTS[v][0] or v == "equal" else t.base_epochs * t.rounds)
+               * (2 if VARIANTS[v][1] else 1) for v in variants)
+  alg1 = n * (a.pretrain_epochs * 3 * fwd + a.encryptor_epochs * 3 * (enc_fwd + fwd))
+  alg1_runs = num_settings + (1 if cfg.run.privacy else 0)
+  test = cfg.data.test_subset or 10000
+  flops = (alg1_runs * alg1
+           + num_settings * (bases * epochs * n * 3 * fwd
+                             + bases * len(variants) * t.rounds * test * fwd
+                             + 2 * a.utility_epochs * n * 3 * fwd))
+  device = device or detect()
+  steps = (alg1_runs * (a.pretrain_epochs + a.encryptor_epochs)
+           + num_settings * bases * len(variants) * t.rounds)
+  clients = max(int(k) for k in str(cfg.grid.num_clients).split(",") if k)
+  memory = (4.0 * n * 784 * 3  # the pool, the clients' padded sets, the encrypted sets
+            + 4.0 * (num_params * 8 + 2 * (act + enc_act) * t.batch_size) * clients)
+  seconds = (flops / device.flops_per_second + steps * device.step_seconds
+             + COMPILE_SECONDS * (alg1_runs + num_settings * bases * len(variants)))
+  return Cost(flops, memory, seconds, device)
+
+
+# ---------------------------------------------------------------------- the console
+
+
+def announce(cost: Cost, smaller: str, what: str = "", stream=None) -> str:
+  """Prints ``cost.line()`` (``what``: which run) and, past ``WARN_SECONDS``, a warning
+  naming ``smaller`` (how to pick a small setting) to stderr; returns what it printed."""
+  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+  text = (f"[{what}] " if what else "") + cost.line()
+  if cost.seconds > WARN_SECONDS:
+    text += (f"\nwarning: this setting takes ~{_duration(cost.seconds)} here; for a "
+             f"small one use {smaller}")
+  text = outputs.name_fields(text)
+  print(text, file=stream or sys.stderr, flush=True)
+  return text
+
+
+# How to pick a small setting, per driver (field paths: the CLI names them as flags).
+ROUND_ENGINE_SMALLER = ("model.name=mlp (or logreg), fewer run.rounds or local.local_epochs, "
+                        "or a smaller run.participation")
+VIRTUAL_CLOCK_SMALLER = ("model.name=mlp (or logreg), fewer clock.num_updates, or "
+                         "local.local_steps=1")
+FEDEDS_SMALLER = ("--quick (fededs.config.QUICK), or fewer training.rounds, grid.alphas, "
+                  "grid.num_clients or grid.variants, model.name=mlp")
