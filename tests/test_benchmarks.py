@@ -24,6 +24,8 @@ import pytest
 from benchmarks import common
 from benchmarks import flagcheck
 
+pytestmark = pytest.mark.benchmarks  # -m benchmarks: the benchmark scripts' tests
+
 
 def _fedavg_by_hand(wl):
   """FedAvg on ``wl`` written out: full-batch gradient steps on the softmax cross-entropy

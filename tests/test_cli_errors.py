@@ -56,11 +56,13 @@ SWEEP_ARGS = ["--algorithm=fedavg", "--num_clients=5", "--rounds=2", "--checkpoi
     # the same run twice: one folder, counted as two seeds (std 0) in aggregate.md
     (["--sweep_lr=0.1,0.05,0.10"], "error: --sweep_lr: lists 0.1 more than once"),
 ])
+@pytest.mark.messages
 def test_sweep_errors(tmp_path, args, message):
   out = script(SWEEP, SWEEP_ARGS + [f"--output_dir={tmp_path}"] + args)
   assert_one_line_error(out, message)
 
 
+@pytest.mark.messages
 def test_sweep_into_a_sweep_directory_is_refused_unless_resume_or_overwrite(tmp_path):
   """A second sweep into an --output_dir holding one is refused before any work (as
   experiments/run.py refuses a run directory); --overwrite deletes the sweep's own
@@ -82,6 +84,7 @@ def test_sweep_into_a_sweep_directory_is_refused_unless_resume_or_overwrite(tmp_
   assert sorted(os.listdir(tmp_path / "runs" / "fedavg")) == ["seed=0"]
 
 
+@pytest.mark.messages
 def test_sweep_missing_idx_file_is_named(tmp_path):
   (tmp_path / "idx").mkdir()
   d = missing_file_dir(tmp_path / "idx")
@@ -107,11 +110,13 @@ ASYNC_ARGS = ["--num_clients=6", "--concurrency=2", "--num_updates=6", "--eval_e
     (["--algorithm=dp_fedasync", "--dp_epsilon=1", "--dp_delta=2"],
      "error: --dp_delta: must be in (0, 1), got 2.0"),
 ])
+@pytest.mark.messages
 def test_async_family_errors(tmp_path, args, message):
   out = script(ASYNC, ASYNC_ARGS + [f"--output_dir={tmp_path}"] + args)
   assert_one_line_error(out, message)
 
 
+@pytest.mark.messages
 def test_async_family_truncated_gzip_is_named(tmp_path):
   from test_data import write_tiny_idx_dir  # pylint: disable=g-import-not-at-top
   write_tiny_idx_dir(tmp_path, gz=True)
@@ -154,6 +159,7 @@ def test_async_family_local_steps_one_step_per_task_in_the_accounting(tmp_path):
   assert sum(counts[0]) > 6  # (the clock differs too: a task's duration follows its work)
 
 
+@pytest.mark.messages
 def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
   out = script(TABLE, ["--config=reduced", "--read_only", f"--output_dir={tmp_path}"])
   assert_one_line_error(out, f"error: --output_dir={tmp_path}: no runs found")
@@ -171,6 +177,7 @@ def test_pafed_table_read_only_on_an_empty_folder_is_an_error(tmp_path):
      "error: --max_runs_per_computation: must be >= 0"),
     (["--deltas=0,0.3,0", "--partitions=shards"], "error: --deltas: lists 0 more than once"),
 ])
+@pytest.mark.messages
 def test_pafed_table_errors(tmp_path, args, message):
   out = script(TABLE, ["--config=reduced", "--dataset=synthetic", "--num_clients=6",
                        "--rounds=2", "--algorithm=fedavg", "--partitions=iid",
@@ -236,6 +243,7 @@ def test_pafed_table_leaves_diverged_runs_out_of_its_means(tmp_path):
     (["--precision=fp16"], "error: --precision=fp16: value should be one of "
      "<float32|tf32|bf16>"),
 ])
+@pytest.mark.messages
 def test_run_py_errors(tmp_path, args, message):
   out = run_script.run(["--num_clients=6", "--rounds=2", f"--output_dir={tmp_path}"] + args,
                        timeout=300)
@@ -251,6 +259,7 @@ FEDEDS = os.path.join(ROOT, "experiments", "fededs_table.py")
     (["--data_dir=/nonexistent_dir"], "error: /nonexistent_dir/train-images-idx3-ubyte"),
     (["extra"], "error: unexpected argument(s) 'extra': flags are written --name=value"),
 ])
+@pytest.mark.messages
 def test_fededs_table_errors(tmp_path, args, message):
   out = script(FEDEDS, ["--quick", f"--output_dir={tmp_path}"] + args)
   assert_one_line_error(out, message)
@@ -295,6 +304,7 @@ def interrupt_on(proc, marker, sig):
      "--checkpoint_every=0 call(s) of --groups_per_call groups: rerun the same command "
      "with --resume to continue them"),
 ], ids=["sweep", "async_family"])
+@pytest.mark.messages
 def test_interrupted_drivers_say_so_in_one_line_without_a_traceback(tmp_path, path, args,
                                                                      marker, sig, says):
   """Ctrl-C / SIGTERM in sweep.py and async_family.py (they had no handler: a
@@ -408,6 +418,7 @@ RUN = os.path.join(ROOT, "experiments", "run.py")
 
 
 @pytest.mark.parametrize("path", [RUN, SWEEP, TABLE, ASYNC, FEDEDS])
+@pytest.mark.messages
 def test_unparsable_and_unknown_flags_are_one_line_errors(path):
   """absl's "FATAL Flags parsing error ... Pass --helpshort" becomes one error line naming
   the flag (cli.parse_flags)."""
@@ -423,6 +434,7 @@ def test_unparsable_and_unknown_flags_are_one_line_errors(path):
                         "--name=value (see --help)")
 
 
+@pytest.mark.messages
 def test_a_misspelt_flag_gets_a_suggestion_and_the_other_engines_flags_are_explained():
   out = script(RUN, ["--roundz=3"])
   assert_one_line_error(out, "error: --roundz: unknown flag; did you mean --rounds? "
@@ -445,6 +457,7 @@ def test_helpfull_lists_the_flags_of_every_engine():
 
 
 @pytest.mark.parametrize("path", [RUN, ASYNC])
+@pytest.mark.messages
 def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, path):
   (tmp_path / "a_file").write_text("x")
   target = tmp_path / "a_file" / "out"
@@ -455,6 +468,7 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
   assert "loading" not in out.stdout  # refused before the data was read
 
 
+@pytest.mark.messages
 def test_an_output_dir_on_a_read_only_disk_is_named_with_the_cause(tmp_path):
   """A read-only tmpfs, mounted here (root only): the check every driver runs first."""
   mnt = tmp_path / "ro"

@@ -83,6 +83,27 @@ def test_every_field_is_one_flag_with_its_default_and_type():
           specs["data_dir"].kind) == ("float", "int", "bool", "str")
 
 
+def _config_class(engine):
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  return {"rounds": config.RunConfig, "virtual_clock": async_config.AsyncRunConfig,
+          "fededs": fededs_config.FedEDSRunConfig}[engine]
+
+
+@pytest.mark.parametrize("engine", ["rounds", "virtual_clock", "fededs"])
+def test_every_field_of_every_engine_is_one_flag_with_help(engine):
+  """A field added to a configuration gets its flag: no two fields share a flag name, each
+  flag has its help, a kind the CLI parses and, with choices, a default among them."""
+  cls = _config_class(engine)
+  specs = config.flag_specs(cls)
+  fields = [f"{part.name}.{f.name}" for part in dataclasses.fields(cls)
+            for f in dataclasses.fields(type(part.default))]
+  assert sorted(s.path for s in specs.values()) == sorted(fields)
+  for flag, spec in specs.items():
+    assert flag.isidentifier() and spec.help.strip(), flag
+    assert spec.kind in ("str", "int", "float", "bool"), (flag, spec.kind)
+    assert not spec.choices or spec.default in spec.choices, (flag, spec.default)
+
+
 def test_the_cli_reports_a_library_error_under_the_flag(tmp_path):
   out = run_script.run(["--max_delay=0", "--rounds=1", f"--output_dir={tmp_path}"],
                        timeout=120)
@@ -119,12 +140,10 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
   assert config.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
                                            "got 20")
   # FedEDS: the flags of experiments/fededs_table.py (besides --quick), one per field
+  # (each with its help: test_every_field_of_every_engine_is_one_flag_with_help)
   fededs = fededs_config.FedEDSRunConfig
-  assert sorted(config.flag_specs(fededs)) == sorted(
-      "output_dir alphas num_clients bases variants rounds model hidden train_subset "
-      "test_subset target_accuracy lr mu base_epochs batch_size pretrain_epochs "
-      "encryptor_epochs unet_width utility_epochs share_rows transfer_mode seed "
-      "rounds_per_call data_dir privacy checkpoint_every resume overwrite".split())
+  specs = config.flag_specs(fededs)
+  assert "quick" not in specs and {"alphas", "variants", "transfer_mode"} <= set(specs)
   quick = fededs().replace(**fededs_config.QUICK)
   assert (quick.training.rounds, quick.model.name, quick.grid.alphas) == (5, "mlp", "0.1")
   for fields, message in [({"rounds": 0}, "training.rounds: must be >= 1, got 0"),

@@ -14,6 +14,8 @@ import pytest
 from benchmarks import common
 from benchmarks import run_all
 
+pytestmark = pytest.mark.device_suite  # -m device_suite
+
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 IMAGE_LACKS = ("openfhe", "dp_accounting", "tensorboardX", "tensorflow_datasets")
 H100 = run_all.Platform("gpu", 1, "NVIDIA H100 80GB HBM3", 16)

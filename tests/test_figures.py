@@ -200,6 +200,7 @@ def test_the_figure_tables_give_a_command_for_every_figure():
   assert not missing, f"no tiny size for {missing}: add it to TINY in {__file__}"
 
 
+@pytest.mark.benchmarks
 def test_every_figure_command_passes_its_flag_checks():
   commands = {}
   for c in COMMANDS:  # each command once, where the docs first give it
@@ -211,6 +212,7 @@ def test_every_figure_command_passes_its_flag_checks():
   assert not errors, "\n".join(errors)
 
 
+@pytest.mark.benchmarks
 def test_a_misspelt_flag_or_a_renamed_script_in_a_figure_command_is_named(tmp_path):
   """The check itself, on a copy of a table with each planted: a misspelt absl flag, a
   script that is not there, an argparse flag cut short (argparse would take a prefix for
@@ -262,6 +264,7 @@ def _rows(path):
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=c.name, marks=[pytest.mark.crypto] if c.name in CRYPTO else [])
     for c in first_per_script(COMMANDS)])
+@pytest.mark.benchmarks
 def test_figure_command_runs_at_a_tiny_size(command, tmp_path):
   tiny = [a.replace("{tmp}", str(tmp_path)) for a in TINY[command.name]]
   if command.name == "peers.py":
@@ -297,6 +300,7 @@ def test_figure_command_runs_at_a_tiny_size(command, tmp_path):
                            "(benchmarks/requirements-peers.txt); the peers' child entry points "
                            "ran with the stub peers (test_figure_command_runs_at_a_tiny_size"
                            "[peers.py])")
+@pytest.mark.benchmarks
 def test_the_peers_figure_command_runs_with_the_real_peers(tmp_path):
   (command,) = [c for c in first_per_script(COMMANDS) if c.name == "peers.py"]
   argv = ([sys.executable, os.path.join(ROOT, command.script)] + command.flags

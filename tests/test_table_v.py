@@ -14,6 +14,8 @@ import pytest
 from benchmarks import table_v
 import run_script
 
+pytestmark = pytest.mark.benchmarks  # benchmarks/table_v.py
+
 SCRIPT = os.path.join(run_script.ROOT, "benchmarks", "table_v.py")
 PAPER = "experiments/flags/pafed_table_paper.flags"
 
