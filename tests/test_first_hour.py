@@ -3,7 +3,7 @@ PrivaAsyncFed's defaults are its paper's, Ctrl-C stops FedEDS's Alg. 1 within a 
 its work saved, and the cost of a run is printed before the work."""
 
 import collections
-import math
+import os
 
 import dp_accounting
 import numpy as np
@@ -200,3 +200,104 @@ def test_fededs_cost_warns_at_the_paper_size_not_quick():
   # Alg. 1 alone at the paper's size: 60000 rows x (5 pre-training epochs of the CNN + 20
   # encryptor epochs through the UNet and the CNN) x 3, for 9 settings and Fig. 3
   assert est["paper"].flops > 10 * 60000 * 5 * 3 * 24e6
+
+
+# -------------------------------------------- 3. Ctrl-C stops FedEDS's Alg. 1 at once
+
+
+def toy_alg1_args():
+  import jax
+  import jax.numpy as jnp
+  from fedjax_async import fededs
+  shape, clients, rows = (8, 8, 1), 3, 12
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 3, (clients, rows)).astype(np.int32)
+  x = (0.2 * rng.uniform(size=(clients, rows) + shape)).astype(np.float32)
+  x[..., :4, :4, :] += 0.7 * (y == 0)[..., None, None, None]
+  model = fededs.SplitModel("mlp", 3, shape, hidden=8)
+  w0, _, split = model.flat(jax.random.PRNGKey(0))
+  cfg = fededs.FedEDSConfig(pretrain_epochs=2, encryptor_epochs=3, batch_size=5,
+                            unet_width=2)
+  return (model, fededs.make_encryptor(shape, width=2), split(w0),
+          fededs.client_stochastic_layers(7, clients, 8), jnp.asarray(x), jnp.asarray(y),
+          jnp.asarray([12, 7, 10], np.int32), jax.random.PRNGKey(1), cfg)
+
+
+def test_alg1_in_chunks_is_alg1_and_continues_where_a_stop_saved_it(tmp_path, capsys):
+  """Alg. 1 one epoch per step gives generate_encrypted's sets and losses; stopped after
+  its 4th epoch (client 1's 2 pre-training and first 2 encryptor epochs) it saves them,
+  and a resumed job continues from the 5th to the same result; a file of another
+  configuration is not read back."""
+  from fedjax_async import fededs
+  from fedjax_async.fededs import alg1
+  args = toy_alg1_args()
+  ref = fededs.generate_encrypted(*args, client_loop="map", share_rows=6)
+  job = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  step, steps = job.step, []
+
+  def stopped_after_4():
+    step()
+    steps.append(1)
+    if len(steps) == 4:
+      raise KeyboardInterrupt  # a Ctrl-C during the 4th epoch, raised at its end
+
+  job.step = stopped_after_4
+  path = str(tmp_path / "alg1.partial.npz")
+  with pytest.raises(KeyboardInterrupt):
+    alg1.run(job, path, {"setting": 1}, "[t]", resume=False)
+  assert "[t] Alg. 1 stopped before client 1 of 3, encryptor epoch 3 of 3: the epochs " \
+         f"before it are saved in {path}" in capsys.readouterr().err
+  other = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  assert not alg1.load(path, other, {"setting": 2}, "[t]")  # another configuration
+  assert other.where() == "client 1 of 3, pre-training epoch 1 of 2"
+  again = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  gen = alg1.run(again, path, {"setting": 1}, "[t]", resume=True)
+  assert "continues from " + path + " at client 1 of 3, encryptor epoch 3 of 3" in (
+      capsys.readouterr().out)
+  assert not os.path.exists(path)  # done: the partial file is gone
+  for a, b in ((gen.shared.x, ref.shared.x), (gen.shared.soft, ref.shared.soft),
+               (gen.pretrain_loss, ref.pretrain_loss),
+               (gen.encryptor_loss, ref.encryptor_loss)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(gen.shared.counts, ref.shared.counts)
+
+
+def test_fededs_answers_the_first_ctrl_c_within_an_epoch_saving_alg1(tmp_path):
+  """experiments/fededs_table.py: a SIGINT once client 1's Alg. 1 is done stops the run
+  within seconds (not after every client's), says what it saved, and the file holds
+  client 1's encrypted set."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  import run_script
+  code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+          " sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+  proc = subprocess.Popen(
+      [sys.executable, "-c", code, os.path.join(run_script.ROOT, "experiments",
+                                                "fededs_table.py"),
+       "--quick", f"--output_dir={tmp_path}", "--encryptor_epochs=30", "--privacy=false",
+       "--utility_epochs=0"], env=run_script.env(), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  seen, sent = [], None
+  for line in proc.stdout:
+    seen.append(line)
+    if "Alg. 1: client 1 of 5 done" in line:
+      sent = time.perf_counter()
+      proc.send_signal(signal.SIGINT)
+      break
+  out, err = proc.communicate(timeout=300)
+  assert sent is not None, "".join(seen) + out + err
+  waited = time.perf_counter() - sent
+  assert proc.returncode == 130, "".join(seen) + out + err
+  assert waited < 15, waited  # one epoch of one client, the file, the exit
+  path = tmp_path / "runs" / "alpha0.1_K5" / "alg1.partial.npz"
+  assert (f"Alg. 1 stopped before client 2 of 5, pre-training epoch 1 of 2: the epochs "
+          f"before it are saved in {path}; run again with --resume") in err, err
+  assert "interrupted (SIGINT)" in err.splitlines()[-1]
+  assert "[fededs] cost: " in err  # (said before the work)
+  with np.load(path) as saved:
+    assert int(saved["group"]) == 1  # client 1 done, client 2 not started
+    assert saved["done0.0"].shape[1:] == (28, 28, 1)  # client 1's encrypted rows
+    assert "done1.0" not in saved.files
+  assert not (tmp_path / "runs" / "alpha0.1_K5" / "alg1.npz").exists()

@@ -11,7 +11,7 @@ import numpy as np
 
 from fedjax_async import client as client_lib
 from fedjax_async.algorithms import base
-from fedjax_async.fededs.generation import SharedData, sgd, train_epochs
+from fedjax_async.fededs.generation import SharedData, Training, sgd, train_chunk
 from fedjax_async.fededs.model import SplitModel
 from fedjax_async.fededs.schedule import FedEDSConfig, round_hparams
 from fedjax_async.fededs.transfer import ID_KEY, install_client_ids, take_layer, transfer_loss
@@ -110,10 +110,13 @@ def shared_set_utility(model: SplitModel, shared: SharedData, theta0, test_x, te
     return transfer_loss(model, th[0], th[1], xb, soft[ib], take_layer(shared.layers,
                                                                         sender[ib]), mask)
 
-  theta, _ = jax.jit(lambda th, k: train_epochs(
-      loss_fn, sgd(cfg), th, x, jnp.arange(len(valid)), len(valid), k, epochs,
-      cfg.batch_size))(theta0, key)
-  return accuracy(model, theta, test_x, test_y)
+  run = jax.jit(lambda tr, k, c: train_chunk(
+      loss_fn, sgd(cfg), tr, x, jnp.arange(len(valid)), len(valid), k, epochs,
+      cfg.batch_size, c))
+  tr = Training.start(sgd(cfg), theta0, epochs)
+  for c in range(epochs):  # an epoch per call: a Ctrl-C waits for one epoch at most
+    tr = jax.block_until_ready(run(tr, key, c))
+  return accuracy(model, tr.params, test_x, test_y)
 
 
 def rounds_to_target(accuracies, target: float) -> Optional[int]:

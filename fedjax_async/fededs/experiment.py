@@ -30,9 +30,8 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
 from fedjax_async.config import ConfigError, check
-from fedjax_async.fededs import driver, report, store
+from fedjax_async.fededs import alg1, driver, report, store
 from fedjax_async.fededs.config import BASES, VARIANTS, FedEDSRunConfig
-from fedjax_async.fededs.generation import generate_encrypted
 from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
 from fedjax_async.fededs.schedule import FedEDSConfig, equal_work_epochs
 from fedjax_async.fededs.transfer import wrap
@@ -211,11 +210,11 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
     print(f"{where} Alg. 1's encrypted sets read back from {alg1_path}", flush=True)
   else:
     t0 = time.perf_counter()
-    gen = generate_encrypted(model, encryptor, split(w0), layers, dev.x, dev.y, dev.counts,
-                             jax.random.PRNGKey(seed), fcfg,
-                             share_rows=cfg.alg1.share_rows or None,
-                             client_loop=report.client_loop())
-    jax.block_until_ready(gen.shared.x)
+    job = alg1.Alg1(model, encryptor, split(w0), layers, dev.x, dev.y, dev.counts,
+                    jax.random.PRNGKey(seed), fcfg, share_rows=cfg.alg1.share_rows or None,
+                    client_loop=report.client_loop())
+    gen = alg1.run(job, os.path.join(sdir, "alg1.partial.npz"), config, where,
+                   cfg.output.resume)  # a Ctrl-C stops it within an epoch, saving the rest
     store.save_generation(alg1_path, gen, config)
     print(f"{where} Alg. 1 in {time.perf_counter() - t0:.1f}s, encryptor loss "
           f"{np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
@@ -287,9 +286,6 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
   """Every setting of the grid, every run; (result, rows) of each finished run in grid
   order. ``record``: more keys for flags.json (the CLI's own flags)."""
   alphas, ks, bases, variants = validate(cfg)
-  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
-  cost.announce(cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants),
-                cost.FEDEDS_SMALLER, "fededs")
   out_dir = cfg.output.output_dir
   prepare_output_dir(cfg)
   os.makedirs(out_dir, exist_ok=True)
@@ -297,6 +293,9 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
     pool = load_pool(cfg)
   except (OSError, ValueError) as e:
     raise DataError(str(e)) from None
+  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
+  cost.announce(cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants),
+                cost.FEDEDS_SMALLER, "fededs")
   flat = cfg.flat()  # the record of the invocation (grid included); resumption compares it
   store.atomic_json(os.path.join(out_dir, "flags.json"), checkpoint_lib.to_json_ready(
       {**store.run_config(cfg), **{k: flat[k] for k in store.RESUME_FREE_FIELDS

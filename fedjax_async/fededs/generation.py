@@ -22,12 +22,9 @@ Array = jax.Array
 # ------------------------------------------------------- local training (one client)
 
 
-def train_epochs(loss_fn: Callable, opt, params, x, y, n, key, epochs: int, batch: int):
-  """Minimises ``loss_fn(params, xb, yb, mask)`` for ``epochs`` passes over the client's
-  n real rows (minibatches of ``batch``; padding never drawn, as ``client.train``).
-
-  Returns (params, per-epoch mean loss [epochs]). vmap over clients.
-  """
+def _trainer(loss_fn: Callable, opt, x, y, n, key, epochs: int, batch: int):
+  """(static shape, scan step) of ``train_epochs``'s loop: step s takes the minibatch
+  ``client.step_minibatch`` draws and returns (loss, whether it ran, its epoch)."""
   cfg = client_lib.LocalConfig(batch_size=batch, max_epochs=epochs, max_examples=x.shape[0])
   init = client_lib.client_init(key, n, cfg)
   budget = init.num_epochs * init.spe
@@ -44,11 +41,51 @@ def train_epochs(loss_fn: Callable, opt, params, x, y, n, key, epochs: int, batc
     o = jax.tree.map(lambda a, b: jnp.where(active, a, b), new_o, o)
     return (p, o), (loss, active, epoch)
 
+  return cfg, step
+
+
+def train_epochs(loss_fn: Callable, opt, params, x, y, n, key, epochs: int, batch: int):
+  """Minimises ``loss_fn(params, xb, yb, mask)`` for ``epochs`` passes over the client's
+  n real rows (minibatches of ``batch``; padding never drawn, as ``client.train``).
+
+  Returns (params, per-epoch mean loss [epochs]). vmap over clients.
+  """
+  cfg, step = _trainer(loss_fn, opt, x, y, n, key, epochs, batch)
   (params, _), (losses, active, ep) = jax.lax.scan(step, (params, opt.init(params)),
                                                    jnp.arange(cfg.max_steps))
   onehot = jax.nn.one_hot(ep, epochs) * active[:, None]
   per_epoch = (losses @ onehot) / jnp.maximum(onehot.sum(0), 1.0)
   return params, per_epoch
+
+
+class Training(NamedTuple):
+  """``train_epochs`` part way, continued chunk by chunk (``train_chunk``)."""
+  params: Any
+  opt_state: Any
+  loss_sum: Array  # [epochs] the losses of each epoch's steps so far
+  loss_count: Array  # [epochs] and their number
+
+  @classmethod
+  def start(cls, opt, params, epochs: int) -> "Training":
+    zeros = jnp.zeros((epochs,), jnp.float32)
+    return cls(params, opt.init(params), zeros, zeros)
+
+  def epoch_losses(self):
+    """Per-epoch mean loss, as ``train_epochs`` returns it once every chunk ran."""
+    return self.loss_sum / jnp.maximum(self.loss_count, 1.0)
+
+
+def train_chunk(loss_fn: Callable, opt, state: Training, x, y, n, key, epochs: int,
+                batch: int, chunk) -> Training:
+  """``train_epochs``'s steps chunk * S .. (chunk + 1) * S - 1, S = ceil(M / batch) the
+  steps of an epoch over all M rows of ``x``: chunks 0 .. epochs - 1 in turn make the
+  same steps as ``train_epochs`` (``chunk`` is traced: one compilation for all)."""
+  cfg, step = _trainer(loss_fn, opt, x, y, n, key, epochs, batch)
+  steps = chunk * cfg.steps_per_epoch + jnp.arange(cfg.steps_per_epoch)
+  (p, o), (losses, active, ep) = jax.lax.scan(step, (state.params, state.opt_state), steps)
+  onehot = jax.nn.one_hot(ep, epochs) * active[:, None]
+  return Training(p, o, state.loss_sum + losses @ onehot,
+                  state.loss_count + onehot.sum(0))
 
 
 def sgd(cfg: FedEDSConfig):
@@ -57,15 +94,36 @@ def sgd(cfg: FedEDSConfig):
                      optax.sgd(cfg.lr, momentum=cfg.momentum))
 
 
-def pretrain_client(model: SplitModel, theta, x, y, n, key, cfg: FedEDSConfig):
-  """Alg. 1 lines 1-4: E_c epochs of SGD on CE(y, f(x; theta_g, theta_c)) (Eq. 2), the
-  stochastic layer off. ``theta = (theta_g, theta_c)``; returns (theta, epoch losses)."""
+def pretrain_loss(model: SplitModel):
+  """Eq. 2's loss CE(y, f(x; theta_g, theta_c)), the stochastic layer off."""
 
   def loss_fn(th, xb, yb, mask):
     return client_lib.masked_cross_entropy(model.forward(th[0], th[1], xb), yb, mask)
 
-  return train_epochs(loss_fn, sgd(cfg), theta, x, y, n, key, cfg.pretrain_epochs,
-                       cfg.batch_size)
+  return loss_fn
+
+
+def pretrain_client(model: SplitModel, theta, x, y, n, key, cfg: FedEDSConfig):
+  """Alg. 1 lines 1-4: E_c epochs of SGD on CE(y, f(x; theta_g, theta_c)) (Eq. 2), the
+  stochastic layer off. ``theta = (theta_g, theta_c)``; returns (theta, epoch losses)."""
+  return train_epochs(pretrain_loss(model), sgd(cfg), theta, x, y, n, key,
+                      cfg.pretrain_epochs, cfg.batch_size)
+
+
+def encryptor_loss(model: SplitModel, encryptor: nn.Module, theta, theta_l):
+  """Eq. 3's loss of phi: CE(y, f(g(x; phi); theta, theta_l)), theta frozen."""
+  theta = jax.lax.stop_gradient(theta)
+
+  def loss_fn(ph, xb, yb, mask):
+    xe = encryptor.apply({"params": ph}, xb)
+    return client_lib.masked_cross_entropy(model.forward(theta[0], theta[1], xe, theta_l),
+                                           yb, mask)
+
+  return loss_fn
+
+
+def encryptor_optimizer(cfg: FedEDSConfig):
+  return optax.adamw(cfg.encryptor_lr, weight_decay=cfg.encryptor_weight_decay)
 
 
 def train_encryptor(model: SplitModel, encryptor: nn.Module, theta, theta_l, x, y, n, key,
@@ -73,18 +131,11 @@ def train_encryptor(model: SplitModel, encryptor: nn.Module, theta, theta_l, x, 
   """Alg. 1 lines 5-7: E_g epochs of AdamW on phi for CE(y, f(g(x; phi); theta, theta_l))
   (Eq. 3), theta frozen (stop_gradient), the stochastic layer on (``theta_l=None``: off,
   the "without stochastic layer" row of Fig. 3). Returns (phi, epoch losses)."""
-  theta = jax.lax.stop_gradient(theta)
   k_init, k_train = jax.random.split(key)
   phi = encryptor.init(k_init, x[:1])["params"]
-
-  def loss_fn(ph, xb, yb, mask):
-    xe = encryptor.apply({"params": ph}, xb)
-    return client_lib.masked_cross_entropy(model.forward(theta[0], theta[1], xe, theta_l),
-                                           yb, mask)
-
-  opt = optax.adamw(cfg.encryptor_lr, weight_decay=cfg.encryptor_weight_decay)
-  return train_epochs(loss_fn, opt, phi, x, y, n, k_train, cfg.encryptor_epochs,
-                       cfg.batch_size)
+  return train_epochs(encryptor_loss(model, encryptor, theta, theta_l),
+                      encryptor_optimizer(cfg), phi, x, y, n, k_train, cfg.encryptor_epochs,
+                      cfg.batch_size)
 
 
 def encrypt(model: SplitModel, encryptor: nn.Module, theta, phi, theta_l, x,

@@ -12,8 +12,8 @@ import time
 import jax
 import numpy as np
 
-from fedjax_async.fededs import store
-from fedjax_async.fededs.generation import SharedData, generate_encrypted
+from fedjax_async.fededs import alg1, store
+from fedjax_async.fededs.generation import SharedData
 from fedjax_async.fededs.driver import shared_set_utility
 from fedjax_async.fededs.privacy import privacy_report, save_encryption_grid
 
@@ -27,9 +27,12 @@ def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_d
                     setting=None):
   """Fig. 3 for client 0: originals, encrypted with / without the stochastic layer
   (``setting``: the grid's alpha and num_clients, named in the title)."""
-  no_layer = generate_encrypted(model, encryptor, theta0, layers, dev.x, dev.y, dev.counts,
-                                jax.random.PRNGKey(cfg.run.seed + 1), fcfg, share_rows=16,
-                                use_layer=False, client_loop=client_loop())
+  job = alg1.Alg1(model, encryptor, theta0, layers, dev.x, dev.y, dev.counts,
+                  jax.random.PRNGKey(cfg.run.seed + 1), fcfg, share_rows=16, use_layer=False,
+                  client_loop=client_loop())
+  no_layer = alg1.run(job, os.path.join(out_dir, "runs", "fig3_alg1.partial.npz"),
+                      {**store.run_config(cfg), "fig3_counts": np.asarray(dev.counts).tolist()},
+                      "[fededs] Fig. 3 (encryptors without the layer):", cfg.output.resume)
   n = int(min(8, int(dev.counts[0])))
   orig = np.asarray(dev.x[0, :n])
   with_l = np.asarray(gen.shared.x[0, :n])
