@@ -223,16 +223,18 @@ def toy_alg1_args():
           jnp.asarray([12, 7, 10], np.int32), jax.random.PRNGKey(1), cfg)
 
 
-def test_alg1_in_chunks_is_alg1_and_continues_where_a_stop_saved_it(tmp_path, capsys):
+@pytest.mark.parametrize("loop,who", [("map", "client 1 of 3"), ("vmap", "all 3 clients")])
+def test_alg1_in_chunks_is_alg1_and_continues_where_a_stop_saved_it(loop, who, tmp_path,
+                                                                    capsys):
   """Alg. 1 one epoch per step gives generate_encrypted's sets and losses; stopped after
-  its 4th epoch (client 1's 2 pre-training and first 2 encryptor epochs) it saves them,
-  and a resumed job continues from the 5th to the same result; a file of another
-  configuration is not read back."""
+  its 4th epoch (2 pre-training and 2 encryptor epochs of client 1, or of all clients with
+  vmap) it saves them, and a resumed job continues from the 5th to the same result; a
+  file of another configuration is not read back."""
   from fedjax_async import fededs
   from fedjax_async.fededs import alg1
   args = toy_alg1_args()
-  ref = fededs.generate_encrypted(*args, client_loop="map", share_rows=6)
-  job = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  ref = fededs.generate_encrypted(*args, client_loop=loop, share_rows=6)
+  job = alg1.Alg1(*args, client_loop=loop, share_rows=6)
   step, steps = job.step, []
 
   def stopped_after_4():
@@ -245,14 +247,14 @@ def test_alg1_in_chunks_is_alg1_and_continues_where_a_stop_saved_it(tmp_path, ca
   path = str(tmp_path / "alg1.partial.npz")
   with pytest.raises(KeyboardInterrupt):
     alg1.run(job, path, {"setting": 1}, "[t]", resume=False)
-  assert "[t] Alg. 1 stopped before client 1 of 3, encryptor epoch 3 of 3: the epochs " \
+  assert f"[t] Alg. 1 stopped before {who}, encryptor epoch 3 of 3: the epochs " \
          f"before it are saved in {path}" in capsys.readouterr().err
-  other = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  other = alg1.Alg1(*args, client_loop=loop, share_rows=6)
   assert not alg1.load(path, other, {"setting": 2}, "[t]")  # another configuration
-  assert other.where() == "client 1 of 3, pre-training epoch 1 of 2"
-  again = alg1.Alg1(*args, client_loop="map", share_rows=6)
+  assert other.where() == f"{who}, pre-training epoch 1 of 2"
+  again = alg1.Alg1(*args, client_loop=loop, share_rows=6)
   gen = alg1.run(again, path, {"setting": 1}, "[t]", resume=True)
-  assert "continues from " + path + " at client 1 of 3, encryptor epoch 3 of 3" in (
+  assert f"continues from {path} at {who}, encryptor epoch 3 of 3" in (
       capsys.readouterr().out)
   assert not os.path.exists(path)  # done: the partial file is gone
   for a, b in ((gen.shared.x, ref.shared.x), (gen.shared.soft, ref.shared.soft),

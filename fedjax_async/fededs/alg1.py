@@ -104,15 +104,16 @@ class Alg1:
     self.fns = _functions(model, encryptor, cfg, share_rows, use_layer, client_loop)
     self.epochs = (cfg.pretrain_epochs, cfg.encryptor_epochs, 1)
     self.progress = _Progress(0, 0, 0, None, None, ())
-    self._model, self._encryptor = model, encryptor
+    self._encryptor = encryptor
 
   @property
   def finished(self) -> bool:
     return self.progress.group == len(self.groups)
 
   def _args(self, group):
-    """The group's (layer, x, y, n, keys): stacked with vmap, one client's with map."""
-    pick = (lambda a: a[group]) if self.client_loop == "vmap" else (lambda a: a[group[0]])
+    """The group's (layer, x, y, n, keys): all clients' with vmap (one group), one
+    client's with map."""
+    pick = (lambda a: a) if self.client_loop == "vmap" else (lambda a: a[group[0]])
     return (jax.tree.map(pick, self.layers), pick(self.x), pick(self.y),
             pick(self.counts), pick(self.keys))
 
