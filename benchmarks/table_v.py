@@ -146,7 +146,7 @@ def read_flagfile(path: str, seen=()) -> Dict[str, str]:
 
 
 def _run_and_table_flags() -> List[str]:
-  return list(config_lib.flag_specs()) + list(_table().TableConfig.keys())
+  return list(config_lib.flag_specs(config_lib.RunConfig)) + list(_table().TableConfig.keys())
 
 
 def overrides() -> Dict[str, object]:
@@ -172,10 +172,11 @@ def settings(flagfile: str, given: Dict[str, object]):
       raise ValueError(f"--{name}={raw}: in {flagfile}: {e}") from None
   values.update(given)
   try:
-    base = config_lib.RunConfig.from_flat({n: values[n] for n in config_lib.flag_specs()})
+    base = config_lib.RunConfig.from_flat(
+        {n: values[n] for n in config_lib.flag_specs(config_lib.RunConfig)})
     config_lib.validate(base)
   except ValueError as e:
-    raise ValueError(f"{config_lib.as_flags(str(e))} (in {flagfile})") from None
+    raise ValueError(f"{cli.as_flags(str(e))} (in {flagfile})") from None
   opts = _table().TableConfig.from_flat(
       {n: values[n] for n in _table().TableConfig.keys()}).table
   from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top

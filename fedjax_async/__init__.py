@@ -5,9 +5,9 @@
   print(result.table())
 
 Public names: ``simulate``, ``Result``, ``RunConfig`` and its parts, ``AsyncRunConfig``
-(the virtual clock: ``simulate(AsyncRunConfig(...))``), ``Callback`` (after every
-compiled chunk), ``Interrupted``, ``algorithms`` (the registry), ``distributed`` (several
-processes). Imported on first use: ``import fedjax_async`` does not load JAX.
+(the virtual clock: ``simulate(AsyncRunConfig(...))``), ``FedEDSRunConfig`` (FedEDS),
+``Callback`` (after every compiled chunk), ``Interrupted``, ``algorithms`` (the
+registry), ``data``, ``distributed`` (several processes). Imported on first use: ``import fedjax_async`` does not load JAX.
 """
 
 import importlib
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "simulate": ("fedjax_async.api", "simulate"),
-    "Result": ("fedjax_async.api", "Result"),
+    "Result": ("fedjax_async.results", "Result"),
     "RunConfig": ("fedjax_async.config", "RunConfig"),
     "AlgorithmConfig": ("fedjax_async.config", "AlgorithmConfig"),
     "DataConfig": ("fedjax_async.config", "DataConfig"),
@@ -27,6 +27,7 @@ _EXPORTS = {
     "RunOptions": ("fedjax_async.config", "RunOptions"),
     "OutputConfig": ("fedjax_async.config", "OutputConfig"),
     "AsyncRunConfig": ("fedjax_async.asynchronous.config", "AsyncRunConfig"),
+    "FedEDSRunConfig": ("fedjax_async.fededs.config", "FedEDSRunConfig"),
     "Callback": ("fedjax_async.loop", "Callback"),
     "Interrupted": ("fedjax_async.interrupts", "Interrupted"),
     "algorithms": ("fedjax_async.algorithms", None),

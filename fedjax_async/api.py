@@ -31,31 +31,12 @@ from fedjax_async import sharding
 from fedjax_async.rounds import timeline as timeline_lib
 
 
-@dataclasses.dataclass
-class Result(results.Records):
-  """The runs of one ``simulate`` call, by algorithm name (``experiment.Run``: summary,
-  per-round rows, final state, model); ``figure`` the curves' PNG when written.
-  ``to_records()`` / ``to_pandas()``: every run's rows; ``final_model(name)``: a run's
-  final global model as its parameter tree."""
-  config: config_lib.RunConfig
-  runs: Dict[str, experiment.Run]
-  figure: Optional[str] = None
+Result = results.Result
 
-  def all_runs(self):
-    return self.runs
 
-  def final_model(self, name: Optional[str] = None):
-    """The final global model of run ``name`` (default: the only or first run) as the
-    model's parameter tree."""
-    run = self.runs[name if name is not None else next(iter(self.runs))]
-    return run.model[2].params(run.state.w)
-
-  def summaries(self):
-    return [r.summary for r in self.runs.values()]
-
-  def table(self) -> str:
-    """The comparison table (markdown): average best and final accuracy, wall time."""
-    return outputs.comparison_table(self.summaries())
+def _table(result: Result) -> str:
+  """The round engine's comparison table (markdown): the accuracy metrics, wall time."""
+  return outputs.comparison_table(result.summaries())
 
 
 def output_dirs(cfg: config_lib.RunConfig) -> Dict[str, str]:
@@ -119,13 +100,13 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
         c = sweep.with_value(c, n, v)
       config_lib.validate(c)
       cfgs.append(c)
-  runs: Dict[str, experiment.Run] = {}
+  runs: Dict[str, results.Run] = {}
   for name in cfg.algorithm.name_list():
     for c, (summary, rows, state) in zip(cfgs, sweep.run_in_memory(
         cfgs, name, fed_data, names, model_fn, callbacks, cfg.output.quiet)):
       model = (model_fn(c) if model_fn is not None else experiment.build_model(c, fed_data))
-      runs[f"{name}/{sweep.run_name(c, names)}"] = experiment.Run(summary, rows, state, model)
-  return Result(cfg, runs)
+      runs[f"{name}/{sweep.run_name(c, names)}"] = results.Run(summary, rows, state, model)
+  return Result(cfg, runs, tabulate=_table)
 
 
 def _own_data_and_model(fields: dict):
@@ -149,28 +130,13 @@ def _own_data_and_model(fields: dict):
   return fed_data, module, None if input_shape is None else tuple(input_shape)
 
 
-def _flat_user_model(module, input_shape, seed: int):
-  """The engine's (name, w0, apply_flat) of a user's flax module (one whose ``__call__``
-  takes no ``train`` argument is wrapped to ignore it)."""
-  import inspect  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+def _user_model(module, input_shape, seed: int):
+  """``models.user_model``, its ValueError a ``ConfigError`` naming ``model``."""
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  name = type(module).__name__
-  if "train" not in inspect.signature(module.__call__).parameters:
-
-    class NoTrainArgument(nn.Module):
-      inner: nn.Module
-
-      def __call__(self, x, train: bool = False):
-        del train
-        return self.inner(x)
-
-    module = NoTrainArgument(module)
   try:
-    w0, apply_flat = models.flat_model(module, input_shape, jax.random.PRNGKey(seed))
+    return models.user_model(module, input_shape, seed)
   except ValueError as e:
-    raise config_lib.ConfigError("model", f"{name}: {e}") from None
-  return name, w0, apply_flat
+    raise config_lib.ConfigError("model", str(e).removeprefix("model: ")) from None
 
 
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
@@ -194,9 +160,26 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   (``after_chunk(loop, state, rows)``).
   """
   from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  if isinstance(config, fededs_config.FedEDSRunConfig):
+    from fedjax_async.fededs import experiment as fededs  # pylint: disable=g-import-not-at-top
+    return fededs.simulate(config.replace(**fields) if fields else config, callbacks)
   if isinstance(config, async_config.AsyncRunConfig):
     from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
-    return driver.simulate(config, callbacks, **fields)
+    if "algorithm" in fields:
+      fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
+    if isinstance(fields.get("hp"), dict):
+      fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
+    if isinstance(fields.get("seeds"), (list, tuple)):  # the virtual clock runs them in turn
+      fields["seeds"] = ",".join(str(int(s)) for s in fields["seeds"])
+    if fields.pop("sweep", None):
+      raise config_lib.ConfigError("sweep", "the virtual clock sweeps with comma lists of "
+                                   "its fields (mix_alpha=\"0.2,0.6\") and seeds=[...]")
+    fed_data, module, input_shape = _own_data_and_model(fields)
+    if fed_data is not None and "dataset" not in fields:
+      fields["dataset"] = fed_data.name
+    return driver.simulate(config, callbacks, fed_data=fed_data, module=module,
+                           input_shape=input_shape, **fields)
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
   if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}
     fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
@@ -218,10 +201,10 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     fed_data = experiment.load_data(cfg)
   shape = input_shape or tuple(fed_data.x.shape[2:])
   model = (experiment.build_model(cfg, fed_data) if module is None else
-           _flat_user_model(module, shape, cfg.run.seed))
+           _user_model(module, shape, cfg.run.seed))
   if seeds is not None or grid:
     model_fn = (None if module is None else
-                lambda c: _flat_user_model(module, shape, c.run.seed))
+                lambda c: _user_model(module, shape, c.run.seed))
     return _sweep(cfg, seeds, grid, fed_data, model_fn, callbacks)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
@@ -235,7 +218,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
                                if "pafed" in names else None]):
     outputs.warn(warning)
   dirs = output_dirs(cfg)
-  runs: Dict[str, experiment.Run] = {}
+  runs: Dict[str, results.Run] = {}
   overall = experiment.Overall(len(names), cfg.run.rounds)
   for i, name in enumerate(names):
     runs[name] = experiment.run(cfg, name, fed_data, model, dirs.get(name),
@@ -247,7 +230,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
           f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
           f"{s['average_best_accuracy']:.4f}, {s['wall_time_s']:.1f}s{where}", flush=True)
-  result = Result(cfg, runs)
+  result = Result(cfg, runs, tabulate=_table)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")
     outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,

@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 
 from fedjax_async import distributed
 from fedjax_async import interrupts
+from fedjax_async import metrics as metrics_lib
 
 
 def _json_default(x):
@@ -195,7 +196,8 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
       meta = out["meta"]
       state = leaves_to_state(dict(out["state"]), template)
-      return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
+      return Restored(int(meta["round"]), state, metrics_lib.count_from_one(list(meta["rows"])),
+                      dict(meta["config"]),
                       dict(meta.get("extra", {})))
     except Exception as e:  # pylint: disable=broad-except
       raise self._unreadable(step, e) from None
@@ -209,7 +211,8 @@ class Checkpointer:
         state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     meta = out["meta"]
     state = {k: np.asarray(v) for k, v in dict(out["state"]).items()}
-    return Restored(int(meta["round"]), state, list(meta["rows"]), dict(meta["config"]),
+    return Restored(int(meta["round"]), state, metrics_lib.count_from_one(list(meta["rows"])),
+                    dict(meta["config"]),
                     dict(meta.get("extra", {})))
 
   def close(self):

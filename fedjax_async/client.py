@@ -24,7 +24,7 @@ parameters as one 1-D piece per leaf (``local_params``), and ``train`` returns t
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -241,24 +241,61 @@ def with_precision(fn: Callable, precision: str) -> Callable:
   return wrapped
 
 
+class Privatize(NamedTuple):
+  """Differential privacy inside the local steps (PrivaAsyncFed Alg. 1 lines 15-24): each
+  step's gradient clipped to L2 norm ``clip`` (per example, or the batch's mean gradient),
+  then Gaussian noise of std ``sigma`` added to the parameters after the step."""
+
+  clip: jax.Array
+  sigma: jax.Array
+  per_example: bool  # static: clip every example's gradient (DP-SGD), else the batch's
+
+
+def clip_by_norm(g, clip):
+  """g / max(1, ||g||_2 / C) (PrivaAsyncFed Eq. 17 / Alg. 1 line 20)."""
+  norm = jnp.sqrt(jnp.vdot(g, g))
+  return g / jnp.maximum(1.0, norm / clip)
+
+
+def forward(apply_flat: Callable, w, x, rng, precision: str = "float32"):
+  """(logits, new model state) of a training-mode pass. The state is the new values of
+  the model's mutable collections' leaves (batch statistics, ``FlatApply.state_leaves``),
+  ``()`` for a model without them."""
+  out = apply_flat(*compute_dtype(w, x, precision), train=True, rng=rng)
+  if getattr(apply_flat, "state_leaves", ()):
+    return out[0].astype(jnp.float32), out[1]
+  return out.astype(jnp.float32), ()
+
+
+def with_state(apply_flat: Callable, w, state):
+  """``w`` with the model-state leaves replaced by ``state`` (no-op for ``()``)."""
+  return apply_flat.set_state(w, state) if state else w
+
+
 def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
-                     hp, cfg: LocalConfig, budget, dropout_key):
+                     hp, cfg: LocalConfig, budget, dropout_key, *, mask=None,
+                     privatize: Optional[Privatize] = None, noise_key=None,
+                     stop_below=None):
   """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
 
-  ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces;
-  ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w,
-  w_start, state) over the minibatch, ``loss_sum`` adding f_i (the data loss: a metric
-  comparable across algorithms); a step with ``s >= budget`` (past
-  E_i * ceil(n_i / B)) leaves the carry unchanged. With pieces the penalty sees ``w``
-  flat (a concatenation per step, dead code when there is no penalty), or, for a
-  ``separable_penalty``, is summed over the pieces of ``w``, of ``w_start`` and of the
-  ``[d]`` client state, split once per client.
+  ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces (with
+  ``stop_below``, ``+ (done, steps_taken)``); ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w, w_start, state) over the
+  minibatch, ``loss_sum`` adding f_i (the data loss: a metric comparable across
+  algorithms); a step with ``s >= budget`` (past E_i * ceil(n_i / B)) leaves the carry
+  unchanged. With pieces the penalty sees ``w`` flat (a concatenation per step, dead code
+  when there is no penalty), or, for a ``separable_penalty``, is summed over the pieces
+  of ``w``, of ``w_start`` and of the ``[d]`` client state, split once per client.
+  ``mask [d]`` (flat ``w`` only): gradients and noise only reach the masked-in
+  coordinates (PrivaAsyncFed's sub-models). ``privatize``: DP clipping and noise
+  (``noise_key`` draws the noise). ``stop_below``: a step whose minibatch objective (data
+  loss + penalty) is at or below it is not taken, nor any after it. A model with batch statistics has them replaced by
+  the pass's new values after each step (no gradient reaches them).
   """
   opt = local_optimizer(hp, cfg)
   split = getattr(apply_flat, "split", None)
   pieces = None
-  if algorithm.separable_penalty and split is not None:  # split once, not every step
-    start_pieces = split(w_start)
+  if algorithm.separable_penalty and split is not None and mask is None and privatize is None:
+    start_pieces = split(w_start)  # split once, not every step
     state_pieces = [dict(zip(client_state, p))
                     for p in zip(*(split(v) for v in client_state.values()))]
     pieces = list(zip(start_pieces, state_pieces or [{}] * len(start_pieces)))
@@ -268,24 +305,61 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
       return sum(algorithm.local_penalty(wp, sp, cp, hp) for wp, (sp, cp) in zip(w, pieces))
     return algorithm.local_penalty(flat_params(w), w_start, client_state, hp)
 
-  def loss_fn(w, xb, yb, mask, rng):
-    logits = apply_flat(*compute_dtype(w, xb, cfg.precision), train=True, rng=rng)
-    data_loss = masked_cross_entropy(logits.astype(jnp.float32), yb, mask)
-    return data_loss + penalty(w), data_loss
+  def loss_fn(w, xb, yb, m, rng):
+    logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
+    data_loss = masked_cross_entropy(logits, yb, m)
+    return data_loss + penalty(w), (data_loss, state)
 
   # The step reports the data loss: the penalty's value is never needed (only its
   # gradient), so XLA drops its pass over the parameters.
   grad_fn = with_precision(jax.value_and_grad(loss_fn, has_aux=True), cfg.precision)
 
+  def per_example_grad(w, xb, yb, m, rng):
+    """mean_i clip(grad CE_i) over the batch's real rows + grad of the penalty."""
+
+    def one(xi, yi, i):
+      r = jax.random.fold_in(rng, i)
+      f = lambda w: masked_cross_entropy(forward(apply_flat, w, xi[None], r, cfg.precision)[0],
+                                         yi[None], jnp.ones((1,), bool))
+      return clip_by_norm(jax.grad(f)(w) * mask, privatize.clip)
+
+    gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
+    mf = m.astype(gs.dtype)
+    g = jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
+    return g + jax.grad(penalty)(w)
+
+  def gradient(w, xb, yb, m, rng):
+    """(objective, data loss, gradient, new model state) of the step's minibatch."""
+    if privatize is not None and privatize.per_example:
+      logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
+      loss = masked_cross_entropy(logits, yb, m)
+      return loss + penalty(w), loss, per_example_grad(w, xb, yb, m, rng), state
+    (objective, (loss, state)), g = grad_fn(w, xb, yb, m, rng)
+    if mask is not None:
+      g = g * mask
+    if privatize is not None:
+      g = clip_by_norm(g, privatize.clip)
+    return objective, loss, g, state
+
   def client_step(carry, batch):
-    w, opt_state, loss_sum = carry
-    s, xb, yb, mask = batch
-    (_, loss), g = grad_fn(w, xb, yb, mask, jax.random.fold_in(dropout_key, s))
+    w, opt_state, loss_sum = carry[:3]
+    s, xb, yb, m = batch
+    objective, loss, g, state = gradient(w, xb, yb, m, jax.random.fold_in(dropout_key, s))
     updates, new_opt_state = opt.update(g, opt_state, w)
+    new_w = with_state(apply_flat, optax.apply_updates(w, updates), state)
+    if privatize is not None:
+      noise = jax.random.normal(jax.random.fold_in(noise_key, s), new_w.shape, new_w.dtype)
+      new_w = new_w + privatize.sigma * noise * (1.0 if mask is None else mask)
     active = s < budget
-    w = jax.tree.map(lambda n, o: jnp.where(active, n, o), optax.apply_updates(w, updates), w)
+    if stop_below is not None:  # carry (..., done, steps): stops at f_i + penalty <= v
+      done = carry[3] | (objective <= stop_below)
+      active = active & ~done
+    w = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_w, w)
     opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-    return w, opt_state, loss_sum + jnp.where(active, loss, 0.0)
+    out = (w, opt_state, loss_sum + jnp.where(active, loss, 0.0))
+    if stop_below is not None:
+      out += (done, carry[4] + active.astype(jnp.int32))
+    return out
 
   return opt, client_step
 
@@ -302,8 +376,13 @@ def train(
     hp,
     cfg: LocalConfig,
     client_index=None,
+    *,
+    mask=None,
+    privatize: Optional[Privatize] = None,
+    stop_below=None,
 ) -> ClientResult:
-  """Runs one client's local training (vmap this over clients).
+  """Runs one client's local training (vmap this over clients): the one local-training
+  loop of both engines.
 
   ``x``, ``y``: the client's own padded examples ``[M, ...]``; or, with ``client_index``
   (a traced int), every client's ``[N, M, ...]``, each step then reading its minibatch
@@ -313,26 +392,42 @@ def train(
   Minimises f_i(w) + algorithm.local_penalty(w, w_start, state) with optax SGD (momentum
   ``hp['momentum']``, lr ``hp['lr']``) for E_i epochs of ceil(n_i/B) minibatches:
   ``client_init``, then ``client_step`` over the client's E_i * ceil(n_i / B) minibatches
-  in one loop.
+  in one loop. The virtual clock's options: ``mask [d]`` (training starts from
+  ``w_start * mask``; see ``make_client_step``), ``privatize`` (DP clipping and noise)
+  and ``stop_below`` (a traced threshold: the client stops at the first step whose
+  minibatch objective, data loss + penalty, is at or below it, that step not taken; ``num_steps`` counts the
+  steps taken).
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)
   init = client_init(k_init, num_examples, cfg, hp.get("local_epochs"))  # None: static E
   budget = step_budget(init, cfg)
-  opt, client_step = make_client_step(apply_flat, algorithm, w_start, client_state, hp, cfg,
-                                      budget, k_drop)
+  if mask is not None:
+    w_start = w_start * mask
+  opt, client_step = make_client_step(
+      apply_flat, algorithm, w_start, client_state, hp, cfg, budget, k_drop, mask=mask,
+      privatize=privatize, noise_key=jax.random.fold_in(key, 0x0D15), stop_below=stop_below)
 
-  def loop_step(s, carry):
-    rows, mask = step_minibatch(init, s, num_examples, cfg)
+  def batch(s):
+    rows, m = step_minibatch(init, s, num_examples, cfg)
     xb, yb = minibatch(x, y, rows, client_index)  # gathered per step, not copied up front
-    return client_step(carry, (s, xb, yb, mask))
+    return s, xb, yb, m
 
-  w = local_params(apply_flat, w_start)
+  flat = mask is not None or privatize is not None
+  w = w_start if flat else local_params(apply_flat, w_start)
   carry = (w, opt.init(w), jnp.float32(0.0))
-  # The loop runs the client's own budget of steps, not cfg.max_steps (a while loop: the
-  # trip count is traced). Under vmap it runs the largest budget among the clients vmapped
-  # together (JAX keeps finished clients' carries unchanged), so a round without the
-  # federation's largest client does not pay for that client's padded steps.
-  w_end, _, loss_sum = jax.lax.fori_loop(0, jnp.minimum(budget, cfg.max_steps), loop_step,
-                                         carry)
-  return ClientResult(flat_params(w_end), budget, loss_sum / jnp.maximum(budget, 1))
+  limit = jnp.minimum(budget, cfg.max_steps)
+  if stop_below is None:
+    # The loop runs the client's own budget of steps, not cfg.max_steps (a while loop: the
+    # trip count is traced). Under vmap it runs the largest budget among the clients
+    # vmapped together (JAX keeps finished clients' carries unchanged), so a round
+    # without the federation's largest client does not pay for that client's padded steps.
+    w_end, _, loss_sum = jax.lax.fori_loop(0, limit, lambda s, c: client_step(c, batch(s)),
+                                           carry)
+    steps = budget
+  else:  # a while loop that also ends at the early stop (under vmap: when all have ended)
+    _, (w_end, _, loss_sum, _, steps) = jax.lax.while_loop(
+        lambda c: (c[0] < limit) & ~c[1][3],
+        lambda c: (c[0] + 1, client_step(c[1], batch(c[0]))),
+        (jnp.int32(0), carry + (jnp.bool_(False), jnp.int32(0))))
+  return ClientResult(flat_params(w_end), steps, loss_sum / jnp.maximum(steps, 1))

@@ -19,41 +19,17 @@ PrivaAsyncFed do, with their own flags: docs/async.md).
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import numbers
-import re
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import fedadmm
+from fedjax_async.flatkeys import (ConfigError, FlagSpec, FlatKeys, check, check_types,
+                                   flag_specs, option, parse_hp)
 from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
 PRECISIONS = ("float32", "tf32", "bf16")  # LocalTraining.precision (client.PRECISIONS)
-
-
-def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=None,
-           choices: Optional[Tuple[str, ...]] = None):
-  """A config field with what its flag needs: the help text, the flag's name when it is not
-  the field's, a CLI default when it differs (``output_dir``), an enum's choices."""
-  meta = {"help": help_text}
-  if flag is not None:
-    meta["flag"] = flag
-  if cli_default is not None:
-    meta["cli_default"] = cli_default
-  if choices is not None:
-    meta["choices"] = choices
-  return dataclasses.field(default=default, metadata=meta)
-
-
-class ConfigError(ValueError):
-  """A wrong value: ``path`` (e.g. ``local.lr``) and what is wrong with it."""
-
-  def __init__(self, path: str, message: str):
-    super().__init__(f"{path}: {message}")
-    self.path, self.message = path, message
 
 
 def dataset_defaults(dataset: str) -> Dict[str, float]:
@@ -214,59 +190,6 @@ class OutputConfig:
                        "table only.")
 
 
-_FLAT_KEYS: Dict[type, Dict[str, Tuple[str, str]]] = {}
-
-
-class FlatKeys:
-  """A configuration of parts (frozen dataclasses) whose fields each have a flat key, the
-  name of its flag: ``RunConfig`` and the virtual clock's ``AsyncRunConfig``."""
-
-  @classmethod
-  def keys(cls) -> Dict[str, Tuple[str, str]]:
-    """flat key -> (part, field), in the parts' order."""
-    if cls not in _FLAT_KEYS:
-      _FLAT_KEYS[cls] = {name: tuple(spec.path.split("."))
-                         for name, spec in flag_specs(cls).items()}
-    return _FLAT_KEYS[cls]
-
-  def replace(self, **flat):
-    """A copy with fields replaced by their flat keys (``lr=0.05``, ``algorithm="fedavg"``),
-    or whole parts by their names (``local=LocalTraining(...)``). An unknown key raises
-    ``ConfigError`` naming it, with the closest keys."""
-    keys, part_names = self.keys(), {f.name for f in dataclasses.fields(self)}
-    parts: Dict[str, dict] = {}
-    new = {}
-    for key, value in flat.items():
-      if key in part_names and not isinstance(value, str):  # a whole part ("algorithm" is
-        new[key] = value  # also the flat key of algorithm.names, a string)
-        continue
-      if key not in keys:
-        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
-        raise ConfigError(key, f"not a {type(self).__name__} field" + (
-            f"; did you mean {' or '.join(close)}?" if close else ""))
-      part, name = keys[key]
-      parts.setdefault(part, {})[name] = value
-    for part, values in parts.items():
-      new[part] = dataclasses.replace(new.get(part, getattr(self, part)), **values)
-    return dataclasses.replace(self, **new)
-
-  def get(self, key: str):
-    """The value of the field whose flat key is ``key`` (``lr``, ``concurrency``)."""
-    if key not in self.keys():
-      raise ConfigError(key, f"not a {type(self).__name__} field")
-    part, name = self.keys()[key]
-    return getattr(getattr(self, part), name)
-
-  def flat(self) -> Dict[str, object]:
-    """Every field by its flat key."""
-    return {key: self.get(key) for key in self.keys()}
-
-  @classmethod
-  def from_flat(cls, flat: dict):
-    """The configuration of flat keys (parsed flags, a stored configuration)."""
-    return cls().replace(**flat)
-
-
 @dataclasses.dataclass(frozen=True)
 class RunConfig(FlatKeys):
   """One invocation of the round engine: its parts, each a frozen dataclass. The defaults
@@ -327,78 +250,12 @@ class RunConfig(FlatKeys):
             "server_lr_switch_round": a.server_lr_switch_round}
 
 
-def parse_hp(text) -> Dict[str, float]:
-  """``algorithm.hp``: ``"beta=0.9,gamma=2"`` (or a dict) -> {name: float}; ConfigError
-  naming the field otherwise."""
-  if isinstance(text, dict):
-    items = list(text.items())
-  else:
-    items = []
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
-      name, sep, value = part.partition("=")
-      if not sep or not name.strip():
-        raise ConfigError("algorithm.hp", f"expected name=value,..., got {text!r}")
-      items.append((name.strip(), value))
-  out = {}
-  for name, value in items:
-    try:
-      out[name] = float(value)
-    except (TypeError, ValueError):
-      raise ConfigError("algorithm.hp", f"{name}: expected a number, got {value!r}") from None
-  return out
-
-
-class FlagSpec(NamedTuple):
-  """What the CLI needs to make one field's flag."""
-  path: str  # local.lr
-  kind: str  # str | int | float | bool
-  default: object  # RunConfig's default (``cli_default`` where the CLI's differs)
-  help: str
-  choices: Optional[Tuple[str, ...]]
-
-
-def flag_specs(config_class=None) -> Dict[str, FlagSpec]:
-  """flag name -> ``FlagSpec``, for every field of ``config_class`` (default
-  ``RunConfig``; the virtual clock's ``asynchronous.config.AsyncRunConfig``), in the parts'
-  order."""
-  out = {}
-  for part in dataclasses.fields(config_class or RunConfig):
-    for f in dataclasses.fields(type(part.default)):
-      meta = f.metadata
-      out[meta.get("flag", f.name)] = FlagSpec(
-          f"{part.name}.{f.name}", str(f.type).replace("Optional[", "").rstrip("]"),
-          meta.get("cli_default", getattr(part.default, f.name)), meta["help"],
-          meta.get("choices"))
-  return out
-
-
 _KEYS = RunConfig.keys()
 
 
 def path(key: str) -> str:
   """The path of the field whose flat key (flag name) is ``key``: ``lr`` -> ``local.lr``."""
   return ".".join(_KEYS[key])
-
-
-def as_flags(message: str) -> str:
-  """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
-  ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
-  ``RunConfig``, the virtual clock's ``AsyncRunConfig`` and FedEDS's
-  ``FedEDSRunConfig``."""
-  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
-  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
-  by_path = {spec.path: name for cls in (RunConfig, async_config.AsyncRunConfig,
-                                         fededs_config.FedEDSRunConfig)
-             for name, spec in flag_specs(cls).items()}
-  return re.sub(r"\b[a-z_][a-z_0-9]*\.[a-z_0-9]+\b",
-                lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
-                message)
-
-
-def check(condition: bool, field_path: str, message: str):
-  """Raises ``ConfigError(field_path, message)`` unless ``condition``."""
-  if not condition:
-    raise ConfigError(field_path, message)
 
 
 def validate_local(c, check_fn=check, prefix: str = "local."):
@@ -412,30 +269,6 @@ def validate_local(c, check_fn=check, prefix: str = "local."):
   check_fn(c.batch_size >= 1, p + "batch_size", f"must be >= 1, got {c.batch_size}")
   check_fn(c.lr > 0, p + "lr", f"must be > 0, got {c.lr}")
   check_fn(0.0 <= c.momentum < 1.0, p + "momentum", f"must be in [0, 1), got {c.momentum}")
-
-
-_KINDS = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool, np.bool_),
-          "str": (str,)}
-
-
-def check_types(cfg) -> None:
-  """Every field of every part of ``cfg`` (a ``FlatKeys`` configuration) has its declared
-  type (an int for a float field is fine, a bool is no number); ``ConfigError`` naming the
-  field otherwise (``run.rounds: expected int, got '5' (str)``)."""
-  for part in dataclasses.fields(cfg):
-    value_part = getattr(cfg, part.name)
-    for f in dataclasses.fields(value_part):
-      declared = str(f.type)
-      optional = declared.startswith("Optional[")
-      kind = declared.replace("Optional[", "").rstrip("]")
-      value = getattr(value_part, f.name)
-      if kind not in _KINDS or (optional and value is None):
-        continue
-      ok = isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(
-          value, (bool, np.bool_)))
-      if not ok:
-        raise ConfigError(f"{part.name}.{f.name}", f"expected {kind}, got {value!r} "
-                          f"({type(value).__name__})")
 
 
 def validate(cfg: RunConfig):

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 LAST = 10
 KEYS = ("final_accuracy", "last10_mean_accuracy", "average_best_accuracy")
@@ -51,8 +51,11 @@ def final_accuracy(accuracies: Sequence[Optional[float]]) -> float:
 
 
 def accuracy_summary(accuracies: Sequence[Optional[float]]) -> Dict[str, float]:
-  """The three ``KEYS`` of one run's per-round test accuracies (None where not evaluated)."""
+  """The three ``KEYS`` of one run's per-round test accuracies (None where not evaluated),
+  and ``best_accuracy`` (the highest)."""
+  done = _finite(accuracies)
   return {"final_accuracy": final_accuracy(accuracies),
+          "best_accuracy": max(done) if done else float("nan"),
           "last10_mean_accuracy": last10_mean_accuracy(accuracies),
           "average_best_accuracy": average_best_accuracy(accuracies)}
 
@@ -66,3 +69,14 @@ def is_short(rounds: int) -> bool:
 def mark_short(text: str, key: str, rounds: int) -> str:
   """``text`` (a formatted metric) marked when ``key`` is a last-10 metric of a short run."""
   return text + SHORT_RUN_MARK if key != "final_accuracy" and is_short(rounds) else text
+
+
+def count_from_one(rows: List[dict]) -> List[dict]:
+  """Stored rows with ``round`` counted from 1: rows written counting from 0 (their first
+  row's round is 0) are shifted by one; others (a virtual clock's, without rounds) are
+  returned as they are. A list of such lists (a sweep's) is read list by list."""
+  if rows and isinstance(rows[0], list):  # a sweep's rows, one list per run
+    return [count_from_one(r) for r in rows]
+  if rows and isinstance(rows[0], dict) and rows[0].get("round") == 0:
+    return [{**r, "round": r["round"] + 1} for r in rows]
+  return rows

@@ -305,14 +305,21 @@ def default_model_for(dataset_name: str) -> str:
 # ----------------------------------------------------------------------- flat models
 
 
-def init_params(model: nn.Module, input_shape: Sequence[int], key) -> Any:
-  """``model``'s parameter pytree for per-example ``input_shape`` (batch of 1)."""
+def init_variables(model: nn.Module, input_shape: Sequence[int], key) -> Any:
+  """``model``'s variables (``params`` and any mutable collections, e.g.
+  ``batch_stats``) for per-example ``input_shape`` (batch of 1)."""
   x = jnp.zeros((1, *input_shape), jnp.float32)
-  variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(key, x)
+  return jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(key, x)
+
+
+def init_params(model: nn.Module, input_shape: Sequence[int], key) -> Any:
+  """``model``'s parameter pytree for per-example ``input_shape`` (batch of 1); a model
+  with mutable collections is refused (``flat_model`` federates those)."""
+  variables = init_variables(model, input_shape, key)
   extra = set(variables) - {"params"}
   if extra:
     raise ValueError(f"model has non-parameter state {sorted(extra)}; only 'params' "
-                     "can be federated as a flat vector")
+                     "can be federated here (flat_model carries the state in w)")
   return variables["params"]
 
 
@@ -326,12 +333,20 @@ class FlatApply:
   and concatenates their gradients back into one (two parameter-sized copies per step
   that the pieces avoid; one client's 6-step CNN scan ran 1.14-1.17x faster with
   the pieces).
+
+  A model with mutable collections (BatchNorm's ``batch_stats``) carries them in ``w``
+  too: ``state_leaves`` are their leaves' indices, a training pass returns ``(logits,
+  new state leaves)`` and local training writes those into ``w`` after each step
+  (``set_state``; no gradient reaches them). The server then aggregates them with the
+  parameters, by the algorithm's rule (FedAvg averages them, as most FL code does).
   """
 
   model: nn.Module
   unravel: Callable
   treedef: Any
   shapes: tuple  # each leaf's shape, in ravel order
+  collections: tuple = ()  # the mutable collections, e.g. ("batch_stats",)
+  state_leaves: tuple = ()  # indices of their leaves in ravel order
 
   def split(self, w_flat) -> tuple:
     """``w [d]`` as one 1-D piece per leaf (concatenated, they are ``w`` again)."""
@@ -339,15 +354,29 @@ class FlatApply:
     return tuple(jnp.split(w_flat, offsets))
 
   def params(self, w):
-    """The parameter pytree of ``w`` (flat vector or ``split`` pieces)."""
+    """The parameter pytree of ``w`` (flat vector or ``split`` pieces); with mutable
+    collections, the variables dict (``{"params": ..., "batch_stats": ...}``)."""
     if isinstance(w, tuple):
       return jax.tree.unflatten(self.treedef,
                                 [p.reshape(s) for p, s in zip(w, self.shapes)])
     return self.unravel(w)
 
+  def set_state(self, w, state_leaves):
+    """``w`` (flat or pieces) with the state leaves replaced by ``state_leaves``."""
+    pieces = list(w) if isinstance(w, tuple) else list(self.split(w))
+    for i, leaf in zip(self.state_leaves, state_leaves):
+      pieces[i] = jax.lax.stop_gradient(leaf).reshape(-1).astype(pieces[i].dtype)
+    return tuple(pieces) if isinstance(w, tuple) else jnp.concatenate(pieces)
+
   def __call__(self, w, x, train: bool = False, rng=None):
     rngs = {"dropout": rng} if rng is not None else None
-    return self.model.apply({"params": self.params(w)}, x, train=train, rngs=rngs)
+    if not self.collections:
+      return self.model.apply({"params": self.params(w)}, x, train=train, rngs=rngs)
+    if not train:
+      return self.model.apply(self.params(w), x, train=False, rngs=rngs)
+    logits, new = self.model.apply(self.params(w), x, train=True, rngs=rngs,
+                                   mutable=list(self.collections))
+    return logits, tuple(jax.tree.leaves(new))
 
 
 def flat_model(model: nn.Module, input_shape: Sequence[int], key):
@@ -355,12 +384,41 @@ def flat_model(model: nn.Module, input_shape: Sequence[int], key):
 
   ``apply_flat`` (a :class:`FlatApply`) unravels ``w`` into the parameter pytree
   (``ravel_pytree``) and returns logits; ``rng`` seeds dropout when ``train=True``.
-  Both are vmap/jit friendly.
+  Mutable collections (batch statistics) travel in ``w`` (see ``FlatApply``). Both are
+  vmap/jit friendly.
   """
-  params = init_params(model, input_shape, key)
-  w0, unravel = ravel_pytree(params)
-  leaves, treedef = jax.tree.flatten(params)
-  return w0, FlatApply(model, unravel, treedef, tuple(leaf.shape for leaf in leaves))
+  variables = dict(init_variables(model, input_shape, key))
+  collections = tuple(sorted(set(variables) - {"params"}))
+  tree = variables if collections else variables["params"]
+  w0, unravel = ravel_pytree(tree)
+  with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  state = tuple(i for i, (path, _) in enumerate(with_paths)
+                if collections and path[0].key in collections)
+  return w0, FlatApply(model, unravel, treedef, tuple(leaf.shape for _, leaf in with_paths),
+                       collections, state)
+
+
+def user_model(module: nn.Module, input_shape: Sequence[int], seed: int):
+  """The engines' ``(name, w0, apply_flat)`` of a user's flax module (one whose
+  ``__call__`` takes no ``train`` argument is wrapped to ignore it); ValueError naming
+  the module when it cannot be federated."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  name = type(module).__name__
+  if "train" not in inspect.signature(module.__call__).parameters:
+
+    class NoTrainArgument(nn.Module):
+      inner: nn.Module
+
+      def __call__(self, x, train: bool = False):
+        del train
+        return self.inner(x)
+
+    module = NoTrainArgument(module)
+  try:
+    w0, apply_flat = flat_model(module, tuple(input_shape), jax.random.PRNGKey(seed))
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"model: {name}: {e}") from None
+  return name, w0, apply_flat
 
 
 def count_params(model: nn.Module, input_shape: Sequence[int]) -> int:
@@ -454,6 +512,7 @@ def train_step_flops(model: nn.Module, input_shape: Sequence[int], batch: int,
 
   def loss(w, x, y, rng):
     logits = apply_flat(w, x, train=True, rng=rng)
+    logits = logits[0] if apply_flat.collections else logits  # (logits, new batch stats)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
   return _count(count)(jax.value_and_grad(loss), w, x, y, jax.random.key(1))

@@ -193,7 +193,7 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
 def read_metrics(run_dir: str) -> List[dict]:
   """The rows of ``run_dir/metrics.jsonl``."""
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    return metrics_lib.count_from_one([json.loads(line) for line in f if line.strip()])
 
 
 # ------------------------------------------------------------------------- figures

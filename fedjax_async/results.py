@@ -1,10 +1,19 @@
-"""What every engine's ``Result`` gives besides its runs: their rows and summaries as
-plain records (one dict per row, scalar values only), a pandas DataFrame of them, and the
-summaries' accuracy metrics in one shape."""
+"""One ``Result`` for every engine (the round engine, the virtual clock, FedEDS): its runs
+(``Run``: summary, rows, final state, model) by name, their rows and summaries as plain
+records (one dict per row, scalar values only), a pandas DataFrame of them, a run's final
+model as its parameter tree, the comparison table and a figure.
+
+Every summary holds ``final_accuracy``, ``best_accuracy``, ``last10_mean_accuracy`` and
+``average_best_accuracy`` (``metrics.accuracy_summary``). A round-based row (the round
+engine, FedEDS) holds its ``round`` counted from 1, as the console and the figures count:
+row r is the model after r rounds. A virtual-clock row is one kept arrival (``event``,
+``virtual_time``, the ``arrival_version`` it met).
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -45,3 +54,65 @@ class Records:
       raise ImportError("to_pandas needs pandas: pip install pandas (to_records() gives "
                         "the same rows as dicts)") from e
     return pd.DataFrame(self.summary_records() if summaries else self.to_records())
+
+
+@dataclasses.dataclass
+class Run:
+  """One run: ``summary`` (summary.json), ``rows`` (metrics.jsonl, one dict per evaluated
+  round or update), the final engine state (``state.w`` the global model; None for a run
+  read back from its folder) and ``model`` (name, initial flat weights, ``apply_flat``)."""
+  summary: dict
+  rows: List[dict]
+  state: Any = None
+  model: Optional[tuple] = None
+
+
+@dataclasses.dataclass
+class Result(Records):
+  """The runs of one ``simulate`` call by name (``runs``: the first seed's with several);
+  ``by_seed[seed][name]`` when the call ran several seeds one after the other (the
+  virtual clock, FedEDS); ``diverged`` "run (seed s)" -> why; ``figure`` the curves' PNG
+  when written. ``to_records()`` / ``to_pandas()``: every run's rows;
+  ``final_model(name)``: a run's final global model as its parameter tree."""
+  config: Any
+  runs: Dict[str, Run]
+  by_seed: Dict[int, Dict[str, Run]] = dataclasses.field(default_factory=dict)
+  diverged: Dict[str, str] = dataclasses.field(default_factory=dict)
+  figure: Optional[str] = None
+  tabulate: Optional[Callable[["Result"], str]] = dataclasses.field(default=None, repr=False)
+
+  def all_runs(self) -> Dict[str, Run]:
+    if len(self.by_seed) <= 1:
+      return self.runs
+    return {f"{name}/seed={seed}": run for seed, runs in self.by_seed.items()
+            for name, run in runs.items()}
+
+  def summaries(self) -> List[dict]:
+    return [r.summary for r in self.all_runs().values()]
+
+  def final_model(self, name: Optional[str] = None):
+    """The final global model of run ``name`` (default: the first) as the model's
+    parameter tree (its variables, batch statistics included, for a model with them)."""
+    runs = self.all_runs()
+    run = runs[name if name is not None else next(iter(runs))]
+    if run.state is None or run.model is None:
+      raise ValueError(f"run {name!r}: no final model (read back from its folder, or an "
+                       "engine that keeps none); rerun it in memory")
+    return run.model[2].params(run.state.w)
+
+  def table(self) -> str:
+    """The comparison table (markdown)."""
+    if self.tabulate is None:
+      raise ValueError("this Result has no table")
+    return self.tabulate(self)
+
+  def plot(self, path: str, title: Optional[str] = None) -> str:
+    """Test accuracy and train loss of every run against its round (or update), written
+    to ``path`` (PNG); returns ``path``."""
+    from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
+    x_key = "round" if all("round" in r for run in self.all_runs().values()
+                           for r in run.rows[:1]) else "virtual_time"
+    outputs.plot_curves({n: r.rows for n, r in self.all_runs().items()}, path, x_key=x_key,
+                        title=title)
+    self.figure = path
+    return path

@@ -23,9 +23,11 @@ from fedjax_async.algorithms import base
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import driver
 
-PAIRS = [(n, algorithms.engine_of(n)) for n in algorithms.names()]
+# Every engine where an algorithm's rule is meaningful: its own, and the virtual clock for
+# a round rule whose clients keep no state (``algorithms.names_on``).
+PAIRS = [(n, e) for e in algorithms.ENGINES for n in algorithms.names_on(e)]
 REFUSED = [(n, e) for n in algorithms.names() for e in algorithms.ENGINES
-           if e != algorithms.engine_of(n)]
+           if n not in algorithms.names_on(e)]
 pytestmark = pytest.mark.xdist_group("algorithm_contract")  # one worker: the runs are shared
 
 # The keys docs/experiments.md ("metrics.jsonl") and fedjax_async/results.py document.
@@ -46,12 +48,12 @@ CLOCK = dict(num_clients=6, concurrency=2, num_updates=NUM_UPDATES, buffer_k=2,
 D, K = 7, 3
 
 
-def hparams(name):
-  """The hp dict the engine that runs ``name`` gives its functions."""
+def hparams(name, engine=None):
+  """The hp dict ``engine`` (default: the algorithm's own) gives its functions."""
   alg = algorithms.get(name)
-  if alg.engine == "rounds":
+  if (engine or alg.engine) == "rounds":
     return config.RunConfig().hparams(alg)
-  return driver.hparams(async_config.AsyncRunConfig(), 0.6)
+  return driver.hparams(async_config.AsyncRunConfig(), 0.6, alg)
 
 
 def simulate(names, engine):
@@ -68,7 +70,7 @@ def runs():
 
   def get(engine):
     if engine not in made:
-      made[engine] = [simulate(algorithms.names(engine), engine) for _ in range(2)]
+      made[engine] = [simulate(algorithms.names_on(engine), engine) for _ in range(2)]
     return made[engine]
 
   return get
@@ -115,10 +117,11 @@ def test_the_registry_holds_one_algorithm_per_name_on_one_engine():
   assert every and len(set(every)) == len(every)
   by_engine = [algorithms.names(e) for e in algorithms.ENGINES]
   assert sorted(sum(by_engine, ())) == sorted(every)  # each name on exactly one engine
-  for name, engine in PAIRS:
-    alg = algorithms.get(name)
+  for name in every:
+    alg, engine = algorithms.get(name), algorithms.engine_of(name)
     assert isinstance(alg, base.Algorithm) and alg.name == name
     assert alg.engine == engine and name in algorithms.names(engine)
+    assert name in algorithms.names_on(engine)
     names = [k for k, _ in alg.hparams]
     assert len(set(names)) == len(names) and all(k.isidentifier() for k in names), name
     assert all(np.isfinite(float(v)) for _, v in alg.hparams), name
@@ -126,8 +129,7 @@ def test_the_registry_holds_one_algorithm_per_name_on_one_engine():
 
 @pytest.mark.parametrize("name,engine", PAIRS)
 def test_the_functions_take_and_give_the_documented_shapes(name, engine):
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   w0 = vector(0)
   state = alg.init_client_state(w0)
   assert sorted(state) == sorted(alg.client_state_keys), name
@@ -154,8 +156,7 @@ def test_the_functions_take_and_give_the_documented_shapes(name, engine):
 
 @pytest.mark.parametrize("name,engine", PAIRS)
 def test_jitted_functions_give_the_same_model_twice_and_as_run_eagerly(name, engine):
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   w0 = vector(0)
   ends = [w0 + vector(k, 0.1) for k in range(K)]
   if alg.server_update is not None:
@@ -177,8 +178,7 @@ def test_no_local_progress_leaves_the_model_where_it_is(name, engine):
   """Every client's model ends where it started (a zero local learning rate), every past
   model equals the current one: the server rule has nothing to move the model by, fresh or
   stale arrivals alike."""
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   w = vector(0)
   upload = client_uploads(alg, hp, w, [w])[0]
   if alg.server_update is not None:
@@ -201,8 +201,7 @@ def test_padding_slots_change_nothing(name, engine):
   """The round engine pads each round to K slots (``Arrivals.valid`` False): whatever
   those slots hold, the round's model, server state and metrics are those of its real
   arrivals."""
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   w0 = vector(0)
   real = client_uploads(alg, hp, w0, [w0 + vector(k, 0.1) for k in range(K)])
   rows = arrivals(w0, (0, 2, 0))
@@ -226,8 +225,7 @@ STREAMED = [(n, e) for n, e in PAIRS if algorithms.get(n).streamed_server is not
 def test_a_streamed_rule_folded_in_chunks_is_its_server_update(name, engine):
   """``server_update`` must be the streamed rule's (base.py): the uploads folded in two
   chunks (``start_params`` None, the online rows first) give the one-call round."""
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   rule = alg.streamed_server
   w0 = vector(0)
   uploads = client_uploads(alg, hp, w0, [w0 + vector(k, 0.1) for k in range(4)])
@@ -249,8 +247,7 @@ SEPARABLE = [(n, e) for n, e in PAIRS if algorithms.get(n).separable_penalty]
 
 @pytest.mark.parametrize("name,engine", SEPARABLE)
 def test_a_separable_penalty_is_the_sum_over_pieces(name, engine):
-  del engine
-  alg, hp = algorithms.get(name), hparams(name)
+  alg, hp = algorithms.get(name), hparams(name, engine)
   w0, w = vector(0), vector(1)
   state = {k: vector(10 + i) for i, k in enumerate(sorted(alg.init_client_state(w0)))}
   whole = alg.local_penalty(w, w0, state, hp)
@@ -302,10 +299,9 @@ def test_the_same_seed_gives_the_same_rows_and_model(runs, name, engine):
   np.testing.assert_array_equal(first.state.w, second.state.w)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="asynchronous.driver.hparams "
-                   "leaves Algorithm.hparams out of hp (the round engine adds them)")
 def test_an_algorithms_own_hyperparameter_reaches_it_on_the_virtual_clock():
-  """base.Algorithm.hparams: the declared defaults reach the functions in ``hp``."""
+  """base.Algorithm.hparams: the declared default reaches the functions in ``hp``, and
+  ``hp={...}`` sets it: gamma = 0 (FedAsync's mixing weight) leaves the model at w0."""
   fedasync = algorithms.get("fedasync")
 
   def server_step(w, server_state, upload, one, hp):
@@ -318,9 +314,13 @@ def test_an_algorithms_own_hyperparameter_reaches_it_on_the_virtual_clock():
   algorithms.register(own, replace=True)
   try:
     run = simulate([own.name], "virtual_clock").runs[own.name]
+    still = fa.simulate(async_config.AsyncRunConfig(), algorithm=own.name, hp={"gamma": 0.0},
+                        **CLOCK).runs[own.name]
   finally:
     algorithms._REGISTERED.pop(own.name)  # pylint: disable=protected-access
   assert np.all(np.isfinite(np.asarray(run.state.w)))
+  assert not np.array_equal(np.asarray(run.state.w), np.asarray(run.model[1]))
+  np.testing.assert_array_equal(np.asarray(still.state.w), np.asarray(still.model[1]))
 
 
 @pytest.mark.parametrize("name,engine", REFUSED)

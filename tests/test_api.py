@@ -63,7 +63,7 @@ def test_simulate_writes_nothing_unless_asked_and_returns_rows_state_and_table(i
   result, cwd = in_memory
   assert os.listdir(cwd) == []
   run = result.runs["fedavg"]
-  assert [r["round"] for r in run.rows] == [0, 1]
+  assert [r["round"] for r in run.rows] == [1, 2]  # row r: the model after r rounds
   assert run.summary["final_accuracy"] == run.rows[-1]["test_accuracy"]
   assert "| fedavg |" in result.table() and result.figure is None
   # The state is the final model: its accuracy on the test set, recomputed here with the
@@ -122,7 +122,7 @@ def test_a_callback_sees_every_chunk_and_can_stop_the_run_with_its_checkpoint(tm
   seen = Recorder()
   result = fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[seen],
                        quiet=True)
-  assert seen.calls == [([0, 1], 2, 2), ([2, 3], 4, 4), ([4], 5, 5)]
+  assert seen.calls == [([1, 2], 2, 2), ([3, 4], 4, 4), ([5], 5, 5)]
   stop = Recorder(stop_at=4)
   # Early stopping keeps the result: the rows and state up to the stop, a summary saying
   # so, the checkpoint of round 4 on disk.
@@ -279,14 +279,6 @@ def test_own_data_and_flax_module_through_simulate():
   assert np.mean(np.argmax(np.asarray(logits), -1) == ty) == pytest.approx(
       run.rows[-1]["test_accuracy"], abs=1e-6)
 
-  class WithBatchStats(nn.Module):
-    @nn.compact
-    def __call__(self, h, train: bool = False):
-      return nn.Dense(3)(nn.BatchNorm(use_running_average=not train)(h))
-
-  with pytest.raises(ValueError, match=r"^model: WithBatchStats: model has non-parameter "
-                     "state"):
-    fa.simulate(algorithm="fedavg", data=fed, model=WithBatchStats(), rounds=1, quiet=True)
   with pytest.raises(ValueError, match=r"^data: expected a FederatedData"):
     fa.simulate(algorithm="fedavg", data=[(x, y)], rounds=1, quiet=True)
 
@@ -360,7 +352,7 @@ def test_both_engines_results_read_into_records(in_memory):
   result, _ = in_memory
   records = result.to_records()
   assert len(records) == len(result.runs["fedavg"].rows) == 2
-  assert [r["round"] for r in records] == [0, 1] and {r["run"] for r in records} == {"fedavg"}
+  assert [r["round"] for r in records] == [1, 2] and {r["run"] for r in records} == {"fedavg"}
   assert records[-1]["test_accuracy"] == result.runs["fedavg"].rows[-1]["test_accuracy"]
   (summary,) = result.summary_records()
   assert summary["final_accuracy"] == result.runs["fedavg"].summary["final_accuracy"]
@@ -386,3 +378,103 @@ def test_a_second_identical_simulate_call_compiles_nothing(capsys):
   assert traces[0] <= 1 and traces[2] <= 1 and traces[1] == traces[3] == 0, traces
   out = capsys.readouterr().out
   assert out.count("compiling the round program") <= 1  # the last run reused it
+
+
+class _WithBatchNorm(__import__("flax").linen.Module):
+  """A user's module with batch statistics (a mutable collection)."""
+
+  @__import__("flax").linen.compact
+  def __call__(self, h, train: bool = False):
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    h = nn.Dense(8)(h)
+    h = nn.BatchNorm(use_running_average=not train, momentum=0.5)(h)
+    return nn.Dense(3)(nn.relu(h))
+
+
+def test_batch_statistics_follow_the_running_average_of_the_local_minibatches():
+  """One local step on one minibatch of 20 examples: the BatchNorm mean becomes
+  m * 0 + (1 - m) * mean(x W + b) and the variance m * 1 + (1 - m) * var, from the initial
+  kernel (numpy, by hand); the parameters take plain SGD on the training-mode loss; and
+  evaluation uses the running statistics."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from fedjax_async import client as client_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  from fedjax_async.algorithms import fedavg  # pylint: disable=g-import-not-at-top
+  module = _WithBatchNorm()
+  _, w0, apply_flat = models.user_model(module, (6,), 0)
+  x, y, _, _ = _arrays(n=20)
+  cfg = client_lib.LocalConfig(batch_size=20, max_epochs=1, max_examples=20)
+  hp = {"lr": 0.1, "momentum": 0.0}
+  res = client_lib.train(apply_flat, fedavg.ALGORITHM, w0, {}, x, y, jnp.int32(20),
+                         jax.random.PRNGKey(0), hp, cfg)
+  v0, v1 = apply_flat.params(w0), apply_flat.params(res.w_end)
+  dense = v0["params"]["Dense_0"]
+  h = x @ np.asarray(dense["kernel"]) + np.asarray(dense["bias"])
+  stats = v1["batch_stats"]["BatchNorm_0"]
+  np.testing.assert_allclose(stats["mean"], 0.5 * h.mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats["var"], 0.5 + 0.5 * h.var(0), rtol=1e-5, atol=1e-6)
+
+  def loss(params):  # the training-mode loss, batch statistics from the minibatch
+    logits, _ = module.apply({"params": params, "batch_stats": v0["batch_stats"]}, x,
+                             train=True, mutable=["batch_stats"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  g = jax.grad(loss)(v0["params"])
+  want = jax.tree.map(lambda p, gp: p - 0.1 * gp, v0["params"], g)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(v1["params"])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # evaluation: the running statistics, not the batch's
+  ev = module.apply({"params": v1["params"], "batch_stats": v1["batch_stats"]}, x[:3])
+  np.testing.assert_allclose(apply_flat(res.w_end, x[:3]), ev, rtol=1e-5, atol=1e-6)
+
+
+def test_own_data_batch_norm_module_and_swept_algorithm_on_every_engine(tmp_path):
+  """The issue's scenario without internals: numpy arrays federated by Dirichlet, a user
+  Flax module with BatchNorm and a user algorithm with its own hyper-parameter, swept over
+  two values and two seeds as one computation; the same module and data on the virtual
+  clock; FedEDS through ``fa.simulate``; every Result read into records the same way."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  x, y, tx, ty = _arrays(2)
+  fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.5)
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    del round_index
+    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+    return w + hp["eta"] * jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n), server_state, {}
+
+  mine = base.Algorithm(name="bn_fedavg", local_penalty=base.no_penalty,
+                        client_final=base.delta_upload, server_update=server_update,
+                        hparams=(("eta", 1.0),))
+  result = fa.simulate(algorithm=mine, data=fed, model=_WithBatchNorm(), rounds=3,
+                       quiet=True, seeds=[0, 1], sweep={"eta": [0.0, 1.0]})
+  assert len(result.runs) == 4
+  frozen = result.runs["bn_fedavg/eta=0_seed=0"]
+  moved = result.runs["bn_fedavg/eta=1_seed=0"]
+  # eta = 0: the server never moves, batch statistics included (the initial 0 and 1)
+  stats = result.final_model("bn_fedavg/eta=0_seed=0")["batch_stats"]["BatchNorm_0"]
+  assert np.all(np.asarray(stats["mean"]) == 0) and np.all(np.asarray(stats["var"]) == 1)
+  moved_stats = result.final_model("bn_fedavg/eta=1_seed=0")["batch_stats"]["BatchNorm_0"]
+  assert np.all(np.asarray(moved_stats["var"]) != 1)  # averaged clients' statistics
+  assert frozen.summary["final_accuracy"] != moved.summary["final_accuracy"]
+  clock = fa.simulate(fa.AsyncRunConfig(), algorithm="fedasync", data=fed,
+                      model=_WithBatchNorm(), num_updates=6)
+  clock_stats = clock.final_model()["batch_stats"]["BatchNorm_0"]
+  assert np.all(np.asarray(clock_stats["var"]) != 1)
+  fededs = fa.simulate(fededs_config.FedEDSRunConfig().replace(
+      **{**fededs_config.QUICK, "variants": "base", "rounds": 2, "train_subset": 200,
+         "test_subset": 100, "privacy": False, "utility_epochs": 0,
+         "output_dir": str(tmp_path / "fededs")}))
+  for res, engine_keys in ((result, {"round"}), (clock, {"event", "virtual_time"}),
+                           (fededs, {"round"})):
+    records, summaries = res.to_records(), res.summary_records()
+    assert records and len(records) == sum(len(r.rows) for r in res.all_runs().values())
+    assert all(engine_keys <= set(r) and {"run", "algorithm"} <= set(r) for r in records)
+    for s in summaries:  # one shape of summary on every engine
+      assert {"final_accuracy", "best_accuracy", "last10_mean_accuracy",
+              "average_best_accuracy"} <= set(s), s
+      assert s["best_accuracy"] >= s["final_accuracy"]
+  assert [r["round"] for r in fededs.to_records()] == [1, 2]  # counted from 1 everywhere

@@ -85,7 +85,7 @@ def test_round_trip_restores_every_array_and_the_rows(tmp_path):
   state = state._replace(round=jnp.int32(7), w=state.w * 2.5,
                          client_state={k: v + i for i, (k, v) in
                                        enumerate(state.client_state.items())})
-  rows = [{"round": 0, "test_accuracy": None, "online": 3}, {"round": 1, "train_loss": 0.5}]
+  rows = [{"round": 1, "test_accuracy": None, "online": 3}, {"round": 2, "train_loss": 0.5}]
   c = ckpt_lib.Checkpointer(str(tmp_path / "ck"), max_to_keep=2)
   c.save(7, state, rows, {"lr": 0.1})
   template = engine.init_state(alg, jnp.zeros(6), num_clients=4, ring_size=3, seed=0)
@@ -160,7 +160,7 @@ def test_resume_with_more_rounds_extends_a_finished_run(reference, tmp_path):
   assert "resuming from the checkpoint of round 20" in res.stdout
   assert "extending its 20 rounds to 40" in res.stdout
   got, want = read_rows(tmp_path / "metrics.jsonl"), read_rows(reference / "metrics.jsonl")
-  assert [r["round"] for r in got] == list(range(ROUNDS))
+  assert [r["round"] for r in got] == list(range(1, ROUNDS + 1))
   for a, b in zip(got, want):
     for k in ("train_loss", "test_accuracy", "online", "delayed"):
       assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["round"], k)
@@ -257,7 +257,7 @@ def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path
   assert len(good.rows) == 6
   c.close()
   rows = read_rows(tmp_path / "metrics.jsonl")
-  assert [r["round"] for r in rows] == list(range(6))  # rounds 0..5 were fine
+  assert [r["round"] for r in rows] == list(range(1, 7))  # rounds 1..6 were fine
   # --resume continues from that checkpoint (and diverges again, in the same round).
   res = run(args + [f"--output_dir={tmp_path}", "--resume"])
   assert "resuming from the checkpoint of round 6" in res.stdout, res.stdout[-2000:]
@@ -309,7 +309,7 @@ def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
   ck.close()
   # TensorBoard holds every round of the checkpoint (written before it, and synced)
   steps = [s for s, _ in tb_scalars(tmp_path / "tb", "train_loss")]
-  assert steps[:last] == list(range(last))
+  assert steps[:last] == list(range(1, last + 1))  # TensorBoard steps: rounds from 1
 
 
 def test_a_signal_within_deferred_is_raised_when_the_block_ends():

@@ -396,7 +396,7 @@ def test_fededs_table_resumes_an_interrupted_grid_to_the_uninterrupted_result(tm
                         for l in open(path)]
   resumed, uninterrupted = strip(out / "rows.jsonl"), strip(tmp_path / "ref" / "rows.jsonl")
   assert [(r["variant"], r["round"]) for r in resumed] == [
-      ("base", 0), ("base", 1), ("base", 2), ("fededs", 0), ("fededs", 1), ("fededs", 2)]
+      ("base", 1), ("base", 2), ("base", 3), ("fededs", 1), ("fededs", 2), ("fededs", 3)]
   assert resumed == uninterrupted
   assert (out / "table.md").read_text() == (tmp_path / "ref" / "table.md").read_text()
   again = script(FEDEDS, args + [f"--output_dir={out}", "--overwrite"])  # starts over

@@ -54,7 +54,7 @@ def test_help_shows_the_main_flags_with_their_defaults_in_a_short_page():
           "local_epochs", "output_dir", "flagfile"]
   shown, _ = mentioned(out.stdout)
   assert shown == main, shown
-  defaults = config.flag_specs()
+  defaults = config.flag_specs(config.RunConfig)
   for name in main[:-1]:  # each with its default (flagfile has none)
     line = next(l for l in lines if l.startswith(f"  --{name}:"))
     text = " ".join(lines[lines.index(line):lines.index(line) + 3])
@@ -83,7 +83,7 @@ def test_helpfull_of_run_py_lists_every_engines_flags_once_grouped_by_part():
   assert [s.split(":", 1)[0] for s in sections] == ["the round engine", "the virtual clock",
                                                     "FedEDS"]
   fededs_own = ["quick", "algorithm", "fededs", "fededs_ablation", "fededs_compare_base"]
-  expected = [_engine_flags(None, PROCESS_FLAGS),
+  expected = [_engine_flags(config.RunConfig, PROCESS_FLAGS),
               _engine_flags(async_config.AsyncRunConfig),
               _engine_flags(fededs_config.FedEDSRunConfig, fededs_own)]
   for section, want in zip(sections, expected):
@@ -113,8 +113,8 @@ def test_helpfull_of_each_driver_is_its_project_flags_once(name, own):
   assert len(out.stdout.splitlines()) <= 300
   assert not any(f in out.stdout for f in LIBRARY_FLAGS)
   full, _ = mentioned(out.stdout)
-  want = {"sweep": _engine_flags(None, PROCESS_FLAGS),
-          "pafed_table": _engine_flags(None, PROCESS_FLAGS),
+  want = {"sweep": _engine_flags(config.RunConfig, PROCESS_FLAGS),
+          "pafed_table": _engine_flags(config.RunConfig, PROCESS_FLAGS),
           "async_family": _engine_flags(async_config.AsyncRunConfig),
           "fededs_table": _engine_flags(fededs_config.FedEDSRunConfig)}[name] | set(own)
   want |= {"flagfile", "help", "helpfull"}

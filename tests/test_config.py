@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from fedjax_async import cli
 from fedjax_async import config
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.rounds.timeline import DelayConfig
@@ -52,21 +53,21 @@ def test_an_error_names_the_field_by_its_path_and_the_cli_by_its_flag(fields, pa
   with pytest.raises(config.ConfigError) as e:
     config.validate(config.RunConfig().replace(**fields))
   assert e.value.path == path and str(e.value).startswith(f"{path}: ")
-  assert config.as_flags(str(e.value)).startswith(f"{flag}: ")
-  assert config.flag_specs()[flag[2:]].path == path
+  assert cli.as_flags(str(e.value)).startswith(f"{flag}: ")
+  assert config.flag_specs(config.RunConfig)[flag[2:]].path == path
 
 
 def test_a_delay_error_and_an_unknown_key_name_their_field():
   with pytest.raises(ValueError, match=r"^delay\.fraction: must be in \[0, 1\], got 2"):
     config.RunConfig().replace(delay_fraction=2.0)
-  assert config.as_flags("delay.fraction: must be in [0, 1]") == (
+  assert cli.as_flags("delay.fraction: must be in [0, 1]") == (
       "--delay_fraction: must be in [0, 1]")
   with pytest.raises(config.ConfigError, match="^lrr: not a RunConfig field; did you mean"):
     config.RunConfig().replace(lrr=0.1)
 
 
 def test_every_field_is_one_flag_with_its_default_and_type():
-  specs = config.flag_specs()
+  specs = config.flag_specs(config.RunConfig)
   paths = [s.path for s in specs.values()]
   fields = {f"{part.name}.{f.name}" for part in dataclasses.fields(config.RunConfig)
             for f in dataclasses.fields(type(part.default))}
@@ -137,7 +138,7 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
   with pytest.raises(config.ConfigError) as e:
     driver.validate(clock.replace(concurrency=20))
   assert str(e.value) == "clock.concurrency: must be in [1, data.num_clients=10], got 20"
-  assert config.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
+  assert cli.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
                                            "got 20")
   # FedEDS: the flags of experiments/fededs_table.py (besides --quick), one per field
   # (each with its help: test_every_field_of_every_engine_is_one_flag_with_help)
@@ -153,8 +154,8 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
       experiment.validate(fededs().replace(**fields))
   said = store.mismatch({"lr": 0.01, "alphas": "0.1"}, {"lr": 0.02, "alphas": "0.5"})
   assert said == "training.lr=0.01 (now 0.02)"  # the grid may change on resumption
-  assert config.as_flags(said) == "--lr=0.01 (now 0.02)"
-  assert config.as_flags("alg1.unet_width=4 (now 16)") == "--unet_width=4 (now 16)"
+  assert cli.as_flags(said) == "--lr=0.01 (now 0.02)"
+  assert cli.as_flags("alg1.unet_width=4 (now 16)") == "--unet_width=4 (now 16)"
   with pytest.raises(config.ConfigError, match=r"^algorithm\.names: lists an algorithm more"):
     driver.validate(clock.replace(algorithm="fedasync,fedbuff,fedasync"))
   with pytest.raises(config.ConfigError, match=r"^algorithm\.mix_alpha: needs distinct"):
@@ -192,7 +193,7 @@ def test_a_part_built_alone_has_runconfigs_defaults():
 def test_rho_has_one_meaning_across_the_engines():
   """--rho is FedADMM's / PAFed's penalty; double compensation's FedProx weight is
   --dc_rho, so a flag file of one engine cannot set the other's by the same name."""
-  rounds, clock = config.flag_specs(), config.flag_specs(async_config.AsyncRunConfig)
+  rounds, clock = config.flag_specs(config.RunConfig), config.flag_specs(async_config.AsyncRunConfig)
   assert rounds["rho"].path == "algorithm.rho" and "rho" not in clock
   assert clock["dc_rho"].default == 1.0 and "dc_rho" not in rounds
   for name in set(rounds) & set(clock):  # a flag of both engines: the same field

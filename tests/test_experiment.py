@@ -63,7 +63,7 @@ def test_metrics_rows_have_documented_keys(all_algorithms):
   out, _ = all_algorithms
   for alg in ALGS:
     rows = read_rows(out / alg / "metrics.jsonl")
-    assert [r["round"] for r in rows] == list(range(ROUNDS))
+    assert [r["round"] for r in rows] == list(range(1, ROUNDS + 1))
     for r in rows:
       assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
       # 10 sampled per round (0.34 * 30), round(0.3 * 10) = 3 of them delayed.
@@ -146,7 +146,7 @@ def test_clients_split_over_four_cpu_devices_give_the_unsharded_run(all_algorith
   assert res.returncode == 0, res.stderr[-3000:]
   assert "resuming from the checkpoint of round 10" in res.stdout
   resumed = read_rows(tmp_path / "pafed" / "metrics.jsonl")
-  assert [r["round"] for r in resumed] == list(range(ROUNDS))
+  assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
   for a, b in zip(full[10:], resumed[10:]):
     assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4, abs=1e-5)
     assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], rel=1e-4, abs=1e-5)
@@ -335,7 +335,7 @@ def test_rerun_into_a_run_directory_is_refused_before_any_work_unless_resume_or_
   assert "resuming" not in over.stdout
   assert (tmp_path / "notes.txt").read_text() == "mine"
   assert sorted(os.listdir(tmp_path / "fedavg" / "checkpoints")) == ["2", "4"]
-  assert [r["round"] for r in read_rows(tmp_path / "fedavg" / "metrics.jsonl")] == [0, 1, 2, 3]
+  assert [r["round"] for r in read_rows(tmp_path / "fedavg" / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 def _run_module():

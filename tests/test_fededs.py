@@ -317,11 +317,11 @@ def test_run_engine_annealing_and_transfer(generation, tmp_path):
   ckpt.save(2, mid[0][0], mid[0][1], {"run": "toy"})
   restored = ckpt.restore(fededs.init_state(alg, w0, N))
   ckpt.close()
-  assert restored.round == 2 and [r["round"] for r in restored.rows] == [0, 1]
+  assert restored.round == 2 and [r["round"] for r in restored.rows] == [1, 2]
   state2, rows2 = fededs.run(apply_flat, alg, w0, data, tl, base_hp, CFG, anneal=True,
                              share=True, rounds_per_call=2,
                              state=jax.tree.map(jnp.asarray, restored.state))
-  assert [r["round"] for r in rows2] == [2, 3]
+  assert [r["round"] for r in rows2] == [3, 4]
   for a, b in zip(rows[2:], rows2):
     assert (a["local_epochs"], a["client_steps"]) == (b["local_epochs"], b["client_steps"])
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_async import client as client_lib
+from fedjax_async import cli
 from fedjax_async import config
 from fedjax_async import models
 from fedjax_async.algorithms import fedavg, fedprox
@@ -150,10 +151,10 @@ def test_a_bad_precision_names_the_field_and_the_flag():
   with pytest.raises(config.ConfigError) as e:
     config.validate(config.RunConfig().replace(precision="fp16"))
   assert str(e.value) == "local.precision: must be one of float32, tf32, bf16, got 'fp16'"
-  assert config.as_flags(str(e.value)).startswith("--precision: must be one of")
+  assert cli.as_flags(str(e.value)).startswith("--precision: must be one of")
   with pytest.raises(ValueError, match="^local.precision: must be one of"):
     client_lib.LocalConfig(precision="half")
-  assert config.flag_specs()["precision"].choices == ("float32", "tf32", "bf16")
+  assert config.flag_specs(config.RunConfig)["precision"].choices == ("float32", "tf32", "bf16")
 
 
 def test_the_round_engine_and_sweeps_train_in_the_configured_precision(monkeypatch):

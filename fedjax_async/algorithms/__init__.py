@@ -73,6 +73,15 @@ def names(engine: Optional[str] = None) -> Tuple[str, ...]:
   return built_in + tuple(n for n, a in _REGISTERED.items() if engine in (None, a.engine))
 
 
+def names_on(engine: str) -> Tuple[str, ...]:
+  """The algorithms an engine runs: its own, and on the virtual clock also every round
+  rule whose clients keep no state (each arrival applied as a round of one update)."""
+  own = names(engine)
+  if engine != "virtual_clock":
+    return own
+  return own + tuple(n for n in names("rounds") if not get(n).client_state_keys)
+
+
 def engine_of(name: str) -> str:
   """``"rounds"`` or ``"virtual_clock"``: the engine that runs ``name``."""
   _check(name)

@@ -14,14 +14,19 @@ import math
 from typing import Optional
 
 from fedjax_async import algorithms
-from fedjax_async.config import DataConfig, FlatKeys, ModelConfig, option
+from fedjax_async.config import DataConfig, ModelConfig
+from fedjax_async.flatkeys import FlatKeys, option
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncAlgorithmConfig:
   """Which algorithms run, and the servers' hyperparameters (docs/async.md)."""
   names: str = option("fedasync", "Comma list of "
-                      + ", ".join(algorithms.names("virtual_clock")) + ".", flag="algorithm")
+                      + ", ".join(algorithms.names("virtual_clock")) + ", or a round rule "
+                      "whose clients keep no state (fedavg, fedprox, fednova: each arrival a "
+                      "round of one).", flag="algorithm")
+  hp: str = option("", "The algorithms' own hyper-parameters (Algorithm.hparams), "
+                   "name=value,... (simulate(hp={...}) takes a dict).")
   mu: float = option(0.0, "FedAsync / FedBuff proximal coefficient mu.")
   mix_alpha: str = option("0.6", "FedAsync's a (comma list to sweep).")
   staleness_fn: str = option("hinge", "constant | polynomial | hinge (FedAsync).")

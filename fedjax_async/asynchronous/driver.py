@@ -57,42 +57,16 @@ RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 
 
-@dataclasses.dataclass
-class Run:
-  """One run: ``summary`` (summary.json), ``rows`` (one per kept arrival), the final
-  ``AsyncState`` (``state.w``; None for a finished run read back from its folder)."""
-  summary: dict
-  rows: List[dict]
-  state: Optional[async_engine.AsyncState]
+Run = results.Run  # (summary, rows: one per kept arrival, final AsyncState, model)
+Result = results.Result  # by_seed[seed][run name] with several seeds
 
 
-@dataclasses.dataclass
-class Result(results.Records):
-  """The runs of one invocation: ``by_seed[seed][run name]``; ``runs`` those of the first
-  seed; ``diverged`` "run (seed s)" -> why; ``figure`` the last curves.png written;
-  ``to_records()`` / ``to_pandas()``: every run's rows (runs named ``<run>/seed=<s>``
-  with several seeds)."""
-  config: AsyncRunConfig
-  by_seed: Dict[int, Dict[str, Run]]
-  diverged: Dict[str, str] = dataclasses.field(default_factory=dict)
-  figure: Optional[str] = None
-
-  @property
-  def runs(self) -> Dict[str, Run]:
-    return next(iter(self.by_seed.values()))
-
-  def all_runs(self) -> Dict[str, Run]:
-    if len(self.by_seed) == 1:
-      return self.runs
-    return {f"{name}/seed={seed}": run for seed, runs in self.by_seed.items()
-            for name, run in runs.items()}
-
-  def table(self) -> str:
-    """Markdown: the runs compared (one seed), or mean +- std over the seeds."""
-    if len(self.by_seed) > 1:
-      return report.seed_table({s: [r.summary for r in runs.values()]
-                                for s, runs in self.by_seed.items()})
-    return report.comparison_table([r.summary for r in self.runs.values()])
+def _table(result: Result) -> str:
+  """Markdown: the runs compared (one seed), or mean +- std over the seeds."""
+  if len(result.by_seed) > 1:
+    return report.seed_table({s: [r.summary for r in runs.values()]
+                              for s, runs in result.by_seed.items()})
+  return report.comparison_table([r.summary for r in result.runs.values()])
 
 
 def parse_floats(text: str, field: str) -> List[float]:
@@ -123,9 +97,13 @@ def validate(cfg: AsyncRunConfig):
   the field at fault."""
   a, c, p, r = cfg.algorithm, cfg.clock, cfg.privacy, cfg.run
   names = a.names.split(",")
-  choices = algorithms.names("virtual_clock")
+  choices = algorithms.names_on("virtual_clock")
   for n in names:
     check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
+  declared = {k for n in names for k, _ in algorithms.get(n).hparams}
+  for k in config_lib.parse_hp(a.hp):
+    check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
+          f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
   check(len(set(names)) == len(names), "algorithm.names",
         f"lists an algorithm more than once: {a.names!r}")
   seeds_of(cfg)
@@ -238,9 +216,12 @@ def run_list(cfg: AsyncRunConfig, names: Sequence[str]):
   return runs
 
 
-def hparams(cfg: AsyncRunConfig, mix_alpha: float) -> Dict[str, float]:
-  """The traced scalar hyperparameters of a run."""
+def hparams(cfg: AsyncRunConfig, mix_alpha: float, algorithm=None) -> Dict[str, float]:
+  """The traced scalar hyperparameters of a run: the common ones, then ``algorithm``'s own
+  (``Algorithm.hparams``) with the values of ``algorithm.hp``."""
   a, p = cfg.algorithm, cfg.privacy
+  own = dict(getattr(algorithm, "hparams", ()))
+  own.update({k: v for k, v in config_lib.parse_hp(a.hp).items() if k in own})
   return {"lr": cfg.local.lr, "momentum": cfg.local.momentum, "mu": a.mu,
           "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
           "poly_a": a.poly_a, "hinge_a": a.hinge_a, "hinge_b": a.hinge_b,
@@ -248,7 +229,7 @@ def hparams(cfg: AsyncRunConfig, mix_alpha: float) -> Dict[str, float]:
           "fedbuff_staleness": float(a.fedbuff_staleness), "rho": a.dc_rho,
           "dc_lambda": a.dc_lambda, "dc_lambda_t": a.dc_lambda_t,
           "loss_threshold": a.loss_threshold, "beta": a.beta, "dp_epsilon": p.dp_epsilon,
-          "dp_clip": p.dp_clip, "dp_delta": p.dp_delta, "dp_noise_multiplier": 0.0}
+          "dp_clip": p.dp_clip, "dp_delta": p.dp_delta, "dp_noise_multiplier": 0.0, **own}
 
 
 def run_config(cfg: AsyncRunConfig, run_name: str) -> dict:
@@ -259,20 +240,32 @@ def run_config(cfg: AsyncRunConfig, run_name: str) -> dict:
   return {"run": run_name, **{k: flat[k] for k in sorted(flat) if k not in RESUME_FREE_FIELDS}}
 
 
-def load(cfg: AsyncRunConfig, pruned: bool = False):
+def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input_shape=None):
   """The data and the model (name, w0, apply_flat, params, and when ``pruned``
-  (PrivaAsyncFed) its layers in call order for the sub-model masks)."""
+  (PrivaAsyncFed) its layers in call order for the sub-model masks); ``fed`` / ``module``
+  (a flax module on ``input_shape``, default the data's): the caller's own."""
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  try:
-    fed = experiment.load_data(cfg)
-  except (OSError, RuntimeError) as e:  # their messages name the field or the file
-    raise ValueError(str(e)) from None
-  name, w0, apply_flat = experiment.build_model(cfg, fed)
-  input_shape = tuple(fed.x.shape[2:])
-  model = models.get_model(name, fed.num_classes, input_shape)
-  params = models.init_params(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
+  if fed is None:
+    try:
+      fed = experiment.load_data(cfg)
+    except (OSError, RuntimeError) as e:  # their messages name the field or the file
+      raise ValueError(str(e)) from None
+  input_shape = tuple(input_shape or fed.x.shape[2:])
+  if module is not None:
+    try:
+      name, w0, apply_flat = models.user_model(module, input_shape, cfg.run.seed)
+    except ValueError as e:
+      raise config_lib.ConfigError("model", str(e).removeprefix("model: ")) from None
+    model = module
+  else:
+    name, w0, apply_flat = experiment.build_model(cfg, fed)
+    model = models.get_model(name, fed.num_classes, input_shape)
+  params = apply_flat.params(w0) if hasattr(apply_flat, "params") else None
   order = None
   if pruned:
+    if module is not None or apply_flat.collections:
+      raise config_lib.ConfigError("model", "PrivaAsyncFed's sub-models need one of the "
+                                   "project's models (--model), not a user module")
     from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
     order = privaasyncfed.call_order(model, input_shape)
   return fed, (name, w0, apply_flat, params, order)
@@ -361,7 +354,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   if out_dir is not None:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2, default=str)
-  return Run(summary, host.rows, state)
+  return Run(summary, host.rows, state, (model_name, w0, apply_flat))
 
 
 class _GroupLoop(loop.HostLoop):
@@ -453,27 +446,30 @@ def prepare(cfg: AsyncRunConfig, runs, seeds):
 
 
 def simulate(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
-             **fields) -> Result:
+             fed_data=None, module=None, input_shape=None, **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma list) on the virtual clock, once per seed.
 
   ``fields`` replace fields by their flat keys (``num_updates=50``). Raises
   ``config.ConfigError`` naming the field at fault and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after a checkpoint); a run that diverges is left
   out (``Result.diverged``). ``callbacks``: ``loop.Callback``s after every compiled chunk
-  of every run."""
+  of every run. ``fed_data`` (a ``FederatedData``) and ``module`` (a flax module,
+  ``input_shape`` defaulting to the data's) replace the configured data set and model."""
   cfg = privaasyncfed_defaults((config or AsyncRunConfig()).replace(**fields))
   names, scales, clock = validate(cfg)
   sharding.select_devices(cfg.run.devices)
   runs, seeds = run_list(cfg, names), seeds_of(cfg)
   prepare(cfg, runs, seeds)
-  result = Result(cfg, {})
+  result = Result(cfg, {}, tabulate=_table)
   for seed in seeds:
     out_dir = cfg.output.output_dir
     if out_dir is not None and len(seeds) > 1:
       out_dir = os.path.join(out_dir, f"seed{seed}")
     seed_cfg = cfg.replace(seed=seed)
     result.by_seed[seed] = run_seed(seed_cfg, runs, "privaasyncfed" in names, scales, clock,
-                                    out_dir, callbacks, result)
+                                    out_dir, callbacks, result, (fed_data, module, input_shape))
+    if len(result.by_seed) == 1:
+      result.runs = result.by_seed[seed]
   if len(seeds) > 1 and cfg.output.output_dir is not None:
     with open(os.path.join(cfg.output.output_dir, "comparison.md"), "w") as f:
       f.write(result.table() + "\n")
@@ -499,10 +495,11 @@ def plot_seeds(cfg: AsyncRunConfig, result: Result):
 
 
 def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, callbacks,
-             result: Result) -> Dict[str, Run]:
-  """Every run of ``runs`` at run.seed (files under ``out_dir``, None: none)."""
+             result: Result, own=(None, None, None)) -> Dict[str, Run]:
+  """Every run of ``runs`` at run.seed (files under ``out_dir``, None: none); ``own``:
+  the caller's (data, flax module, input shape), None for the configured ones."""
   print(f"loading {cfg.data.dataset} (seed {cfg.run.seed}) ...", flush=True)
-  fed, model = load(cfg, pruned)
+  fed, model = load(cfg, pruned, *own)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
         f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}", flush=True)
   devices = sharding.select_devices(cfg.run.devices)
@@ -517,7 +514,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
       print(f"[{run_name}] read back from {out} (finished, same configuration)", flush=True)
     else:
       try:
-        run = run_one(cfg, run_name, algo, hparams(cfg, alpha), clock, scales, fed, model,
+        run = run_one(cfg, run_name, algo, hparams(cfg, alpha, algorithms.get(algo)), clock, scales, fed, model,
                       out, callbacks)
       except engine.Diverged as e:
         print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)

@@ -20,9 +20,9 @@ from the model current at its dispatch: the same numbers as a plain event loop (
 ``tests/test_async.py``). Groups are padded to a fixed size G (masked slots neither train
 usefully nor touch the model), so a whole run is one compiled step scanned over groups.
 
-``train_local`` is ``client.train`` (same keys, shuffles and optax SGD-momentum step) plus
-three hooks the asynchronous family needs, all switched by the algorithm's static flags
-and traced hyperparameters, never per-client Python branches:
+``train_local`` calls ``client.train`` (the one local-training loop) with three options
+the asynchronous family needs, all switched by the algorithm's static flags and traced
+hyperparameters, never per-client Python branches:
 
 * a parameter mask (HeteroFL-style pruning, PrivaAsyncFed Eq. 10): the client trains
   ``w * mask``; gradients and noise are masked, so pruned coordinates stay 0;
@@ -32,6 +32,7 @@ and traced hyperparameters, never per-client Python branches:
   ``'batch'``);
 * a loss threshold (double compensation, Guo et al. Alg. 1 lines 15-18): a step whose
   minibatch loss (with the proximal term) is <= v stops the client; later steps are masked.
+  ``train_loss`` reports the data loss alone, as on the round engine.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_async import client as client_lib
+from fedjax_async import compilation
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import ops
 from fedjax_async import privacy
@@ -111,10 +112,7 @@ class AsyncConfig:
 # --------------------------------------------------------------------- local training
 
 
-def clip_by_norm(g, clip):
-  """g / max(1, ||g||_2 / C) (PrivaAsyncFed Eq. 17 / Alg. 1 line 20)."""
-  norm = jnp.sqrt(jnp.vdot(g, g))
-  return g / jnp.maximum(1.0, norm / clip)
+clip_by_norm = client_lib.clip_by_norm
 
 
 def noise_std(hp, num_examples, cfg: AsyncConfig):
@@ -136,83 +134,16 @@ def noise_std(hp, num_examples, cfg: AsyncConfig):
 def train_local(apply_flat: Callable, algorithm: base.Algorithm, w_start, mask, x, y,
                 num_examples, key, hp, cfg: AsyncConfig,
                 client_index=None) -> client_lib.ClientResult:
-  """One client's local training (vmap over clients); see the module docstring.
-
-  ``x``, ``y``: the client's examples ``[M, ...]``, or with ``client_index`` every
-  client's ``[N, M, ...]`` (as in ``client.train``: minibatches read in place).
-
-  With ``mask`` all ones, no DP and no threshold this is ``client.train`` step for step
-  (same key split, shuffles, minibatches and optimiser).
-  """
-  lcfg = cfg.local
-  k_init, k_drop = jax.random.split(key)
-  k_noise = jax.random.fold_in(key, 0x0D15)
-  init = client_lib.client_init(k_init, num_examples, lcfg, hp.get("local_epochs"))
-  budget = client_lib.step_budget(init, lcfg)
-  opt = client_lib.local_optimizer(hp, lcfg)
-  w0 = w_start * mask
-  sigma = noise_std(hp, num_examples, cfg) if algorithm.dp else jnp.float32(0.0)
-  threshold = hp["loss_threshold"] if algorithm.early_stop else -jnp.inf
-
-  def loss_fn(w, xb, yb, m, rng):
-    logits = apply_flat(w, xb, train=True, rng=rng)
-    return (client_lib.masked_cross_entropy(logits, yb, m)
-            + algorithm.local_penalty(w, w0, {}, hp))
-
-  def per_example_grad(w, xb, yb, m, rng):
-    """mean_i clip(grad CE_i) over the batch's real rows + grad of the penalty."""
-
-    def one(xi, yi, i):
-      r = jax.random.fold_in(rng, i)
-      f = lambda w: client_lib.masked_cross_entropy(
-          apply_flat(w, xi[None], train=True, rng=r), yi[None], jnp.ones((1,), bool))
-      return clip_by_norm(jax.grad(f)(w) * mask, hp["dp_clip"])
-
-    gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
-    mf = m.astype(gs.dtype)
-    g = jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
-    return g + jax.grad(algorithm.local_penalty)(w, w0, {}, hp)
-
-  def step(carry, s):
-    w, opt_state, loss_sum, done, steps = carry
-    rows, m = client_lib.step_minibatch(init, s, num_examples, lcfg)
-    xb, yb = client_lib.minibatch(x, y, rows, client_index)
-    rng = jax.random.fold_in(k_drop, s)
-    if algorithm.dp and cfg.dp_clip_mode == "example":
-      loss = loss_fn(w, xb, yb, m, rng)
-      g = per_example_grad(w, xb, yb, m, rng)
-    else:
-      loss, g = jax.value_and_grad(loss_fn)(w, xb, yb, m, rng)
-      g = g * mask
-      if algorithm.dp:
-        g = clip_by_norm(g, hp["dp_clip"])
-    done = done | (loss <= threshold)
-    updates, new_opt_state = opt.update(g, opt_state, w)
-    new_w = optax.apply_updates(w, updates)
-    if algorithm.dp:
-      noise = jax.random.normal(jax.random.fold_in(k_noise, s), w.shape, w.dtype)
-      new_w = new_w + sigma * noise * mask
-    active = (s < budget) & ~done
-    w = jnp.where(active, new_w, w)
-    opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-    return (w, opt_state, loss_sum + jnp.where(active, loss, 0.0), done,
-            steps + active.astype(jnp.int32)), None
-
-  # A while loop over the client's own budget that also ends at the early stop (under vmap:
-  # until every client of the group has ended), not a scan over lcfg.max_steps.
-  carry = (w0, opt.init(w0), jnp.float32(0.0), jnp.bool_(False), jnp.int32(0))
-  limit = jnp.minimum(budget, lcfg.max_steps)
-
-  def running(c):
-    s, (_, _, _, done, _) = c
-    return (s < limit) & ~done
-
-  def body(c):
-    s, inner = c
-    return s + 1, step(inner, s)[0]
-
-  _, (w_end, _, loss_sum, _, steps) = jax.lax.while_loop(running, body, (jnp.int32(0), carry))
-  return client_lib.ClientResult(w_end, steps, loss_sum / jnp.maximum(steps, 1))
+  """One client's local training (vmap over clients): ``client.train`` from
+  ``w_start * mask``, with the algorithm's client hooks (DP clipping and noise, the early
+  stop at ``hp['loss_threshold']``) as its options."""
+  privatize = None
+  if algorithm.dp:
+    privatize = client_lib.Privatize(hp["dp_clip"], noise_std(hp, num_examples, cfg),
+                                     cfg.dp_clip_mode == "example")
+  return client_lib.train(apply_flat, algorithm, w_start, {}, x, y, num_examples, key, hp,
+                          cfg.local, client_index, mask=mask, privatize=privatize,
+                          stop_below=hp["loss_threshold"] if algorithm.early_stop else None)
 
 
 # ------------------------------------------------------------------------- the engine
@@ -315,6 +246,7 @@ def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData
 
 
 def make_runner(apply_flat: Callable, algorithm: base.Algorithm, cfg: AsyncConfig):
+  compilation.enable()
   fn = functools.partial(run_groups, apply_flat=apply_flat, algorithm=algorithm, cfg=cfg)
   return jax.jit(fn, donate_argnums=(0,))
 

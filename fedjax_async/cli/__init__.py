@@ -8,12 +8,12 @@ dataclasses; importing this package does not load JAX.
 """
 
 from fedjax_async.cli import help  # --help and --helpfull  # pylint: disable=redefined-builtin
-from fedjax_async.cli.commands import (SWEEP_UNSUPPORTED_FLAGS, as_flags, check_sweep_flags,
+from fedjax_async.cli.commands import (SWEEP_UNSUPPORTED_FLAGS, check_sweep_flags,
                                        data_main,
                                        define_data_flags, define_sweep_flags, join_processes,
                                        main_from_flags, quiet_library_logs, sweep_main_from_flags,
                                        sweeps_from_flags)
-from fedjax_async.cli.run_flags import (HINTS, check_flag, check_names, config_from_flags,
+from fedjax_async.cli.run_flags import (HINTS, as_flags, check_flag, check_names, config_from_flags,
                                         define_config_flags, define_run_flags, did_you_mean,
                                         parse_flags, unknown_flag_message)
 

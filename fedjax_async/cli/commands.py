@@ -11,13 +11,8 @@ from typing import Dict, List
 from absl import flags
 
 from fedjax_async.cli import help as help_lib
-from fedjax_async.cli.run_flags import config_from_flags, parse_flags
+from fedjax_async.cli.run_flags import as_flags, config_from_flags, parse_flags
 
-
-def as_flags(message: str) -> str:
-  """``config.as_flags``: the library's field paths in ``message`` as flags."""
-  from fedjax_async import config  # pylint: disable=g-import-not-at-top
-  return config.as_flags(message)
 
 def quiet_library_logs(FLAGS):
   """orbax logs every checkpoint step at INFO through absl; keep the progress lines

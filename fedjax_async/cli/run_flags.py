@@ -4,6 +4,7 @@ shared by ``experiments/`` and ``benchmarks/`` (one ``error:`` line per mistake)
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from typing import Dict, List
 
@@ -14,6 +15,22 @@ from fedjax_async.cli import help as help_lib
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.
 HINTS: Dict[str, str] = {}
+
+
+def as_flags(message: str) -> str:
+  """``message`` with each field path replaced by its flag: ``local.lr: must be > 0`` ->
+  ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
+  ``RunConfig``, the virtual clock's ``AsyncRunConfig`` and FedEDS's
+  ``FedEDSRunConfig``."""
+  from fedjax_async import config  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
+  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
+  by_path = {spec.path: name for cls in (config.RunConfig, async_config.AsyncRunConfig,
+                                         fededs_config.FedEDSRunConfig)
+             for name, spec in config.flag_specs(cls).items()}
+  return re.sub(r"\b[a-z_][a-z_0-9]*\.[a-z_0-9]+\b",
+                lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
+                message)
 
 
 def check_flag(condition: bool, flag: str, message: str):
@@ -133,7 +150,7 @@ def define_config_flags(config_class=None):
   from fedjax_async import config  # pylint: disable=g-import-not-at-top
   define = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
             "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
-  for name, spec in config.flag_specs(config_class).items():
+  for name, spec in config.flag_specs(config_class or config.RunConfig).items():
     help_lib.GROUPS[name] = spec.path.split(".")[0]
     if spec.choices:
       flags.DEFINE_enum(name, spec.default, list(spec.choices), spec.help)
@@ -165,8 +182,8 @@ def config_from_flags(FLAGS):
   from fedjax_async import config  # pylint: disable=g-import-not-at-top
   try:
     cfg = config.RunConfig.from_flat({name: FLAGS[name].value
-                                      for name in config.flag_specs()})
+                                      for name in config.flag_specs(config.RunConfig)})
     config.validate(cfg)
   except ValueError as e:
-    raise ValueError(config.as_flags(str(e))) from None
+    raise ValueError(as_flags(str(e))) from None
   return cfg

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fedjax_async.config import FlatKeys, option
+from fedjax_async.flatkeys import FlatKeys, option
 
 VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
             "s2": (False, True), "fededs": (True, True)}  # (annealing, sharing)

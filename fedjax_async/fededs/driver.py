@@ -73,8 +73,8 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
 
   def annotated(chunk_state, rows):
     for r in rows:
-      r["local_epochs"] = int(round_hp["local_epochs"][r["round"]])
-      r["lambda_dis"] = float(round_hp["fededs_lambda_dis"][r["round"]])
+      r["local_epochs"] = int(round_hp["local_epochs"][r["round"] - 1])  # rows count from 1
+      r["lambda_dis"] = float(round_hp["fededs_lambda_dis"][r["round"] - 1])
     if on_chunk is not None:
       on_chunk(chunk_state, rows)
 

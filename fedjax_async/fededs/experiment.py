@@ -3,7 +3,7 @@ target (Tables III-V) and the S1 / S2 ablations (Tables VI-VII).
 
   from fedjax_async.fededs import config, experiment
   cfg = config.FedEDSRunConfig().replace(**config.QUICK, output_dir="out/fededs_quick")
-  results = experiment.simulate(cfg)       # [(result, rows)] in grid order
+  result = experiment.simulate(cfg)        # a results.Result; result.table()
 
 Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
 by every base algorithm; then each base of grid.bases runs as each variant of
@@ -29,6 +29,8 @@ from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
+from fedjax_async import metrics as metrics_lib
+from fedjax_async import results
 from fedjax_async.config import ConfigError, check
 from fedjax_async.fededs import alg1, driver, report, store
 from fedjax_async.fededs.config import BASES, VARIANTS, FedEDSRunConfig
@@ -188,8 +190,7 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
     ckpt.close()
   rows = [checkpoint_lib.to_json_ready(r) for r in metrics.rows]
   accs = [r["test_accuracy"] for r in rows]
-  res = {"final_accuracy": accs[-1], "best_accuracy": max(a for a in accs if a is not None),
-         "rounds_to_target": driver.rounds_to_target(accs, t.target_accuracy),
+  res = {**metrics_lib.accuracy_summary(accs), "rounds_to_target": driver.rounds_to_target(accs, t.target_accuracy),
          "total_client_steps": int(sum(r["client_steps"] for r in rows)),
          "seconds": host.wall()}
   return res, rows
@@ -281,10 +282,21 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
     done(res, rows)
 
 
-def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
-             ) -> List[Tuple[dict, List[dict]]]:
-  """Every setting of the grid, every run; (result, rows) of each finished run in grid
-  order. ``record``: more keys for flags.json (the CLI's own flags)."""
+def run_name(res: dict) -> str:
+  """A FedEDS run's name in ``Result.runs``: its setting, base and variant."""
+  return f"alpha={res['alpha']:g} K={res['num_clients']} {res['base']}/{res['variant']}"
+
+
+def _table(result: results.Result) -> str:
+  """FedEDS's tables (markdown) of the runs' summaries."""
+  return report.table(result.summaries(), result.config.training.target_accuracy)
+
+
+def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results.Result:
+  """Every setting of the grid, every run; a ``Result`` whose runs (``run_name``: setting,
+  base, variant) are the finished ones in grid order, each with its summary (the
+  accuracy metrics, rounds to the target, client steps) and rows. ``record``: more keys
+  for flags.json (the CLI's own flags)."""
   alphas, ks, bases, variants = validate(cfg)
   out_dir = cfg.output.output_dir
   prepare_output_dir(cfg)
@@ -317,4 +329,5 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None
       first = False
   report.write_tables([r for r, _ in finished], out_dir, cfg.training.target_accuracy)
   report.write_shared(out_dir)
-  return finished
+  return results.Result(cfg, {run_name(res): results.Run(res, rows) for res, rows in finished},
+                        tabulate=_table)

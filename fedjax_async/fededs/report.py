@@ -150,7 +150,7 @@ def write_tables(results, out_dir: str, target_accuracy: float, echo: bool = Tru
   keys = ["alpha", "num_clients", "base", "variant", "final_accuracy", "best_accuracy",
           "rounds_to_target", "total_client_steps", "seconds"]
   with open(os.path.join(out_dir, "table.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=keys)
+    w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
     w.writeheader()
     w.writerows(results)
   text = table(results, target_accuracy)

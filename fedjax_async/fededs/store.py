@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async.fededs.config import FedEDSRunConfig
 from fedjax_async.fededs.generation import Generation, SharedData
@@ -100,7 +101,7 @@ def finished_run(run_dir: str, config: dict, rounds: int):
     with open(os.path.join(run_dir, "summary.json")) as f:
       summary = json.load(f)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+      rows = metrics_lib.count_from_one([json.loads(line) for line in f if line.strip()])
   except (OSError, ValueError):
     return None
   if summary.get("config") != config or len(rows) != rounds:

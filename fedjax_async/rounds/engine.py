@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import client as client_lib
+from fedjax_async import compilation
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.rounds.ops import evaluate, materialized, scan_chunks
 from fedjax_async.algorithms import base
@@ -315,7 +316,7 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
   delayed_f = a.delayed.astype(jnp.float32)
   num_valid = jnp.sum(a.valid)
   metrics = {
-      "round": t,
+      "round": t + 1,  # rounds done: row r is the model after r rounds (1-based)
       "online": jnp.sum(a.online),
       "delayed": jnp.sum(a.delayed),
       "dropped": slots["dropped"],
@@ -391,7 +392,9 @@ def make_runner(apply_flat: Callable, algorithm: base.Algorithm, cfg: EngineConf
   """``jit(run_chunk)`` with the static parts bound; the state buffer is donated. The
   program is kept for later runs with the same parts (the last ``_RUNNERS_KEPT``), and
   so are its ahead-of-time compilations (``Runner.compiled``); ``cfg.progress`` is the
-  run's own (called through ``_report``)."""
+  run's own (called through ``_report``). JAX's persistent cache is on
+  (``compilation.enable``)."""
+  compilation.enable()
   progress = cfg.progress
   shared = dataclasses.replace(cfg, progress=_report if progress is not None else None)
   try:
@@ -497,8 +500,8 @@ def diverged(rows: List[dict], i: int) -> Diverged:
   """The ``Diverged`` of row ``i`` (``first_nonfinite``), carrying the rows before it."""
   r = rows[i]
   if "round" in r:
-    return Diverged(f"round {r['round'] + 1}: the global model or test loss is not finite "
-                    "(NaN/Inf)", r["round"] + 1, rows[:i])
+    return Diverged(f"round {r['round']}: the global model or test loss is not finite "
+                    "(NaN/Inf)", r["round"], rows[:i])
   return Diverged(f"group {r['group']}: the global model or test loss is not finite "
                   "(NaN/Inf)", None, rows[:i])
 

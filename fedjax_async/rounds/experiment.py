@@ -30,6 +30,7 @@ from fedjax_async.rounds import engine
 from fedjax_async import interrupts
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import results
 from fedjax_async import distributed
 from fedjax_async import sharding
 from fedjax_async.rounds import timeline as timeline_lib
@@ -222,15 +223,7 @@ class CompileTimer:
     return fn(*args)
 
 
-@dataclasses.dataclass
-class Run:
-  """One algorithm's run: ``summary`` (summary.json), ``rows`` (metrics.jsonl, one dict per
-  round), the final ``engine.SimState`` (``state.w`` the global model) and ``model``
-  (name, initial flat weights, ``apply_flat(w, x) -> logits``)."""
-  summary: dict
-  rows: List[dict]
-  state: Any
-  model: tuple
+Run = results.Run  # (summary, rows, state, model)
 
 
 def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,

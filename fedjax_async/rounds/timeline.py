@@ -24,49 +24,38 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from fedjax_async.flatkeys import check, check_part_types, option
+
 DELAY_DISTRIBUTIONS = ("fixed", "uniform", "geometric")
 
 
 @dataclasses.dataclass(frozen=True)
 class DelayConfig:
   """Which sampled clients are delayed, and by how many rounds (``RunConfig.delay``)."""
-  fraction: float = dataclasses.field(default=0.3, metadata={  # delta
-      "flag": "delay_fraction", "help": "delta, fraction of sampled clients that are "
-      "delayed."})
-  distribution: str = dataclasses.field(default="uniform", metadata={
-      "flag": "delay_distribution", "help": "fixed | uniform | geometric."})
-  max_delay: int = dataclasses.field(default=3, metadata={
-      "help": "Dmax (uniform) or k (fixed), rounds."})
-  mean: float = dataclasses.field(default=2.0, metadata={  # geometric: support 1, 2, ...
-      "flag": "delay_mean", "help": "Mean delay for geometric delays, rounds."})
-  buffer_size: int = dataclasses.field(default=0, metadata={
-      "help": "R, past global models kept (0: Dmax + 1)."})
-  train_dropped: bool = dataclasses.field(default=False, metadata={
-      "help": "A delayed update older than the ring buffer: False drops it whole (its "
-      "client never trains, its ADMM dual never moves); True trains the client in its "
-      "dispatch round (state and dual step kept) and loses only its upload."})
+  fraction: float = option(0.3, "delta, fraction of sampled clients that are delayed.",
+                           flag="delay_fraction")
+  distribution: str = option("uniform", "fixed | uniform | geometric.",
+                             flag="delay_distribution", choices=DELAY_DISTRIBUTIONS)
+  max_delay: int = option(3, "Dmax (uniform) or k (fixed), rounds.")
+  mean: float = option(2.0, "Mean delay for geometric delays, rounds.",  # support 1, 2, ...
+                       flag="delay_mean")
+  buffer_size: int = option(0, "R, past global models kept (0: Dmax + 1).")
+  train_dropped: bool = option(
+      False, "A delayed update older than the ring buffer: False drops it whole (its client "
+      "never trains, its ADMM dual never moves); True trains the client in its dispatch "
+      "round (state and dual step kept) and loses only its upload.")
 
-  def __post_init__(self):  # the errors name the field's path in RunConfig
-    number, integer = (int, float, np.number), (int, np.integer)
-    for name, kinds, kind in (("fraction", number, "float"), ("distribution", (str,), "str"),
-                              ("max_delay", integer, "int"), ("mean", number, "float"),
-                              ("buffer_size", integer, "int"),
-                              ("train_dropped", (bool, np.bool_), "bool")):
-      value = getattr(self, name)
-      if not isinstance(value, kinds) or (kind != "bool" and isinstance(value, bool)):
-        raise ValueError(f"delay.{name}: expected {kind}, got {value!r} "
-                         f"({type(value).__name__})")
-    if not 0.0 <= self.fraction <= 1.0:
-      raise ValueError(f"delay.fraction: must be in [0, 1], got {self.fraction}")
-    if self.distribution not in DELAY_DISTRIBUTIONS:
-      raise ValueError(f"delay.distribution: must be one of {DELAY_DISTRIBUTIONS}, "
-                       f"got {self.distribution!r}")
-    if self.max_delay < 1:
-      raise ValueError(f"delay.max_delay: must be >= 1, got {self.max_delay}")
-    if self.distribution == "geometric" and self.mean < 1.0:
-      raise ValueError(f"delay.mean: must be >= 1 for geometric delays, got {self.mean}")
-    if self.buffer_size < 0:
-      raise ValueError(f"delay.buffer_size: must be >= 0, got {self.buffer_size}")
+  def __post_init__(self):  # built alone or in RunConfig: the errors name delay.<field>
+    check_part_types(self, "delay")
+    check(0.0 <= self.fraction <= 1.0, "delay.fraction",
+          f"must be in [0, 1], got {self.fraction}")
+    check(self.distribution in DELAY_DISTRIBUTIONS, "delay.distribution",
+          f"must be one of {DELAY_DISTRIBUTIONS}, got {self.distribution!r}")
+    check(self.max_delay >= 1, "delay.max_delay", f"must be >= 1, got {self.max_delay}")
+    check(self.distribution != "geometric" or self.mean >= 1.0, "delay.mean",
+          f"must be >= 1 for geometric delays, got {self.mean}")
+    check(self.buffer_size >= 0, "delay.buffer_size",
+          f"must be >= 0, got {self.buffer_size}")
 
   @property
   def ring_size(self) -> int:

@@ -48,6 +48,7 @@ from fedjax_async import config as config_lib
 from fedjax_async import algorithms
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async import client as client_lib
+from fedjax_async import compilation
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.sweeps import store as sweep_store
@@ -242,6 +243,7 @@ def replicate(tree, mesh: Optional[Mesh]):
 def make_sweep_runner(apply_flat: Callable, algorithm, cfg: engine.EngineConfig):
   """``jit(vmap(run_chunk))`` over (state, slots, eval mask, hp, data) with in_axes
   (0, 0, None, 0, None); the stacked state is donated."""
+  compilation.enable()
   fn = functools.partial(engine.run_chunk, apply_flat=apply_flat, algorithm=algorithm,
                          cfg=cfg)
   return jax.jit(jax.vmap(fn, in_axes=(0, 0, None, 0, None)), donate_argnums=(0,))

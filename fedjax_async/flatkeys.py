@@ -1,0 +1,174 @@
+"""The flat-key machinery every configuration shares: a configuration is a frozen
+dataclass of parts (frozen dataclasses), each field declared with ``option`` (its help,
+its flag's name when it differs); ``FlatKeys`` gives every field a flat key (its flag's
+name) to read and replace it by, ``flag_specs`` what the CLI needs to make the flags,
+``check_types`` / ``check`` the ``ConfigError`` naming a field by its path.
+
+Nothing here knows a particular configuration: ``config.RunConfig`` (the round engine),
+``asynchronous.config.AsyncRunConfig`` (the virtual clock) and
+``fededs.config.FedEDSRunConfig`` build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import numbers
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+
+def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=None,
+           choices: Optional[Tuple[str, ...]] = None):
+  """A config field with what its flag needs: the help text, the flag's name when it is not
+  the field's, a CLI default when it differs (``output_dir``), an enum's choices."""
+  meta = {"help": help_text}
+  if flag is not None:
+    meta["flag"] = flag
+  if cli_default is not None:
+    meta["cli_default"] = cli_default
+  if choices is not None:
+    meta["choices"] = choices
+  return dataclasses.field(default=default, metadata=meta)
+
+
+class ConfigError(ValueError):
+  """A wrong value: ``path`` (e.g. ``local.lr``) and what is wrong with it."""
+
+  def __init__(self, path: str, message: str):
+    super().__init__(f"{path}: {message}")
+    self.path, self.message = path, message
+
+
+_FLAT_KEYS: Dict[type, Dict[str, Tuple[str, str]]] = {}
+
+
+class FlatKeys:
+  """A configuration of parts (frozen dataclasses) whose fields each have a flat key, the
+  name of its flag: ``RunConfig`` and the virtual clock's ``AsyncRunConfig``."""
+
+  @classmethod
+  def keys(cls) -> Dict[str, Tuple[str, str]]:
+    """flat key -> (part, field), in the parts' order."""
+    if cls not in _FLAT_KEYS:
+      _FLAT_KEYS[cls] = {name: tuple(spec.path.split("."))
+                         for name, spec in flag_specs(cls).items()}
+    return _FLAT_KEYS[cls]
+
+  def replace(self, **flat):
+    """A copy with fields replaced by their flat keys (``lr=0.05``, ``algorithm="fedavg"``),
+    or whole parts by their names (``local=LocalTraining(...)``). An unknown key raises
+    ``ConfigError`` naming it, with the closest keys."""
+    keys, part_names = self.keys(), {f.name for f in dataclasses.fields(self)}
+    parts: Dict[str, dict] = {}
+    new = {}
+    for key, value in flat.items():
+      if key in part_names and not isinstance(value, str):  # a whole part ("algorithm" is
+        new[key] = value  # also the flat key of algorithm.names, a string)
+        continue
+      if key not in keys:
+        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
+        raise ConfigError(key, f"not a {type(self).__name__} field" + (
+            f"; did you mean {' or '.join(close)}?" if close else ""))
+      part, name = keys[key]
+      parts.setdefault(part, {})[name] = value
+    for part, values in parts.items():
+      new[part] = dataclasses.replace(new.get(part, getattr(self, part)), **values)
+    return dataclasses.replace(self, **new)
+
+  def get(self, key: str):
+    """The value of the field whose flat key is ``key`` (``lr``, ``concurrency``)."""
+    if key not in self.keys():
+      raise ConfigError(key, f"not a {type(self).__name__} field")
+    part, name = self.keys()[key]
+    return getattr(getattr(self, part), name)
+
+  def flat(self) -> Dict[str, object]:
+    """Every field by its flat key."""
+    return {key: self.get(key) for key in self.keys()}
+
+  @classmethod
+  def from_flat(cls, flat: dict):
+    """The configuration of flat keys (parsed flags, a stored configuration)."""
+    return cls().replace(**flat)
+
+
+class FlagSpec(NamedTuple):
+  """What the CLI needs to make one field's flag."""
+  path: str  # local.lr
+  kind: str  # str | int | float | bool
+  default: object  # RunConfig's default (``cli_default`` where the CLI's differs)
+  help: str
+  choices: Optional[Tuple[str, ...]]
+
+
+def flag_specs(config_class) -> Dict[str, FlagSpec]:
+  """flag name -> ``FlagSpec``, for every field of ``config_class`` (``RunConfig``, the
+  virtual clock's ``AsyncRunConfig``, FedEDS's ``FedEDSRunConfig``), in the parts'
+  order."""
+  out = {}
+  for part in dataclasses.fields(config_class):
+    for f in dataclasses.fields(type(part.default)):
+      meta = f.metadata
+      out[meta.get("flag", f.name)] = FlagSpec(
+          f"{part.name}.{f.name}", str(f.type).replace("Optional[", "").rstrip("]"),
+          meta.get("cli_default", getattr(part.default, f.name)), meta["help"],
+          meta.get("choices"))
+  return out
+
+
+def check(condition: bool, field_path: str, message: str):
+  """Raises ``ConfigError(field_path, message)`` unless ``condition``."""
+  if not condition:
+    raise ConfigError(field_path, message)
+
+
+_KINDS = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool, np.bool_),
+          "str": (str,)}
+
+
+def check_part_types(part, prefix: str) -> None:
+  """Every field of ``part`` (one part of a configuration) has its declared type (an int
+  for a float field is fine, a bool is no number); ``ConfigError`` naming
+  ``prefix.field`` otherwise (``run.rounds: expected int, got '5' (str)``)."""
+  for f in dataclasses.fields(part):
+    declared = str(f.type)
+    optional = declared.startswith("Optional[")
+    kind = declared.replace("Optional[", "").rstrip("]")
+    value = getattr(part, f.name)
+    if kind not in _KINDS or (optional and value is None):
+      continue
+    ok = isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(
+        value, (bool, np.bool_)))
+    if not ok:
+      raise ConfigError(f"{prefix}.{f.name}", f"expected {kind}, got {value!r} "
+                        f"({type(value).__name__})")
+
+
+def check_types(cfg) -> None:
+  """Every field of every part of ``cfg`` (a ``FlatKeys`` configuration) has its declared
+  type (``check_part_types``)."""
+  for part in dataclasses.fields(cfg):
+    check_part_types(getattr(cfg, part.name), part.name)
+
+
+def parse_hp(text) -> Dict[str, float]:
+  """``algorithm.hp``: ``"beta=0.9,gamma=2"`` (or a dict) -> {name: float}; ConfigError
+  naming the field otherwise."""
+  if isinstance(text, dict):
+    items = list(text.items())
+  else:
+    items = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+      name, sep, value = part.partition("=")
+      if not sep or not name.strip():
+        raise ConfigError("algorithm.hp", f"expected name=value,..., got {text!r}")
+      items.append((name.strip(), value))
+  out = {}
+  for name, value in items:
+    try:
+      out[name] = float(value)
+    except (TypeError, ValueError):
+      raise ConfigError("algorithm.hp", f"{name}: expected a number, got {value!r}") from None
+  return out
