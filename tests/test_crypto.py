@@ -361,7 +361,7 @@ def test_streamed_s0_holds_no_secret_key():
   round's state populated) and after the round, holds public material only."""
   proto = streamed_ducc.make_streamed_protocol(3, 300, PRESET, min_depth=3)
   s1, walks = proto.s1, []
-  classes = (streamed_ducc.StreamedServer, secure_ducc.AggregationServer, ckks.Evaluator)
+  classes = (streamed_ducc.StreamedAggregationServer, secure_ducc.AggregationServer, ckks.Evaluator)
 
   def walking(name, method):
     def call(*args):

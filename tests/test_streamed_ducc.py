@@ -3,6 +3,9 @@ preset: the same numbers as the plaintext DUCC of ``pafed.ducc`` with the same M
 levels each context spends, the key transformation, and S1's view of the two refreshes
 played as an attack (what it decrypts, with its own keys, and nothing else)."""
 
+import ast
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -223,3 +226,40 @@ def test_messages_as_bytes_give_the_same_round_and_their_sizes():
   assert links["S1->S0"] >= n_ct * chunks * (recipients + 1)
   assert n_ct * chunks * recipients <= links["S0->clients"] <= (n_ct + 4096) * chunks * recipients
   assert set(links) == {"clients->S0", "S0->S1", "S1->S0", "S0->clients"}
+
+
+# ------------------------------------------------------ one object, one interface
+
+
+def _foreign_protected(source):
+  """``obj._x`` reads of another object's protected member in ``source`` (``self._x``,
+  ``cls._x``, ``super()._x`` and dunders are the object's own)."""
+  out = []
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+      continue
+    v = node.value
+    own = (isinstance(v, ast.Name) and v.id in ("self", "cls")) or (
+        isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super")
+    if not own and not node.attr.startswith("__"):
+      out.append((node.lineno, ast.unparse(node)))
+  return out
+
+
+def test_crypto_modules_reach_each_other_through_public_methods_only():
+  """S0, S1 and their helpers call each other's public methods: no ``obj._x`` across
+  objects or modules and no silenced pylint protected-access in the crypto package."""
+  assert _foreign_protected("h._ev.cc\nsecure_ducc._now()\nx = s1.vector._decrypt(c)") == [
+      (1, "h._ev"), (2, "secure_ducc._now"), (3, "s1.vector._decrypt")]
+  assert not _foreign_protected("self._x\ncls._y()\nsuper()._z\nv.__class__\n_f()")
+  files = sorted(pathlib.Path(streamed_ducc.__file__).parent.glob("*.py"))
+  assert len(files) > 5
+  found = {}
+  for path in files:
+    source = path.read_text()
+    bad = _foreign_protected(source)
+    if "protected-access" in source:
+      bad.append("pylint: disable=protected-access")
+    if bad:
+      found[path.name] = bad
+  assert not found, found

@@ -188,7 +188,8 @@ class Evaluator:
     self.depth = cc.GetMultiplicativeDepth()
     self.slots = num_slots(cc)
 
-  def _check(self, *cts, what="multiplication", extra=1):
+  def check_levels(self, *cts, what="multiplication", extra=1):
+    """Raise ``DepthError`` unless ``extra`` more levels on ``cts`` fit the depth."""
     need = max(depth_used(c) for c in cts) + extra
     if need > self.depth:
       raise DepthError(
@@ -221,19 +222,19 @@ class Evaluator:
 
   def mult(self, a, b, what="multiplication"):
     """ct * ct (relinearised); one level."""
-    self._check(a, b, what=what)
+    self.check_levels(a, b, what=what)
     return self.cc.EvalMult(a, b)
 
   def square(self, a, what="square"):
-    self._check(a, what=what)
+    self.check_levels(a, what=what)
     return self.cc.EvalSquare(a)
 
   def mult_const(self, a, c: float, what="constant multiplication"):
-    self._check(a, what=what)
+    self.check_levels(a, what=what)
     return self.cc.EvalMult(a, float(c))
 
   def mult_plain(self, a, values, what="plaintext multiplication"):
-    self._check(a, what=what)
+    self.check_levels(a, what=what)
     return self.cc.EvalMult(a, self.encode(values))
 
   def eval_sum(self, a):

@@ -25,6 +25,7 @@ import numpy as np
 import openfhe
 
 from fedjax_async.crypto import ckks
+from fedjax_async.crypto import parallel
 from fedjax_async.crypto import stopping
 
 
@@ -78,13 +79,28 @@ class HelperServer:
     self._ev = ckks.Evaluator(cc)
     self.decryption_log = collections.deque(maxlen=int(log_size))
 
-  def _decrypt(self, ct) -> np.ndarray:
+  def decrypt_masked(self, ct) -> np.ndarray:
+    """Dec_sk_s of one value S0 masked or blinded (Alg. 5 line 7's w + r, the divisors
+    of Alg. 4 line 11, the streamed refreshes); every decryption S1 makes, logged."""
     v = decrypt_vector(self._cc, self._secret_key, ct)
     self.decryption_log.append(v.copy())
     return v
 
-  def _encrypt_scalar(self, value: float):
+  def encrypt_replicated(self, value: float):
+    """Enc_pk_s(value) in every slot: S1's answer for one scalar."""
     return self._ev.encrypt(self.pk_s, np.full(self._ev.slots, value))
+
+  def encrypt_packed(self, values: Sequence[float]):
+    """Enc_pk_s of ``values`` in slots 0.. (0 after): the streamed refresh of the inner
+    products (``streamed_ducc``, step 2)."""
+    packed = np.zeros(self._ev.slots)
+    packed[:len(values)] = values
+    return self._ev.encrypt(self.pk_s, packed)
+
+  def worker_material(self):
+    """S1's context and keys, sk_s included, serialised for its own Alg. 5 workers
+    (``parallel.party_material``)."""
+    return parallel.party_material(self._cc, self.pk_s, self._client_pks, self._secret_key)
 
   def masked_inverse(self, cts: Sequence[object], tests: Sequence[object] = ()):
     """Alg. 4 line 11's divisions, blinded: one answer per denominator.
@@ -98,16 +114,16 @@ class HelperServer:
     signs, so S1 cannot tell which members mean "empty". Each value is replicated in
     every slot; slot 0 is used.
     """
-    values = [float(self._decrypt(ct)[0]) for ct in cts]
-    positive = [float(self._decrypt(ct)[0]) > 0.0 for ct in tests]
+    values = [float(self.decrypt_masked(ct)[0]) for ct in cts]
+    positive = [float(self.decrypt_masked(ct)[0]) > 0.0 for ct in tests]
     out = []
     for i, v in enumerate(values):
       inv = 1.0 / v if abs(v) > ZERO_EPS else 0.0
       if 2 * i + 1 < len(positive):
         hit = 2 * positive[2 * i] + positive[2 * i + 1]
-        out.append(tuple(self._encrypt_scalar(inv if j == hit else 0.0) for j in range(4)))
+        out.append(tuple(self.encrypt_replicated(inv if j == hit else 0.0) for j in range(4)))
       else:
-        out.append(self._encrypt_scalar(inv))
+        out.append(self.encrypt_replicated(inv))
     return out
 
   def masked_inverse_sqrt(self, cts: Sequence[object]) -> List[object]:
@@ -116,14 +132,14 @@ class HelperServer:
     seeing the blinded r^2 ||m||^2 only. Slot 0 of the replicated value is used."""
     out = []
     for ct in cts:
-      v = float(self._decrypt(ct)[0])
-      out.append(self._encrypt_scalar(1.0 / math.sqrt(v) if v > ZERO_EPS else 0.0))
+      v = float(self.decrypt_masked(ct)[0])
+      out.append(self.encrypt_replicated(1.0 / math.sqrt(v) if v > ZERO_EPS else 0.0))
     return out
 
   def key_transform(self, masked_cts: Sequence[object], recipients: Sequence[int]):
     """Alg. 5 lines 6-12: Dec_sk_s(w + r), then Enc_pk_i(w + r) for each recipient i
     and Enc_pk_s(w + r) for the next round. Returns ({i: [cts]}, [cts under pk_s])."""
-    plain = [self._decrypt(ct) for ct in masked_cts]
+    plain = [self.decrypt_masked(ct) for ct in masked_cts]
 
     def encrypt(pk):
       out = []
@@ -134,6 +150,20 @@ class HelperServer:
 
     per_client = {i: encrypt(self._client_pks[i]) for i in recipients}
     return per_client, encrypt(self.pk_s)
+
+  def key_transform_each(self, masked_cts: Sequence[object], recipients: Sequence[int]):
+    """Alg. 5 lines 6-12, one recipient at a time: Dec_sk_s(w + r) once, then yields
+    (i, Enc_pk_i(w + r)) for each recipient and last (None, Enc_pk_s(w + r)), so that a
+    round holds one recipient's copy of the model, not all of them. Each chunk of w + r
+    is encoded once and encrypted afresh for every key."""
+    ev = self._ev
+    plain = [ev.encode(self.decrypt_masked(ct)) for ct in masked_cts]
+    for i, pk in [(i, self._client_pks[i]) for i in recipients] + [(None, self.pk_s)]:
+      out = []
+      for p in plain:
+        stopping.between_chunks()
+        out.append(ev.cc.Encrypt(pk, p))
+      yield i, out
 
 
 class KDC:

@@ -53,7 +53,8 @@ EMPTY_EPS = 1e-6
 CLOCK = time.perf_counter
 
 
-def _now():
+def now():
+  """The timings' clock (``CLOCK``, read at each call)."""
   return CLOCK()
 
 
@@ -72,13 +73,19 @@ class AggregationServer:
   # ------------------------------------------------------------------ helpers
 
   def _tick(self, key, t0):
-    self.timings[key] = self.timings.get(key, 0.0) + _now() - t0
-    return _now()
+    self.timings[key] = self.timings.get(key, 0.0) + now() - t0
+    return now()
 
   @staticmethod
   def _blind(signed: bool = True) -> float:
     """A fresh blind +-2^u from the OS's CSPRNG (never from the experiment's seed)."""
     return csprng.blind(BLIND_LOG2_RANGE, signed)
+
+  def worker_material(self) -> Dict[str, object]:
+    """S0's public material serialised for its own Alg. 5 workers
+    (``parallel.party_material``)."""
+    pub = self.public
+    return parallel.party_material(pub.cc, pub.pk_s, pub.client_pks)
 
   def check_depth(self):
     """Raise ``DepthError`` unless the context can hold 2d + 8 levels (Alg. 4 + Eq. 17)."""
@@ -121,7 +128,7 @@ class AggregationServer:
     self._norm_blind = None
     if not online or num_delayed == 0:
       return []
-    t = _now()
+    t = now()
     msum = [self.ev.add_many([u[c] for u in online]) for c in range(len(online[0]))]
     r0 = self._blind(signed=False)  # S1 takes a square root of r0^2 ||msum||^2
     self._norm_blind = r0
@@ -147,7 +154,7 @@ class AggregationServer:
     a0, a1, a2 = (float(a) for a in alphas)
     n, k = len(online), len(delayed)
     st = self._state = {"n": n, "k": k}
-    t = _now()
+    t = now()
     if n == 0:  # m = 0: s_j = 1/2, both classes have zero weight (plaintext reference).
       return []
     if k > 0 and (not inverse_norm or self._norm_blind is None):
@@ -271,7 +278,7 @@ class AggregationServer:
     (``HelperServer.masked_inverse``: four members per tested class, then
     1 / (r3 ||m||^2))."""
     st = self._state
-    t = _now()
+    t = now()
     if st["n"] == 0:
       return list(w_ct)
     terms = [st["m_term"]]
@@ -359,18 +366,13 @@ class SecureProtocol:
   def cc(self):
     return self.s0.public.cc
 
-  def _party_material(self):
-    """(S0's, S1's) material for their workers (``parallel.party_material``)."""
-    pub, s1 = self.s0.public, self.s1
-    return (parallel.party_material(pub.cc, pub.pk_s, pub.client_pks),
-            parallel.party_material(s1._cc, s1.pk_s, s1._client_pks, s1._secret_key))  # pylint: disable=protected-access
-
   def key_transform_pools(self, workers: int):
     """S0's and S1's pools of ``workers`` each, started on first use."""
     if self._pools is not None and self._pools.workers != workers:
       self.close()
     if self._pools is None:
-      self._pools = parallel.KeyTransformPools(*self._party_material(), workers, self.backend)
+      self._pools = parallel.KeyTransformPools(
+          self.s0.worker_material(), self.s1.worker_material(), workers, self.backend)
     return self._pools
 
   def close(self):
@@ -438,27 +440,27 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
   timings = {}
-  t = _now()
+  t = now()
   on_cts = _encrypt_uploads(protocol, online, 0)
   de_cts = _encrypt_uploads(protocol, delayed, len(online))
-  timings["client_encrypt"] = _now() - t
-  t = _now()
+  timings["client_encrypt"] = now() - t
+  t = now()
   w_ct = s0.start_model(w_global)
   norm_request = s0.ducc_norm(on_cts, len(de_cts))
-  t1 = _now()
+  t1 = now()
   inverse_norm = s1.masked_inverse_sqrt(norm_request) if norm_request else []
-  t_norm = _now() - t1
+  t_norm = now() - t1
   requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
-  t1 = _now()
+  t1 = now()
   inverses = s1.masked_inverse(requests, s0.empty_tests) if requests else []
-  t_s1 = _now() - t1
+  t_s1 = now() - t1
   new_ct = s0.ducc_finish(inverses, w_ct)
-  timings["ducc"] = _now() - t
+  timings["ducc"] = now() - t
   breakdown = dict(s0.timings)
   breakdown["division"] = breakdown.get("division", 0.0) + t_s1
   if norm_request:
     breakdown["normalise"] = breakdown.get("normalise", 0.0) + t_norm
-  t = _now()
+  t = now()
   recipients = protocol.recipients
   if recipients is None:
     recipients = tuple(range(len(protocol.clients)))
@@ -474,10 +476,10 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
     masked = s0.kt_mask(new_ct)
     per_client, under_s = s1.key_transform(masked, recipients)
     out = s0.kt_unmask(per_client, under_s)
-  timings["key_transform"] = _now() - t
-  t = _now()
+  timings["key_transform"] = now() - t
+  t = now()
   new_w = protocol.clients[0].decrypt_model(out[0], dim)
-  timings["decrypt"] = _now() - t
+  timings["decrypt"] = now() - t
   breakdown.update(client_encrypt=timings["client_encrypt"],
                    key_transform=timings["key_transform"], decrypt=timings["decrypt"])
   protocol.last_breakdown = breakdown

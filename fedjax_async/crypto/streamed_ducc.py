@@ -94,19 +94,13 @@ class StreamedHelper:
     return self.scalar.masked_inverse(cts, tests)
 
   def key_transform_each(self, masked_cts, recipients):
-    """Alg. 5 lines 6-12, one recipient at a time: Dec_sk_s(w + r) once, then yields
-    (i, Enc_pk_i(w + r)) for each recipient and last (None, Enc_pk_s(w + r)), so that a
-    round holds one recipient's copy of the model, not all of them. Each chunk of w + r
-    is encoded once and encrypted afresh for every key."""
-    h = self.vector
-    ev = h._ev  # pylint: disable=protected-access
-    plain = [ev.encode(h._decrypt(ct)) for ct in masked_cts]  # pylint: disable=protected-access
-    for i, pk in [(i, h._client_pks[i]) for i in recipients] + [(None, h.pk_s)]:  # pylint: disable=protected-access
-      out = []
-      for p in plain:
-        stopping.between_chunks()
-        out.append(ev.cc.Encrypt(pk, p))
-      yield i, out
+    """Alg. 5 lines 6-12 in the vector context, one recipient at a time
+    (``entities.HelperServer.key_transform_each``)."""
+    return self.vector.key_transform_each(masked_cts, recipients)
+
+  def worker_material(self):
+    """The vector context's S1 material for its Alg. 5 workers."""
+    return self.vector.worker_material()
 
   def masked_inverse_sqrt(self, cts):
     return self.scalar.masked_inverse_sqrt(cts)
@@ -114,20 +108,18 @@ class StreamedHelper:
   def refresh_inner_products(self, masked_ips: Sequence[object], masked_norm) -> Tuple:
     """[Enc_V(ip_j + a_j)] and Enc_V(||m||^2 + a) (replicated) -> Enc_S of the masked ip_j
     packed in slots 0..k-1, and Enc_S(||m||^2 + a) replicated."""
-    packed = np.zeros(self.scalar._ev.slots)  # pylint: disable=protected-access
-    packed[:len(masked_ips)] = [self.vector._decrypt(c)[0] for c in masked_ips]  # pylint: disable=protected-access
-    norm = float(self.vector._decrypt(masked_norm)[0])  # pylint: disable=protected-access
-    ev = self.scalar._ev  # pylint: disable=protected-access
-    return ev.encrypt(self.scalar.pk_s, packed), self.scalar._encrypt_scalar(norm)  # pylint: disable=protected-access
+    ips = [self.vector.decrypt_masked(c)[0] for c in masked_ips]
+    norm = float(self.vector.decrypt_masked(masked_norm)[0])
+    return self.scalar.encrypt_packed(ips), self.scalar.encrypt_replicated(norm)
 
   def refresh_coefficients(self, masked_betas, masked_gamma, k: int) -> List[object]:
     """Enc_S(beta_j + b_j) packed and Enc_S(gamma + b) -> k + 1 replicated Enc_V values."""
-    betas = self.scalar._decrypt(masked_betas)[:k]  # pylint: disable=protected-access
-    gamma = float(self.scalar._decrypt(masked_gamma)[0])  # pylint: disable=protected-access
-    return [self.vector._encrypt_scalar(float(v)) for v in list(betas) + [gamma]]  # pylint: disable=protected-access
+    betas = self.scalar.decrypt_masked(masked_betas)[:k]
+    gamma = float(self.scalar.decrypt_masked(masked_gamma)[0])
+    return [self.vector.encrypt_replicated(float(v)) for v in list(betas) + [gamma]]
 
 
-class StreamedServer(secure_ducc.AggregationServer):
+class StreamedAggregationServer(secure_ducc.AggregationServer):
   """S0 of the streamed design. ``self.ev`` is the scalar context's evaluator (the Min,
   the class totals and tests, shared with ``secure_ducc``); ``self.vev`` the vector
   context's. Public material only."""
@@ -155,6 +147,11 @@ class StreamedServer(secure_ducc.AggregationServer):
     return [self.vev.encrypt(self.vector_public.pk_s, b)
             for b in ckks.chunk(w, self.vev.slots)]
 
+  def worker_material(self) -> Dict[str, object]:
+    """The vector context's public material (Alg. 5 runs there) for S0's workers."""
+    pub = self.vector_public
+    return parallel.party_material(pub.cc, pub.pk_s, pub.client_pks)
+
   # ------------------------------------------------------------------ 1. vectors
 
   def start_round(self):
@@ -166,7 +163,7 @@ class StreamedServer(secure_ducc.AggregationServer):
 
   def receive(self, cts: List[object], online: bool):
     """One client's Enc_pk_s(u) chunks: an online one is added to msum and not kept."""
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     if online:
       self._n += 1
       self._msum = (list(cts) if self._msum is None else
@@ -179,7 +176,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     """Enc(x . y) replicated: products of all chunks added unrelinearised, then one
     relinearisation and one slot sum."""
     cc = self.vev.cc
-    self.vev._check(xs[0], ys[0], what="inner product over chunks")  # pylint: disable=protected-access
+    self.vev.check_levels(xs[0], ys[0], what="inner product over chunks")
     acc = None
     for x, y in zip(xs, ys):
       stopping.between_chunks()
@@ -192,7 +189,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     ``refresh_inner_products``; ([], None) when no Min is needed (n = 0 or k = 0)."""
     if self._n == 0 or not self._delayed:
       return [], None
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     k = len(self._delayed)
     if k > self.ev.slots:
       raise ValueError(f"{k} delayed uploads exceed the scalar context's {self.ev.slots} "
@@ -217,7 +214,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     self.check_depth()
     packed, norm = refreshed
     st, k = self._state, len(self._delayed)
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     a_mask = np.zeros(self.ev.slots)
     a_mask[:k] = st["ip_mask"][:k]
     st["ip"] = self.ev.cc.EvalSub(packed, self.ev.encode(a_mask))  # ip_j in slot j
@@ -233,7 +230,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     ``masked_inverse`` (with ``empty_tests``)."""
     inv_norm = inverse_norm[0]
     st, k, slots, c = self._state, len(self._delayed), self.ev.slots, self.min_scale
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     ip = st["ip"]
     valid = np.zeros(slots)
     valid[:k] = 1.0
@@ -267,7 +264,7 @@ class StreamedServer(secure_ducc.AggregationServer):
     ``refresh_coefficients``."""
     st, slots, c = self._state, self.ev.slots, self.min_scale
     a0, a1, a2 = st["alphas"]
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     inverses = self._unswap_classes(inverses)
     inv1 = self._class_factor(inverses[0], st["sigma1"])  # 1 / (r1 n1), or 0 if empty
     inv2 = self._class_factor(inverses[1], st["sigma2"])
@@ -302,10 +299,10 @@ class StreamedServer(secure_ducc.AggregationServer):
   def combine(self, coefficients: Sequence[object], w_ct: List[object]) -> List[object]:
     """Eq. 17 chunk by chunk: w + sum_j Enc(beta_j + b_j) u_j + Enc(gamma + b) msum
     - (sum_j b_j u_j + b msum), one relinearisation per chunk."""
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     cc, vectors = self.vev.cc, self._delayed + [self._msum]
     b = self._state["coef_mask"]
-    self.vev._check(coefficients[0], vectors[0][0], what="sum_j beta_j u_j")  # pylint: disable=protected-access
+    self.vev.check_levels(coefficients[0], vectors[0][0], what="sum_j beta_j u_j")
     out = []
     for ci, w_c in enumerate(w_ct):
       stopping.between_chunks()
@@ -325,7 +322,7 @@ class StreamedServer(secure_ducc.AggregationServer):
 
   def online_only(self, alphas, w_ct: List[object]) -> List[object]:
     """No delayed upload: w + a0 msum / n (Eq. 17 with m1 = m2 = 0); no exchange."""
-    t = secure_ducc._now()  # pylint: disable=protected-access
+    t = secure_ducc.now()
     scale = float(alphas[0]) / self._n
     out = [self.vev.add(w, self.vev.mult_const(m, scale, what="Eq. 17: a0 m"))
            for w, m in zip(w_ct, self._msum)]
@@ -380,11 +377,6 @@ class StreamedProtocol(secure_ducc.SecureProtocol):
   def cc(self):
     return self.s0.vector_public.cc
 
-  def _party_material(self):
-    pub, s1 = self.s0.vector_public, self.s1.vector
-    return (parallel.party_material(pub.cc, pub.pk_s, pub.client_pks),
-            parallel.party_material(s1._cc, s1.pk_s, s1._client_pks, s1._secret_key))  # pylint: disable=protected-access
-
 
 def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
                            min_depth: int = 10, recipients: Optional[Sequence[int]] = None,
@@ -414,8 +406,8 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
     keys.append(kp)
   client_keys = [vcc.KeyGen() for _ in range(num_clients)]
   pks = tuple(k.publicKey for k in client_keys)
-  s0 = StreamedServer(entities.PublicMaterial(vcc, keys[0].publicKey, pks, d),
-                      entities.PublicMaterial(scc, keys[1].publicKey, (), d))
+  s0 = StreamedAggregationServer(entities.PublicMaterial(vcc, keys[0].publicKey, pks, d),
+                                 entities.PublicMaterial(scc, keys[1].publicKey, (), d))
   s0.min_scale = float(min_scale)
   s1 = StreamedHelper(entities.HelperServer(vcc, keys[0], pks),
                       entities.HelperServer(scc, keys[1], ()), log_size)
@@ -434,7 +426,7 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   s0, s1, dim = protocol.s0, protocol.s1, protocol.dim
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
-  clients, now = protocol.clients, secure_ducc._now  # pylint: disable=protected-access
+  clients, now = protocol.clients, secure_ducc.now
   wire = protocol.wire
   if wire is not None:
     wire.reset()
