@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
-from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async.algorithms import fedavg  # noqa: E402
 
 FLAGS = flags.FLAGS

@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async import models  # noqa: E402
 from fedjax_async import sharding  # noqa: E402

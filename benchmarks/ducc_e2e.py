@@ -6,7 +6,7 @@ sampled each round, half of those delayed by one round: 10 online + 10 delayed u
 from round 2 on). The plaintext run is ``pafed.make_algorithm`` with Cheon's Min of the
 from fedjax_async import config as config_lib
 same d and the same empty-class tolerance, on the round engine; the encrypted one is
-``secure_engine.simulate`` (clients encrypt, S0 and S1 run DUCC, Eq. 17 and Alg. 5, a
+``secure_engine.run_encrypted_rounds`` (clients encrypt, S0 and S1 run DUCC, Eq. 17 and Alg. 5, a
 client decrypts). One JSON row per run with the per-round accuracies of both, the largest
 parameter difference, and the encrypted round's timings:
 
@@ -61,7 +61,7 @@ def round_by_round(states, tl, hparams, data, apply_flat, plain_alg, ecfg):
 
 def main(argv):
   del argv
-  from fedjax_async import client as client_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async.core import client as client_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async import config as config_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   from fedjax_async.rounds import experiment  # pylint: disable=g-import-not-at-top
@@ -87,12 +87,12 @@ def main(argv):
   plain_alg = pafed.make_algorithm(cheon.make_cheon_min(d), cheon.max_min_error(d))
   state = engine.init_state(plain_alg, w0, fed.num_clients, ecfg.ring_size, cfg.run.seed)
   runner = engine.make_runner(apply_flat, plain_alg, ecfg)
-  plain_state, plain_rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
+  plain_state, plain_rows = engine.run_rounds(runner, state, tl, cfg.hparams(), data,
                                             rounds_per_call=1)
   state = engine.init_state(pafed.ALGORITHM, w0, fed.num_clients, ecfg.ring_size, cfg.run.seed)
   states = [state]
   t0 = time.perf_counter()
-  sec_state, sec_rows, totals = secure_engine.simulate(
+  sec_state, sec_rows, totals = secure_engine.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset=FLAGS.preset, min_depth=d, design=FLAGS.design,
       on_chunk=lambda s, rows: states.append(s))

@@ -40,7 +40,7 @@ from absl import app, flags  # noqa: E402
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
 from benchmarks import peaks  # noqa: E402
-from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async import layers  # noqa: E402
 from fedjax_async import models  # noqa: E402
 

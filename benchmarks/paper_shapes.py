@@ -30,7 +30,7 @@ from benchmarks import common
 from benchmarks import flagcheck
 from benchmarks import peaks
 from fedjax_async import algorithms
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import layers
 from fedjax_async import models
 from fedjax_async.rounds import engine

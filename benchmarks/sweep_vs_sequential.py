@@ -3,7 +3,7 @@ r"""S runs as one vmapped computation versus S sequential runs, in one invocatio
   python benchmarks/sweep_vs_sequential.py --algorithm=pafed --runs=8 --rounds=20
 
 Both sides run the same S configurations (seeds --seed..--seed+S-1, all else shared) on the
-same data: the sequential side uses ``engine.simulate`` with one jitted runner (compiled
+same data: the sequential side uses ``engine.run_rounds`` with one jitted runner (compiled
 once, reused for every run); the sweep side one ``jit(vmap(run_chunk))``. Times exclude
 data loading and are reported with and without the first (compiling) pass; the last line
 is JSON.
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
 from fedjax_async import cli  # noqa: E402
-from fedjax_async import client as client_lib  # noqa: E402
+from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async.rounds import experiment  # noqa: E402
 from fedjax_async.sweeps import sweep  # noqa: E402
@@ -58,7 +58,7 @@ def sequential(cfgs, name, fed, runner, ecfg):
     _, w0, _ = experiment.build_model(c, fed)
     tl = timeline_lib.build(fed.num_clients, c.run.rounds, c.run.participation, c.delay, c.run.seed)
     state = engine.init_state(alg, w0, fed.num_clients, ecfg.ring_size, c.run.seed)
-    state, _ = engine.simulate(runner, state, tl, c.hparams(), data,
+    state, _ = engine.run_rounds(runner, state, tl, c.hparams(), data,
                                eval_every=c.run.eval_every, rounds_per_call=c.run.rounds_per_call)
     ws.append(np.asarray(jax.block_until_ready(state.w)))
   return np.stack(ws)

@@ -22,7 +22,7 @@ folder that holds a run is refused before any work unless ``--resume`` or ``--ov
 (which deletes this driver's outputs there, and nothing else, first).
 
 The flags are the fields of ``asynchronous.config.AsyncRunConfig``; this script parses
-them and calls ``asynchronous.driver.simulate`` (``fedjax_async.simulate`` with an
+them and calls ``asynchronous.experiment.run_virtual_clock`` (``fedjax_async.simulate`` with an
 ``AsyncRunConfig`` does the same from Python).
 """
 
@@ -39,7 +39,7 @@ from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async import sharding
 from fedjax_async.asynchronous import config as async_config
-from fedjax_async.asynchronous import driver
+from fedjax_async.asynchronous import experiment as async_experiment
 
 # The flags: one per field of the virtual clock's configuration (AsyncRunConfig).
 cli.define_config_flags(async_config.AsyncRunConfig)
@@ -70,7 +70,7 @@ def _main(argv):
   outputs.name_fields = cli.as_flags  # the console's messages name the flags
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
-    result = driver.simulate(config_from_flags(FLAGS))
+    result = async_experiment.run_virtual_clock(config_from_flags(FLAGS))
   except (ValueError, OSError) as e:
     sys.exit(f"error: {cli.as_flags(str(e))}")
   if len(result.by_seed) > 1:

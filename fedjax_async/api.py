@@ -14,7 +14,6 @@ comparison.md).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Dict, Optional, Sequence
 
@@ -142,7 +141,7 @@ def _user_model(module, input_shape, seed: int):
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
              **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
-  ``AsyncRunConfig``, on the virtual clock (``asynchronous.driver.simulate``).
+  ``AsyncRunConfig``, on the virtual clock (``asynchronous.experiment.run_virtual_clock``).
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
@@ -163,9 +162,9 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   if isinstance(config, fededs_config.FedEDSRunConfig):
     from fedjax_async.fededs import experiment as fededs  # pylint: disable=g-import-not-at-top
-    return fededs.simulate(config.replace(**fields) if fields else config, callbacks)
+    return fededs.run_grid(config.replace(**fields) if fields else config, callbacks)
   if isinstance(config, async_config.AsyncRunConfig):
-    from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+    from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
     if "algorithm" in fields:
       fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
     if isinstance(fields.get("hp"), dict):
@@ -178,7 +177,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     fed_data, module, input_shape = _own_data_and_model(fields)
     if fed_data is not None and "dataset" not in fields:
       fields["dataset"] = fed_data.name
-    return driver.simulate(config, callbacks, fed_data=fed_data, module=module,
+    return async_experiment.run_virtual_clock(config, callbacks, fed_data=fed_data, module=module,
                            input_shape=input_shape, **fields)
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
   if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}

@@ -1,6 +1,6 @@
 """Checkpoints of a whole simulation (``engine.SimState`` + metrics rows + config) with orbax.
 
-A checkpoint at round t holds everything ``engine.simulate`` needs to continue from round
+A checkpoint at round t holds everything ``engine.run_rounds`` needs to continue from round
 t exactly as an uninterrupted run would: the global model, the ring buffer of past global
 models, every client's persistent state, the server state, the base PRNG key data and the
 round counter (the timeline is rebuilt from the seed on the host). Next to the state it

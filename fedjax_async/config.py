@@ -19,13 +19,13 @@ PrivaAsyncFed do, with their own flags: docs/async.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import fedadmm
-from fedjax_async.flatkeys import (ConfigError, FlagSpec, FlatKeys, check, check_types,
-                                   flag_specs, option, parse_hp)
+from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
+    ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
 from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"

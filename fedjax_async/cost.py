@@ -207,7 +207,7 @@ def round_engine(cfg, fed, model, runs: int = 1, device: Optional[Device] = None
 
 def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_once: int,
                   ring_size: int, device: Optional[Device] = None) -> Cost:
-  """A virtual-clock run (``asynchronous.driver.run_one``) of ``cfg`` (an
+  """A virtual-clock run (``asynchronous.experiment.run_one``) of ``cfg`` (an
   ``AsyncRunConfig``): ``client_steps`` the local steps of every kept task (per client,
   ``engine.client_steps``), of local.batch_size examples, ``clients_at_once`` trained in
   one vmap."""
@@ -220,52 +220,6 @@ def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_on
                   examples_evaluated=evals * fed.test_x.shape[0],
                   data_bytes=_nbytes(fed.x, fed.test_x), clients_at_once=clients_at_once,
                   batch_size=b, model_copies=ring_size, steps=num_updates, device=device)
-
-
-def fededs(cfg, num_settings: int, bases: int, variants, device: Optional[Device] = None
-           ) -> Cost:
-  """A FedEDS invocation (``fededs.experiment.simulate``) of ``cfg`` (a
-  ``FedEDSRunConfig``): per (alpha, K) setting Alg. 1 (E_c pre-training and E_g encryptor
-  epochs over every client's data, the UNet and the model), every base x variant for
-  training.rounds rounds of E_t epochs over the data (the sharing variants with as much
-  again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once."""
-  from fedjax_async.fededs.config import VARIANTS  # pylint: disable=g-import-not-at-top
-  from fedjax_async.fededs import experiment, model as model_lib, schedule
-  # pylint: enable=g-import-not-at-top
-  shape = (28, 28, 1)  # Fashion-MNIST
-  split = model_lib.SplitModel(cfg.model.name, 10, shape, hidden=cfg.model.hidden)
-  x1 = jax.ShapeDtypeStruct((1,) + shape, np.float32)
-  theta = jax.eval_shape(split.init, jax.random.PRNGKey(0))
-  num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(theta))
-  fwd, act = forward_counts(lambda th, x: split.forward(th[0], th[1], x), theta, x1)
-  unet = model_lib.make_encryptor(shape, width=cfg.alg1.unet_width)
-  phi = jax.eval_shape(lambda x: unet.init(jax.random.PRNGKey(0), x), x1)
-  enc_fwd, enc_act = forward_counts(lambda p, x: unet.apply(p, x), phi, x1)
-  n = cfg.data.train_subset or 60000
-  t, a = cfg.training, cfg.alg1
-  fcfg = experiment.fededs_config(cfg)
-  annealed = sum(schedule.annealed_epochs(r, fcfg.e_max, fcfg.e_min, fcfg.t_alpha,
-                                          fcfg.t_beta) for r in range(1, t.rounds + 1))
-  epochs = sum((annealed if VARIANTS[v][0] or v == "equal" else t.base_epochs * t.rounds)
-               * (2 if VARIANTS[v][1] else 1) for v in variants)
-  alg1 = n * (a.pretrain_epochs * 3 * fwd + a.encryptor_epochs * 3 * (enc_fwd + fwd))
-  alg1_runs = num_settings + (1 if cfg.run.privacy else 0)
-  test = cfg.data.test_subset or 10000
-  flops = (alg1_runs * alg1
-           + num_settings * (bases * epochs * n * 3 * fwd
-                             + bases * len(variants) * t.rounds * test * fwd
-                             + 2 * a.utility_epochs * n * 3 * fwd))
-  device = device or detect()
-  steps = num_settings * bases * len(variants) * t.rounds
-  clients = max(int(k) for k in str(cfg.grid.num_clients).split(",") if k)
-  memory = (4.0 * n * 784 * 3  # the pool, the clients' padded sets, the encrypted sets
-            + 4.0 * (num_params * 8 + 2 * (act + enc_act) * t.batch_size) * clients)
-  alg1_steps = alg1_runs * -(-n // t.batch_size) * (a.pretrain_epochs + a.encryptor_epochs)
-  seconds = (flops / device.flops_per_second + steps * device.step_seconds
-             + alg1_steps * (CPU_ALG1_STEP_SECONDS if device.backend == "cpu"
-                             else ACCELERATOR_ALG1_STEP_SECONDS)
-             + COMPILE_SECONDS * (alg1_runs + num_settings * bases * len(variants)))
-  return Cost(flops, memory, seconds, device)
 
 
 # ---------------------------------------------------------------------- the console

@@ -2,8 +2,8 @@
 what happens between two compiled chunks.
 
 Each driver's compiled loop calls ``on_chunk(state, rows)`` after every chunk: the round
-engine (``rounds.engine.simulate``, driven by ``rounds.experiment.run``), the virtual
-clock (``asynchronous.engine.simulate``, driven by ``asynchronous.driver``), FedEDS
+engine (``rounds.engine.run_rounds``, driven by ``rounds.experiment.run``), the virtual
+clock (``asynchronous.engine.run_arrivals``, driven by ``asynchronous.experiment``), FedEDS
 (``fededs.run``, driven by ``fededs.experiment``) and a sweep's vmapped computations
 (``sweeps.store.SweepLoop``). ``HostLoop`` is that callback: a list of ``Callback``s
 run in order (after pfl-research's ``run`` and its callbacks):
@@ -201,17 +201,17 @@ class Callback:
 
 
 class StopOnDivergence(Callback):
-  """``engine.Diverged`` at the chunk's first non-finite row (``engine.first_nonfinite``:
+  """``engine.Diverged`` at the chunk's first non-finite row (``divergence.first_nonfinite``:
   the model, or the test loss): the rows before it are written, and no checkpoint is
   made of the non-finite state. Runs first, before the rows are written."""
 
   def after_chunk(self, loop, state, rows):
-    from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
-    bad = engine.first_nonfinite(rows)
+    from fedjax_async.core import divergence  # pylint: disable=g-import-not-at-top
+    bad = divergence.first_nonfinite(rows)
     if bad is not None:
       if loop.metrics is not None:
         loop.metrics(rows[:bad])
-      raise engine.diverged(rows, bad)
+      raise divergence.diverged(rows, bad)
 
 
 class WriteMetrics(Callback):

@@ -21,7 +21,7 @@ from fedjax_async import config
 from fedjax_async import results
 from fedjax_async.algorithms import base
 from fedjax_async.asynchronous import config as async_config
-from fedjax_async.asynchronous import driver
+from fedjax_async.asynchronous import experiment as async_experiment
 
 # Every engine where an algorithm's rule is meaningful: its own, and the virtual clock for
 # a round rule whose clients keep no state (``algorithms.names_on``).
@@ -53,7 +53,7 @@ def hparams(name, engine=None):
   alg = algorithms.get(name)
   if (engine or alg.engine) == "rounds":
     return config.RunConfig().hparams(alg)
-  return driver.hparams(async_config.AsyncRunConfig(), 0.6, alg)
+  return async_experiment.hparams(async_config.AsyncRunConfig(), 0.6, alg)
 
 
 def simulate(names, engine):

@@ -177,8 +177,8 @@ def test_the_virtual_clock_from_python_writes_nothing_and_equals_the_cli(tmp_pat
   assert without_times(cli_rows) == without_times(json.loads(json.dumps(run.rows)))
   # state.w is the final global model: its test accuracy, recomputed with a plain argmax,
   # is the last evaluated row's
-  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
-  fed, (_, _, apply_flat, _, _) = driver.load(result.config)
+  from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
+  fed, (_, _, apply_flat, _, _) = async_experiment.load(result.config)
   logits = np.asarray(apply_flat(run.state.w, fed.test_x, train=False))
   assert np.mean(np.argmax(logits, -1) == fed.test_y) == pytest.approx(
       run.rows[-1]["test_accuracy"], abs=1e-6)
@@ -399,7 +399,7 @@ def test_batch_statistics_follow_the_running_average_of_the_local_minibatches():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from fedjax_async import client as client_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async.core import client as client_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   from fedjax_async.algorithms import fedavg  # pylint: disable=g-import-not-at-top
   module = _WithBatchNorm()

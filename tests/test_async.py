@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_async.asynchronous import engine as async_engine
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.algorithms import base
@@ -86,7 +86,7 @@ def test_completion_time_formula():
 def test_sequential_clock_has_no_staleness_and_adds_durations():
   counts = np.array([3, 5])
   cfg = vc.ClockConfig(concurrency=1, num_updates=6, compute=vc.Distribution("constant", 1.))
-  s = vc.simulate(cfg, counts, seed=3)
+  s = vc.draw_schedule(cfg, counts, seed=3)
   assert np.all(s.staleness == 0)
   np.testing.assert_allclose(s.time, np.cumsum(counts[s.client]))
   np.testing.assert_array_equal(s.arrival_version, np.arange(6))
@@ -98,7 +98,7 @@ def test_clock_invariants_and_histogram(k):
   cfg = vc.ClockConfig(concurrency=4, num_updates=30, buffer_k=k,
                        compute=vc.Distribution("lognormal", 0.1, 0.8),
                        comm=vc.Distribution("exponential", 0.5))
-  s = vc.simulate(cfg, counts, seed=0)
+  s = vc.draw_schedule(cfg, counts, seed=0)
   assert s.staleness_histogram().sum() == s.kept().sum() == 30 * k
   assert s.applies.sum() == 30
   assert np.all(np.diff(s.time) >= 0) and np.all(s.staleness >= 0)
@@ -120,7 +120,7 @@ def test_clock_invariants_and_histogram(k):
 def test_ring_buffer_drops_are_counted():
   cfg = vc.ClockConfig(concurrency=5, num_updates=40, ring_size=2,
                        compute=vc.Distribution("exponential", 1.0))
-  s = vc.simulate(cfg, np.full(6, 10), seed=1)
+  s = vc.draw_schedule(cfg, np.full(6, 10), seed=1)
   assert s.dropped.sum() > 0
   assert np.all(s.staleness[s.dropped] > 1) and np.all(s.staleness[s.kept()] <= 1)
   assert s.staleness_histogram().sum() == 40
@@ -160,7 +160,7 @@ def run_batched(algorithm, schedule, data, hp, group_size):
   groups = async_engine.group_arrays(schedule, group_size)
   state = async_engine.init_state(algorithm, W0, cfg.ring_size, seed=0)
   runner = async_engine.make_runner(logreg_apply, algorithm, cfg)
-  state, rows = async_engine.simulate(runner, state, schedule, groups, hp, data,
+  state, rows = async_engine.run_arrivals(runner, state, schedule, groups, hp, data,
                                       async_engine.full_masks(W0), np.zeros(N_CLIENTS),
                                       eval_every=5, groups_per_call=7)
   return np.asarray(state.w), rows, groups
@@ -175,7 +175,7 @@ def test_fedasync_batched_equals_event_loop(ring_size):
   data = tiny_data()
   cfg = vc.ClockConfig(concurrency=4, num_updates=25, epochs=LOCAL.max_epochs,
                        compute=vc.Distribution("uniform", 0.5, 2.0), ring_size=ring_size)
-  s = vc.simulate(cfg, np.asarray(data.counts), seed=2)
+  s = vc.draw_schedule(cfg, np.asarray(data.counts), seed=2)
   assert s.staleness.max() >= 2
   assert (s.dropped.sum() > 0) == (ring_size == 3)
   w_batched, rows, groups = run_batched(fedasync.ALGORITHM, s, data, FEDASYNC_HP, 4)
@@ -198,7 +198,7 @@ def test_fedbuff_batched_equals_event_loop():
   hp = {"lr": 0.1, "momentum": 0.0, "mu": 0.0, "server_lr": 0.8, "server_momentum": 0.5}
   cfg = vc.ClockConfig(concurrency=3, num_updates=8, buffer_k=3, epochs=LOCAL.max_epochs,
                        compute=vc.Distribution("exponential", 1.0))
-  s = vc.simulate(cfg, np.asarray(data.counts), seed=5)
+  s = vc.draw_schedule(cfg, np.asarray(data.counts), seed=5)
   assert s.staleness.max() >= 1
   w_batched, _, groups = run_batched(fedbuff.ALGORITHM, s, data, hp, 5)
   assert groups["valid"].sum(axis=1).max() > 1
@@ -316,7 +316,7 @@ def test_local_steps_caps_each_task_at_the_first_minibatches(local_steps):
     w = w - 0.1 * g
   assert int(out.num_steps) == min(local_steps, 4)
   np.testing.assert_allclose(out.w_end, w, rtol=1e-5, atol=1e-6)
-  sched = vc.simulate(vc.ClockConfig(concurrency=2, num_updates=4), np.asarray(data.counts), 0)
+  sched = vc.draw_schedule(vc.ClockConfig(concurrency=2, num_updates=4), np.asarray(data.counts), 0)
   tasks = np.bincount(sched.client[sched.kept()], minlength=N_CLIENTS)
   spe = -(-np.asarray(data.counts) // 4)
   np.testing.assert_array_equal(async_engine.client_steps(sched, data.counts, local),
@@ -460,11 +460,11 @@ def test_pruned_client_updates_only_its_submodel():
   hp = {"lr": 0.1, "momentum": 0.0, "beta": 0.7, "hinge_a": 1.0, "hinge_b": 1.0,
         "dp_epsilon": 5.0, "dp_clip": 1.0, "dp_delta": 1e-5}
   cfg_clock = vc.ClockConfig(concurrency=3, num_updates=6, epochs=1)
-  s = vc.simulate(cfg_clock, np.asarray(data.counts), seed=0)
+  s = vc.draw_schedule(cfg_clock, np.asarray(data.counts), seed=0)
   cfg = async_engine.AsyncConfig(client_lib.LocalConfig(4, 1, M), s.ring_size, 3)
   state = async_engine.init_state(privaasyncfed.ALGORITHM, w0, cfg.ring_size, 0)
   runner = async_engine.make_runner(apply, privaasyncfed.ALGORITHM, cfg)
-  state, _ = async_engine.simulate(runner, state, s, async_engine.group_arrays(s, 3), hp,
+  state, _ = async_engine.run_arrivals(runner, state, s, async_engine.group_arrays(s, 3), hp,
                                    data, masks, scale_index, eval_every=100)
   w = np.asarray(state.w)
   held = masks[2] > 0

@@ -244,7 +244,8 @@ def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path
   args = [a for a in args if not a.startswith("--algorithm=pafed")]
   res = run(args + [f"--output_dir={tmp_path}"])
   assert res.returncode != 0
-  err = res.stderr.strip().splitlines()
+  # the cost line before the work, then one error line
+  err = [l for l in res.stderr.strip().splitlines() if " cost: " not in l]
   assert len(err) == 1 and err[0].startswith("error: diverged: algorithm fedavg: "), err
   assert "round 7:" in err[0] and "metrics.jsonl holds rounds 1-6" in err[0], err[0]
   assert "last finite checkpoint: round 6" in err[0], err[0]
@@ -372,7 +373,8 @@ def test_sigint_exits_130_with_one_line_and_no_traceback(tmp_path):
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   assert re.fullmatch(r"\[pafed\] interrupted at round \d+/40; no checkpoint "
                       r"\(--checkpoint_every=0\): rerun the same command with --resume to "
-                      r"start it again", err.strip()), err[-3000:]
+                      r"start it again", err.strip().splitlines()[-1]), err[-3000:]
+  assert len(err.strip().splitlines()) == 2 and " cost: " in err  # the cost line first
 
 
 TINY = ["--algorithm=fedavg", "--dataset=synthetic", "--num_clients=6", "--rounds=4",

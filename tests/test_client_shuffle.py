@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 
 R = client_lib.SHUFFLE_ROUNDS
 

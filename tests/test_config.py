@@ -127,7 +127,7 @@ def test_the_virtual_clocks_flags_are_made_from_its_config():
 
 
 def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fields():
-  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
   from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   from fedjax_async.fededs import experiment, store  # pylint: disable=g-import-not-at-top
   clock = async_config.AsyncRunConfig().replace(concurrency=3, dp_epsilon=2.0)
@@ -136,7 +136,7 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
                      "did you mean concurrency"):
     clock.replace(concurency=4)
   with pytest.raises(config.ConfigError) as e:
-    driver.validate(clock.replace(concurrency=20))
+    async_experiment.validate(clock.replace(concurrency=20))
   assert str(e.value) == "clock.concurrency: must be in [1, data.num_clients=10], got 20"
   assert cli.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
                                            "got 20")
@@ -157,9 +157,9 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
   assert cli.as_flags(said) == "--lr=0.01 (now 0.02)"
   assert cli.as_flags("alg1.unet_width=4 (now 16)") == "--unet_width=4 (now 16)"
   with pytest.raises(config.ConfigError, match=r"^algorithm\.names: lists an algorithm more"):
-    driver.validate(clock.replace(algorithm="fedasync,fedbuff,fedasync"))
+    async_experiment.validate(clock.replace(algorithm="fedasync,fedbuff,fedasync"))
   with pytest.raises(config.ConfigError, match=r"^algorithm\.mix_alpha: needs distinct"):
-    driver.validate(clock.replace(mix_alpha="0.5,0.50"))
+    async_experiment.validate(clock.replace(mix_alpha="0.5,0.50"))
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -201,5 +201,5 @@ def test_rho_has_one_meaning_across_the_engines():
 
 
 def test_a_virtual_clock_run_stored_with_rho_reads_as_dc_rho():
-  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
-  assert driver.renamed({"rho": 0.5, "lr": 0.1}) == {"dc_rho": 0.5, "lr": 0.1}
+  from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
+  assert async_experiment.renamed({"rho": 0.5, "lr": 0.1}) == {"dc_rho": 0.5, "lr": 0.1}

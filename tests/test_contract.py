@@ -40,7 +40,7 @@ def test_a_toy_algorithm_runs_on_the_round_engine_as_a_plain_loop_computes_it():
                           seed=3)
   cfg = test_engine.make_cfg(ring=4)
   state = engine.init_state(TOY, test_engine.W0, test_engine.N, cfg.ring_size, 0)
-  state, _ = engine.simulate(engine.make_runner(test_engine.apply_flat, TOY, cfg), state, tl,
+  state, _ = engine.run_rounds(engine.make_runner(test_engine.apply_flat, TOY, cfg), state, tl,
                              test_engine.HP, test_engine.device_data(), rounds_per_call=3)
   assert test_engine.HP["server_lr"] == 1.0
   history = test_engine.reference_run("fedavg", tl, cfg)
@@ -53,7 +53,7 @@ def test_the_same_toy_runs_on_the_virtual_clock_one_arrival_at_a_time():
   data = test_async.tiny_data()
   clock = vc.ClockConfig(concurrency=4, num_updates=20, epochs=test_async.LOCAL.max_epochs,
                          compute=vc.Distribution("uniform", 0.5, 2.0))
-  schedule = vc.simulate(clock, np.asarray(data.counts), seed=2)
+  schedule = vc.draw_schedule(clock, np.asarray(data.counts), seed=2)
   assert schedule.staleness.max() >= 2  # stale arrivals: w_tau differs from w
   hp = {"lr": 0.1, "momentum": 0.5, "mu": 0.0, "server_lr": 0.7}
   w, rows, _ = test_async.run_batched(TOY, schedule,
@@ -83,7 +83,7 @@ def test_a_toy_per_arrival_rule_runs_on_the_virtual_clock_as_a_plain_loop_comput
   data = test_async.tiny_data()
   clock = vc.ClockConfig(concurrency=4, num_updates=16, epochs=test_async.LOCAL.max_epochs,
                          compute=vc.Distribution("uniform", 0.5, 2.0))
-  schedule = vc.simulate(clock, np.asarray(data.counts), seed=4)
+  schedule = vc.draw_schedule(clock, np.asarray(data.counts), seed=4)
   assert schedule.staleness.max() >= 2
   hp = {"lr": 0.1, "momentum": 0.5, "mu": 0.0, "server_lr": 0.6}
   w, rows, _ = test_async.run_batched(TOY_STEP, schedule, data, hp, 4)

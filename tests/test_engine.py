@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import base
@@ -315,7 +315,7 @@ def test_engine_equals_sequential_reference(name, delay, upload):
   alg = get(name, upload)
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
   # Two calls of 3 rounds: one compiled chunk length (a ragged 4 + 2 compiled twice).
-  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+  state, rows = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                                 device_data(), rounds_per_call=3)
   history = reference_run(name, tl, cfg, admm_upload=upload)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
@@ -333,13 +333,13 @@ def test_chunked_clients_equal_the_sequential_reference(chunk):
   cfg = dataclasses.replace(make_cfg(ring=4), client_chunk=chunk)
   alg = get("pafed")
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+  state, _ = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                              device_data(), rounds_per_call=5)
   history = reference_run("pafed", tl, cfg)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
   # The persistent duals, scattered back from the chunks, equal the one-vmap engine's.
   ref = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  ref, _ = engine.simulate(engine.make_runner(apply_flat, alg, make_cfg(ring=4)), ref, tl,
+  ref, _ = engine.run_rounds(engine.make_runner(apply_flat, alg, make_cfg(ring=4)), ref, tl,
                            HP, device_data(), rounds_per_call=5)
   np.testing.assert_allclose(np.asarray(state.client_state["dual"]),
                              np.asarray(ref.client_state["dual"]), rtol=1e-5, atol=1e-6)
@@ -383,7 +383,7 @@ def test_streamed_uploads_equal_the_sequential_reference(name, chunk, shuffle):
   # PAFed with a local learning rate large enough that some delayed updates conflict.
   hp = dict(HP, lr=1.0) if name == "pafed" else HP
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, hp,
+  state, rows = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, hp,
                                 device_data(), rounds_per_call=5)
   history = reference_run(name, tl, cfg, hp)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
@@ -391,7 +391,7 @@ def test_streamed_uploads_equal_the_sequential_reference(name, chunk, shuffle):
     assert all(r["tau_eff"] > 1.0 for r in rows)
   if name == "pafed":  # DUCC's count of conflicting delayed uploads, from its running sums
     ref_state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-    _, ref_rows = engine.simulate(engine.make_runner(apply_flat, alg, make_cfg(ring=4)),
+    _, ref_rows = engine.run_rounds(engine.make_runner(apply_flat, alg, make_cfg(ring=4)),
                                   ref_state, tl, hp, device_data(), rounds_per_call=5)
     assert [r["conflicting"] for r in rows] == [r["conflicting"] for r in ref_rows]
     assert sum(r["conflicting"] for r in rows) > 0
@@ -444,13 +444,13 @@ def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
   alg = get("fedprox")
   runner = engine.make_runner(apply_flat, alg, make_cfg(epochs=2, ring=4))
   state = engine.init_state(alg, W0, N, 4, 0)
-  state, rows = engine.simulate(runner, state, tl, HP, device_data(), rounds_per_call=4,
+  state, rows = engine.run_rounds(runner, state, tl, HP, device_data(), rounds_per_call=4,
                                 round_hp=sched)
   ref = engine.init_state(alg, W0, N, 4, 0)
   ref_rows = []
   for t in range(rounds):
     hp_t = dict(HP, **{k: v[t] for k, v in sched.items()})
-    ref, r = engine.simulate(runner, ref, tl, hp_t, device_data(), rounds_per_call=1,
+    ref, r = engine.run_rounds(runner, ref, tl, hp_t, device_data(), rounds_per_call=1,
                              stop_round=t + 1)
     ref_rows += r
   np.testing.assert_allclose(np.asarray(state.w), np.asarray(ref.w), rtol=1e-5, atol=1e-6)
@@ -463,7 +463,7 @@ def test_round_hp_schedule_equals_one_call_per_round_with_that_hp():
     trained = tl.client[t][tl.valid[t]]
     assert row["client_steps"] == sched["local_epochs"][t] * int(spe[trained].sum())
   with pytest.raises(ValueError, match="round_hp\\['lr'\\].*\\(4,\\)"):
-    engine.simulate(runner, engine.init_state(alg, W0, N, 4, 0), tl, HP, device_data(),
+    engine.run_rounds(runner, engine.init_state(alg, W0, N, 4, 0), tl, HP, device_data(),
                     round_hp={"lr": [0.1, 0.1]})
 
 
@@ -499,7 +499,7 @@ def test_delayed_clients_start_from_their_dispatch_round_model():
   cfg = make_cfg(epochs=1, ring=4)
   alg = recorder_algorithm()
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  _, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl,
+  _, rows = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl,
                             dict(HP, lr=0.0), device_data(), rounds_per_call=5)
   stale = 0
   for t in range(rounds):
@@ -527,7 +527,7 @@ def test_updates_older_than_the_buffer_are_dropped_and_counted():
   alg = get("fedavg")
   cfg = make_cfg(epochs=1, ring=ring)
   state = engine.init_state(alg, W0, N, ring, 0)
-  state, rows = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+  state, rows = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                                 device_data(), rounds_per_call=6)
   history = reference_run("fedavg", kept, cfg)
   np.testing.assert_allclose(np.asarray(state.w), history[-1], rtol=2e-4, atol=2e-5)
@@ -669,7 +669,7 @@ def test_duals_change_only_for_clients_that_trained():
   alg = get("fedadmm")
   cfg = make_cfg(epochs=1)
   state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-  state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+  state, _ = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                              device_data())
   trained = set(tl.client[tl.valid].tolist())
   duals = np.asarray(state.client_state["dual"])
@@ -731,7 +731,7 @@ def test_progress_callback_reports_every_round_from_inside_a_chunk_and_changes_n
   for progress in (None, lambda r: seen.append(int(r))):
     cfg = dataclasses.replace(make_cfg(ring=3), progress=progress)
     state = engine.init_state(alg, W0, N, cfg.ring_size, 0)
-    state, _ = engine.simulate(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
+    state, _ = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state, tl, HP,
                                device_data(), rounds_per_call=3)
     states.append(np.asarray(state.w))
   assert seen == [1, 2, 3, 4, 5, 6]  # two compiled chunks of 3 rounds, a call per round

@@ -13,6 +13,7 @@ import pytest
 
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
+from fedjax_async.core import progress as progress_lib
 from fedjax_async.rounds import experiment
 from run_script import RUN, read_rows, run, without_wall
 ALGS = ("fedavg", "fedprox", "fednova", "fedadmm", "pafed")
@@ -413,7 +414,7 @@ def test_progress_gives_rate_and_eta_once_per_chunk_on_its_last_round(monkeypatc
   # the run starts at 100 s; its first 3-round chunk (with the compilation) is back at
   # 106 s, the second at 107.5 s (and any later reading)
   clock = itertools.chain([100.0, 106.0], itertools.repeat(107.5))
-  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   progress = experiment.Progress("run", total=10, stream=out)
   row = lambda t: {"round": t, "test_accuracy": 0.5 if t % 2 else None, "train_loss": 1.0,
@@ -434,7 +435,7 @@ def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(mon
   # algorithm 1 of 4 runs from 100 s; its first 3-round chunk comes back at 106.5 s, the
   # second at 108 s: 0.5 s per round, and a start-up of 6.5 - 3 x 0.5 = 5 s
   clock = itertools.chain([100.0, 106.5], itertools.repeat(108.0))
-  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   overall = experiment.Overall(count=4, rounds=6)
   progress = experiment.Progress("pafed", total=6, stream=out, position=(1, 4),
@@ -458,7 +459,7 @@ def test_progress_of_several_algorithms_names_which_and_gives_the_eta_of_all(mon
 def test_progress_prints_every_kth_round_the_last_and_one_after_a_silence(monkeypatch):
   # Rounds 1-3 come back at 102 s, 4-6 at 104 s, 7-9 at 120 s (after 16 s of silence).
   clock = itertools.chain([100.0, 102.0, 104.0, 120.0], itertools.repeat(121.0))
-  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   progress = experiment.Progress("run", total=10, stream=out, every=4)
   row = lambda t: {"round": t, "test_accuracy": 0.5, "train_loss": 1.0, "online": 3,
@@ -506,7 +507,7 @@ def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatc
 
 def test_progress_tick_from_inside_a_chunk_prints_only_after_a_silence(monkeypatch):
   clock = iter([100.0, 105.0, 112.0, 115.0])
-  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
   out = io.StringIO()
   progress = experiment.Progress("cnn", total=10, stream=out)  # starts at 100 s
   progress.tick(1)  # 105 s: 5 s of silence, no line

@@ -484,7 +484,7 @@ def test_the_sweep_titles_its_figure_by_the_swept_values_and_the_model_built(
 
 def test_the_virtual_clock_draws_several_seeds_as_one_band(saved_figures, tmp_path):
   from fedjax_async.asynchronous import config as aconfig  # pylint: disable=g-import-not-at-top
-  from fedjax_async.asynchronous import driver  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
   cfg = aconfig.AsyncRunConfig().replace(output_dir=str(tmp_path), model="auto",
                                               dataset="synthetic")
   summary = {"dataset": "synthetic_1_1", "model": "logreg"}
@@ -493,7 +493,7 @@ def test_the_virtual_clock_draws_several_seeds_as_one_band(saved_figures, tmp_pa
   run = lambda acc: types.SimpleNamespace(summary=summary, rows=rows(acc, 0.0))
   result = types.SimpleNamespace(figure=None, by_seed={
       0: {"fedasync": run([0.2, 0.4, 0.6])}, 3: {"fedasync": run([0.4, 0.8, 0.8])}})
-  driver.plot_seeds(cfg, result)
+  async_experiment.plot_seeds(cfg, result)
   ax = saved_figures[-1].axes[0]
   mean, std = [0.3, 0.6, 0.7], np.std([[0.2, 0.4, 0.6], [0.4, 0.8, 0.8]], axis=0, ddof=1)
   assert _band(ax) == _expected_band([0, 1, 2], mean, std)

@@ -62,8 +62,8 @@ def test_dp_alg1_noise_warns_with_the_epsilon_it_spends(capsys):
 
 
 def final_models(capsys=None, **fields):
-  from fedjax_async.asynchronous import driver
-  result = driver.simulate(fa.AsyncRunConfig(), **TINY_ASYNC, **fields)
+  from fedjax_async.asynchronous import experiment as async_experiment
+  result = async_experiment.run_virtual_clock(fa.AsyncRunConfig(), **TINY_ASYNC, **fields)
   return {name: np.asarray(run.state.w) for name, run in result.runs.items()}
 
 
@@ -179,8 +179,8 @@ def test_every_driver_prints_its_cost_first_even_quiet(capsys):
   fa.simulate(algorithm="fedavg", rounds=2, quiet=True)
   err = capsys.readouterr().err
   assert err.count("[fedavg] cost: ") == 1 and "warning" not in err
-  from fedjax_async.asynchronous import driver
-  driver.simulate(fa.AsyncRunConfig(), algorithm="fedasync", **TINY_ASYNC)
+  from fedjax_async.asynchronous import experiment as async_experiment
+  async_experiment.run_virtual_clock(fa.AsyncRunConfig(), algorithm="fedasync", **TINY_ASYNC)
   err = capsys.readouterr().err
   assert err.count("[fedasync] cost: ") == 1 and "warning" not in err
 
@@ -194,7 +194,7 @@ def test_fededs_cost_warns_at_the_paper_size_not_quick():
   est = {}
   for name, cfg in (("paper", paper), ("quick", quick)):
     alphas, ks, bases, variants = experiment.validate(cfg)
-    est[name] = cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants,
+    est[name] = experiment.estimate_cost(cfg, len(alphas) * len(ks), len(bases), variants,
                             device=pinned_cpu())
   assert est["paper"].seconds > cost.WARN_SECONDS > est["quick"].seconds
   # Alg. 1 alone at the paper's size: 60000 rows x (5 pre-training epochs of the CNN + 20

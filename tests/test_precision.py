@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import cli
 from fedjax_async import config
 from fedjax_async import models

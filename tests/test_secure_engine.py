@@ -31,7 +31,7 @@ import pytest
 
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.rounds import timeline as timeline_lib
@@ -72,14 +72,14 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
   plain_alg = pafed.make_algorithm(cheon.make_cheon_min(D), eps)
   state = engine.init_state(plain_alg, w0, data.counts.shape[0], ecfg.ring_size, cfg.run.seed)
   runner = engine.make_runner(apply_flat, plain_alg, ecfg)
-  plain_state, plain_rows = engine.simulate(runner, state, tl, cfg.hparams(), data,
+  plain_state, plain_rows = engine.run_rounds(runner, state, tl, cfg.hparams(), data,
                                             rounds_per_call=ROUNDS)
 
   out = io.StringIO()
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
                             cfg.run.seed)
   states = [state]
-  sec_state, sec_rows, totals = secure_engine.simulate(
+  sec_state, sec_rows, totals = secure_engine.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset="insecure_test", min_depth=D, stream=out,
       on_chunk=lambda s, rows: states.append(s))
@@ -129,7 +129,7 @@ def test_streamed_design_rounds_equal_the_plaintext_server_on_the_same_uploads(s
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
                             cfg.run.seed)
   states = [state]
-  _, rows, _ = secure_engine.simulate(
+  _, rows, _ = secure_engine.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset="insecure_test", min_depth=D, design="streamed", stop_round=rounds,
       stream=io.StringIO(), on_chunk=lambda s, r: states.append(s))

@@ -25,7 +25,8 @@ CHILD = textwrap.dedent("""
   import dataclasses, functools, json
   import jax, jax.numpy as jnp, numpy as np
   from jax.sharding import PartitionSpec
-  from fedjax_async import client as client_lib, sharding
+  from fedjax_async import sharding
+  from fedjax_async.core import client as client_lib
   from fedjax_async.rounds import engine
   from fedjax_async.rounds import timeline as timeline_lib
   from fedjax_async.algorithms import get
@@ -51,7 +52,7 @@ CHILD = textwrap.dedent("""
 
   def run(cfg, tl, data, state):
     runner = engine.make_runner(apply_flat, alg, cfg)
-    return engine.simulate(runner, state, tl, HP, data, eval_every=2, rounds_per_call=3)
+    return engine.run_rounds(runner, state, tl, HP, data, eval_every=2, rounds_per_call=3)
 
   ref_state, ref_rows = run(cfg, tl, data, engine.init_state(alg, w0, N, 3, 0))
 
@@ -81,9 +82,9 @@ CHILD = textwrap.dedent("""
   fa = get("fedavg")
   fcfg = dataclasses.replace(scfg, client_chunk=2)
   fa_runner = engine.make_runner(apply_flat, fa, fcfg)
-  fa_state, _ = engine.simulate(fa_runner, sharding.replicate(
+  fa_state, _ = engine.run_rounds(fa_runner, sharding.replicate(
       engine.init_state(fa, w0, N, 3, 0), mesh), stl, HP, sdata, rounds_per_call=3)
-  fa_ref, _ = engine.simulate(engine.make_runner(apply_flat, fa, cfg),
+  fa_ref, _ = engine.run_rounds(engine.make_runner(apply_flat, fa, cfg),
                               engine.init_state(fa, w0, N, 3, 0), tl, HP, data,
                               rounds_per_call=3)
   out = {

@@ -15,7 +15,7 @@ from fedjax_async import loop
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import checkpoint as ckpt_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
@@ -65,7 +65,7 @@ def separate_run(cfg, name):
     _RUNNERS[(name, ecfg)] = engine.make_runner(apply_flat, alg, ecfg)
   tl = timeline_lib.build(N, cfg.run.rounds, cfg.run.participation, cfg.delay, cfg.run.seed)
   state = engine.init_state(alg, w0, N, ecfg.ring_size, cfg.run.seed)
-  return engine.simulate(_RUNNERS[(name, ecfg)], state, tl,
+  return engine.run_rounds(_RUNNERS[(name, ecfg)], state, tl,
                          cfg.hparams(), engine.DeviceData.from_federated(fed),
                          eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call)
 

@@ -10,7 +10,7 @@ groups:
 1. gather each member's start model from the ring buffer by its dispatch version
    (``ring[v % R]``), its parameter mask (pruning scale, ones for a full model) and data;
 2. train all G members in ONE ``jax.vmap`` of ``train_local`` (the key of each task is
-   ``engine.client_key(base_key, dispatch_index, client)``);
+   ``device.client_key(base_key, dispatch_index, client)``);
 3. apply their uploads to the server model SEQUENTIALLY in arrival order (a ``lax.scan``
    over the G slots calling ``the algorithm's ``server_step``), writing each new version v + 1 into
    ``ring[(v + 1) % R]``.
@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
-from fedjax_async.rounds import engine
-from fedjax_async.rounds import ops
+from fedjax_async.core import device
+from fedjax_async.core import divergence
 from fedjax_async import privacy
 from fedjax_async.asynchronous import virtual_clock
 from fedjax_async.algorithms import base
@@ -179,7 +179,7 @@ def group_arrays(schedule: virtual_clock.Schedule, group_size: int) -> Dict[str,
   return out
 
 
-def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale_index, *,
+def group_step(state: AsyncState, grp, hp, data: device.DeviceData, masks, scale_index, *,
                apply_flat, algorithm: base.Algorithm, cfg: AsyncConfig):
   """Steps 1-3 of the module docstring for one padded group."""
   ring_size = state.ring.shape[0]
@@ -189,7 +189,7 @@ def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale
   w_start = state.ring[dv % ring_size]
   mask = masks[scale_index[ids]]
   n = data.counts[ids]
-  keys = jax.vmap(engine.client_key, in_axes=(None, 0, 0))(state.key, grp["dispatch_index"],
+  keys = jax.vmap(device.client_key, in_axes=(None, 0, 0))(state.key, grp["dispatch_index"],
                                                             ids)
   train = functools.partial(train_local, apply_flat, algorithm, hp=hp, cfg=cfg)
   client_ids = ids
@@ -227,7 +227,7 @@ def group_step(state: AsyncState, grp, hp, data: engine.DeviceData, masks, scale
   return AsyncState(w, ring, sstate, state.key), metrics
 
 
-def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData, masks,
+def run_groups(state: AsyncState, groups, eval_mask, hp, data: device.DeviceData, masks,
                scale_index, *, apply_flat, algorithm, cfg: AsyncConfig):
   """Several groups in one ``lax.scan``; evaluates after groups where ``eval_mask``."""
 
@@ -237,7 +237,7 @@ def run_groups(state: AsyncState, groups, eval_mask, hp, data: engine.DeviceData
                             algorithm=algorithm, cfg=cfg)
     acc, loss = jax.lax.cond(
         do_eval,
-        lambda w: ops.evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
+        lambda w: device.evaluate(apply_flat, w, data.test_x, data.test_y, cfg.eval_batch),
         lambda w: (jnp.float32(jnp.nan), jnp.float32(jnp.nan)), s.w)
     metrics["test_accuracy"], metrics["test_loss"] = acc, loss
     return s, metrics
@@ -263,8 +263,8 @@ def eval_groups(groups: Dict[str, np.ndarray], schedule: virtual_clock.Schedule,
   return out
 
 
-def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups, hp,
-             data: engine.DeviceData, masks, scale_index, *, eval_every: int = 10,
+def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups, hp,
+             data: device.DeviceData, masks, scale_index, *, eval_every: int = 10,
              groups_per_call: int = 50,
              on_chunk: Optional[Callable[[AsyncState, List[dict]], None]] = None,
              start_group: int = 0):
@@ -296,8 +296,8 @@ def simulate(runner, state: AsyncState, schedule: virtual_clock.Schedule, groups
     rows = []
     for gi in range(end - start):
       g = start + gi
-      if metrics["nonfinite"][gi] and not engine.host_stops_on_divergence(on_chunk):
-        raise engine.Diverged(f"group {g}: the global model is not finite (NaN/Inf)")
+      if metrics["nonfinite"][gi] and not divergence.host_stops_on_divergence(on_chunk):
+        raise divergence.Diverged(f"group {g}: the global model is not finite (NaN/Inf)")
       members = np.flatnonzero(groups["valid"][g])
       for j in members:
         e = int(groups["event"][g, j])

@@ -244,7 +244,7 @@ class Schedule(NamedTuple):
             "in_flight_at_end": self.in_flight_at_end, "ring_size": self.ring_size}
 
 
-def simulate(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedule:
+def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedule:
   """Runs the event loop of the module docstring (deterministic from ``seed``)."""
   counts = np.asarray(counts)
   num_clients = len(counts)

@@ -34,7 +34,7 @@ import numpy as np
 
 from fedjax_async import interrupts
 from fedjax_async.rounds import engine
-from fedjax_async.rounds import ops
+from fedjax_async.core import device as ops
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.crypto import cheon
@@ -291,7 +291,7 @@ def _plaintext_pieces(apply_flat: Callable, algorithm: base.Algorithm,
   return phase_fn, jax.jit(engine.finish_round), eval_fn
 
 
-def simulate(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
+def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol=None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,

@@ -22,7 +22,7 @@ The parts, each a small pure function (see docs/fededs.md for the full story):
 
 One module a part: ``schedule`` (Eqs. 5, 9-10, ``FedEDSConfig``), ``model`` (the split
 model, the stochastic layer, the UNet encryptor), ``generation`` (Alg. 1), ``transfer``
-(Alg. 2, ``wrap``), ``driver`` (``run`` on the round engine), ``privacy`` (Fig. 3). The
+(Alg. 2, ``wrap``), ``engine`` (``run`` on the round engine), ``privacy`` (Fig. 3). The
 experiment of the paper's tables: ``config`` (``FedEDSRunConfig``), ``experiment``
 (``simulate`` of a configuration), ``store`` (what resumption reads back), ``report``
 (tables, Fig. 3, shared.md); imported by their module names. The parts'
@@ -41,7 +41,7 @@ from fedjax_async.fededs.generation import (  # noqa: F401
 from fedjax_async.fededs.transfer import (  # noqa: F401
     ID_KEY, kl_soft, transfer_loss, sample_sender, step_key, take_layer,
     transfer_penalty, wrap, client_id_rows, install_client_ids)
-from fedjax_async.fededs.driver import (  # noqa: F401
+from fedjax_async.fededs.engine import (  # noqa: F401
     hp_schedule, init_state, run, accuracy, shared_set_utility, rounds_to_target)
 from fedjax_async.fededs.privacy import (  # noqa: F401
     psnr, ssim, privacy_report, save_encryption_grid)

@@ -1,7 +1,7 @@
 """FedEDS's experiment configuration: ``FedEDSRunConfig``, one frozen dataclass a part
 (the grid, model, data, training, Alg. 1, run, outputs); ``experiments/fededs_table.py``'s
 flags are made from its fields (``cli.define_config_flags``), as the round engine's are
-from ``config.RunConfig``. ``fededs.experiment.simulate`` runs it.
+from ``config.RunConfig``. ``fededs.experiment.run_grid`` runs it.
 
   cfg = FedEDSRunConfig().replace(**QUICK, output_dir="out/fededs_quick")
 """

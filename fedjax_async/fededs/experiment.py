@@ -3,7 +3,7 @@ target (Tables III-V) and the S1 / S2 ablations (Tables VI-VII).
 
   from fedjax_async.fededs import config, experiment
   cfg = config.FedEDSRunConfig().replace(**config.QUICK, output_dir="out/fededs_quick")
-  result = experiment.simulate(cfg)        # a results.Result; result.table()
+  result = experiment.run_grid(cfg)        # a results.Result; result.table()
 
 Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
 by every base algorithm; then each base of grid.bases runs as each variant of
@@ -20,26 +20,27 @@ import json
 import os
 import shutil
 import time
-from typing import List, Tuple
 
 import jax
 import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import results
 from fedjax_async.config import ConfigError, check
-from fedjax_async.fededs import alg1, driver, report, store
+from fedjax_async.fededs import alg1, report, store
+from fedjax_async.fededs import engine as fededs_engine
 from fedjax_async.fededs.config import BASES, VARIANTS, FedEDSRunConfig
 from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
-from fedjax_async.fededs.schedule import FedEDSConfig, equal_work_epochs
+from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
 from fedjax_async.fededs.transfer import wrap
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import timeline as timeline_lib
-from fedjax_async.rounds.experiment import Progress
+from fedjax_async.core.progress import Progress
 
 class DataError(ValueError):
   """Fashion-MNIST cannot be read: the message names the file (and data.data_dir)."""
@@ -170,7 +171,7 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
                           every=cfg.output.checkpoint_every, total=t.rounds,
                           resume=cfg.output.resume, mismatch=store.checkpoint_mismatch)
   try:
-    resumed = ckpt.restore(driver.init_state(alg, w0, int(dev.counts.shape[0])))
+    resumed = ckpt.restore(fededs_engine.init_state(alg, w0, int(dev.counts.shape[0])))
     state, rows_before = None, []
     if resumed is not None:
       state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
@@ -181,7 +182,7 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
                          Progress(name, t.rounds, len(rows_before)),
                          resumed.wall_before if resumed else 0.0, callbacks)
     try:
-      driver.run(apply_flat, alg, w0, dev, tl, base_hp, fcfg, anneal=anneal, share=share,
+      fededs_engine.run(apply_flat, alg, w0, dev, tl, base_hp, fcfg, anneal=anneal, share=share,
                  fixed_epochs=fixed_epochs, seed=cfg.run.seed,
                  rounds_per_call=t.rounds_per_call, on_chunk=host, state=state)
     finally:
@@ -190,7 +191,7 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
     ckpt.close()
   rows = [checkpoint_lib.to_json_ready(r) for r in metrics.rows]
   accs = [r["test_accuracy"] for r in rows]
-  res = {**metrics_lib.accuracy_summary(accs), "rounds_to_target": driver.rounds_to_target(accs, t.target_accuracy),
+  res = {**metrics_lib.accuracy_summary(accs), "rounds_to_target": fededs_engine.rounds_to_target(accs, t.target_accuracy),
          "total_client_steps": int(sum(r["client_steps"] for r in rows)),
          "seconds": host.wall()}
   return res, rows
@@ -292,7 +293,50 @@ def _table(result: results.Result) -> str:
   return report.table(result.summaries(), result.config.training.target_accuracy)
 
 
-def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results.Result:
+def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
+                  device=None) -> cost_lib.Cost:
+  """A FedEDS invocation (``fededs.experiment.run_grid``) of ``cfg`` (a
+  ``FedEDSRunConfig``): per (alpha, K) setting Alg. 1 (E_c pre-training and E_g encryptor
+  epochs over every client's data, the UNet and the model), every base x variant for
+  training.rounds rounds of E_t epochs over the data (the sharing variants with as much
+  again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once."""
+  shape = (28, 28, 1)  # Fashion-MNIST
+  split = SplitModel(cfg.model.name, 10, shape, hidden=cfg.model.hidden)
+  x1 = jax.ShapeDtypeStruct((1,) + shape, np.float32)
+  theta = jax.eval_shape(split.init, jax.random.PRNGKey(0))
+  num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(theta))
+  fwd, act = cost_lib.forward_counts(lambda th, x: split.forward(th[0], th[1], x), theta, x1)
+  unet = make_encryptor(shape, width=cfg.alg1.unet_width)
+  phi = jax.eval_shape(lambda x: unet.init(jax.random.PRNGKey(0), x), x1)
+  enc_fwd, enc_act = cost_lib.forward_counts(lambda p, x: unet.apply(p, x), phi, x1)
+  n = cfg.data.train_subset or 60000
+  t, a = cfg.training, cfg.alg1
+  fcfg = fededs_config(cfg)
+  annealed = sum(annealed_epochs(r, fcfg.e_max, fcfg.e_min, fcfg.t_alpha, fcfg.t_beta)
+                 for r in range(1, t.rounds + 1))
+  epochs = sum((annealed if VARIANTS[v][0] or v == "equal" else t.base_epochs * t.rounds)
+               * (2 if VARIANTS[v][1] else 1) for v in variants)
+  alg1 = n * (a.pretrain_epochs * 3 * fwd + a.encryptor_epochs * 3 * (enc_fwd + fwd))
+  alg1_runs = num_settings + (1 if cfg.run.privacy else 0)
+  test = cfg.data.test_subset or 10000
+  flops = (alg1_runs * alg1
+           + num_settings * (bases * epochs * n * 3 * fwd
+                             + bases * len(variants) * t.rounds * test * fwd
+                             + 2 * a.utility_epochs * n * 3 * fwd))
+  device = device or cost_lib.detect()
+  steps = num_settings * bases * len(variants) * t.rounds
+  clients = max(int(k) for k in str(cfg.grid.num_clients).split(",") if k)
+  memory = (4.0 * n * 784 * 3  # the pool, the clients' padded sets, the encrypted sets
+            + 4.0 * (num_params * 8 + 2 * (act + enc_act) * t.batch_size) * clients)
+  alg1_steps = alg1_runs * -(-n // t.batch_size) * (a.pretrain_epochs + a.encryptor_epochs)
+  seconds = (flops / device.flops_per_second + steps * device.step_seconds
+             + alg1_steps * (cost_lib.CPU_ALG1_STEP_SECONDS if device.backend == "cpu"
+                             else cost_lib.ACCELERATOR_ALG1_STEP_SECONDS)
+             + cost_lib.COMPILE_SECONDS * (alg1_runs + num_settings * bases * len(variants)))
+  return cost_lib.Cost(flops, memory, seconds, device)
+
+
+def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results.Result:
   """Every setting of the grid, every run; a ``Result`` whose runs (``run_name``: setting,
   base, variant) are the finished ones in grid order, each with its summary (the
   accuracy metrics, rounds to the target, client steps) and rows. ``record``: more keys
@@ -305,9 +349,8 @@ def simulate(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results
     pool = load_pool(cfg)
   except (OSError, ValueError) as e:
     raise DataError(str(e)) from None
-  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
-  cost.announce(cost.fededs(cfg, len(alphas) * len(ks), len(bases), variants),
-                cost.FEDEDS_SMALLER, "fededs")
+  cost_lib.announce(estimate_cost(cfg, len(alphas) * len(ks), len(bases), variants),
+                    cost_lib.FEDEDS_SMALLER, "fededs")
   flat = cfg.flat()  # the record of the invocation (grid included); resumption compares it
   store.atomic_json(os.path.join(out_dir, "flags.json"), checkpoint_lib.to_json_ready(
       {**store.run_config(cfg), **{k: flat[k] for k in store.RESUME_FREE_FIELDS

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.fededs.model import SplitModel
 from fedjax_async.fededs.schedule import FedEDSConfig
 

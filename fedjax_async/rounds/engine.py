@@ -20,7 +20,7 @@ One round t (``round_step``), all inside one jitted function:
 
 ``run_chunk`` fuses several rounds into one ``lax.scan`` (no host round trip per round),
 evaluating the global model on the central test set in the rounds the host asks for.
-``simulate`` is the host driver: it feeds chunks, prints progress and hands metrics back.
+``run_rounds`` is the host loop: it feeds chunks, prints progress and hands metrics back.
 A delayed client is trained in its arrival round from the model of its dispatch round; the
 timeline never re-samples a client while its update is in flight, so its persistent state
 is the same as at dispatch and the result equals training at dispatch time.
@@ -38,26 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
 from fedjax_async.rounds import timeline as timeline_lib
-from fedjax_async.rounds.ops import evaluate, materialized, scan_chunks
+from fedjax_async.core.device import (DeviceData, client_key, evaluate, materialized,
+                                      scan_chunks)
+from fedjax_async.core.divergence import (Diverged, diverged, first_nonfinite,
+                                          host_stops_on_divergence)
 from fedjax_async.algorithms import base
-
-
-class DeviceData(NamedTuple):
-  """A federated data set on device (see ``fedjax_async.data.FederatedData``)."""
-
-  x: jax.Array  # [N, M, ...]
-  y: jax.Array  # [N, M]
-  counts: jax.Array  # [N]
-  test_x: jax.Array  # [T, ...]
-  test_y: jax.Array  # [T]
-
-  @classmethod
-  def from_federated(cls, data) -> "DeviceData":
-    return cls(jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts),
-               jnp.asarray(data.test_x), jnp.asarray(data.test_y))
 
 
 class SimState(NamedTuple):
@@ -144,12 +132,6 @@ def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
   ring = jnp.broadcast_to(w0, (ring_size,) + w0.shape)
   return SimState(jnp.int32(0), w0, ring, client_state, algorithm.init_server_state(w0),
                   jax.random.key_data(jax.random.PRNGKey(seed)))
-
-
-def client_key(base_key_data, dispatch_round, client_id):
-  """The PRNG key of a client's local training: a function of (dispatch round, client)."""
-  k = jax.random.wrap_key_data(base_key_data)
-  return jax.random.fold_in(jax.random.fold_in(k, dispatch_round), client_id)
 
 
 class ClientPhase(NamedTuple):
@@ -469,44 +451,7 @@ def metrics_to_rows(metrics: Dict[str, Any]) -> List[Dict[str, Any]]:
   return rows
 
 
-class Diverged(RuntimeError):
-  """The global model or the test loss became NaN/Inf in ``round`` (1-based, as the
-  console counts rounds)."""
-
-  def __init__(self, message: str, round_number: Optional[int] = None,
-               rows: Optional[List[dict]] = None):
-    super().__init__(message)
-    self.round = round_number
-    self.rows = rows or []  # the finite rounds of the chunk that diverged
-
-
-def first_nonfinite(rows: List[dict]) -> Optional[int]:
-  """The index of the first row whose model (``nonfinite``) or test loss is NaN/Inf, or
-  None: what ``loop.StopOnDivergence`` stops at (rounds, or the virtual clock's arrivals)."""
-  for i, r in enumerate(rows):
-    loss = r.get("test_loss")
-    if r.get("nonfinite") or (loss is not None and not np.isfinite(loss)):
-      return i
-  return None
-
-
-def host_stops_on_divergence(on_chunk) -> bool:
-  """Whether ``on_chunk`` (a ``loop.HostLoop`` with ``StopOnDivergence``) takes a chunk
-  with non-finite rows and stops the run itself; else the engine raises ``Diverged``."""
-  return bool(getattr(on_chunk, "stops_on_divergence", False))
-
-
-def diverged(rows: List[dict], i: int) -> Diverged:
-  """The ``Diverged`` of row ``i`` (``first_nonfinite``), carrying the rows before it."""
-  r = rows[i]
-  if "round" in r:
-    return Diverged(f"round {r['round']}: the global model or test loss is not finite "
-                    "(NaN/Inf)", r["round"], rows[:i])
-  return Diverged(f"group {r['group']}: the global model or test loss is not finite "
-                  "(NaN/Inf)", None, rows[:i])
-
-
-def simulate(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
+def run_rounds(runner, state: SimState, timeline: timeline_lib.Timeline, hp, data: DeviceData,
              *, eval_every: int = 1, rounds_per_call: int = 10,
              on_chunk: Optional[Callable[[SimState, List[dict]], None]] = None,
              stop_round: Optional[int] = None,

@@ -1,5 +1,5 @@
 """One algorithm's run on the round engine: data and model from a ``RunConfig``, the host
-loop around ``engine.simulate`` (checkpoints, ``output.resume``, divergence, interrupts,
+loop around ``engine.run_rounds`` (checkpoints, ``output.resume``, divergence, interrupts,
 metrics rows, TensorBoard, progress lines) and its summary.
 
 The path of a parameter: flag (``cli.define_run_flags``) -> ``RunConfig`` field
@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import jax
@@ -25,7 +24,7 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import server_optimizers
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async import interrupts
 from fedjax_async import loop
@@ -36,191 +35,11 @@ from fedjax_async import sharding
 from fedjax_async.rounds import timeline as timeline_lib
 
 from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
+from fedjax_async.core.building import build_model, load_data
+from fedjax_async.core.progress import CompileTimer, Overall, Progress, log_interval
 from fedjax_async.interrupts import Interrupted
 from fedjax_async import outputs
 from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
-
-
-def load_data(cfg: RunConfig):
-  from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
-  d = cfg.data
-  return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
-                       alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
-                       seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source,
-                       normalize=d.normalize)
-
-
-def build_model(cfg: RunConfig, fed_data):
-  """(name, flat initial weights, apply); a ValueError names model.name."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
-  input_shape = tuple(fed_data.x.shape[2:])
-  try:
-    name = (models.default_model_for(cfg.data.dataset) if cfg.model.name == "auto"
-            else cfg.model.name)
-    model = models.get_model(name, fed_data.num_classes, input_shape)
-  except ValueError as e:
-    raise ValueError(f"model.name: {e} (data.dataset={cfg.data.dataset})") from None
-  w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
-  # the same apply for the same model: later runs reuse its compiled rounds (make_runner)
-  apply_flat = _APPLY.setdefault((name, fed_data.num_classes, input_shape), apply_flat)
-  return name, w0, apply_flat
-
-
-_APPLY = {}
-
-
-class Overall:
-  """The rounds still to run over the algorithms of one invocation, for an ETA over all of
-  them: the current run's ETA, plus the later runs' rounds at the current run's steady
-  seconds per round, plus for each later run the start-up (compilation, first chunk) that
-  the runs so far took beyond their steady rounds."""
-
-  def __init__(self, count: int, rounds: int):
-    self.count, self.rounds, self.left = count, rounds, count * rounds
-    self.startups: List[float] = []
-
-  def skip(self, rounds: int):
-    """Rounds a resumed run does not run again."""
-    self.left -= rounds
-
-  def advance(self, rounds: int):
-    self.left -= rounds
-
-  def startup(self, seconds: float):
-    """A run's first chunk took ``seconds`` more than its rounds at the steady rate."""
-    self.startups.append(max(seconds, 0.0))
-
-  def eta(self, current_eta: float, current_left: int, per_round: float) -> float:
-    later = max(self.left - current_left, 0)
-    startup = sum(self.startups) / len(self.startups) if self.startups else 0.0
-    return current_eta + later * per_round + -(-later // max(self.rounds, 1)) * startup
-
-
-def log_interval(log_every: int, rounds: int) -> int:
-  """Rounds between console lines: ``log_every``, or for 0 about ten lines per run."""
-  return log_every if log_every > 0 else max(1, -(-rounds // 10))
-
-
-class Progress:
-  """A console line every ``every`` rounds, at the last round, and for the last round of
-  a chunk that comes back ``max_silence`` seconds or more after the previous line:
-  accuracy, arrivals, staleness, and on a chunk's last line the steady rounds/s and ETA.
-
-  The first chunk's time holds the compilation, so the rate is measured from the end of
-  the first chunk on (remaining rounds x seconds per round of the chunks since); until a
-  second chunk is back the line says "ETA after the first steady chunk". With
-  ``position`` = (i, n), i.e. algorithm i of n in one invocation, the lines say so and,
-  with ``overall``, the ETA of all n runs follows this run's. ``clock``: the time in
-  seconds (tests pass a fake one)."""
-
-  MAX_SILENCE = 10.0  # seconds without a line before one from inside a chunk
-
-  def __init__(self, name: str, total: int, start: int = 0, stream=None,
-               position: Optional[tuple] = None, overall: Optional[Overall] = None,
-               every: int = 1, max_silence: Optional[float] = None,
-               clock: Optional[Callable[[], float]] = None):
-    self.name, self.total, self.stream = name, total, stream
-    self.clock = clock or time.perf_counter
-    self.t0, self.start = self.clock(), start
-    self.position, self.overall = position, overall
-    self.last = start
-    self.every = max(1, int(every))
-    self.max_silence = self.MAX_SILENCE if max_silence is None else max_silence
-    self.last_line = self.t0
-    self.steady = None  # (time, rounds done) when the first chunk came back
-    self.first_chunk = None  # (seconds, rounds) of the first chunk
-
-  def _print(self, line: str):
-    print(line, file=self.stream or sys.stdout)
-
-  def per_round(self, done: int, now: float) -> Optional[float]:
-    """Seconds per round over the chunks after the first; None before one is back."""
-    if self.steady is None or done <= self.steady[1]:
-      return None
-    return (now - self.steady[0]) / (done - self.steady[1])
-
-  def tick(self, rounds_done):
-    """From inside a compiled chunk (``EngineConfig.progress``): a line when none came for
-    ``max_silence`` seconds, so a long chunk of rounds shows that it runs. It names the
-    chunk's first round, as its rounds' own lines follow when the chunk returns."""
-    now = self.clock()
-    if now - self.last_line < self.max_silence:
-      return
-    done = int(rounds_done)
-    spr = self.per_round(done, now)
-    eta = (f" | {1 / max(spr, 1e-9):.2f} rounds/s ETA {(self.total - done) * spr:.0f}s"
-           if spr is not None else "")
-    self._print(f"[{self.name}] compiled chunk from round {self.last + 1} running: "
-                f"{done - self.last} of its rounds done{eta}")
-    (self.stream or sys.stdout).flush()
-    self.last_line = now
-
-  def _timing(self, done: int, now: float) -> str:
-    """`` | r rounds/s ETA s`` (and all algorithms' ETA), or the wait for a steady chunk."""
-    if self.steady is None:  # the first chunk (with the compilation) is back
-      self.steady, self.first_chunk = (now, done), (now - self.t0, done - self.start)
-    spr = self.per_round(done, now)
-    if spr is None:
-      return " | ETA after the first steady chunk" if done < self.total else ""
-    eta = (self.total - done) * spr
-    tail = ""
-    if self.overall is not None and self.overall.count > 1:
-      if self.first_chunk is not None:  # once per run: its start-up beyond steady rounds
-        self.overall.startup(self.first_chunk[0] - self.first_chunk[1] * spr)
-        self.first_chunk = None
-      tail = (f", all {self.overall.count} algorithms "
-              f"{self.overall.eta(eta, self.total - done, spr):.0f}s")
-    return f" | {1 / max(spr, 1e-9):.2f} rounds/s ETA {eta:.0f}s{tail}"
-
-  def __call__(self, rows: List[dict]):
-    """The lines of a chunk's rows (one per round, in order, after the rounds so far)."""
-    now = self.clock()
-    first, done = self.last + 1, self.last + len(rows)
-    where = ""
-    if self.position is not None and self.position[1] > 1:
-      where = f" algorithm {self.position[0]}/{self.position[1]}"
-    if self.overall is not None:
-      self.overall.advance(done - self.last)
-    self.last = done
-    timing = self._timing(done, now)
-    due = [(first + i, r) for i, r in enumerate(rows)
-           if (first + i) % self.every == 0 or first + i == self.total or (
-               i == len(rows) - 1 and now - self.last_line >= self.max_silence)]
-    for i, (t, r) in enumerate(due):
-      acc = "  -   " if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
-      # The rate and ETA on the chunk's last line: its earlier rounds were not timed.
-      self._print(f"[{self.name}]{where} round {t:4d}/{self.total} acc {acc} "
-                  f"train_loss {r['train_loss']:.4f} online {r['online']} delayed "
-                  f"{r['delayed']} dropped {r['dropped']} staleness "
-                  f"{r['mean_staleness']:.2f}{timing if i == len(due) - 1 else ''}")
-      self.last_line = now
-    (self.stream or sys.stdout).flush()
-
-
-class CompileTimer:
-  """``runner`` (a jitted chunk) compiled ahead of its first call for each new argument
-  shape, saying so: the first chunk of a run is mostly compilation and would otherwise be
-  silent for seconds to minutes. The compiled program is the one ``jit`` would run."""
-
-  def __init__(self, runner, name: str, stream=None):
-    self.runner, self.name, self.stream = runner, name, stream
-    self.compiled = getattr(runner, "compiled", {})  # shared by a kept runner's runs
-
-  def __call__(self, *args):
-    key = jax.tree_util.tree_structure(args), tuple(
-        (np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "sharding", None))
-        for x in jax.tree_util.tree_leaves(args))
-    fn = self.compiled.get(key)
-    if fn is None:
-      rounds = np.shape(args[2])[0]  # the chunk's eval schedule: one entry per round
-      print(f"[{self.name}] compiling the round program ({rounds} rounds per call) ...",
-            file=self.stream or sys.stdout, flush=True)
-      t0 = time.perf_counter()
-      fn = self.compiled[key] = self.runner.lower(*args).compile()
-      print(f"[{self.name}] compiled in {time.perf_counter() - t0:.1f} s",
-            file=self.stream or sys.stdout, flush=True)
-    getattr(self.runner, "activate", lambda: None)()
-    return fn(*args)
 
 
 Run = results.Run  # (summary, rows, state, model)
@@ -398,14 +217,14 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
   server's loop."""
   if cfg.crypto.secure_aggregation == "ckks":
     from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-    return secure_engine.simulate(
+    return secure_engine.run_encrypted_rounds(
         setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl,
         cfg.hparams(setup.algorithm),
         setup.data, preset=cfg.crypto.ckks_preset, min_depth=cfg.crypto.ckks_min_depth,
         min_scale=cfg.crypto.ckks_min_scale, design=cfg.crypto.ckks_design, on_chunk=host,
         eval_every=cfg.run.eval_every,
         stream=io.StringIO() if quiet else sys.stdout)[0]
-  return engine.simulate(runner, state, setup.run_tl, cfg.hparams(setup.algorithm),
+  return engine.run_rounds(runner, state, setup.run_tl, cfg.hparams(setup.algorithm),
                          setup.data,
                          eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call,
                          on_chunk=host)[0]
@@ -424,7 +243,7 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
     if ckpt.latest is not None:
       start = setup.place(jax.tree.map(
           jnp.asarray, ckpt.manager.restore(start, ckpt.latest).state))[2]
-    finite, _ = engine.simulate(runner, start, setup.run_tl, cfg.hparams(setup.algorithm),
+    finite, _ = engine.run_rounds(runner, start, setup.run_tl, cfg.hparams(setup.algorithm),
                                 setup.data,
                                 eval_every=cfg.run.eval_every, stop_round=e.round - 1,
                                 rounds_per_call=cfg.run.rounds_per_call)

@@ -47,7 +47,7 @@ from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
 from fedjax_async.algorithms import server_optimizers
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment

@@ -14,7 +14,7 @@ seed of ``run.seeds``. With ``output.output_dir`` a run writes ``metrics.jsonl``
 ``comparison.md``; ``output.resume`` continues each run from its latest checkpoint and
 reads back the finished ones. The host side of a run is ``loop.HostLoop`` (metrics,
 checkpoints, the caller's callbacks, progress, signals) around
-``asynchronous.engine.simulate``.
+``asynchronous.engine.run_arrivals``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async import config as config_lib
 from fedjax_async import loop
 from fedjax_async import outputs
@@ -43,8 +43,9 @@ from fedjax_async.asynchronous import report
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.asynchronous.config import AsyncRunConfig
 from fedjax_async.config import check
-from fedjax_async.rounds import engine
-from fedjax_async.rounds import experiment
+from fedjax_async.core import device
+from fedjax_async.core import divergence
+from fedjax_async.core import building
 
 STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}  # FedAsync's s(t - tau)
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
@@ -247,7 +248,7 @@ def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   if fed is None:
     try:
-      fed = experiment.load_data(cfg)
+      fed = building.load_data(cfg)
     except (OSError, RuntimeError) as e:  # their messages name the field or the file
       raise ValueError(str(e)) from None
   input_shape = tuple(input_shape or fed.x.shape[2:])
@@ -258,7 +259,7 @@ def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input
       raise config_lib.ConfigError("model", str(e).removeprefix("model: ")) from None
     model = module
   else:
-    name, w0, apply_flat = experiment.build_model(cfg, fed)
+    name, w0, apply_flat = building.build_model(cfg, fed)
     model = models.get_model(name, fed.num_classes, input_shape)
   params = apply_flat.params(w0) if hasattr(apply_flat, "params") else None
   order = None
@@ -305,7 +306,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
-  schedule = vc.simulate(_clock_of(cfg, algorithm, clock, scales), counts, cfg.run.seed)
+  schedule = vc.draw_schedule(_clock_of(cfg, algorithm, clock, scales), counts, cfg.run.seed)
   loc = cfg.local
   local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
                                  momentum=loc.momentum > 0, local_steps=loc.local_steps)
@@ -328,7 +329,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   if algorithm.dp and math.isfinite(p.dp_epsilon):  # the epsilon it will spend, up front
     outputs.warn(report.dp_notice(run_name, cfg, report.dp_report(cfg, steps, counts, hp)))
   groups = async_engine.group_arrays(schedule, ecfg.group_size)
-  data = engine.DeviceData.from_federated(fed)
+  data = device.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)
   if mesh is not None:
     # (waited for: see sharding.shard_clients)
@@ -339,7 +340,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   host, ckpt, state, start_group = _host_loop(cfg, run_name, out_dir, config, num_groups,
                                               state, mesh, schedule, callbacks)
   try:
-    state, _ = async_engine.simulate(runner, state, schedule, groups, hp, data, masks,
+    state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=cfg.run.eval_every,
                                      groups_per_call=cfg.run.groups_per_call,
                                      on_chunk=host, start_group=start_group)
@@ -445,7 +446,7 @@ def prepare(cfg: AsyncRunConfig, runs, seeds):
   outputs.prepare_output_dir(o.output_dir, o.resume, o.overwrite, owned)
 
 
-def simulate(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
+def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequence = (),
              fed_data=None, module=None, input_shape=None, **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma list) on the virtual clock, once per seed.
 
@@ -516,7 +517,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
       try:
         run = run_one(cfg, run_name, algo, hparams(cfg, alpha, algorithms.get(algo)), clock, scales, fed, model,
                       out, callbacks)
-      except engine.Diverged as e:
+      except divergence.Diverged as e:
         print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)
         result.diverged[f"{run_name} (seed {cfg.run.seed})"] = str(e)
         continue

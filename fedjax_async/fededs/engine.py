@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import client as client_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.algorithms import base
 from fedjax_async.fededs.generation import SharedData, Training, sgd, train_chunk
 from fedjax_async.fededs.model import SplitModel
@@ -19,7 +19,7 @@ from fedjax_async.fededs.transfer import ID_KEY, install_client_ids, take_layer,
 Array = jax.Array
 
 
-# ------------------------------------------------------------------------- driver
+# ------------------------------------------------------------------- the engine
 
 
 def hp_schedule(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, share: bool,
@@ -50,7 +50,7 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
         ring_size: int = 2, seed: int = 0, eval_every: int = 1, rounds_per_call: int = 10,
         on_chunk=None, state=None):
   """Runs the round engine with per-round hp (Eq. 5, Eqs. 9-10) passed as
-  ``engine.simulate``'s ``round_hp``: one runner, compiled for the largest E_t (the
+  ``engine.run_rounds``'s ``round_hp``: one runner, compiled for the largest E_t (the
   local loop runs each round's traced E_t * ceil(n_i / B) steps, not the largest), so
   the schedule does not recompile. Returns (state, rows) of the rounds it ran.
 
@@ -80,7 +80,7 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
 
   annotated.stops_on_divergence = engine.host_stops_on_divergence(on_chunk)
 
-  return engine.simulate(runner, state, timeline, hp, data, eval_every=eval_every,
+  return engine.run_rounds(runner, state, timeline, hp, data, eval_every=eval_every,
                          rounds_per_call=rounds_per_call, on_chunk=annotated,
                          round_hp=round_hp)
 

@@ -1,11 +1,12 @@
-"""Array helpers of the round engine, each one jitted piece of a round: a ``lax.scan`` over
-chunks of rows, a gather materialised into buffers of its own, and the evaluation of a
-model on the central test set (shared with the virtual clock and the encrypted server).
+"""What every engine holds on device and computes there the same way: the federated data
+(``DeviceData``), each client's training key (``client_key``), a ``lax.scan`` over chunks
+of rows, a gather materialised into buffers of its own, and the evaluation of a model on
+the central test set.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,3 +72,24 @@ def materialized(tree, always_true):
     return tree
   return jax.lax.cond(always_true, lambda c: c,
                       lambda c: jax.tree.map(jnp.zeros_like, c), tree)
+
+
+class DeviceData(NamedTuple):
+  """A federated data set on device (see ``fedjax_async.data.FederatedData``)."""
+
+  x: jax.Array  # [N, M, ...]
+  y: jax.Array  # [N, M]
+  counts: jax.Array  # [N]
+  test_x: jax.Array  # [T, ...]
+  test_y: jax.Array  # [T]
+
+  @classmethod
+  def from_federated(cls, data) -> "DeviceData":
+    return cls(jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts),
+               jnp.asarray(data.test_x), jnp.asarray(data.test_y))
+
+
+def client_key(base_key_data, dispatch_round, client_id):
+  """The PRNG key of a client's local training: a function of (dispatch round, client)."""
+  k = jax.random.wrap_key_data(base_key_data)
+  return jax.random.fold_in(jax.random.fold_in(k, dispatch_round), client_id)

@@ -1,0 +1,3 @@
+"""What every engine shares: the one local-training loop (``client``), device data, client
+keys and evaluation (``device``), divergence (``divergence``), data and model building
+(``building``) and the progress lines (``progress``). Nothing here knows an engine."""

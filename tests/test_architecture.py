@@ -1,0 +1,181 @@
+"""The package's layers, read from its source: every import (those inside functions
+included) goes down a layer or stays within one, never up, and no modules import each
+other in a circle. The layers, bottom up:
+
+  base     no engine knowledge: configuration machinery, metrics, data, algorithms'
+           contract, the timeline and clock schedules, the CKKS protocol
+  core     what every engine shares: local training, device data and evaluation,
+           divergence, models, the algorithms, checkpoints, sharding
+  parts    configurations, outputs, the host loop, data/model building, progress
+  engines  the jitted programs: rounds, the virtual clock, FedEDS, the encrypted server
+  runs     orchestration: a run's files, resumption, sweeps, tables
+  api      ``simulate``
+  cli      flags and commands (and ``python -m`` entry points)
+
+An engine package does not import another engine's modules, except the ones built on the
+round engine (FedEDS, the sweeps, the encrypted server).
+"""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "fedjax_async")
+PKG = "fedjax_async"
+
+LAYERS = {
+    "base": ["flatkeys", "interrupts", "distributed", "compilation", "metrics", "privacy",
+             "layers", "algorithms.base", "rounds.timeline", "asynchronous.virtual_clock",
+             "fededs.schedule", "fededs.privacy", "data", "crypto"],
+    "core": ["core", "models", "sharding", "checkpoint", "algorithms"],
+    "parts": ["config", "asynchronous.config", "fededs.config", "outputs", "results", "loop",
+              "cost", "core.building", "core.progress"],
+    "engines": ["rounds", "asynchronous", "rounds.engine", "asynchronous.engine", "fededs.model", "fededs.generation",
+                "fededs.transfer", "fededs.engine", "fededs", "crypto.secure_engine"],
+    "runs": ["rounds.experiment", "asynchronous.experiment", "asynchronous.report",
+             "fededs.experiment", "fededs.report", "fededs.store", "sweeps"],
+    "api": ["api"],
+    "cli": ["cli", "__main__"],
+}
+ORDER = list(LAYERS)
+# Engine packages whose modules may import the round engine's (built on it).
+ON_ROUNDS = ("fededs", "sweeps", "crypto")
+
+
+def modules():
+  out = {}
+  for d, _, files in os.walk(ROOT):
+    for f in files:
+      if f.endswith(".py"):
+        rel = os.path.relpath(os.path.join(d, f), ROOT)[:-3].replace(os.sep, ".")
+        name = PKG if rel == "__init__" else PKG + "." + rel.removesuffix(".__init__")
+        out[name] = os.path.join(d, f)
+  return out
+
+
+MODULES = modules()
+
+
+def layer_of(module: str) -> str:
+  """The layer of the longest prefix of ``module`` named in LAYERS."""
+  rel = module[len(PKG) + 1:] if module != PKG else ""
+  if rel.endswith("__main__") or rel == "":
+    return "cli"
+  best, found = -1, None
+  for layer, prefixes in LAYERS.items():
+    for p in prefixes:
+      if (rel == p or rel.startswith(p + ".")) and len(p) > best:
+        best, found = len(p), layer
+  assert found is not None, f"{module}: in no layer of tests/test_architecture.py"
+  return found
+
+
+def imports(module: str):
+  """The package modules ``module`` imports (anywhere in its source)."""
+  path = MODULES[module]
+  tree = ast.parse(open(path).read())
+  is_pkg = path.endswith("__init__.py")
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        parts = module.split(".")
+        base = parts[:len(parts) - node.level + (1 if is_pkg else 0)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+      else:
+        mod = node.module or ""
+      names = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in node.names]
+    else:
+      continue
+    for n in names:
+      while n and n not in MODULES:
+        n = n.rpartition(".")[0]
+      if n and n != module and n.startswith(PKG):
+        out.add(n)
+  return out
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_module_has_a_layer():
+  for m in MODULES:
+    layer_of(m)
+
+
+def test_no_import_goes_up_a_layer():
+  up = []
+  for m, targets in GRAPH.items():
+    for t in targets:
+      if t == PKG:  # the package's lazy exports
+        continue
+      if ORDER.index(layer_of(t)) > ORDER.index(layer_of(m)):
+        up.append(f"{m} ({layer_of(m)}) imports {t} ({layer_of(t)})")
+  assert not up, "\n".join(sorted(up))
+
+
+def test_engines_do_not_import_each_other():
+  engines = ("rounds", "asynchronous", "fededs", "sweeps", "crypto")
+  bad = []
+  for m, targets in GRAPH.items():
+    own = m.split(".")[1] if m.count(".") else ""
+    for t in targets:
+      other = t.split(".")[1] if t.count(".") else ""
+      if own in engines and other in engines and own != other:
+        if other == "rounds" and own in ON_ROUNDS:
+          continue
+        if other == "crypto" and own == "rounds":  # the round engine's encrypted server
+          continue
+        bad.append(f"{m} imports {t}")
+  assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_circle():
+  index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in GRAPH[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        circles.append(sorted(comp))
+
+  for v in GRAPH:
+    if v not in index:
+      visit(v)
+  assert not circles, circles
+
+
+def test_the_walk_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+  path = tmp_path / "planted.py"
+  path.write_text("def f():\n  from fedjax_async import api\n")
+  monkeypatch.setitem(MODULES, "fedjax_async.planted", str(path))
+  assert imports("fedjax_async.planted") == {"fedjax_async.api"}
+
+
+def test_the_checks_catch_a_planted_upward_import_and_circle(monkeypatch):
+  monkeypatch.setitem(GRAPH, "fedjax_async.metrics",
+                      GRAPH["fedjax_async.metrics"] | {"fedjax_async.api"})
+  with pytest.raises(AssertionError, match="fedjax_async.metrics .base. imports "
+                     "fedjax_async.api"):
+    test_no_import_goes_up_a_layer()
+  with pytest.raises(AssertionError):  # api imports metrics (via others): a circle
+    test_no_import_circle()
