@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,13 +41,14 @@ from fedjax_async import sharding
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.asynchronous import report
 from fedjax_async.asynchronous import virtual_clock as vc
-from fedjax_async.asynchronous.config import AsyncRunConfig
+from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
+                                              seeds_of, validate)
 from fedjax_async.config import check
 from fedjax_async.core import device
 from fedjax_async.core import divergence
 from fedjax_async.core import building
 
-STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}  # FedAsync's s(t - tau)
+
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
 # made with other values of these is still the same run (run.eval_every is not among them:
 # it decides which rows carry a test accuracy).
@@ -68,93 +69,6 @@ def _table(result: Result) -> str:
     return report.seed_table({s: [r.summary for r in runs.values()]
                               for s, runs in result.by_seed.items()})
   return report.comparison_table([r.summary for r in result.runs.values()])
-
-
-def parse_floats(text: str, field: str) -> List[float]:
-  try:
-    return [float(v) for v in text.split(",") if v.strip()]
-  except ValueError:
-    raise config_lib.ConfigError(field, f"expected comma-separated numbers, got {text!r}"
-                                 ) from None
-
-
-def seeds_of(cfg: AsyncRunConfig) -> List[int]:
-  """The seeds of run.seeds (or [run.seed])."""
-  r = cfg.run
-  if not r.seeds.strip():
-    return [r.seed]
-  try:
-    seeds = [int(v) for v in r.seeds.split(",")]
-  except ValueError:
-    raise config_lib.ConfigError("run.seeds", "expected comma-separated integers, got "
-                                 f"{r.seeds!r}") from None
-  check(all(v >= 0 for v in seeds), "run.seeds", f"must be >= 0, got {r.seeds!r}")
-  check(len(set(seeds)) == len(seeds), "run.seeds", f"repeats a seed: {r.seeds!r}")
-  return seeds
-
-
-def validate(cfg: AsyncRunConfig):
-  """(algorithm names, PrivaAsyncFed's scales, ``vc.ClockConfig``); ``ConfigError`` naming
-  the field at fault."""
-  a, c, p, r = cfg.algorithm, cfg.clock, cfg.privacy, cfg.run
-  names = a.names.split(",")
-  choices = algorithms.names_on("virtual_clock")
-  for n in names:
-    check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
-  declared = {k for n in names for k, _ in algorithms.get(n).hparams}
-  for k in config_lib.parse_hp(a.hp):
-    check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
-          f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
-  check(len(set(names)) == len(names), "algorithm.names",
-        f"lists an algorithm more than once: {a.names!r}")
-  seeds_of(cfg)
-  n_clients = cfg.data.num_clients
-  check(n_clients >= 1, "data.num_clients", f"must be >= 1, got {n_clients}")
-  check(1 <= c.concurrency <= n_clients, "clock.concurrency",
-        f"must be in [1, data.num_clients={n_clients}], got {c.concurrency}")
-  check(c.num_updates >= 1, "clock.num_updates", f"must be >= 1, got {c.num_updates}")
-  check(c.num_arrivals >= 0, "clock.num_arrivals", f"must be >= 0 (0: off), got "
-        f"{c.num_arrivals}")
-  check(c.buffer_k >= 1, "clock.buffer_k", f"must be >= 1, got {c.buffer_k}")
-  if c.num_arrivals and "fedbuff" in names:
-    check(c.num_arrivals % c.buffer_k == 0, "clock.num_arrivals",
-          f"must be a multiple of clock.buffer_k={c.buffer_k} (FedBuff's arrivals per "
-          f"server update), got {c.num_arrivals}")
-  check(c.group_size >= 0, "clock.group_size", f"must be >= 0, got {c.group_size}")
-  check(c.ring_size >= 0, "clock.ring_size", f"must be >= 0, got {c.ring_size}")
-  config_lib.validate_local(cfg.local)
-  _validate_servers(a)
-  scales = parse_floats(c.scales, "clock.scales")
-  check(scales and all(0 < s <= 1 for s in scales), "clock.scales",
-        f"need values in (0, 1], got {c.scales!r}")
-  privacy.validate(p.dp_epsilon, p.dp_delta, p.dp_clip)
-  check(p.dp_clip_mode in ("example", "batch"), "privacy.dp_clip_mode",
-        f"must be example or batch, got {p.dp_clip_mode!r}")
-  check(p.dp_noise in ("alg1", "calibrated"), "privacy.dp_noise",
-        f"must be alg1 or calibrated, got {p.dp_noise!r}")
-  if any(n in ("privaasyncfed", "dp_fedasync") for n in names) and math.isfinite(
-      p.dp_epsilon):
-    check(cfg.local.momentum == 0, "local.momentum", "must be 0 for DP runs (the accountant "
-          "composes Gaussian steps of plain SGD)")
-  check(r.eval_every >= 1, "run.eval_every", f"must be >= 1, got {r.eval_every}")
-  check(r.groups_per_call >= 1, "run.groups_per_call",
-        f"must be >= 1, got {r.groups_per_call}")
-  check(cfg.output.checkpoint_every >= 0, "output.checkpoint_every",
-        f"must be >= 0 (0: off), got {cfg.output.checkpoint_every}")
-  classes = (vc.PRIVAASYNCFED_CLASSES if c.device_classes == "privaasyncfed"
-             else () if c.device_classes == "none"
-             else vc.parse_device_classes(c.device_classes))
-  if "privaasyncfed" in names:
-    check(all(k.scale_index < len(scales) for k in classes), "clock.device_classes",
-          f"scale index beyond clock.scales ({len(scales)} entries)")
-  loc = cfg.local
-  clock = vc.ClockConfig(
-      concurrency=c.concurrency, num_updates=c.num_arrivals or c.num_updates, buffer_k=1,
-      epochs=loc.local_epochs, local_steps=loc.local_steps, batch_size=loc.batch_size,
-      compute=vc.Distribution.parse(c.compute_time, "clock.compute_time"),
-      comm=vc.Distribution.parse(c.comm_time, "clock.comm_time"), device_classes=classes,
-      ring_size=c.ring_size)
-  return names, scales, clock
 
 
 def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
@@ -182,26 +96,6 @@ def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
         "scales clock.scales; a model with hidden units to prune); "
         "clock.device_classes=none for identical unpruned clients"), flush=True)
   return cfg.replace(**set_)
-
-
-def _validate_servers(a):
-  check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
-  alphas = parse_floats(a.mix_alpha, "algorithm.mix_alpha")
-  check(alphas and len(set(alphas)) == len(alphas), "algorithm.mix_alpha",
-        f"needs distinct values (one run each), got {a.mix_alpha!r}")
-  for alpha in alphas:
-    check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
-  check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
-        f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
-  check(a.hinge_a > 0, "algorithm.hinge_a", f"must be > 0, got {a.hinge_a}")
-  check(a.hinge_b >= 0, "algorithm.hinge_b", f"must be >= 0, got {a.hinge_b}")
-  check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
-  check(0 <= a.server_momentum < 1, "algorithm.server_momentum",
-        f"must be in [0, 1), got {a.server_momentum}")
-  check(a.dc_rho >= 0, "algorithm.dc_rho", f"must be >= 0, got {a.dc_rho}")
-  check(0 <= a.dc_lambda_t <= 1, "algorithm.dc_lambda_t",
-        f"must be in [0, 1], got {a.dc_lambda_t}")
-  check(0 < a.beta <= 1, "algorithm.beta", f"must be in (0, 1], got {a.beta}")
 
 
 def run_list(cfg: AsyncRunConfig, names: Sequence[str]):

@@ -34,7 +34,7 @@ from fedjax_async import results
 from fedjax_async.config import ConfigError, check
 from fedjax_async.fededs import alg1, report, store
 from fedjax_async.fededs import engine as fededs_engine
-from fedjax_async.fededs.config import BASES, VARIANTS, FedEDSRunConfig
+from fedjax_async.fededs.config import VARIANTS, FedEDSRunConfig, validate
 from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
 from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
 from fedjax_async.fededs.transfer import wrap
@@ -49,63 +49,6 @@ class DataError(ValueError):
 # Everything an invocation writes into output.output_dir (output.overwrite deletes these).
 OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
            "encryption_grid.png", "shared.md", "runs")
-
-
-def _numbers(text: str, field: str, kind):
-  try:
-    return [kind(v) for v in text.split(",") if v]
-  except ValueError as e:
-    raise ConfigError(field, f"comma-separated {'integers' if kind is int else 'numbers'} "
-                      f"expected ({e})") from None
-
-
-def validate(cfg: FedEDSRunConfig):
-  """(alphas, Ks, bases, variants); ``ConfigError`` naming the field at fault."""
-  g, t, a = cfg.grid, cfg.training, cfg.alg1
-  alphas, ks = _numbers(g.alphas, "grid.alphas", float), _numbers(g.num_clients,
-                                                                  "grid.num_clients", int)
-  check(alphas and all(x > 0 for x in alphas), "grid.alphas",
-        f"must be positive numbers, got {g.alphas!r}")
-  check(ks and all(k >= 2 for k in ks), "grid.num_clients",
-        f"must be integers >= 2, got {g.num_clients!r}")
-  bases = [b for b in g.bases.split(",") if b]
-  variants = [v for v in g.variants.split(",") if v]
-  for b in bases:
-    check(b in BASES, "grid.bases", f"{b!r} is not one of {', '.join(BASES)}")
-  for v in variants:
-    check(v in VARIANTS, "grid.variants", f"{v!r} is not one of {', '.join(VARIANTS)}")
-  check(bases and variants, "grid.bases", "grid.bases and grid.variants must not be empty")
-  for path, value, ok, expected in [
-      ("training.rounds", t.rounds, t.rounds >= 1, ">= 1"),
-      ("model.hidden", cfg.model.hidden, cfg.model.hidden >= 1, ">= 1"),
-      ("data.train_subset", cfg.data.train_subset, cfg.data.train_subset >= 0, ">= 0"),
-      ("data.test_subset", cfg.data.test_subset, cfg.data.test_subset >= 0, ">= 0"),
-      ("training.target_accuracy", t.target_accuracy, 0 < t.target_accuracy <= 1,
-       "in (0, 1]"),
-      ("training.lr", t.lr, t.lr > 0, "> 0"), ("training.mu", t.mu, t.mu >= 0, ">= 0"),
-      ("training.base_epochs", t.base_epochs, t.base_epochs >= 1, ">= 1"),
-      ("training.batch_size", t.batch_size, t.batch_size >= 1, ">= 1"),
-      ("alg1.pretrain_epochs", a.pretrain_epochs, a.pretrain_epochs >= 1, ">= 1"),
-      ("alg1.encryptor_epochs", a.encryptor_epochs, a.encryptor_epochs >= 1, ">= 1"),
-      ("alg1.unet_width", a.unet_width, a.unet_width >= 1, ">= 1"),
-      ("alg1.share_rows", a.share_rows, a.share_rows >= 0, ">= 0"),
-      ("alg1.utility_epochs", a.utility_epochs, a.utility_epochs >= 0, ">= 0 (0: off)"),
-      ("training.rounds_per_call", t.rounds_per_call, t.rounds_per_call >= 1, ">= 1"),
-      ("output.checkpoint_every", cfg.output.checkpoint_every,
-       cfg.output.checkpoint_every >= 0, ">= 0 (0: off)"),
-      ("run.seed", cfg.run.seed, cfg.run.seed >= 0, ">= 0")]:
-    check(ok, path, f"must be {expected}, got {value!r}")
-  m = cfg.model
-  check(m.name in ("cnn", "mlp", "resnet18"), "model.name",
-        f"must be cnn, mlp or resnet18, got {m.name!r}")
-  check(m.name != "resnet18" or m.hidden == 512, "model.hidden",
-        f"must be 512 with model.name=resnet18 (its pooled features), got {m.hidden}")
-  check(a.transfer_mode in ("sample", "all"), "alg1.transfer_mode",
-        f"must be sample or all, got {a.transfer_mode!r}")
-  check(not (cfg.output.resume and cfg.output.overwrite), "output.overwrite",
-        "cannot be combined with output.resume (output.resume continues the runs in "
-        "output.output_dir, output.overwrite deletes them)")
-  return alphas, ks, bases, variants
 
 
 def load_pool(cfg: FedEDSRunConfig):
