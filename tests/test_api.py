@@ -478,3 +478,38 @@ def test_own_data_batch_norm_module_and_swept_algorithm_on_every_engine(tmp_path
               "average_best_accuracy"} <= set(s), s
       assert s["best_accuracy"] >= s["final_accuracy"]
   assert [r["round"] for r in fededs.to_records()] == [1, 2]  # counted from 1 everywhere
+
+
+_CACHED_RUN = ("import fedjax_async as fa, jax; "
+               "fa.simulate(algorithm='fedavg', rounds=2, quiet=True); "
+               "print('cache_dir=' + str(jax.config.jax_compilation_cache_dir))")
+
+
+def test_a_second_process_loads_the_round_program_from_the_persistent_cache(tmp_path):
+  """JAX's persistent compilation cache is on by default: the first process writes the
+  compiled round program to the cache folder, a second identical one adds nothing (every
+  program a cache hit); FEDJAX_ASYNC_COMPILATION_CACHE=0 turns it off."""
+  cache = tmp_path / "cache"
+  env = {k: v for k, v in os.environ.items()  # not the test run's own cache (conftest)
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+  env["FEDJAX_ASYNC_COMPILATION_CACHE"] = str(cache)
+  run = lambda e: subprocess.run([sys.executable, "-c", _CACHED_RUN], env=e,
+                                 capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  first = run(env)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert f"cache_dir={cache}" in first.stdout
+  written = sorted(os.listdir(cache))
+  assert any("traced_chunk" in f for f in written), written
+  second = run(env)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert sorted(os.listdir(cache)) == written
+  off = run({**env, "FEDJAX_ASYNC_COMPILATION_CACHE": "0"})
+  assert off.returncode == 0 and "cache_dir=None" in off.stdout, off.stdout[-500:]
+
+
+def test_every_engines_result_plots_its_runs_with_a_title(tmp_path, in_memory):
+  result, _ = in_memory
+  path = result.plot(str(tmp_path / "curves.png"), title="two rounds of FedAvg")
+  assert path == result.figure and os.path.getsize(path) > 1000
+  from matplotlib import image  # pylint: disable=g-import-not-at-top
+  assert image.imread(path).shape[0] > 100
