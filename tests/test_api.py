@@ -315,10 +315,24 @@ def test_a_user_algorithm_with_its_own_hyperparameter_equals_its_builtin_twin():
                                           server_update=server_update))
 
 
-def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_runs():
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+def _user_fedavg(name: str, step: str):
+  """A user's FedAvg whose server step size is its own hyper-parameter ``step`` (default
+  1): w + step * (the arrivals' deltas averaged with weights n_i)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
+
+  def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    del round_index
+    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+    return w + hp[step] * jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n), server_state, {}
+
+  return base.Algorithm(name=name, local_penalty=base.no_penalty,
+                        client_final=base.delta_upload, server_update=server_update,
+                        hparams=((step, 1.0),))
+
+
+def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_runs():
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   x, y, tx, ty = _arrays(1)
   fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.5)
 
@@ -327,14 +341,7 @@ def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_r
     def __call__(self, h):
       return nn.Dense(3)(nn.relu(nn.Dense(8)(h)))
 
-  def server_update(w, server_state, uploads, arrivals, round_index, hp):
-    del round_index
-    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
-    return w + hp["beta"] * jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n), server_state, {}
-
-  mine = base.Algorithm(name="swept_fedavg", local_penalty=base.no_penalty,
-                        client_final=base.delta_upload, server_update=server_update,
-                        hparams=(("beta", 1.0),))
+  mine = _user_fedavg("swept_fedavg", "beta")
   common = dict(algorithm=mine, data=fed, model=Tiny(), rounds=3, quiet=True)
   swept = fa.simulate(seeds=[0, 1], sweep={"beta": [0.5, 1.0]}, **common)
   assert sorted(swept.runs) == [f"swept_fedavg/beta={b}_seed={s}" for b in ("0.5", "1")
@@ -435,20 +442,11 @@ def test_own_data_batch_norm_module_and_swept_algorithm_on_every_engine(tmp_path
   Flax module with BatchNorm and a user algorithm with its own hyper-parameter, swept over
   two values and two seeds as one computation; the same module and data on the virtual
   clock; FedEDS through ``fa.simulate``; every Result read into records the same way."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
   from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   x, y, tx, ty = _arrays(2)
   fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=8, partition="dirichlet", alpha=0.5)
 
-  def server_update(w, server_state, uploads, arrivals, round_index, hp):
-    del round_index
-    n = jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
-    return w + hp["eta"] * jnp.einsum("k,kd->d", n, uploads) / jnp.sum(n), server_state, {}
-
-  mine = base.Algorithm(name="bn_fedavg", local_penalty=base.no_penalty,
-                        client_final=base.delta_upload, server_update=server_update,
-                        hparams=(("eta", 1.0),))
+  mine = _user_fedavg("bn_fedavg", "eta")
   result = fa.simulate(algorithm=mine, data=fed, model=_WithBatchNorm(), rounds=3,
                        quiet=True, seeds=[0, 1], sweep={"eta": [0.0, 1.0]})
   assert len(result.runs) == 4
