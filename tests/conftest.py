@@ -166,26 +166,3 @@ def pytest_collection_modifyitems(config, items):
     warnings.warn("--dist loadgroup: xdist_group marks are not grouping tests with pytest "
                   f"{pytest.__version__} (pytest-dev/pytest-xdist#1386); install pytest<9.2 "
                   "(setup.cfg pins it) or expect shared fixtures to be computed per worker")
-
-
-FRESH_CHILD_ENV = "FEDJAX_ASYNC_FRESH_PROCESS_CHILD"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-  """A test marked ``fresh_process`` (a signal sent to the test's own process) runs in a
-  new interpreter, as a user's Ctrl-C reaches a fresh ``python`` process: what a worker
-  that ran hundreds of tests before it holds does not decide when the signal is handled."""
-  if pyfuncitem.get_closest_marker("fresh_process") is None or os.environ.get(FRESH_CHILD_ENV):
-    return None
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  nodeid = pyfuncitem.nodeid.split("@")[0]  # without xdist's group suffix
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
-                         "no:cacheprovider", nodeid], capture_output=True, text=True,
-                        env={**os.environ, FRESH_CHILD_ENV: "1"}, timeout=600,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  if proc.returncode != 0:
-    pytest.fail(f"{nodeid} in a fresh process:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}",
-                pytrace=False)
-  return True

@@ -143,7 +143,6 @@ class _CountingContext:
     return getattr(self._cc, name)
 
 
-@pytest.mark.fresh_process
 @pytest.mark.parametrize("design", ["streamed", "one_context"])
 def test_a_first_ctrl_c_stops_the_round_at_the_next_chunk(design, capsys):
   """S1's re-encryptions in Alg. 5: 8 chunks x (3 recipients + pk_s) = 32. A Ctrl-C
@@ -169,7 +168,6 @@ def test_a_first_ctrl_c_stops_the_round_at_the_next_chunk(design, capsys):
   assert counting.encryptions == 32
 
 
-@pytest.mark.fresh_process
 def test_a_first_ctrl_c_stops_the_pooled_key_transformation_at_the_next_chunk(monkeypatch,
                                                                                capsys):
   """On the pools a chunk's three tasks (S0's mask, S1's re-encryptions, S0's unmasking)

@@ -344,7 +344,6 @@ def test_a_ckks_run_that_cannot_fit_is_refused_before_any_key_is_made(setup, tmp
   assert not made
 
 
-@pytest.mark.fresh_process
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
 def test_a_ctrl_c_mid_round_stops_the_round_and_checkpoints_the_rounds_before(setup,
                                                                             tmp_path,
