@@ -98,6 +98,9 @@ class handle_interrupts:  # pylint: disable=invalid-name
 
   def __enter__(self):
     del _signals_received[:]
+    # SIGINT and SIGTERM unblocked within the block (a blocked one never reaches the
+    # handler), the caller's mask restored after it.
+    self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     self.previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
       if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
@@ -113,6 +116,7 @@ class handle_interrupts:  # pylint: disable=invalid-name
     for sig, handler in self.previous.items():
       signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     sys.unraisablehook = self.unraisablehook
+    signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
 
 
 def exit_on_interrupt(fn, how: str):
