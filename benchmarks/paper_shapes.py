@@ -18,10 +18,25 @@ the process's default matmul precision, TF32 on recent NVIDIA GPUs), taking turn
 round. FLOPs are counted from the model (``models.train_step_flops(count="analytic")``,
 forward and backward, every client-step). ``projected_run_s``: one paper run (T = 100
 rounds) at this R, the time per run-round times 100.
+
+The roofline of each shape: one local step of all R x K clients (their own weights, the
+round's loss, gradient and SGD update, in the same precision and formulation) is compiled
+alone and XLA's cost analysis gives its bytes accessed (the sum over its HLO
+instructions of operands read and results written: an upper estimate of the memory
+traffic, as caches are not modelled) and FLOPs (reported, not used: on a GPU it
+undercounts the convolutions, which become library calls). The step's bound is
+``max(FLOPs / peak, bytes / bandwidth)`` with the model's FLOPs, the peak above and the
+memory bandwidth measured in the same process (``peaks.measure_bandwidth``);
+``fraction_of_roofline`` is the round's FLOP rate over the bound's. ``--profile`` traces
+one call of each shape with ``jax.profiler`` (in a temporary folder, deleted after) and
+prints where the device time went by op (``profile_summary``), the summaries also appended
+to ``paper_shapes_profile.md`` beside the rows.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 from absl import app, flags
@@ -29,6 +44,7 @@ from absl import app, flags
 from benchmarks import common
 from benchmarks import flagcheck
 from benchmarks import peaks
+from benchmarks import profile_summary
 from fedjax_async import algorithms
 from fedjax_async.core import client as client_lib
 from fedjax_async import layers
@@ -60,6 +76,11 @@ flagcheck.choice_list("impls", ["vjp"], layers.CONV_IMPLS,
                       "default) | patches (im2col and one GEMM: per-client kernels as batched "
                       "GEMMs under vmap) | slices | lax.")
 flags.DEFINE_enum("algorithm", "fedavg", list(algorithms.names("rounds")), "Algorithm.")
+flags.DEFINE_bool("profile", False, "Trace one call of each shape with jax.profiler and "
+                  "print a summary of its device time by op (also appended to "
+                  "paper_shapes_profile.md beside the rows).")
+flags.DEFINE_integer("bandwidth_mib", 0, "MiB streamed by the bandwidth probe (default: "
+                     "peaks.default_bandwidth_bytes).", lower_bound=0)
 flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
 flags.register_multi_flags_validator(
     ["clients", "num_clients"], lambda v: v["clients"] <= v["num_clients"],
@@ -97,6 +118,43 @@ def sweep_runner(wl: common.Workload, runs: int):
   return prepare, run, compile_s
 
 
+def step_cost(wl: common.Workload, clients: int):
+  """``(flops, bytes_accessed)`` by XLA's cost analysis of one local step (loss, gradient,
+  plain SGD update; ``wl``'s model, formulation and precision) of ``clients`` clients,
+  each with its own weights, vmapped."""
+  precision = wl.local.precision
+
+  def loss(w, x, y):
+    logits, _ = client_lib.forward(wl.apply_flat, w, x, None, precision)
+    return client_lib.masked_cross_entropy(logits, y, jnp.ones(y.shape, bool))
+
+  def step(w, x, y):
+    return w - 0.05 * jax.grad(loss)(w, x, y)
+
+  spec = jax.ShapeDtypeStruct
+  args = (spec((clients, wl.dim), jnp.float32),
+          spec((clients, wl.batch) + tuple(wl.input_shape), jnp.float32),
+          spec((clients, wl.batch), jnp.int32))
+  fn = client_lib.with_precision(jax.vmap(step), precision)
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def profile(run, prepare, title: str) -> str:
+  """One ``run()`` traced; the summary's text, also appended to paper_shapes_profile.md
+  in the results folder."""
+  prepare()
+  with tempfile.TemporaryDirectory() as where:
+    with jax.profiler.trace(where):
+      run()
+    text = profile_summary.format_summary(profile_summary.summarize(where), 20, title)
+  os.makedirs(common.RESULTS_DIR, exist_ok=True)
+  with open(os.path.join(common.RESULTS_DIR, "paper_shapes_profile.md"), "a") as f:
+    f.write(text + "\n")
+  return text
+
+
 def main(_):
   mach = common.machine()
   name, shape, classes = common.MODELS[FLAGS.model]
@@ -106,6 +164,14 @@ def main(_):
   print(f"[paper_shapes] {mach['devices']} x {mach['device_kind']}; {FLAGS.model} "
         f"{step_flops / 1e6:.1f} MFLOP per step of {FLAGS.batch} (counted from the model)",
         flush=True)
+  if FLAGS.profile and not profile_summary.available():
+    FLAGS.profile = False
+    print(f"[paper_shapes] --profile: jax {jax.__version__} cannot read a profile "
+          "(jax.profiler.ProfileData is None); the shapes run without one (jax 0.11 reads "
+          "them)", flush=True)
+  nbytes = FLAGS.bandwidth_mib * 2**20 or peaks.default_bandwidth_bytes()
+  bandwidth = peaks.measure_bandwidth(nbytes, reps=2)
+  print(f"[paper_shapes] memory bandwidth {bandwidth:.0f} GB/s (read + written)", flush=True)
   for precision in FLAGS.precisions:
     peak_precision = peaks.workload_peak_precision(precision)
     peak_start, peak_n = peaks.measure(peak_precision, sizes, reps=2)
@@ -122,6 +188,13 @@ def main(_):
       peak = max(peak_start, mm_flops / times["matmul_peak"] / 1e9)
       client_steps = r * wl.client_steps_per_round * FLAGS.rounds
       gflops = step_flops * client_steps / t / 1e9
+      # the roofline of one step of all r x K clients (module docstring)
+      xla_flops, step_bytes = step_cost(wl, r * FLAGS.clients)
+      flops_all = step_flops * r * FLAGS.clients
+      bound_s = max(flops_all / (peak * 1e9), step_bytes / (bandwidth * 1e9))
+      roofline_gflops = flops_all / bound_s / 1e9
+      bound = "compute" if flops_all / (peak * 1e9) >= step_bytes / (bandwidth * 1e9) \
+          else "memory"
       sheet = peaks.datasheet_tflops(mach["device_kind"], peak_precision)
       row = dict(bench="paper_shapes", model=FLAGS.model, impl=impl, algorithm=FLAGS.algorithm,
                  precision=precision, peak_precision=peak_precision, runs=r,
@@ -135,12 +208,21 @@ def main(_):
                  datasheet_tflops=sheet,
                  fraction_of_datasheet=gflops / 1e3 / sheet if sheet else None,
                  projected_run_s=t / FLAGS.rounds / r * PAPER_ROUNDS,
+                 step_bytes_xla=step_bytes, step_gflop_xla=xla_flops / 1e9,
+                 arithmetic_intensity=flops_all / step_bytes if step_bytes else None,
+                 bandwidth_gbs=bandwidth, roofline_gflops=roofline_gflops,
+                 roofline_bound=bound, fraction_of_roofline=gflops / roofline_gflops,
                  peak_device_bytes=common.device_peak_bytes(), tag=FLAGS.tag, **mach)
       common.write_rows("paper_shapes", [row])
       print("[paper_shapes] " + common.fmt_row(row, (
           "precision", "impl", "runs", "local_steps", "seconds", "compile_s", "examples_per_s",
           "gflops_analytic", "peak_precision", "peak_gflops", "fraction_of_peak_analytic",
-          "projected_run_s")), flush=True)
+          "arithmetic_intensity", "roofline_bound", "roofline_gflops",
+          "fraction_of_roofline", "projected_run_s")), flush=True)
+      if FLAGS.profile:
+        print(profile(run, prepare, f"{mach['device_kind']}, {FLAGS.model}, {precision}, "
+                      f"{impl}, R = {r}, K = {FLAGS.clients}, B = {FLAGS.batch}, "
+                      f"{wl.steps} steps"), flush=True)
 
 
 if __name__ == "__main__":

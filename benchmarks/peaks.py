@@ -143,6 +143,41 @@ def measure(precision: str, sizes: Sequence[int], reps: int = 3,
   return best
 
 
+def bandwidth_runner(nbytes: int, min_time: float = 0.2):
+  """``(run, bytes)``: ``run()`` calls one compiled ``2 * x + 1`` over ``nbytes`` of float32
+  back to back (as many calls as took ``min_time`` s on a first pass) and blocks; ``bytes``
+  is what one ``run()`` reads and writes (each element read once, written once)."""
+  n = max(1, nbytes // 4)
+  x = jnp.ones((n,), jnp.float32)
+  f = jax.jit(lambda a: 2.0 * a + 1.0).lower(x).compile()
+  f(x).block_until_ready()
+  t0, calls = time.perf_counter(), 0
+  while calls < 2 or time.perf_counter() - t0 < min_time:
+    f(x).block_until_ready()
+    calls += 1
+  iters = max(1, int(calls * min_time / (time.perf_counter() - t0)))
+
+  def run():
+    out = None
+    for _ in range(iters):
+      out = f(x)
+    out.block_until_ready()
+
+  return run, 2.0 * 4 * n * iters
+
+
+def measure_bandwidth(nbytes: int, reps: int = 3, min_time: float = 0.2) -> float:
+  """GB/s of device memory (bytes read + written) streamed by an elementwise op, the
+  roofline's memory slope."""
+  run, nb = bandwidth_runner(nbytes, min_time)
+  return nb / common.best_time(run, reps, warmup=1) / 1e9
+
+
+def default_bandwidth_bytes() -> int:
+  """2 GiB on an accelerator (well past its L2), 256 MiB on CPU."""
+  return 2**28 if jax.default_backend() == "cpu" else 2**31
+
+
 def rate(gflops: float) -> str:
   return f"{gflops / 1e3:.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:.1f} GFLOP/s"
 
@@ -169,6 +204,12 @@ def main(_):
     frac = f" ({row['fraction_of_datasheet']:.0%} of it)" if sheet else ""
     print(f"[peaks] {precision:>8}: measured {rate(gflops)} at n = {n}; "
           f"{datasheet_text(kind, precision)}{frac}", flush=True)
+  nbytes = FLAGS.bandwidth_mib * 2**20 if FLAGS.bandwidth_mib else default_bandwidth_bytes()
+  gbs = measure_bandwidth(nbytes, FLAGS.reps, FLAGS.min_time)
+  row = dict(bench="bandwidth", gbytes_per_s=gbs, nbytes=nbytes, tag=FLAGS.tag, **mach)
+  common.write_rows("bandwidth", [row])
+  print(f"[peaks] memory bandwidth: {gbs:.0f} GB/s (2 * x + 1 over {nbytes / 2**20:.0f} MiB "
+        "of float32, bytes read + written)", flush=True)
 
 
 FLAGS = flags.FLAGS
@@ -182,5 +223,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("reps", 3, "Timed repetitions per size (best is kept).", lower_bound=1)
   flags.DEFINE_float("min_time", 0.2, "Seconds of back-to-back products per timing.",
                      lower_bound=0.0)
+  flags.DEFINE_integer("bandwidth_mib", 0, "MiB streamed by the bandwidth probe (default "
+                       "2048 on an accelerator, 256 on CPU).", lower_bound=0)
   flags.DEFINE_string("tag", "", "Free-form label stored with the rows.")
   app.run(main, flags_parser=flagcheck.parse_flags)

@@ -123,7 +123,16 @@ SPECS: Dict[str, Tuple[str, Callable[[dict], bool], List[Column], int]] = {
          ("GFLOP/s", "gflops_analytic", "g3"), ("peak", "peak_precision", "str"),
          ("peak GFLOP/s", "peak_gflops", "g3"),
          ("fraction of peak (counted from the model)", "fraction_of_peak_analytic", "pct"),
+         ("FLOP/byte (model FLOPs / XLA bytes)", "arithmetic_intensity", "g3"),
+         ("bound", "roofline_bound", "str"),
+         ("roofline GFLOP/s", "roofline_gflops", "g3"),
+         ("fraction of roofline", "fraction_of_roofline", "pct"),
          ("s per paper run (T = 100)", "projected_run_s", "g3")], 6),
+    "bandwidth": (
+        "Device memory bandwidth, bytes read + written (`peaks.py`)",
+        lambda r: True,
+        [("MiB streamed", lambda r: r["nbytes"] / 2**20, "g3"),
+         ("GB/s", "gbytes_per_s", "g3")], 1),
     "fraction_of_peak": (
         "A round's FLOP/s as a fraction of the matmul peak (`fraction_of_peak.py`)",
         lambda r: True,

@@ -28,15 +28,16 @@ output shown as it comes and saved to ``<results_dir>/logs/<tag>/<step>.log``:
 ``--device_suite`` is the run prepared for an accelerator lent for a short window (a lease
 of 15 minutes of device time, the machine's start included; BUILD.md "The device suite"),
 in one command of at most 10 minutes: ``peaks`` (the dense matmul peak in float32, TF32,
-bf16 and JAX's default precision, beside the datasheet's), ``fraction_of_peak`` at the
-accelerator sizes (one vmap of all K), ``paper_shapes`` (the CNN round at Table V's
-shapes, B = 50 and 120 local steps, 20 runs vmapped, float32 and bf16 local training, the
-convolutions as lax convolutions and as im2col GEMMs, against the peak in the same
-precision), and last ``table_v`` (``table_v.py``: whole runs
+bf16 and JAX's default precision, beside the datasheet's, and the memory bandwidth),
+``paper_shapes`` (the CNN round at Table V's shapes, B = 50 and 120 local steps, 20 runs
+vmapped, float32 and bf16 local training, the convolutions as lax convolutions and as
+im2col GEMMs, against the peak in the same precision and the shape's roofline, each
+profiled), and last ``table_v`` (``table_v.py``: whole runs
 of the PAFed paper's Table V in its own configuration, as many as the time left allows,
 skipping the runs whose rows are committed; its rows under ``<results_dir>/table_v/``).
-``--only`` adds the other steps at the accelerator sizes (``throughput``, ``scaling``,
-``peers``, ``multidevice``; each needs most of a lease). ``--time_budget_min`` (9 by
+``--only`` adds the other steps at the accelerator sizes (``fraction_of_peak``,
+``throughput``, ``scaling``, ``peers``, ``multidevice``; each but the first needs most of
+a lease). ``--time_budget_min`` (9 by
 default there) bounds the whole run: ``table_v`` plans its computations to end before it
 (``FEDJAX_ASYNC_DEADLINE``), a step still running at the end is stopped (its finished rows
 stay), the steps after it are listed as not run, and the report (``report.md``, Table V
@@ -80,8 +81,9 @@ STEPS = ("peaks", "fraction_of_peak", "throughput", "scaling", "multidevice", "m
          "peers", "paper_shapes", "table_v")
 DEVICE_SUITE_BUDGET_MIN = 9.0  # --time_budget_min's default with --device_suite
 # The device suite's steps without --only: they end within one lease's command, Table V
-# taking the time the others leave (the others were measured on an H200: README).
-DEVICE_DEFAULT = ("peaks", "fraction_of_peak", "paper_shapes", "table_v")
+# taking the time the others leave (peaks 48 s, paper_shapes 237 s on an H200,
+# benchmarks/results/logs/nvidia_h200_2026-11-28; fraction_of_peak, 90 s there, by --only).
+DEVICE_DEFAULT = ("peaks", "paper_shapes", "table_v")
 DEADLINE_ENV = "FEDJAX_ASYNC_DEADLINE"  # the suite's deadline (Unix time), for table_v
 
 FLAGS = flags.FLAGS
@@ -277,8 +279,11 @@ DEVICE_SIZES = {
         scaling_cnn=["--models=cnn", "--k_cnn=10,50,200,1000", "--rounds=2", "--reps=2"],
         peers=["--reps=2", "--engine_rounds=2"],
         peaks=[],
-        # 20 runs: a Table V computation (4 deltas x 5 seeds); float32 runs TF32 there
-        paper_shapes=["--runs=20", "--precisions=float32,bf16", "--impls=vjp,patches"],
+        # 20 runs: a Table V computation (4 deltas x 5 seeds); float32 runs TF32 there.
+        # vjp against im2col by slices (patches' extraction ran as FFT convolutions on
+        # the H200: 2.7x slower than vjp, paper_shapes_profile.md of 2026-11-28)
+        paper_shapes=["--runs=20", "--precisions=float32,bf16", "--impls=vjp,slices",
+                      "--profile"],
         table_v=[]),  # the paper's and the authors' flag files, whole runs, 5 seeds
     True: dict(
         fop=["--model=logreg", "--clients=2", "--examples=20", "--rounds=1", "--reps=1"],
@@ -289,10 +294,11 @@ DEVICE_SIZES = {
         scaling_cnn=None,
         peers=["--clients=2", "--examples=10", "--rounds=20", "--engine_rounds=1",
                "--reps=1"],
-        peaks=["--sizes=128", "--min_time=0.01", "--reps=1"],
+        peaks=["--sizes=128", "--min_time=0.01", "--reps=1", "--bandwidth_mib=16"],
         paper_shapes=["--model=logreg", "--runs=2", "--clients=2", "--num_clients=4",
                       "--examples=20", "--batch=10", "--epochs=1", "--reps=1",
-                      "--precisions=float32,bf16", "--impls=vjp"],
+                      "--precisions=float32,bf16", "--impls=vjp", "--bandwidth_mib=16",
+                      "--profile"],
         table_v=["--flagfiles=experiments/flags/pafed_table_paper.flags", "--model=logreg",
                  "--rounds=2", "--local_epochs=1", "--num_clients=10", "--test_subset=100",
                  "--num_seeds=1", "--algorithm=fedavg,pafed", "--partitions=shards",

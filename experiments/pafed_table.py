@@ -232,6 +232,8 @@ def table_rows(results: dict, partitions, algs):
               for s, rows in runs if s.get("diverged_round") is None]
         paper = PAPER.get((part, round(d, 2)), {}).get(alg)
         cell = {"seeds": len(ok), "paper": paper, "diverged": len(runs) - len(ok),
+                "diverged_rounds": sorted(s["diverged_round"] for s, _ in runs
+                                          if s.get("diverged_round") is not None),
                 "rounds": runs[0][0]["rounds"] if runs else None}
         for key in metrics_lib.KEYS:
           vals = np.array([s[key] for s in ok], float)
@@ -255,11 +257,14 @@ METRIC_TITLES = {"final_accuracy": "Final accuracy (the last round's model)",
 
 
 def _ours(c, key):
+  """A cell: mean ± std over the seeds (the value alone for one seed); "all diverged"
+  with the rounds the runs turned non-finite in, where known."""
   if not c["seeds"]:
-    return "all diverged"
+    at = c.get("diverged_rounds") or []
+    return "all diverged" + (f" (round {', '.join(map(str, at))})" if at else "")
   m = c[key]
-  text = metrics_lib.mark_short(f"{fmt(m['mean'])} ± {fmt(m['std'])}", key,
-                                c["rounds"] or metrics_lib.LAST + 1)
+  value = fmt(m["mean"]) if c["seeds"] == 1 else f"{fmt(m['mean'])} ± {fmt(m['std'])}"
+  text = metrics_lib.mark_short(value, key, c["rounds"] or metrics_lib.LAST + 1)
   return text + (f" ({c['diverged']} diverged, left out)" if c.get("diverged") else "")
 
 

@@ -99,6 +99,7 @@ PY312_TESTS = frozenset({
     "test_device_suite.py::test_every_step_of_the_device_suite_passes_its_flag_checks",
     "test_device_suite.py::test_a_step_still_running_at_the_deadline_is_stopped_with_what_it_"
     "started",
+    "test_device_suite.py::test_a_gpu_trace_is_summed_by_op_and_category_from_its_op_line_only",
     "test_table_v.py::test_dry_run_plans_computations_writes_rows_and_skips_them_on_the_next_"
     "call",
     "test_async.py::test_fedasync_batched_equals_event_loop[0]",

@@ -51,6 +51,9 @@ TINY = {
                        "--rounds=1", "--reps=1"],
     "server_stream.py": ["--clients=2", "--examples=10", "--rounds=2", "--reps=1"],
     "sweep_vs_sequential.py": ["--runs=2", "--rounds=1"],
+    "paper_shapes.py": ["--model=logreg", "--runs=2", "--clients=2", "--num_clients=4",
+                        "--examples=20", "--batch=10", "--epochs=1", "--reps=1",
+                        "--precisions=float32", "--impls=vjp", "--bandwidth_mib=16"],
     # (--peers_python: the stub peers' venv, or .venv-peers)
     "peers.py": ["--clients=2", "--examples=10", "--rounds=2", "--engine_rounds=1",
                  "--reps=1", "--systems=engine,pfl,flower", "--peer_timeout=300"],
@@ -66,7 +69,8 @@ TINY = {
 OUTPUT = {"throughput.py": "throughput.jsonl", "fraction_of_peak.py": "fraction_of_peak.jsonl",
           "scaling.py": "scaling.jsonl", "multidevice.py": "multidevice.jsonl",
           "server_stream.py": "server_stream.jsonl", "peers.py": "peers.jsonl",
-          "ducc_round.py": "ducc_round.jsonl", "min_depth.py": "min_depth.csv"}
+          "ducc_round.py": "ducc_round.jsonl", "min_depth.py": "min_depth.csv",
+          "paper_shapes.py": "paper_shapes.jsonl"}
 
 
 class Command:
