@@ -531,9 +531,8 @@ def table_markdown(rows: Sequence[dict], runs: Sequence[Run]) -> str:
     header = (f"`experiments/flags/{flagfile}.flags`: {base.data.dataset}, model "
               f"{base.model.name}, N={base.data.num_clients}, σ={base.run.participation}, "
               f"E={base.local.local_epochs}, B={base.local.batch_size}, T={base.run.rounds}; "
-              "each cell mean ± std over the seeds run (one seed: its value; the count "
-              "below). Paper: "
-              "Table V (5 seeds). Δ = ours − paper.")
+              "each cell mean ± std (ddof 1) over the seeds run (one seed: its value; "
+              "the count below). Paper: Table V (5 seeds). Δ = ours − paper.")
     parts += [_table().markdown_table(table, algs, header), ""]
     seeds = {}
     for r in got:

@@ -59,7 +59,7 @@ def config_from_flags(fl) -> fededs_config.FedEDSRunConfig:
   flat = {name: fl[name].value
           for name in fededs_config.FedEDSRunConfig.keys()}
   if fl.quick:
-    flat.update({k: v for k, v in fededs_config.QUICK.items() if not fl[k].present})
+    flat.update({k: v for k, v in fededs_config.QUICK_FIELDS.items() if not fl[k].present})
   return fededs_config.FedEDSRunConfig.from_flat(flat)
 
 

@@ -14,6 +14,9 @@ comparison.md).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import os
 from typing import Dict, Optional, Sequence
 
@@ -77,8 +80,10 @@ def _algorithm_names(value, config) -> str:
 def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
   """``simulate(..., seeds=[...], sweep={name: values})``: per algorithm, every setting
   (the cartesian product of ``grid``, a field's flat key or an algorithm's own
-  hyper-parameter each) times every seed as ONE vmapped computation, in memory. The runs
-  are keyed ``<algorithm>/<setting>_seed=<s>``."""
+  hyper-parameter each, values in numeric order) times every seed as ONE vmapped
+  computation, in memory. A name the algorithm does not use (``sweep.used_names``: ``mu``
+  for FedAvg) is not swept for it, said once on the console. The runs are keyed
+  ``<algorithm>/<setting>_seed=<s>``; each summary holds its ``seed`` and ``setting``."""
   from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
   import itertools  # pylint: disable=g-import-not-at-top
   if cfg.output.output_dir is not None:
@@ -86,21 +91,41 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
                                  "experiments/sweep.py writes a sweep's files")
   seeds = [cfg.run.seed] if seeds is None else list(seeds)
   if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
-                      for s in seeds):
-    raise config_lib.ConfigError("seeds", f"expected a list of ints, got {seeds!r}")
+                      for s in seeds) or len(set(seeds)) < len(seeds):
+    raise config_lib.ConfigError("seeds", f"expected a list of distinct ints, got {seeds!r}")
   if not isinstance(grid, dict):
     raise config_lib.ConfigError("sweep", f"expected {{name: [values]}}, got {grid!r}")
-  names = list(grid)
-  cfgs = []
-  for values in itertools.product(*(list(grid[n]) for n in names)):
-    for seed in seeds:
-      c = cfg.replace(seed=int(seed))
-      for n, v in zip(names, values):
-        c = sweep.with_value(c, n, v)
-      config_lib.validate(c)
-      cfgs.append(c)
+  for n, values in grid.items():
+    values = list(values) if isinstance(values, (list, tuple, range, np.ndarray)) else None
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float, np.number))
+                         for v in values) or len(set(values)) < len(values):
+      raise config_lib.ConfigError(f"sweep[{n!r}]", "expected a list of distinct numbers, "
+                                   f"got {grid[n]!r}")
   runs: Dict[str, results.Run] = {}
+  todo, skipped = [], []
   for name in cfg.algorithm.name_list():
+    names = sweep.used_names(cfg, name, list(grid))
+    if len(names) < len(grid):
+      skipped.append(f"{name} does not use {', '.join(n for n in grid if n not in names)}")
+    cfgs = []
+    for values in itertools.product(*(sorted(grid[n]) for n in names)):
+      for seed in seeds:
+        c = cfg.replace(seed=int(seed))
+        for n, v in zip(names, values):
+          c = sweep.with_value(c, n, v)
+        config_lib.validate(c)
+        cfgs.append(c)
+    todo.append((name, names, cfgs))
+  unused = [n for n in grid if not any(n in names for _, names, _ in todo)]
+  if unused:
+    raise config_lib.ConfigError(f"sweep[{unused[0]!r}]", f"no algorithm of "
+                                 f"{cfg.algorithm.names} uses it: expected a field's flat key "
+                                 f"({', '.join(sweep.SWEEPABLE)}) or an algorithm's own "
+                                 "hyper-parameter")
+  if skipped:
+    print(f"sweep: {'; '.join(skipped)}: its runs are not repeated over those values",
+          flush=True)
+  for name, names, cfgs in todo:
     for c, (summary, rows, state) in zip(cfgs, sweep.run_in_memory(
         cfgs, name, fed_data, names, model_fn, callbacks, cfg.output.quiet)):
       model = (model_fn(c) if model_fn is not None else experiment.build_model(c, fed_data))
@@ -126,22 +151,133 @@ def _own_data_and_model(fields: dict):
   input_shape = fields.pop("input_shape", None)
   if input_shape is not None and module is None:
     raise config_lib.ConfigError("input_shape", "only with model=<a flax.linen.Module>")
-  return fed_data, module, None if input_shape is None else tuple(input_shape)
+  if input_shape is not None:
+    try:
+      input_shape = tuple(int(d) for d in input_shape)
+    except (TypeError, ValueError):
+      raise config_lib.ConfigError("input_shape", "expected a tuple of ints (one example's "
+                                   f"shape), got {input_shape!r}") from None
+  if module is not None and fed_data is not None:  # one abstract forward pass, at build time
+    from fedjax_async import models  # pylint: disable=g-import-not-at-top
+    _checked(lambda: models.check_module(module, input_shape or fed_data.feature_shape,
+                                         fed_data.num_classes, fed_data.feature_shape))
+  return fed_data, module, input_shape
 
 
-def _user_model(module, input_shape, seed: int):
-  """``models.user_model``, its ValueError a ``ConfigError`` naming ``model``."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+def _checked(build):
+  """``build()``, its ValueError from ``models`` a ``ConfigError`` naming ``model`` (or
+  ``input_shape``)."""
   try:
-    return models.user_model(module, input_shape, seed)
+    return build()
   except ValueError as e:
+    field, _, message = str(e).partition(": ")
+    if field.startswith("input_shape"):
+      raise config_lib.ConfigError(field, message) from None
     raise config_lib.ConfigError("model", str(e).removeprefix("model: ")) from None
+
+
+def _user_model(module, input_shape, seed: int, num_classes=None, data_shape=None):
+  """``models.user_model`` (checked against ``num_classes`` and the data's
+  ``data_shape`` when given), its ValueError a ``ConfigError`` naming ``model``."""
+  from fedjax_async import models  # pylint: disable=g-import-not-at-top
+  return _checked(lambda: models.user_model(module, input_shape, seed, num_classes,
+                                            data_shape))
+
+
+# The fields that pick and split a named data set: data= (your own) leaves them unused.
+_DATA_KEYS = tuple(f.name for f in dataclasses.fields(config_lib.DataConfig))
+# A round-engine field given with a virtual-clock algorithm: the clock's counterpart.
+_ON_THE_CLOCK = {"rounds": "num_updates", "participation": "concurrency",
+                 "rounds_per_call": "groups_per_call"}
+
+
+def _refuse_overridden(fields: dict, keys, config_class, part=None, default=None):
+  """With ``data=`` (or ``dataset=``) your own data, a field it leaves unused (``keys``)
+  given too is a ``ConfigError`` naming it; one the configuration ``part`` sets away from
+  its default is warned once."""
+  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
+  data = next((fields[k] for k in ("data", "dataset")
+               if isinstance(fields.get(k), FederatedData)), None)
+  if data is None:
+    return
+  own = f"data= brings its own data ({data.num_clients} clients)"
+  for k in keys:
+    if k in fields and fields[k] is not data:
+      hint = (f"; fa.data.from_arrays(..., num_clients={fields[k]!r}) splits arrays over "
+              "that many" if k == "num_clients" else "")
+      raise config_lib.ConfigError(".".join(config_class.keys()[k]), f"{own}, which "
+                                   f"{k}={fields[k]!r} would not change: leave it out{hint}")
+  if part is not None and default is not None:
+    unused = [f"data.{f.name}={getattr(part, f.name)!r}" for f in dataclasses.fields(part)
+              if f.name != "dataset" and getattr(part, f.name) != getattr(default, f.name)]
+    if unused:
+      outputs.warn(f"{own}: the configuration's {', '.join(unused)} not used")
+
+
+def _clock_for(fields: dict):
+  """``AsyncRunConfig()`` when ``fields["algorithm"]`` names an algorithm only the virtual
+  clock runs (``fedasync``; said on the console), else None. A list mixing the engines, or
+  a field the clock lacks (``rounds``), is a ``ConfigError`` naming it."""
+  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
+  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
+  names = fields["algorithm"].split(",")
+  clock = [n for n in names if n in algorithms.names("virtual_clock")]
+  if not clock or not set(names) <= set(algorithms.names()):
+    return None  # (the round engine names an unknown algorithm)
+  rounds = [n for n in names if n in algorithms.names("rounds")
+            and n not in algorithms.names_on("virtual_clock")]
+  if rounds:
+    raise config_lib.ConfigError("algorithm", f"{', '.join(clock)} run on the virtual clock, "
+                                 f"{', '.join(rounds)} on the round engine: one simulate "
+                                 "call for each")
+  cls = async_config.AsyncRunConfig
+  parts = {f.name for f in dataclasses.fields(cls)}
+  for k in fields:
+    if k not in cls.keys() and k not in parts and k not in ("input_shape", "sweep"):
+      close = difflib.get_close_matches(k, list(cls.keys()), n=2, cutoff=0.6)
+      like = _ON_THE_CLOCK.get(k) or " or ".join(close)
+      raise config_lib.ConfigError(k, f"not a field of the virtual clock, which "
+                                   f"{', '.join(clock)} runs on (AsyncRunConfig, "
+                                   "docs/async.md)" + (f"; did you mean {like}?" if like
+                                                       else ""))
+  print(f"{', '.join(names)}: on the virtual clock (fa.AsyncRunConfig()'s defaults, "
+        "docs/async.md)", flush=True)
+  return cls()
+
+
+def _delay_note(cfg: config_lib.RunConfig, grid=()) -> Optional[str]:
+  """A line saying the delays a round-engine run has (None without any)."""
+  d = cfg.delay
+  if isinstance(grid, dict) and "delay_fraction" in grid:
+    share = "a swept fraction (delay_fraction)"
+  elif d.fraction:
+    share = f"{d.fraction:.0%}"
+  else:
+    return None
+  late = (f"exactly {d.max_delay}" if d.distribution == "fixed" else
+          f"1-{d.max_delay}" if d.distribution == "uniform" else
+          f"a geometric number (mean {d.mean:g}) of")
+  return (f"delays on: {share} of each round's sampled clients arrive {late} rounds late "
+          "(delay_fraction=0: none)")
+
+
+def _table_and_note(tabulate, note: str, result: Result) -> str:
+  return f"{tabulate(result)}\n\n{note}."
+
+
+def _noted(result: Result, note: Optional[str]) -> Result:
+  """``result`` whose ``table()`` ends with ``note``."""
+  if note:
+    result.tabulate = functools.partial(_table_and_note, result.tabulate, note)
+  return result
 
 
 def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence = (),
              **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
-  ``AsyncRunConfig``, on the virtual clock (``asynchronous.experiment.run_virtual_clock``).
+  ``AsyncRunConfig``, or without a config ``algorithm=`` naming one of the virtual clock's
+  own (``fedasync``), on the virtual clock (``asynchronous.experiment.run_virtual_clock``);
+  with a ``FedEDSRunConfig``, FedEDS (``fededs.experiment.run_grid``, ``data=`` too).
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
@@ -149,20 +285,34 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``RunConfig.replace``); ``algorithm`` may be a list. Your own data and model:
   ``data=fa.data.from_arrays(...)`` (or ``from_clients``) instead of a data set's name,
   ``model=<flax.linen.Module>`` (its ``params`` only; ``input_shape`` defaults to the
-  data's example shape) instead of a model's name. ``seeds=[0, 1, 2]`` and
+  data's example shape) instead of a model's name (a data field given beside ``data=``,
+  ``num_clients=50``, is a ``ConfigError``). ``seeds=[0, 1, 2]`` and
   ``sweep={"lr": [0.05, 0.1], "beta": [...]}`` (fields or an algorithm's own
   hyper-parameters) run every setting and seed of an algorithm as one vmapped
   computation, keyed ``<algorithm>/<setting>_seed=<s>``. Raises ``config.ConfigError``
   (a ValueError) naming the field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
   Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
-  (``after_chunk(loop, state, rows)``).
+  (``after_chunk(loop, state, rows)``). Delays, when on, are said on the console and
+  under ``table()``.
   """
   from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
   from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   if isinstance(config, fededs_config.FedEDSRunConfig):
     from fedjax_async.fededs import experiment as fededs  # pylint: disable=g-import-not-at-top
-    return fededs.run_grid(config.replace(**fields) if fields else config, callbacks)
+    data = fields.get("data")  # (a FashionMNIST part is a field of its own)
+    data = None if isinstance(data, (type(None), fededs_config.FashionMNIST)) else fields.pop(
+        "data")
+    _refuse_overridden(dict(fields, data=data), fededs.FASHION_MNIST_FIELDS, type(config))
+    if not isinstance(fields.get("model", ""), str):
+      raise config_lib.ConfigError("model", "FedEDS builds its split model (cnn, mlp or "
+                                   "resnet18: model='mlp'); a flax module runs on the round "
+                                   "engine and the virtual clock")
+    return fededs.run_grid(config.replace(**fields) if fields else config, callbacks,
+                           data=data)
+  if config is None and "algorithm" in fields:  # a name only the virtual clock runs picks it
+    fields["algorithm"] = _algorithm_names(fields["algorithm"], None)
+    config = _clock_for(fields)
   if isinstance(config, async_config.AsyncRunConfig):
     from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
     if "algorithm" in fields:
@@ -174,6 +324,8 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     if fields.pop("sweep", None):
       raise config_lib.ConfigError("sweep", "the virtual clock sweeps with comma lists of "
                                    "its fields (mix_alpha=\"0.2,0.6\") and seeds=[...]")
+    _refuse_overridden(fields, _DATA_KEYS, type(config), config.data,
+                       async_config.AsyncRunConfig().data)
     fed_data, module, input_shape = _own_data_and_model(fields)
     if fed_data is not None and "dataset" not in fields:
       fields["dataset"] = fed_data.name
@@ -182,6 +334,8 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
   if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}
     fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
+  _refuse_overridden(fields, _DATA_KEYS, config_lib.RunConfig, getattr(config, "data", None),
+                     config_lib.DataConfig())
   fed_data, module, input_shape = _own_data_and_model(fields)
   seeds, grid = fields.pop("seeds", None), fields.pop("sweep", None) or {}
   if fed_data is not None and "dataset" not in fields:
@@ -200,14 +354,21 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     fed_data = experiment.load_data(cfg)
   shape = input_shape or tuple(fed_data.x.shape[2:])
   model = (experiment.build_model(cfg, fed_data) if module is None else
-           _user_model(module, shape, cfg.run.seed))
+           _user_model(module, shape, cfg.run.seed, fed_data.num_classes,
+                       fed_data.feature_shape))
+  delays = _delay_note(cfg, grid)  # said on the console and under table()
   if seeds is not None or grid:
     model_fn = (None if module is None else
-                lambda c: _user_model(module, shape, c.run.seed))
-    return _sweep(cfg, seeds, grid, fed_data, model_fn, callbacks)
+                lambda c: _user_model(module, shape, c.run.seed, fed_data.num_classes,
+                                      fed_data.feature_shape))
+    if delays:
+      print(delays, flush=True)
+    return _noted(_sweep(cfg, seeds, grid, fed_data, model_fn, callbacks), delays)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)
+  if delays:
+    print(delays, flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (run.devices)", flush=True)
   tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
@@ -229,7 +390,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
           f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
           f"{s['average_best_accuracy']:.4f}, {s['wall_time_s']:.1f}s{where}", flush=True)
-  result = Result(cfg, runs, tabulate=_table)
+  result = _noted(Result(cfg, runs, tabulate=_table), delays)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")
     outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,

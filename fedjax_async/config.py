@@ -19,6 +19,7 @@ PrivaAsyncFed do, with their own flags: docs/async.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Optional
 
 
@@ -40,7 +41,7 @@ def dataset_defaults(dataset: str) -> Dict[str, float]:
   610-parameter logistic regression of the synthetic data sets the model then keeps
   jumping by ~0.8 around its optimum (main job, 3 seeds: final accuracy 0.65 +- 0.10 at
   0.8, 0.80 +- 0.01 at 0.4; docs/design.md)."""
-  alpha = 0.4 if dataset.lower().startswith("synthetic") else 0.8
+  alpha = 0.4 if str(dataset).lower().startswith("synthetic") else 0.8  # (validate: a str)
   return {"alpha0": alpha, "alpha1": alpha, "alpha2": alpha}
 
 
@@ -93,21 +94,31 @@ class AlgorithmConfig:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   dataset: str = option("synthetic", "synthetic | synthetic_iid | fashion_mnist | mnist | "
-                        "cifar10 | cifar100 | any tensorflow-datasets name.")
+                        "cifar10 | cifar100 | any tensorflow-datasets name | a natural split "
+                        "from data_dir (fedjax_*, tff_*, leaf_*: docs/api.md).")
   num_clients: int = option(30, "N, number of clients.")
   partition: str = option("shards", "iid | shards | dirichlet (image data sets).")
   dirichlet_alpha: float = option(0.5, "Dirichlet concentration.")
   shards_per_client: int = option(2, "Label shards per client.")
-  data_dir: Optional[str] = option(None, "IDX directory or tensorflow-datasets data_dir.")
+  data_dir: Optional[str] = option(None, "IDX directory, tensorflow-datasets data_dir, or "
+                                   "the natural data set's files (fedjax's / TFF's SQLite, "
+                                   "LEAF's data/ folder).")
   data_source: str = option("auto", "auto | idx | tfds.")
   normalize: str = option("none", "Image inputs in [0, 1]: none | fedadmm ((x - 0.1307) / "
-                          "0.3081, Gong et al.'s FedADMM code).", choices=("none", "fedadmm"))
+                          "0.3081, Gong et al.'s FedADMM code) | cifar (per channel, "
+                          "fedjax's CIFAR mean and std).",
+                          choices=("none", "fedadmm", "cifar"))
+  max_client_examples: int = option(0, "Natural data sets: each client's first k examples "
+                                    "at most (0: all).")
+  max_test_examples: int = option(0, "Natural data sets: the first k test examples at most "
+                                  "(0: all).")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   name: str = option("auto", "logreg | mlp | cnn | cnn_fedadmm | cifar10_cnn | cifar100_cnn | "
-                     "simple_cnn | auto (by data set).", flag="model")
+                     "simple_cnn | resnet18 | shakespeare_lstm | stackoverflow_lstm | "
+                     "leaf_shakespeare_lstm | sent140_lstm | auto (by data set).", flag="model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +136,10 @@ class LocalTraining:
       "JAX's default matmul precision, TF32 on recent NVIDIA GPUs) | tf32 (dots and "
       "convolutions in TF32) | bf16 (parameters and inputs cast to bfloat16). Parameters, "
       "optimiser state and the server stay float32.", choices=PRECISIONS)
+  augment: str = option("none", "Local augmentation of images in the jitted step: none | "
+                        "crop_flip (random crop of the 4-pixel-padded image and horizontal "
+                        "flip, per example, from per-client keys).",
+                        choices=("none", "crop_flip"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,14 +286,28 @@ def validate_local(c, check_fn=check, prefix: str = "local."):
   check_fn(0.0 <= c.momentum < 1.0, p + "momentum", f"must be in [0, 1), got {c.momentum}")
 
 
+def check_finite(cfg, allow=()):
+  """Every float field of ``cfg`` (a ``FlatKeys`` configuration) but those whose flat keys
+  are in ``allow`` is finite: ``ConfigError`` naming it (``local.lr: must be a finite
+  number, got inf``)."""
+  for key, spec in flag_specs(type(cfg)).items():
+    value = cfg.get(key)
+    if spec.kind == "float" and key not in allow and value is not None and not (
+        math.isfinite(value)):
+      raise ConfigError(spec.path, f"must be a finite number, got {value}")
+
+
 def validate(cfg: RunConfig):
   """Raises ``ConfigError`` naming the field at fault by its path."""
   check_types(cfg)
+  check_finite(cfg)
   _validate_algorithm(cfg)
   _validate_data_and_run(cfg)
   validate_local(cfg.local)
   check(cfg.local.precision in PRECISIONS, "local.precision",
         f"must be one of {', '.join(PRECISIONS)}, got {cfg.local.precision!r}")
+  check(cfg.local.augment in ("none", "crop_flip"), "local.augment",
+        f"must be none or crop_flip, got {cfg.local.augment!r}")
   _validate_crypto(cfg.crypto, cfg.algorithm)
   _validate_output(cfg.output)
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
@@ -290,6 +319,10 @@ def _validate_algorithm(cfg: RunConfig):
   a = cfg.algorithm
   names = a.name_list()
   for name in names:
+    check(name not in algorithms.names("virtual_clock"), "algorithm.names",
+          f"{name} runs on the virtual clock, not the round engine: "
+          f"simulate(fa.AsyncRunConfig(), algorithm={name!r}), or simulate(algorithm="
+          f"{name!r}) without a RunConfig (CLI: experiments/async_family.py)")
     check(name in algorithms.names("rounds"), "algorithm.names",
           f"unknown algorithm {name!r}; choices: {', '.join(algorithms.names('rounds'))}")
   check(len(set(names)) == len(names), "algorithm.names",  # one output directory per name
@@ -304,9 +337,10 @@ def _validate_algorithm(cfg: RunConfig):
           f"Eq. 17), got {getattr(a, k)}")
   declared = {k for n in names if n in algorithms.names("rounds")
               for k, _ in algorithms.get(n).hparams}
-  for k in parse_hp(a.hp):
+  for k, v in parse_hp(a.hp).items():
     check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
           f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
+    check(math.isfinite(v), f"algorithm.hp.{k}", f"must be a finite number, got {v}")
   check(a.server_optimizer in ("sgd", "momentum", "adam", "yogi"),
         "algorithm.server_optimizer", "must be sgd, momentum, adam or yogi, got "
         f"{a.server_optimizer!r}")
@@ -331,8 +365,10 @@ def _validate_data_and_run(cfg: RunConfig):
   check(d.num_clients >= 1, "data.num_clients", f"must be >= 1, got {d.num_clients}")
   check(d.dirichlet_alpha > 0, "data.dirichlet_alpha",
         f"must be > 0, got {d.dirichlet_alpha}")
-  check(d.normalize in ("none", "fedadmm"), "data.normalize",
-        f"must be none or fedadmm, got {d.normalize!r}")
+  check(d.normalize in ("none", "fedadmm", "cifar"), "data.normalize",
+        f"must be none, fedadmm or cifar, got {d.normalize!r}")
+  for k in ("max_client_examples", "max_test_examples"):
+    check(getattr(d, k) >= 0, f"data.{k}", f"must be >= 0 (0: all), got {getattr(d, k)}")
   check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
   check(0.0 < r.participation <= 1.0, "run.participation",
         f"must be in (0, 1], got {r.participation}")

@@ -200,9 +200,20 @@ def round_engine(cfg, fed, model, runs: int = 1, device: Optional[Device] = None
   return estimate(forward_flops=fwd, activations=act, num_params=int(np.size(w0)),
                   examples_trained=r.rounds * per_round * per_client,
                   examples_evaluated=evals * fed.test_x.shape[0],
-                  data_bytes=_nbytes(fed.x, fed.test_x), clients_at_once=per_round,
+                  data_bytes=_round_data_bytes(fed, r.rounds_per_call * per_round),
+                  clients_at_once=per_round,
                   batch_size=loc.batch_size, model_copies=cfg.delay.ring_size,
                   steps=r.rounds, runs=runs, device=device)
+
+
+def _round_data_bytes(fed, streamed_rows: int) -> float:
+  """The device bytes of ``fed``: its padded arrays, or, held lazily (a natural data set,
+  streamed chunk by chunk on one device: ``core.streaming``), a chunk's rows."""
+  from fedjax_async.data import natural  # pylint: disable=g-import-not-at-top
+  if natural.is_lazy(fed):
+    rows = min(streamed_rows, fed.x.shape[0])
+    return _nbytes(fed.test_x) + 4.0 * rows * math.prod(fed.x.shape[1:])
+  return _nbytes(fed.x, fed.test_x)
 
 
 def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_once: int,
@@ -243,5 +254,5 @@ ROUND_ENGINE_SMALLER = ("model.name=mlp (or logreg), fewer run.rounds or local.l
                         "or a smaller run.participation")
 VIRTUAL_CLOCK_SMALLER = ("model.name=mlp (or logreg), fewer clock.num_updates, or "
                          "local.local_steps=1")
-FEDEDS_SMALLER = ("--quick (fededs.config.QUICK), or fewer training.rounds, grid.alphas, "
+FEDEDS_SMALLER = ("--quick (fededs.config.QUICK_FIELDS), or fewer training.rounds, grid.alphas, "
                   "grid.num_clients or grid.variants, model.name=mlp")

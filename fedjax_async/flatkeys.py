@@ -64,9 +64,12 @@ class FlatKeys:
     parts: Dict[str, dict] = {}
     new = {}
     for key, value in flat.items():
-      if key in part_names and not isinstance(value, str):  # a whole part ("algorithm" is
-        new[key] = value  # also the flat key of algorithm.names, a string)
+      if key in part_names and isinstance(value, type(getattr(self, key))):  # a whole part
+        new[key] = value  # ("algorithm" is also the flat key of algorithm.names, a string)
         continue
+      if key in part_names and key not in keys:
+        raise ConfigError(key, f"expected a {type(getattr(self, key)).__name__}, got "
+                          f"{value!r} ({type(value).__name__})")
       if key not in keys:
         close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
         raise ConfigError(key, f"not a {type(self).__name__} field" + (
@@ -170,5 +173,9 @@ def parse_hp(text) -> Dict[str, float]:
     try:
       out[name] = float(value)
     except (TypeError, ValueError):
-      raise ConfigError("algorithm.hp", f"{name}: expected a number, got {value!r}") from None
+      text = value.strip() if isinstance(value, str) else value
+      if isinstance(text, str) and len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]  # simulate(hp={"beta": "high"}) arrives as beta='high'
+      raise ConfigError(f"algorithm.hp.{name}", f"expected a number (float), got {text!r} "
+                        f"({type(text).__name__}); e.g. hp={{{name!r}: 0.5}}") from None
   return out

@@ -6,6 +6,14 @@ and exit status 130 / 143. Within ``deferred()`` (a checkpoint being written) a 
 only recorded, and raised when the block ends: raised in the middle of orbax's save it
 left the checkpoint of that round unwritten and orbax's worker threads printing tracebacks
 while the interpreter shut down.
+
+Whose SIGINT it is: within ``handle_interrupts()`` the run's handler replaces whatever
+Python-level handler SIGINT had (Python's own, or one a notebook or a library installed),
+and that one is restored when the block ends, so Ctrl-C always reaches the run; an ignored
+SIGINT (a script's background job, ``nohup`` from a script: the launcher's choice) stays
+ignored, and the first block says so once on a terminal. A handler installed outside
+Python cannot be restored, so it is left in place, also said once. SIGTERM is always the
+run's. Tests that send a signal set the disposition they need themselves.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import threading
 from typing import List, Optional
 
 
@@ -35,6 +44,8 @@ class Interrupted(KeyboardInterrupt):
 _signals_received: List[int] = []
 _defer_depth = [0]
 _graceful: List[Optional[str]] = [None]  # within graceful(): the first signal's notice
+_handling = [0]  # depth of handle_interrupts() blocks (the outermost one installs)
+_said: set = set()  # the notes on SIGINT's disposition already printed (once a process)
 
 
 def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
@@ -42,7 +53,8 @@ def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
   if _defer_depth[0]:
     return
   if _graceful[0] is not None and len(_signals_received) == 1:
-    print(_graceful[0], file=sys.stderr, flush=True)
+    if _graceful[0]:
+      print(_graceful[0], file=sys.stderr, flush=True)
     return
   raise Interrupted("", signum)
 
@@ -60,11 +72,11 @@ def pending() -> bool:
 
 @contextlib.contextmanager
 def graceful(notice: str):
-  """A block whose first signal is only recorded (and ``notice`` printed): the caller
-  stops at its next safe point (``pending()``), saving the state it holds there; a second
-  signal raises ``Interrupted`` at once."""
+  """A block whose first signal is only recorded (and ``notice`` printed, unless empty):
+  the caller stops at its next safe point (``pending()``), saving the state it holds
+  there; a second signal raises ``Interrupted`` at once. Nested, the outer notice stays."""
   previous = _graceful[0]
-  _graceful[0] = notice
+  _graceful[0] = notice if previous is None else previous
   try:
     yield
   finally:
@@ -92,18 +104,24 @@ def deferred():
 
 
 class handle_interrupts:  # pylint: disable=invalid-name
-  """Within it SIGTERM and SIGINT (unless SIGINT is ignored, as in a shell's background
-  job) raise ``Interrupted``, and Python's note on a KeyboardInterrupt it had to drop (in
-  a gc callback) is not printed."""
+  """Within it SIGTERM and SIGINT raise ``Interrupted`` (SIGINT's rule: the module's
+  docstring), and Python's note on a KeyboardInterrupt it had to drop (in a gc callback)
+  is not printed. Nested blocks, and blocks outside the main thread (where no handler can
+  be installed), change nothing."""
 
   def __enter__(self):
+    self.active = (not _handling[0]
+                   and threading.current_thread() is threading.main_thread())
+    _handling[0] += 1
+    if not self.active:
+      return self
     del _signals_received[:]
     # SIGINT and SIGTERM unblocked within the block (a blocked one never reaches the
     # handler), the caller's mask restored after it.
     self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     self.previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
-      if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+      if sig == signal.SIGINT and not _takes_sigint():
         continue
       self.previous[sig] = signal.signal(sig, _raise_interrupted)
     self.unraisablehook = sys.unraisablehook
@@ -112,11 +130,40 @@ class handle_interrupts:  # pylint: disable=invalid-name
     return self
 
   def __exit__(self, *exc):
+    _handling[0] -= 1
+    if not self.active:
+      return
     del _signals_received[:]  # handled or not, no later check_interrupted raises them
     for sig, handler in self.previous.items():
       signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     sys.unraisablehook = self.unraisablehook
     signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+
+
+def _takes_sigint() -> bool:
+  """Whether ``handle_interrupts`` installs its SIGINT handler (the module's rule); an
+  ignored SIGINT, or a handler installed outside Python, is said once on a terminal."""
+  current = signal.getsignal(signal.SIGINT)
+  if current is signal.SIG_IGN:
+    _say_once("ignored", "note: SIGINT is ignored in this process (started in the "
+              "background by a script?): Ctrl-C does not stop the run; SIGTERM (kill PID) "
+              "stops it as Ctrl-C would")
+    return False
+  if current is None:
+    _say_once("foreign", "note: SIGINT has a handler installed outside Python, left in "
+              "place: Ctrl-C is answered by it; SIGTERM (kill PID) stops the run as "
+              "Ctrl-C would")
+    return False
+  return True
+
+
+def _say_once(key: str, note: str):
+  """``note`` on stderr once a process, when stderr is a terminal (the console)."""
+  if key in _said:
+    return
+  _said.add(key)
+  if getattr(sys.stderr, "isatty", lambda: False)():
+    print(note, file=sys.stderr, flush=True)
 
 
 def exit_on_interrupt(fn, how: str):

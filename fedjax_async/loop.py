@@ -18,7 +18,12 @@ run in order (after pfl-research's ``run`` and its callbacks):
   ``engine.Diverged``), ``WriteMetrics``, ``CheckSignals``, the caller's callbacks,
   ``SaveCheckpoints``, ``Report`` (progress lines) and ``StopOnSignal``: a SIGINT /
   SIGTERM received by any process stops every process after the same chunk, after its
-  checkpoint (``distributed.any_process``).
+  checkpoint (``distributed.any_process``); within the callbacks a first signal is only
+  recorded, so that the chunk's checkpoint is written before the stop.
+
+A signal is answered at the end of a chunk: ``ChunkLengths`` keeps chunks of steady
+running near ``CHUNK_SECONDS``, and ``call`` lets the signal's handler run while one
+computes (its notice printed at once).
 """
 
 from __future__ import annotations
@@ -27,13 +32,120 @@ import dataclasses
 import os
 import shutil
 import signal
+import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
+
+import jax
 
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async.outputs import TensorBoard, json_row
+
+
+# Seconds of steady running a compiled chunk of rounds (or groups) aims at: the first
+# Ctrl-C / SIGTERM is answered at the end of the chunk it arrives in.
+CHUNK_SECONDS = 1.0
+
+
+class ChunkLengths:
+  """The length of each compiled chunk of rounds (or groups): ``most`` (run.rounds_per_call)
+  or, with ``seconds``, fewer where a chunk of ``most`` would run longer than about that,
+  so that a signal (answered at a chunk's end) is answered within about ``seconds`` of
+  steady running; at least one round, so a round longer than that is answered at its end.
+  The first chunk has ``first`` (from the run's cost estimate; default ``most``); later
+  lengths follow the measured seconds per round. Lengths divide ``most`` and a chunk does
+  not cross a multiple of ``most`` (``next``'s ``position``), so the chunks of ``most``
+  end where they did (``Checkpoints``' ``grid``: checkpoints do not depend on timing);
+  changed by a factor of 2 or more (each new length compiles once). Results do not depend
+  on the lengths (one compiled round, scanned). Fixed at ``most`` without ``seconds`` and
+  across processes (they must agree on every chunk)."""
+
+  def __init__(self, most: int, seconds: Optional[float] = None, first: Optional[int] = None):
+    self.most = max(1, int(most))
+    self.seconds = seconds if seconds and jax.process_count() == 1 else None
+    self.length = self.most if first is None or self.seconds is None else self._fit_count(first)
+    self.last = 0  # the length of the last chunk handed out
+
+  def _fit_count(self, k: int) -> int:
+    """The largest divisor of ``most`` that is <= ``k`` (at least 1)."""
+    k = max(1, min(int(k), self.most))
+    return max(d for d in range(1, k + 1) if self.most % d == 0)
+
+  def fit(self, seconds_per_round: float) -> int:
+    """The length whose chunk runs about ``seconds`` at ``seconds_per_round``."""
+    return self._fit_count(int(self.seconds / max(seconds_per_round, 1e-9)))
+
+  def next(self, left: int, position: Optional[int] = None) -> int:
+    """The next chunk's length, ``left`` rounds (or groups) to go, from ``position`` (the
+    chunk then ends at the next multiple of ``most`` at the latest)."""
+    n = min(self.length, left)
+    if position is not None:
+      n = min(n, self.most - position % self.most)
+    self.last = max(1, n)
+    return self.last
+
+  def ran(self, n: int, seconds: float, compiled: bool = False):
+    """A chunk of ``n`` ran ``seconds`` (its compilation left out: ``call``). A chunk that
+    ``compiled`` only shortens the next ones (its compile time may be counted twice)."""
+    if self.seconds is None or n < self.length:  # (the last, shorter chunk)
+      return
+    want = self.fit(seconds / n)
+    if ((want < self.length and seconds > 1.5 * self.seconds)
+        or (want >= 2 * self.length and seconds < self.seconds / 4 and not compiled)):
+      self.length = want
+
+
+def first_length(estimate, count: int) -> int:
+  """The first chunk's length: the rounds (or groups) whose floating-point work, by a
+  ``cost.Cost`` ``estimate`` for ``count`` of them, fits in ``CHUNK_SECONDS`` (the
+  estimate's fixed seconds a step, a guess for small runs, are left out)."""
+  seconds = estimate.flops / estimate.device.flops_per_second / max(count, 1)
+  return int(CHUNK_SECONDS / max(seconds, 1e-9))
+
+
+_compiling = [0.0]  # seconds spent compiling so far (jax's compile events)
+
+
+def _count_compilation(event: str, seconds: float, **_):
+  if event.startswith("/jax/core/compile/"):  # tracing, lowering, compiling (or the cache)
+    _compiling[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compilation)
+
+
+def call(fn: Callable, *args):
+  """``(fn(*args), seconds, compiled)``: ``fn`` (a compiled chunk) run in a helper thread
+  until its arrays are computed, the seconds that took without compilation, and whether
+  it compiled. Meanwhile the main thread waits in short naps, so that a signal's Python
+  handler runs at once (XLA:CPU runs a program with host callbacks, the progress lines,
+  within the call, and on large arrays the callbacks in its own threads: called from the
+  main thread it held the handler until the chunk ended). An ``Interrupted`` raised by
+  the handler leaves the computation to finish in the background, unread; the
+  interpreter's exit waits for it (exiting under it crashed XLA)."""
+  out, done = [], threading.Event()
+
+  def work():
+    try:
+      result = fn(*args)
+      jax.block_until_ready(result)
+      out.append((True, result))
+    except BaseException as e:  # pylint: disable=broad-except
+      out.append((False, e))
+    finally:
+      done.set()
+
+  t0, compiled0 = time.perf_counter(), _compiling[0]
+  threading.Thread(target=work, name="fedjax_async.loop.call").start()
+  while not done.wait(0.05):
+    pass
+  ok, result = out[0]
+  if not ok:
+    raise result
+  compiling = _compiling[0] - compiled0
+  return result, max(time.perf_counter() - t0 - compiling, 0.0), compiling > 0
 
 
 @dataclasses.dataclass
@@ -51,15 +163,19 @@ class Checkpoints:
 
   ``config`` is stored with each checkpoint and compared on resumption through
   ``mismatch(saved, now) -> ["--flag=old (now new)", ...]``. ``every`` (0: none) and
-  ``total`` are in ``unit``s (rounds, groups). Without ``resume`` a previous run's
+  ``total`` are in ``unit``s (rounds, groups); with ``grid`` (the chunk length asked for:
+  ``ChunkLengths``) only a position on its multiples (or the end) is due by ``every``, so
+  shorter chunks move no checkpoint. Without ``resume`` a previous run's
   checkpoints in ``directory`` are deleted (it is a fresh run). ``discard`` (a sweep's
   computations): a checkpoint made with another configuration, or that cannot be read, is
   deleted, saying why under ``label``, and the run starts over instead of being refused."""
 
   def __init__(self, directory: str, config: dict, *, every: int, total: int, resume: bool,
                mismatch: Callable[[dict, dict], List[str]], keep: int = 2,
-               unit: str = "round", discard: bool = False, label: str = ""):
+               unit: str = "round", discard: bool = False, label: str = "",
+               grid: int = 1):
     self.directory, self.config = os.path.abspath(directory), config
+    self.grid = max(1, int(grid))
     self.every, self.total, self.resume, self.unit = every, total, resume, unit
     self.mismatch, self.keep, self.discard, self.label = mismatch, keep, discard, label
     if not resume and os.path.isdir(self.directory) and distributed.is_main():
@@ -119,7 +235,9 @@ class Checkpoints:
     or the run is stopping at a signal with rounds done since the last one."""
     if self.manager is None:
       return False
-    return (checkpoint_lib.should_save(self.last_saved, position, self.every, self.total)
+    on_grid = position % self.grid == 0 or position >= self.total
+    return ((on_grid and checkpoint_lib.should_save(self.last_saved, position, self.every,
+                                                    self.total))
             or (stopping and self.last_saved < position))
 
   def save(self, position: int, state, rows: Sequence[dict], wall_time_s: float):
@@ -223,11 +341,13 @@ class WriteMetrics(Callback):
 
 class CheckSignals(Callback):
   """``loop.stopping``: whether a SIGINT / SIGTERM arrived in any process. Every process
-  asks once a chunk, after the chunk's rows are written, so that all stop after the same
-  chunk, with its checkpoint; a signal that arrives later counts at the next chunk."""
+  asks after the chunk's rows are written and again after the caller's callbacks (a
+  signal during one), so that all stop after the same chunk, with its checkpoint; a
+  signal that arrives later counts at the next chunk."""
 
   def after_chunk(self, loop, state, rows):
-    loop.stopping = stopping()
+    now = stopping()  # (a collective: every process asks, whatever it holds)
+    loop.stopping = loop.stopping or now
 
 
 class SaveCheckpoints(Callback):
@@ -290,7 +410,7 @@ class HostLoop:
     self.callbacks: List[Callback] = (
         ([StopOnDivergence()] if stop_on_divergence else [])
         + ([WriteMetrics()] if metrics is not None else []) + [CheckSignals()]
-        + list(callbacks)
+        + list(callbacks) + ([CheckSignals()] if callbacks else [])
         + ([SaveCheckpoints(checkpoints)] if checkpoints is not None else [])
         + ([Report(progress)] if progress is not None else []) + [StopOnSignal()])
     # the engines hand a chunk with non-finite rows to this loop instead of raising
@@ -319,5 +439,15 @@ class HostLoop:
                           self.metrics.rows, self.wall())
 
   def __call__(self, state, rows: Sequence[dict]):
-    for callback in self.callbacks:
-      callback.after_chunk(self, state, rows)
+    # A first signal within the callbacks is only recorded (raised by StopOnSignal, after
+    # the checkpoint that it makes due): raised in a callback it skipped that checkpoint.
+    self.stopping = False
+    handler = interrupts.handle_interrupts()
+    with handler, interrupts.graceful(""):
+      for callback in self.callbacks:
+        callback.after_chunk(self, state, rows)
+      if handler.active and interrupts.pending() and jax.process_count() == 1:
+        # after the last check, and no block around this one keeps it: now, saved first
+        if self.checkpoints is not None and self.checkpoints.due(self.position(state), True):
+          self.save(state)
+        interrupts.check_interrupted()

@@ -7,7 +7,9 @@ among them.
 Public API:
 
 * models: :class:`LogisticRegression`, :class:`MLP`, :class:`CNN`, :class:`CNNFedADMM`,
-  :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`;
+  :class:`CIFAR10CNN`, :class:`CIFAR100CNN`, :class:`SimpleCNN`, :class:`ResNet18`, and
+  the text benchmarks' LSTMs (``text_models``: logits per position ``[N, T, V]`` for
+  next-token labels);
 * :func:`get_model`, :func:`default_model_for`, :data:`MODEL_NAMES`;
 * :func:`flat_model` (what the engine uses): ``(w0_flat, apply_flat)``, ``apply_flat`` a
   :class:`FlatApply` (it also takes the per-leaf pieces that local training carries);
@@ -22,7 +24,7 @@ No model has state besides ``'params'``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -32,6 +34,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_async import layers
+from fedjax_async import text_models
 
 Array = jax.Array
 Padding = str | Sequence[tuple[int, int]]
@@ -254,7 +257,7 @@ class ResNet18(nn.Module):
 # --------------------------------------------------------------------------- registry
 
 MODEL_NAMES = ("logreg", "mlp", "cnn", "cnn_fedadmm", "cifar10_cnn", "cifar100_cnn",
-               "simple_cnn", "resnet18")
+               "simple_cnn", "resnet18") + text_models.NAMES
 _CONV_MODELS = {
     "cnn": CNN,
     "cnn_fedadmm": CNNFedADMM,
@@ -266,8 +269,9 @@ _CONV_MODELS = {
 
 
 def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
-              impl: str = "vjp", dense: str = "fast") -> nn.Module:
-  """The model called ``name`` for per-example inputs of ``input_shape``.
+              impl: str = "vjp", dense: str = "fast", input_vocab: int = 0) -> nn.Module:
+  """The model called ``name`` for per-example inputs of ``input_shape`` (the text models,
+  ``text_models``: token ids in [0, ``input_vocab``), 0: ``num_classes``).
 
   ``impl`` ("patches", "slices", "lax" or "vjp") selects the convolution of conv models,
   ``dense`` ("fast" or "flax") their dense layers. Raises ValueError for an unknown name,
@@ -277,6 +281,8 @@ def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
     raise ValueError(f"unknown conv impl {impl!r}; choose from {layers.CONV_IMPLS}")
   if dense not in layers.DENSE_IMPLS:
     raise ValueError(f"unknown dense impl {dense!r}; choose from {layers.DENSE_IMPLS}")
+  if name in text_models.NAMES:
+    return text_models.get(name, num_classes, input_vocab)
   if name == "logreg":
     return LogisticRegression(num_classes)
   if name == "mlp":
@@ -291,15 +297,24 @@ def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
 def default_model_for(dataset_name: str) -> str:
   """Default model name for a dataset (synthetic* -> logreg, MNISTs -> cnn, CIFARs)."""
   name = dataset_name.lower().replace("-", "_")
-  if name.startswith("synthetic"):
+  if name.startswith("synthetic") or name == "leaf_synthetic":
     return "logreg"
+  natural = {"fedjax_emnist": "cnn", "fedjax_emnist_digits": "cnn", "tff_emnist": "cnn",
+             "tff_emnist_digits": "cnn", "leaf_femnist": "cnn",
+             "fedjax_cifar100": "cifar100_cnn", "tff_cifar100": "cifar100_cnn",
+             "fedjax_shakespeare": "shakespeare_lstm", "tff_shakespeare": "shakespeare_lstm",
+             "fedjax_stackoverflow": "stackoverflow_lstm",
+             "tff_stackoverflow": "stackoverflow_lstm",
+             "leaf_shakespeare": "leaf_shakespeare_lstm", "leaf_sent140": "sent140_lstm"}
+  if name in natural:
+    return natural[name]
   table = {"mnist": "cnn", "fashion_mnist": "cnn", "fmnist": "cnn",
            "cifar10": "cifar10_cnn", "cifar_10": "cifar10_cnn",
            "cifar100": "cifar100_cnn", "cifar_100": "cifar100_cnn"}
   if name in table:
     return table[name]
-  raise ValueError(f"no default model for dataset {dataset_name!r}; known: "
-                   f"synthetic*, {sorted(table)}")
+  raise ValueError(f"no default model for data set {dataset_name!r}; name one of "
+                   f"{', '.join(MODEL_NAMES)} (or, from Python, model=<a flax.linen.Module>)")
 
 
 # ----------------------------------------------------------------------- flat models
@@ -398,26 +413,107 @@ def flat_model(model: nn.Module, input_shape: Sequence[int], key):
                        collections, state)
 
 
-def user_model(module: nn.Module, input_shape: Sequence[int], seed: int):
+def one_line(e: Exception) -> str:
+  """The first non-empty line of ``e``'s message, at most 160 characters."""
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  text = lines[0] if lines else type(e).__name__
+  return text if len(text) <= 160 else text[:157] + "..."
+
+
+def check_output(apply, params, data_shape: Sequence[int], num_classes: int, name: str,
+                 input_shape: Optional[Sequence[int]] = None, what: str = "model",
+                 shapes: Sequence[Sequence[int]] = (), label_shape: Sequence[int] = ()
+                 ) -> None:
+  """One forward pass of ``apply(params, x)`` on two examples of the data's shape,
+  abstract (``jax.eval_shape``: traced, not run): ValueError naming ``what`` (or
+  ``input_shape`` when the model was built for another shape) when the model does not take
+  the data's examples or its output is not ``[2, *label_shape, num_classes]`` (sequence
+  labels ``[T]``: logits at every position), or when one of its
+  parameters' ``shapes`` is empty (a layer the examples are too small for)."""
+  data_shape = tuple(int(d) for d in data_shape)
+  empty = [tuple(s) for s in shapes if 0 in tuple(s)]
+  if empty:
+    raise ValueError(f"{what}: {name} has a layer of zero size for the data's examples of "
+                     f"shape {data_shape} (a parameter of shape {empty[0]}); the examples "
+                     "are too small for it")
+  x = jax.ShapeDtypeStruct((2, *data_shape), jnp.float32)
+  built = tuple(input_shape) if input_shape is not None else data_shape
+  try:
+    out = jax.eval_shape(apply, params, x)
+  except Exception as e:  # pylint: disable=broad-except  (whatever the module raises)
+    if built != data_shape:
+      raise ValueError(f"input_shape={built}: {name} built for it does not take the data's "
+                       f"examples of shape {data_shape} ({one_line(e)}); leave "
+                       "input_shape out to use the data's") from None
+    raise ValueError(f"{what}: {name} does not take the data's examples of shape "
+                     f"{data_shape}: {one_line(e)}") from None
+  shape = getattr(out, "shape", None)
+  if label_shape and shape != (2, *label_shape, int(num_classes)):
+    raise ValueError(f"{what}: {name} gives outputs of shape {shape} for a batch of 2, but "
+                     f"the data's labels are sequences {tuple(label_shape)} of "
+                     f"{num_classes} ids: give [batch, {', '.join(map(str, label_shape))}, "
+                     f"{num_classes}] logits")
+  if not label_shape and shape != (2, int(num_classes)):
+    if shape and len(shape) == 2 and shape[0] == 2:
+      got = f"{shape[1]} outputs per example"
+    elif shape and shape[0] == 2:
+      got = f"outputs of shape {tuple(shape[1:])} per example"
+    else:
+      got = f"{type(out).__name__} {shape or ''} for a batch of 2".replace("  ", " ")
+    raise ValueError(f"{what}: {name} gives {got}, but the data have num_classes="
+                     f"{num_classes} (labels 0..{int(num_classes) - 1}); give its last layer "
+                     f"{num_classes} outputs ([batch, {num_classes}] logits)")
+
+
+def _with_train_argument(module: nn.Module) -> nn.Module:
+  """``module``, wrapped to take (and ignore) ``train`` when its ``__call__`` does not."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  if "train" in inspect.signature(module.__call__).parameters:
+    return module
+
+  class NoTrainArgument(nn.Module):
+    inner: nn.Module
+
+    def __call__(self, x, train: bool = False):
+      del train
+      return self.inner(x)
+
+  return NoTrainArgument(module)
+
+
+def check_module(module: nn.Module, input_shape: Sequence[int], num_classes: int,
+                 data_shape: Optional[Sequence[int]] = None) -> None:
+  """:func:`check_output` of a user's flax module, built abstractly for ``input_shape``
+  (nothing is compiled or run); ValueError naming ``model`` or ``input_shape``."""
+  name, module = type(module).__name__, _with_train_argument(module)
+  x = jnp.zeros((1, *tuple(input_shape)), jnp.float32)
+  try:
+    variables = jax.eval_shape(lambda k: module.init({"params": k}, x, train=False),
+                               jax.random.PRNGKey(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"model: {name}: {one_line(e)}") from None
+  check_output(lambda v, x: module.apply(v, x, train=False), variables,
+               input_shape if data_shape is None else data_shape, num_classes, name,
+               input_shape, shapes=[leaf.shape for leaf in jax.tree.leaves(variables)])
+
+
+def user_model(module: nn.Module, input_shape: Sequence[int], seed: int,
+               num_classes: Optional[int] = None,
+               data_shape: Optional[Sequence[int]] = None):
   """The engines' ``(name, w0, apply_flat)`` of a user's flax module (one whose
   ``__call__`` takes no ``train`` argument is wrapped to ignore it); ValueError naming
-  the module when it cannot be federated."""
-  import inspect  # pylint: disable=g-import-not-at-top
-  name = type(module).__name__
-  if "train" not in inspect.signature(module.__call__).parameters:
-
-    class NoTrainArgument(nn.Module):
-      inner: nn.Module
-
-      def __call__(self, x, train: bool = False):
-        del train
-        return self.inner(x)
-
-    module = NoTrainArgument(module)
+  the module when it cannot be federated, and (given ``num_classes``) when it does not
+  map the data's examples (``data_shape``, default ``input_shape``) to ``num_classes``
+  logits (:func:`check_output`)."""
+  name, module = type(module).__name__, _with_train_argument(module)
   try:
     w0, apply_flat = flat_model(module, tuple(input_shape), jax.random.PRNGKey(seed))
-  except (ValueError, TypeError) as e:
-    raise ValueError(f"model: {name}: {e}") from None
+  except Exception as e:  # pylint: disable=broad-except  (whatever the module raises)
+    raise ValueError(f"model: {name}: {one_line(e)}") from None
+  if num_classes is not None:
+    check_output(lambda w, x: apply_flat(w, x, train=False), w0,
+                 input_shape if data_shape is None else data_shape, num_classes, name,
+                 input_shape, shapes=apply_flat.shapes)
   return name, w0, apply_flat
 
 

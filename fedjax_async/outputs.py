@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -159,21 +159,76 @@ def algorithm_label(summary: dict) -> str:
   return summary["algorithm"] + (" [INSECURE CKKS]" if insecure else "")
 
 
+# The sample standard deviation of a configuration's seeds in every table.
+DDOF = 1
+SEEDS_NOTE = (f"mean ± std (n): over the n seeds of a configuration that did not diverge, "
+              f"the sample std (ddof {DDOF})")
+
+
+def seed_of(summary: dict) -> Optional[int]:
+  """A run's seed: its summary's ``seed``, else its stored configuration's."""
+  seed = summary.get("seed", (summary.get("config") or {}).get("seed"))
+  return None if seed is None else int(seed)
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float, int]:
+  """(mean, sample std of ``DDOF``, n) of the finite ``values``; (nan, nan, 0) of none,
+  std 0 of one."""
+  v = np.array([x for x in values if x is not None and np.isfinite(x)], float)
+  if not v.size:
+    return float("nan"), float("nan"), 0
+  return float(v.mean()), float(v.std(ddof=DDOF)) if v.size > DDOF else 0.0, int(v.size)
+
+
+def seed_cell(values: Sequence[float], fmt: str = ".4f") -> str:
+  """A table's cell of one configuration's seeds: the value of one, ``mean ± std (n)`` of
+  several (``mean_std``)."""
+  mean, std, n = mean_std(values)
+  return f"{mean:{fmt}}" if n <= 1 else f"{mean:{fmt}} ± {std:{fmt}} ({n})"
+
+
 def comparison_table(summaries: List[dict]) -> str:
-  """Markdown: per run its three accuracy metrics (``metrics.KEYS``; the last-10 ones
-  marked for runs of T <= 10 rounds) and wall time."""
-  lines = ["| algorithm | final accuracy | last-10 mean accuracy | average best accuracy | "
-           "wall time (s) |", "|---|---|---|---|---|"]
-  short = False
+  """Markdown: one line per configuration, its algorithm and each swept field of its
+  summaries' ``setting`` ("–" where the algorithm does not use it; values in numeric
+  order), with its three accuracy metrics (``metrics.KEYS``; the last-10 ones marked for
+  runs of T <= 10 rounds) and mean wall time: the value of its one seed, or mean ± std (n)
+  over its seeds (``seed_cell``; diverged runs left out and named)."""
+  names = list(dict.fromkeys(n for s in summaries for n in (s.get("setting") or {})))
+  groups: Dict[tuple, List[dict]] = {}
   for s in summaries:
-    rounds = int(s.get("rounds", metrics_lib.LAST + 1))
+    setting = s.get("setting") or {}
+    groups.setdefault((algorithm_label(s),) + tuple(setting.get(n) for n in names),
+                      []).append(s)
+  order = list(dict.fromkeys(k[0] for k in groups))
+  keys = sorted(groups, key=lambda k: (order.index(k[0]),) + tuple(
+      (v is not None, v) for v in k[1:]))
+  lines = ["| algorithm | " + "".join(f"{n} | " for n in names) + "final accuracy | "
+           "last-10 mean accuracy | average best accuracy | wall time (s) |",
+           "|---" * (len(names) + 5) + "|"]
+  short = several = False
+  diverged = []
+  for key in keys:
+    group = groups[key]
+    ok = [s for s in group if s.get("diverged_round") is None]
+    diverged += [" ".join([key[0], *(f"{n}={v:g}" for n, v in zip(names, key[1:])
+                                      if v is not None), f"seed {seed_of(s)}"])
+                 for s in group if s.get("diverged_round") is not None]
+    rounds = int(group[0].get("rounds", metrics_lib.LAST + 1))
     short |= metrics_lib.is_short(rounds)
-    cells = [metrics_lib.mark_short(f"{s.get(k, float('nan')):.4f}", k, rounds)
-             for k in metrics_lib.KEYS]
-    lines.append(f"| {algorithm_label(s)} | " + " | ".join(cells) +
-                 f" | {s['wall_time_s']:.1f} |")
+    several |= len(ok) > 1
+    cells = [metrics_lib.mark_short(seed_cell([s.get(k, float("nan")) for s in ok]),
+                                    k, rounds) if ok else "diverged" for k in metrics_lib.KEYS]
+    lines.append("| " + " | ".join([key[0], *("–" if v is None else f"{v:g}" for v in key[1:]),
+                                    *cells]) +
+                 f" | {np.mean([s['wall_time_s'] for s in group]):.1f} |")
+  if short or several or diverged:
+    lines.append("")
+  if several:
+    lines.append(SEEDS_NOTE + ".")
+  if diverged:
+    lines.append(f"Diverged (a non-finite loss), left out: {', '.join(diverged)}.")
   if short:
-    lines += ["", metrics_lib.SHORT_RUN_NOTE]
+    lines.append(metrics_lib.SHORT_RUN_NOTE)
   return "\n".join(lines)
 
 

@@ -8,6 +8,11 @@ Every summary holds ``final_accuracy``, ``best_accuracy``, ``last10_mean_accurac
 engine, FedEDS) holds its ``round`` counted from 1, as the console and the figures count:
 row r is the model after r rounds. A virtual-clock row is one kept arrival (``event``,
 ``virtual_time``, the ``arrival_version`` it met).
+
+Every record and summary record starts with the run's identity (``identity``): ``run``,
+``algorithm``, ``seed`` and each swept field (a run's summary's ``setting``) as its own key.
+Tables give a configuration's seeds as ``mean ± std (n)`` (``outputs.seed_cell``: the
+sample std, ddof 1, over the n seeds that did not diverge).
 """
 
 from __future__ import annotations
@@ -16,6 +21,20 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+
+from fedjax_async import outputs
+
+
+def identity(name: str, summary: dict) -> dict:
+  """The columns that tell a run apart: ``run`` (its name), ``algorithm``, ``seed`` and
+  each swept field of its summary's ``setting``."""
+  return {"run": name, "algorithm": summary.get("algorithm", name),
+          "seed": outputs.seed_of(summary),
+          **(summary.get("setting") or {})}
+
+
+def _scalar(v):
+  return v.item() if isinstance(v, np.generic) else v
 
 
 class Records:
@@ -26,24 +45,29 @@ class Records:
     raise NotImplementedError
 
   def to_records(self) -> List[dict]:
-    """One dict per row of every run: ``run`` (its name), ``algorithm``, then the row's
-    scalar values (per-arrival arrays left out)."""
+    """One dict per row of every run: the run's ``identity`` (``run``, ``algorithm``,
+    ``seed``, each swept field), then the row's scalar values (per-arrival arrays left
+    out)."""
     out = []
     for name, run in self.all_runs().items():
-      algorithm = run.summary.get("algorithm", name)
+      ident = identity(name, run.summary)
       for row in run.rows:
-        rec = {"run": name, "algorithm": algorithm}
-        rec.update({k: (v.item() if isinstance(v, np.generic) else v)
-                    for k, v in row.items() if np.ndim(v) == 0})
+        rec = dict(ident)
+        rec.update({k: _scalar(v) for k, v in row.items()
+                    if np.ndim(v) == 0 and k not in ident})
         out.append(rec)
     return out
 
   def summary_records(self) -> List[dict]:
-    """One dict per run: its name and the summary's scalar values (``final_accuracy``,
-    ``last10_mean_accuracy``, ``average_best_accuracy``, ...)."""
-    return [{"run": name, **{k: v for k, v in run.summary.items()
-                             if isinstance(v, (int, float, str, bool)) or v is None}}
-            for name, run in self.all_runs().items()]
+    """One dict per run: its ``identity``, then the summary's scalar values
+    (``final_accuracy``, ``last10_mean_accuracy``, ``average_best_accuracy``, ...)."""
+    out = []
+    for name, run in self.all_runs().items():
+      rec = identity(name, run.summary)
+      rec.update({k: _scalar(v) for k, v in run.summary.items() if k not in rec and (
+          isinstance(v, (int, float, str, bool, np.generic)) or v is None)})
+      out.append(rec)
+    return out
 
   def to_pandas(self, summaries: bool = False):
     """``to_records()`` (or ``summary_records()``) as a pandas DataFrame (pandas is not a
@@ -109,7 +133,6 @@ class Result(Records):
   def plot(self, path: str, title: Optional[str] = None) -> str:
     """Test accuracy and train loss of every run against its round (or update), written
     to ``path`` (PNG); returns ``path``."""
-    from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
     x_key = "round" if all("round" in r for run in self.all_runs().values()
                            for r in run.rows[:1]) else "virtual_time"
     outputs.plot_curves({n: r.rows for n, r in self.all_runs().items()}, path, x_key=x_key,

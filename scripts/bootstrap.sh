@@ -5,7 +5,7 @@
 # suite preloads: docs/performance.md, "The allocator"). Safe to run again: each step is skipped
 # when done.
 # Environment: FEDJAX_PYTHON (interpreter), FEDJAX_VENV (default .venv), FEDJAX_EXTRAS
-# (default "test": pytest, pytest-xdist, pdoc; on Python >= 3.11 the extra "crypto", openfhe, is tried on top),
+# (default "test": pytest, pytest-xdist, pdoc, pandas, hypothesis; on Python >= 3.11 the extra "crypto", openfhe, is tried on top),
 # FEDJAX_SKIP_APT=1 to skip the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."

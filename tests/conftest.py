@@ -108,6 +108,9 @@ PY312_TESTS = frozenset({
     "test_engine.py::test_engine_equals_sequential_reference[fedadmm-0.5-last_local]",
     "test_engine.py::test_delayed_clients_start_from_their_dispatch_round_model",
     "test_api.py::test_simulate_writes_nothing_unless_asked_and_returns_rows_state_and_table",
+    "test_natural_data.py::test_streamed_rounds_equal_rounds_on_the_whole_padded_arrays",
+    "test_text_models.py::test_the_lstm_layer_is_haikus_lstm",
+    "test_augment.py::test_crops_and_flips_are_those_of_the_padded_image",
 })
 
 
@@ -167,3 +170,17 @@ def pytest_collection_modifyitems(config, items):
     warnings.warn("--dist loadgroup: xdist_group marks are not grouping tests with pytest "
                   f"{pytest.__version__} (pytest-dev/pytest-xdist#1386); install pytest<9.2 "
                   "(setup.cfg pins it) or expect shared fixtures to be computed per worker")
+
+
+@pytest.fixture
+def sigint_default():
+  """SIGINT's disposition set to Python's own handler for the test, the previous one
+  restored after: a test that sends itself a SIGINT needs it, whatever the suite was
+  launched with (a script's background job, ``nohup`` from a script: SIGINT ignored,
+  which ``interrupts.handle_interrupts`` leaves ignored)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)

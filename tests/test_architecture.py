@@ -28,7 +28,7 @@ LAYERS = {
     "base": ["flatkeys", "interrupts", "distributed", "compilation", "metrics", "privacy",
              "layers", "algorithms.base", "rounds.timeline", "asynchronous.virtual_clock",
              "fededs.schedule", "fededs.privacy", "data", "crypto"],
-    "core": ["core", "models", "sharding", "checkpoint", "algorithms"],
+    "core": ["core", "models", "text_models", "sharding", "checkpoint", "algorithms"],
     "parts": ["config", "asynchronous.config", "fededs.config", "outputs", "results", "loop",
               "cost", "core.building", "core.progress"],
     "engines": ["rounds", "asynchronous", "rounds.engine", "asynchronous.engine", "fededs.model", "fededs.generation",

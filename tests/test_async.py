@@ -674,7 +674,7 @@ def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
   row = [l for l in (tmp_path / "both" / "comparison.md").read_text().splitlines()
          if l.startswith("| fedasync ")][0]
   mean, std = (acc[0] + acc[1]) / 2, abs(acc[0] - acc[1]) / np.sqrt(2)
-  assert row.split("|")[2].strip() == f"{mean:.4f} ± {std:.4f}", row
+  assert row.split("|")[2].strip() == f"{mean:.4f} ± {std:.4f} (2)", row
   bad = run("--seeds=0,0", f"--output_dir={tmp_path / 'bad'}")
   assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == (
       "error: --seeds: repeats a seed: '0,0'")

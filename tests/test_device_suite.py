@@ -46,8 +46,9 @@ def test_device_plan_runs_the_accelerator_sizes_and_table_v_on_any_platform():
       assert _flag(s, "sweep") == "k_fit,n" and _flag(s, "budget_gib") == "0"
     assert _flag(steps[5], "models") == "cnn" and _flag(steps[5], "k_cnn").endswith("1000")
     assert _flag(steps[6], "peers_python") == sys.executable  # pfl / Flower where installed
-    # Table V's shapes (the paper's CNN, B = 50, 120 steps), 20 runs vmapped
-    assert (_flag(steps[7], "runs"), _flag(steps[7], "impls")) == ("20", "vjp,patches")
+    # Table V's shapes (the paper's CNN, B = 50, 120 steps), 20 runs vmapped, vjp against
+    # im2col by slices
+    assert (_flag(steps[7], "runs"), _flag(steps[7], "impls")) == ("20", "vjp,slices")
   table_v = run_all.device_plan(H100, False, "/r", data_dir="/d")[-1]
   argv = table_v.argv("t", python="py")
   assert argv[1] == os.path.join(common.ROOT, "benchmarks", "table_v.py")

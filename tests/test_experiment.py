@@ -481,10 +481,12 @@ def test_a_quiet_comparison_prints_no_round_lines_and_ends_with_its_table(tmp_pa
   assert res.returncode == 0, res.stderr[-3000:]
   lines = res.stdout.strip().splitlines()
   assert not [l for l in lines if " round " in l], lines
-  # T = 4 <= 10: the table ends with the note on its last-10 metrics
-  assert lines[-1].startswith("† T <= 10 rounds") and lines[-2] == "", lines[-8:]
-  assert lines[-3].startswith("| fedprox |") and lines[-5].startswith("|---"), lines[-8:]
-  assert lines[-7].startswith("figure: ")
+  # T = 4 <= 10: the table's note on its last-10 metrics, then the delays it ran with
+  assert lines[-1].startswith("delays on: 30% of each round's sampled clients arrive 1-3 "
+                              "rounds late") and lines[-2] == "", lines[-8:]
+  assert lines[-3].startswith("† T <= 10 rounds") and lines[-4] == "", lines[-8:]
+  assert lines[-5].startswith("| fedprox |") and lines[-7].startswith("|---"), lines[-8:]
+  assert lines[-9].startswith("figure: ")
 
 
 def test_figures_are_titled_with_the_data_model_delays_and_algorithms(monkeypatch, tmp_path):

@@ -59,8 +59,11 @@ def _job(*args, timeout=300):
                         capture_output=True, text=True, timeout=timeout, cwd=run_script.ROOT)
 
 
-def test_the_runs_go_first_seed_non_iid_0_and_07_then_other_rows_then_seeds_paper_first():
-  proc = _job("--plan_only")  # both flag files, the paper's configuration
+def test_the_runs_go_first_seed_non_iid_0_and_07_then_other_rows_then_seeds_paper_first(
+    tmp_path):
+  # both flag files, the paper's configuration; no rows yet (the committed rows would be
+  # skipped)
+  proc = _job("--plan_only", f"--rows={tmp_path / 'rows.jsonl'}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = [l.split(": ", 1)[1] for l in proc.stdout.splitlines() if l.startswith("  tier")]
   tiers = [int(l.split()[1].rstrip(":")) for l in proc.stdout.splitlines()

@@ -16,8 +16,9 @@ from typing import List, Optional
 from fedjax_async import algorithms
 from fedjax_async import privacy
 from fedjax_async.asynchronous import virtual_clock as vc
-from fedjax_async.config import DataConfig, ModelConfig, validate_local
-from fedjax_async.flatkeys import ConfigError, FlatKeys, check, option, parse_hp
+from fedjax_async.config import DataConfig, ModelConfig, check_finite, validate_local
+from fedjax_async.flatkeys import (ConfigError, FlatKeys, check, check_types, option,
+                                   parse_hp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,10 @@ class ClockLocalTraining:
   batch_size: int = option(50, "B, local minibatch size.")
   lr: float = option(0.05, "Local learning rate.")
   momentum: float = option(0.0, "Local SGD momentum (must be 0 for DP runs).")
+  augment: str = option("none", "Local augmentation of images in the jitted step: none | "
+                        "crop_flip (random crop of the 4-pixel-padded image and horizontal "
+                        "flip, per example, from per-client keys).",
+                        choices=("none", "crop_flip"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +128,8 @@ class AsyncOutputConfig:
                            "metrics, summaries and checkpoints, curves.png, comparison.md) "
                            "and start over; without it (or --resume) a folder holding a run "
                            "is refused.")
+  quiet: bool = option(False, "No per-call progress lines: each run's result and the "
+                       "comparison table only.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,15 +178,18 @@ def seeds_of(cfg: AsyncRunConfig) -> List[int]:
 def validate(cfg: AsyncRunConfig):
   """(algorithm names, PrivaAsyncFed's scales, ``vc.ClockConfig``); ``ConfigError`` naming
   the field at fault."""
+  check_types(cfg)
+  check_finite(cfg, allow=("dp_epsilon",))  # inf: no noise
   a, c, p, r = cfg.algorithm, cfg.clock, cfg.privacy, cfg.run
   names = a.names.split(",")
   choices = algorithms.names_on("virtual_clock")
   for n in names:
     check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
   declared = {k for n in names for k, _ in algorithms.get(n).hparams}
-  for k in parse_hp(a.hp):
+  for k, v in parse_hp(a.hp).items():
     check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
           f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
+    check(math.isfinite(v), f"algorithm.hp.{k}", f"must be a finite number, got {v}")
   check(len(set(names)) == len(names), "algorithm.names",
         f"lists an algorithm more than once: {a.names!r}")
   seeds_of(cfg)

@@ -48,6 +48,7 @@ import numpy as np
 
 from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
+from fedjax_async import loop
 from fedjax_async.core import device
 from fedjax_async.core import divergence
 from fedjax_async import privacy
@@ -267,14 +268,15 @@ def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, gr
              data: device.DeviceData, masks, scale_index, *, eval_every: int = 10,
              groups_per_call: int = 50,
              on_chunk: Optional[Callable[[AsyncState, List[dict]], None]] = None,
-             start_group: int = 0):
+             start_group: int = 0, lengths: Optional[loop.ChunkLengths] = None):
   """Runs groups ``start_group ..`` (0: all); returns (state, rows), one row per kept
   arrival (in order). ``state`` is the state before group ``start_group`` (a checkpoint's,
   to continue a run: per-task keys come from the dispatch index, so the continuation
   computes what the uninterrupted run does). ``on_chunk(state, rows)`` after each call of
-  ``groups_per_call`` groups. ``Diverged`` at a group whose model is non-finite; a
-  ``loop.HostLoop`` as ``on_chunk`` gets the chunk (that group's rows carry
-  ``nonfinite``) and raises it itself (``loop.StopOnDivergence``)."""
+  ``groups_per_call`` groups (or of the lengths ``lengths`` chooses). ``Diverged`` at a
+  group whose model is non-finite; a ``loop.HostLoop`` as ``on_chunk`` gets the chunk
+  (that group's rows carry ``nonfinite``) and raises it itself
+  (``loop.StopOnDivergence``)."""
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   num_groups = groups["valid"].shape[0]
   schedule_eval = eval_groups(groups, schedule, eval_every)
@@ -282,15 +284,20 @@ def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, gr
   scale_index = jnp.asarray(scale_index, jnp.int32)
   fields = {f: groups[f] for f in GROUP_FIELDS}
   all_rows = []
-  for start in range(int(start_group), num_groups, groups_per_call):
-    end = min(start + groups_per_call, num_groups)
-    pad = groups_per_call - (end - start)  # pad with empty groups: one compiled shape
+  lengths = lengths or loop.ChunkLengths(groups_per_call)
+  start = int(start_group)
+  while start < num_groups:
+    end = start + lengths.next(num_groups - start, start)
+    pad = lengths.length - (end - start)  # pad with empty groups: a compiled length
     chunk = {f: np.concatenate([v[start:end], np.zeros((pad,) + v.shape[1:], v.dtype)])
              for f, v in fields.items()}
     ev = np.concatenate([schedule_eval[start:end], np.zeros(pad, bool)])
     t0 = time.perf_counter()
-    new_state, metrics = runner(state, jax.tree.map(jnp.asarray, chunk), jnp.asarray(ev), hp,
-                                data, masks, scale_index)
+    # in a helper thread: a signal's handler runs meanwhile
+    (new_state, metrics), running, compiled = loop.call(
+        runner, state, jax.tree.map(jnp.asarray, chunk), jnp.asarray(ev), hp, data, masks,
+        scale_index)
+    lengths.ran(end - start, running, compiled)
     metrics = jax.device_get(metrics)
     elapsed = time.perf_counter() - t0
     rows = []
@@ -320,6 +327,7 @@ def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, gr
     all_rows.extend(rows)
     if on_chunk is not None:
       on_chunk(state, rows)
+    start = end
   return state, all_rows
 
 

@@ -53,7 +53,7 @@ from fedjax_async.core import building
 # made with other values of these is still the same run (run.eval_every is not among them:
 # it decides which rows carry a test accuracy).
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                      "groups_per_call", "seeds")
+                      "groups_per_call", "seeds", "quiet")
 # What a run writes in its folder, and the invocation in output.output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
@@ -148,7 +148,8 @@ def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input
   input_shape = tuple(input_shape or fed.x.shape[2:])
   if module is not None:
     try:
-      name, w0, apply_flat = models.user_model(module, input_shape, cfg.run.seed)
+      name, w0, apply_flat = models.user_model(module, input_shape, cfg.run.seed,
+                                               fed.num_classes, fed.x.shape[2:])
     except ValueError as e:
       raise config_lib.ConfigError("model", str(e).removeprefix("model: ")) from None
     model = module
@@ -203,7 +204,8 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   schedule = vc.draw_schedule(_clock_of(cfg, algorithm, clock, scales), counts, cfg.run.seed)
   loc = cfg.local
   local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
-                                 momentum=loc.momentum > 0, local_steps=loc.local_steps)
+                                 momentum=loc.momentum > 0, local_steps=loc.local_steps,
+                                 **building.augmentation(cfg, fed))
   ecfg, mesh = _engine_config(cfg, local, schedule.ring_size)
   if algorithm.pruned:
     from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
@@ -213,9 +215,9 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
     masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
   steps = async_engine.client_steps(schedule, counts, local)
   from fedjax_async import cost  # pylint: disable=g-import-not-at-top
-  cost.announce(cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
-                                   ecfg.group_size, schedule.ring_size),
-                cost.VIRTUAL_CLOCK_SMALLER, run_name)
+  estimate = cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
+                                ecfg.group_size, schedule.ring_size)
+  cost.announce(estimate, cost.VIRTUAL_CLOCK_SMALLER, run_name)
   p = cfg.privacy
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
     hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(
@@ -231,13 +233,16 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   runner = async_engine.make_runner(apply_flat, algorithm, ecfg)
   config = run_config(cfg, run_name)
   num_groups = int(groups["valid"].shape[0])
+  # chunks of about loop.CHUNK_SECONDS (a signal is answered at a chunk's end)
+  lengths = loop.ChunkLengths(cfg.run.groups_per_call, loop.CHUNK_SECONDS,
+                              loop.first_length(estimate, num_groups))
   host, ckpt, state, start_group = _host_loop(cfg, run_name, out_dir, config, num_groups,
-                                              state, mesh, schedule, callbacks)
+                                              state, mesh, schedule, callbacks, lengths)
   try:
     state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=cfg.run.eval_every,
                                      groups_per_call=cfg.run.groups_per_call,
-                                     on_chunk=host, start_group=start_group)
+                                     on_chunk=host, start_group=start_group, lengths=lengths)
   finally:
     host.metrics.close()
     if ckpt is not None:
@@ -253,20 +258,19 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
 
 
 class _GroupLoop(loop.HostLoop):
-  """``HostLoop`` counting groups: each chunk is run.groups_per_call groups (the last
-  one fewer)."""
+  """``HostLoop`` counting groups: each chunk is ``lengths.last`` groups."""
 
-  def __init__(self, *args, start: int, per_call: int, total: int, **kwargs):
-    self.group, self.per_call, self.total = start, per_call, total
+  def __init__(self, *args, start: int, lengths: loop.ChunkLengths, total: int, **kwargs):
+    self.group, self.lengths, self.total = start, lengths, total
     super().__init__(*args, position=lambda _: self.group, **kwargs)
 
   def __call__(self, state, rows):
-    self.group = min(self.group + self.per_call, self.total)
+    self.group = min(self.group + self.lengths.last, self.total)
     super().__call__(state, rows)
 
 
 def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule,
-               callbacks):
+               callbacks, lengths: loop.ChunkLengths):
   """(host loop, checkpoints or None, state, first group): a resumed run's state, rows and
   wall time restored from its latest checkpoint."""
   ckpt, resumed = None, None
@@ -277,7 +281,8 @@ def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule
                             every=o.checkpoint_every * cfg.run.groups_per_call,
                             total=num_groups, resume=o.resume,
                             mismatch=lambda saved, now: config_lib.mismatch_flags(
-                                renamed(saved), now), unit="group")
+                                renamed(saved), now), unit="group",
+                            grid=cfg.run.groups_per_call)
     resumed = ckpt.restore(state)
   start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
   if resumed is not None:
@@ -289,11 +294,11 @@ def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule
   metrics = loop.MetricsFile(
       None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before)
   host = _GroupLoop(metrics, ckpt,
-                    progress=report.ArrivalProgress(run_name, schedule.num_updates,
-                                                    rows_before),
+                    progress=None if cfg.output.quiet else report.ArrivalProgress(
+                        run_name, schedule.num_updates, rows_before),
                     wall_before=resumed.wall_before if resumed else 0.0,
                     callbacks=callbacks, start=start_group,
-                    per_call=cfg.run.groups_per_call, total=num_groups)
+                    lengths=lengths, total=num_groups)
   return host, ckpt, state, start_group
 
 
@@ -350,7 +355,9 @@ def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequen
   out (``Result.diverged``). ``callbacks``: ``loop.Callback``s after every compiled chunk
   of every run. ``fed_data`` (a ``FederatedData``) and ``module`` (a flax module,
   ``input_shape`` defaulting to the data's) replace the configured data set and model."""
-  cfg = privaasyncfed_defaults((config or AsyncRunConfig()).replace(**fields))
+  cfg = (config or AsyncRunConfig()).replace(**fields)
+  config_lib.check_types(cfg)  # (before privaasyncfed_defaults reads algorithm.names)
+  cfg = privaasyncfed_defaults(cfg)
   names, scales, clock = validate(cfg)
   sharding.select_devices(cfg.run.devices)
   runs, seeds = run_list(cfg, names), seeds_of(cfg)

@@ -85,7 +85,9 @@ def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_pa
   accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
   loc = cfg.local
   summary = {
-      "run": run_name, "algorithm": algo_name,
+      "run": run_name, "algorithm": algo_name, "seed": cfg.run.seed,
+      # the swept field: run_list names a run apart from its algorithm by its own a only
+      "setting": {"mix_alpha": float(hp["mix_alpha"])} if run_name != algo_name else {},
       "dataset": getattr(fed, "name", cfg.data.dataset),
       "model": model_name, "num_params": num_params,
       "local_work": {"local_epochs": loc.local_epochs, "local_steps": loc.local_steps,
@@ -151,22 +153,19 @@ def arrivals_note(summaries: List[dict]) -> str:
 
 
 def seed_table(by_seed: Dict[int, List[dict]]) -> str:
-  """Markdown: per run, the final and best accuracy as mean +- standard deviation (ddof 1)
-  over the seeds, and each seed's final accuracy."""
+  """Markdown: per run, the final and best accuracy as mean ± std (n) over the seeds where
+  it did not diverge (``outputs.seed_cell``: the sample std, ddof 1), and each seed's final
+  accuracy."""
   seeds = list(by_seed)
   names = list(dict.fromkeys(s["run"] for runs in by_seed.values() for s in runs))
-  lines = [f"Mean +- standard deviation over seeds {', '.join(map(str, seeds))}.", "",
+  lines = [f"Seeds {', '.join(map(str, seeds))}; {outputs.SEEDS_NOTE}.", "",
            "| run | final acc | best acc | mean staleness | "
            + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
            "|---|---|---|---|" + "---|" * len(seeds)]
   for name in names:
     got = {sd: next((s for s in by_seed[sd] if s["run"] == name), None) for sd in seeds}
     done = [s for s in got.values() if s is not None]
-
-    def stat(key):
-      v = np.array([s[key] for s in done], float)
-      return f"{v.mean():.4f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.4f}"
-
+    stat = lambda key: outputs.seed_cell([s[key] for s in done])  # pylint: disable=cell-var-from-loop
     lines.append(f"| {name} | {stat('final_accuracy')} | {stat('best_accuracy')} | "
                  f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
                  + " | ".join("diverged" if got[sd] is None else

@@ -13,7 +13,23 @@ def load_data(cfg):
   return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
                        alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
                        seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source,
-                       normalize=d.normalize)
+                       normalize=d.normalize,
+                       max_client_examples=getattr(d, "max_client_examples", 0),
+                       max_test_examples=getattr(d, "max_test_examples", 0))
+
+
+def augmentation(cfg, fed_data) -> dict:
+  """``client.LocalConfig``'s augmentation fields for ``cfg.local.augment`` on
+  ``fed_data`` (crop_flip's padding: a black pixel under ``cfg.data.normalize``); a
+  ValueError names local.augment when the data are not images."""
+  from fedjax_async.core import augment as augment_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async.data import loader  # pylint: disable=g-import-not-at-top
+  kind = getattr(cfg.local, "augment", "none")
+  if kind == "none":
+    return {}
+  augment_lib.check(kind, fed_data.feature_shape)
+  return {"augment": kind,
+          "augment_fill": loader.black(cfg.data.normalize, fed_data.feature_shape[-1])}
 
 
 def build_model(cfg, fed_data):
@@ -21,15 +37,29 @@ def build_model(cfg, fed_data):
   names model.name."""
   from fedjax_async import models  # pylint: disable=g-import-not-at-top
   input_shape = tuple(fed_data.x.shape[2:])
+  label_shape = tuple(fed_data.y.shape[2:])  # () classes, (T,) token sequences
+  vocab = getattr(fed_data, "input_vocab", 0)
   try:
     name = (models.default_model_for(cfg.data.dataset) if cfg.model.name == "auto"
             else cfg.model.name)
-    model = models.get_model(name, fed_data.num_classes, input_shape)
+    model = models.get_model(name, fed_data.num_classes, input_shape, input_vocab=vocab)
   except ValueError as e:
     raise ValueError(f"model.name: {e} (data.dataset={cfg.data.dataset})") from None
-  w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
+  what = f"model.name={name}"
+  try:  # (init is a forward pass on the data's example shape)
+    w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
+  except Exception as e:  # pylint: disable=broad-except
+    detail = ("a layer of zero size (an initialiser's division by zero): the examples are "
+              "too small for it" if isinstance(e, ZeroDivisionError) else models.one_line(e))
+    raise ValueError(f"{what}: does not take the examples of data.dataset={cfg.data.dataset}"
+                     f" (shape {input_shape}): {detail}") from None
+  key = (name, fed_data.num_classes, input_shape, vocab, label_shape)
+  if key not in _APPLY:  # its output against the data's classes, once per model
+    models.check_output(lambda w, x: apply_flat(w, x, train=False), w0, input_shape,
+                        fed_data.num_classes, name, what=what, shapes=apply_flat.shapes,
+                        label_shape=label_shape)
   # the same apply for the same model: later runs reuse its compiled rounds (make_runner)
-  apply_flat = _APPLY.setdefault((name, fed_data.num_classes, input_shape), apply_flat)
+  apply_flat = _APPLY.setdefault(key, apply_flat)
   return name, w0, apply_flat
 
 

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_async.algorithms import base
+from fedjax_async.core import augment
+from fedjax_async.core import tokens
 
 
 PRECISIONS = ("float32", "tf32", "bf16")  # LocalConfig.precision
@@ -58,8 +60,16 @@ class LocalConfig:
   # gradient). The parameters, their updates, the optimiser state and the penalty stay
   # float32.
   precision: str = "float32"
+  # Augmentation of each minibatch inside the step (``augment.AUGMENTATIONS``: "none" or
+  # "crop_flip"), from a key of the client's and the step's; ``augment_fill``: the
+  # per-channel value of crop_flip's padding (() = 0).
+  augment: str = "none"
+  augment_fill: tuple = ()
 
   def __post_init__(self):
+    if self.augment not in augment.AUGMENTATIONS:
+      raise ValueError(f"local.augment: must be one of {', '.join(augment.AUGMENTATIONS)}, "
+                       f"got {self.augment!r}")
     if self.local_steps < 0:
       raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
     if self.precision not in PRECISIONS:
@@ -94,12 +104,16 @@ def local_optimizer(hp, cfg: LocalConfig) -> optax.GradientTransformation:
 
 
 def masked_cross_entropy(logits, labels, mask):
-  """Mean softmax cross-entropy over the rows where ``mask`` is set (0 if none)."""
+  """Mean softmax cross-entropy over the rows where ``mask`` is set (0 if none); for
+  sequence labels (``labels [B, T]``, logits ``[B, T, V]``) over the tokens of those rows
+  that are not padding (``tokens.PAD``)."""
   # One-hot form: its gradient is dense arithmetic; optax's integer-label form gathers
   # with take_along_axis, whose transpose is a scatter-add (slow on XLA:CPU, and one more
   # kernel per local step).
   logp = jax.nn.log_softmax(logits)
   losses = -jnp.sum(logp * jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype), -1)
+  if labels.ndim > 1:  # (static: the [B] image path is unchanged)
+    mask = tokens.token_weights(labels, mask)
   mask = mask.astype(losses.dtype)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
@@ -408,9 +422,12 @@ def train(
       apply_flat, algorithm, w_start, client_state, hp, cfg, budget, k_drop, mask=mask,
       privatize=privatize, noise_key=jax.random.fold_in(key, 0x0D15), stop_below=stop_below)
 
+  k_aug = jax.random.fold_in(key, 0xA06)  # augmentation's draws (none: unused)
+
   def batch(s):
     rows, m = step_minibatch(init, s, num_examples, cfg)
     xb, yb = minibatch(x, y, rows, client_index)  # gathered per step, not copied up front
+    xb = augment.apply(cfg.augment, xb, jax.random.fold_in(k_aug, s), cfg.augment_fill)
     return s, xb, yb, m
 
   flat = mask is not None or privatize is not None

@@ -6,11 +6,13 @@ the central test set.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from fedjax_async.core import tokens
 
 
 def scan_chunks(fn: Callable, chunk: int, carry, *args):
@@ -34,7 +36,11 @@ def scan_chunks(fn: Callable, chunk: int, carry, *args):
 
 
 def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
-  """(accuracy, mean cross-entropy) of ``w`` on the central test set."""
+  """(accuracy, mean cross-entropy) of ``w`` on the central test set; for sequence labels
+  (``test_y [n, T]``) the token accuracy and per-token loss of ``core.tokens``, ``batch``
+  then counting tokens (``batch // T`` sequences at a time)."""
+  if test_y.ndim > 1:
+    return _evaluate_tokens(apply_flat, w, test_x, test_y, batch)
   n = test_x.shape[0]
   batch = min(batch, n)
   nb = -(-n // batch)
@@ -54,6 +60,28 @@ def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
 
   correct, loss = jax.lax.map(one, (xs, ys, mask))
   return jnp.sum(correct) / n, jnp.sum(loss) / n
+
+
+def _evaluate_tokens(apply_flat: Callable, w, test_x, test_y, batch: int):
+  """``evaluate`` of sequence labels: (right / counted tokens, loss per non-PAD token)."""
+  n = test_x.shape[0]
+  batch = max(1, min(batch // max(int(test_y[0].size), 1), n))
+  nb = -(-n // batch)
+  pad = nb * batch - n
+  xs = jnp.concatenate([test_x, jnp.zeros((pad,) + test_x.shape[1:], test_x.dtype)])
+  ys = jnp.concatenate([test_y, jnp.zeros((pad,) + test_y.shape[1:], test_y.dtype)])
+  mask = (jnp.arange(nb * batch) < n).reshape(nb, batch)
+  xs = xs.reshape((nb, batch) + test_x.shape[1:])
+  ys = ys.reshape((nb, batch) + test_y.shape[1:])
+  masked = tokens.masked_targets(apply_flat)
+
+  def one(args):
+    xb, yb, mb = args
+    logits = apply_flat(w, xb, train=False)
+    return tokens.accuracy_counts(logits, yb, mb, masked) + tokens.loss_sum(logits, yb, mb)
+
+  right, counted, loss, nonpad = (jnp.sum(v) for v in jax.lax.map(one, (xs, ys, mask)))
+  return right / jnp.maximum(counted, 1), loss / jnp.maximum(nonpad, 1.0)
 
 
 def materialized(tree, always_true):
@@ -81,7 +109,10 @@ class DeviceData(NamedTuple):
   y: jax.Array  # [N, M]
   counts: jax.Array  # [N]
   test_x: jax.Array  # [T, ...]
-  test_y: jax.Array  # [T]
+  test_y: jax.Array  # [T] (sequence labels: [T, L])
+  # [N] int32 or None: client i's data are row rows[i] of x and y (a chunk of rounds'
+  # clients only, ``core.streaming``); None: row i
+  rows: Optional[jax.Array] = None
 
   @classmethod
   def from_federated(cls, data) -> "DeviceData":

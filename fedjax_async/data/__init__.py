@@ -13,7 +13,10 @@ One module a part: ``federated`` (``FederatedData``, partitions, padding, histog
   IID variant (``synthetic_iid``);
 * :func:`read_idx` / :func:`load_fashion_mnist` / :func:`load_mnist_idx` -- IDX files (the
   Debian package ``dataset-fashion-mnist`` installs them in /usr/share/datasets/fashion-mnist);
-* :func:`load_tfds` -- any tensorflow-datasets image classification set (needs TensorFlow).
+* :func:`load_tfds` -- any tensorflow-datasets image classification set (needs TensorFlow);
+* :func:`load_natural` -- the natural client splits of fedjax's SQLite files
+  (``fedjax_sqlite``), TFF's SQLite ClientData (``tff_sqlite``) and LEAF's JSON folders
+  (``leaf``), clients held lazily (``natural``; ``text``: their token ids).
 
 Partitions of a labelled pool into clients (each returns one int64 index array per client
 and assigns every example exactly once): :func:`partition_iid` (equal class proportions,
@@ -21,7 +24,8 @@ PAFed), :func:`partition_shards` (McMahan et al.: 2 label-sorted shards per clie
 :func:`partition_dirichlet` (per-class Dir(alpha) proportions). :func:`federate` pads them.
 
 :func:`from_arrays` (your labelled arrays, partitioned) and :func:`from_clients` (your own
-split) make a :class:`FederatedData` for ``simulate(..., data=...)``.
+split) make a :class:`FederatedData` for ``simulate(..., data=...)``; they and every loader
+check their arrays once (:func:`check_pool`), a one-line ValueError naming the argument.
 :func:`load` is the single entry point of ``experiments/run.py``. Label histograms:
 :func:`label_histogram`, :func:`format_histogram`, :func:`save_histogram_png`, and the CLI
 
@@ -32,13 +36,15 @@ split) make a :class:`FederatedData` for ``simulate(..., data=...)``.
 from fedjax_async.data.federated import (DATA_SOURCES, DATASETS, DEFAULT_FASHION_MNIST_DIR,
                                          KNOWN_NUM_CLASSES, MAX_DATA_ENV, PARTITIONS,
                                          FederatedData, available_memory_bytes,
-                                         check_padded_size, federate, format_histogram,
+                                         check_padded_size, check_pool, federate,
+                                         format_histogram,
                                          from_arrays, from_clients,
                                          label_histogram, make_partition,
                                          padded_data_limit_bytes, partition_dirichlet,
                                          partition_iid, partition_shards,
                                          save_histogram_png)
-from fedjax_async.data.loader import load
+from fedjax_async.data.loader import NATURAL_DATASETS, load, load_natural
+from fedjax_async.data.natural import client_ids, is_lazy
 from fedjax_async.data.sources import (IDX_STEMS, SYNTHETIC_CLASSES, SYNTHETIC_DIM, find_idx,
                                        idx_files_present, load_fashion_mnist, load_idx_dataset,
                                        load_mnist_idx, load_tfds, parse_idx, read_idx,
@@ -48,10 +54,12 @@ from fedjax_async.data.sources import (IDX_STEMS, SYNTHETIC_CLASSES, SYNTHETIC_D
 __all__ = [
     "DATA_SOURCES", "DATASETS", "DEFAULT_FASHION_MNIST_DIR", "KNOWN_NUM_CLASSES",
     "MAX_DATA_ENV", "PARTITIONS", "FederatedData", "available_memory_bytes",
-    "check_padded_size", "federate", "format_histogram", "from_arrays", "from_clients",
+    "check_padded_size", "check_pool", "federate", "format_histogram", "from_arrays",
+    "from_clients",
     "label_histogram",
     "make_partition", "padded_data_limit_bytes", "partition_dirichlet", "partition_iid",
-    "partition_shards", "save_histogram_png", "load", "IDX_STEMS", "SYNTHETIC_CLASSES",
+    "partition_shards", "save_histogram_png", "load", "load_natural", "NATURAL_DATASETS",
+    "client_ids", "is_lazy", "IDX_STEMS", "SYNTHETIC_CLASSES",
     "SYNTHETIC_DIM", "find_idx", "idx_files_present", "load_fashion_mnist",
     "load_idx_dataset", "load_mnist_idx", "load_tfds", "parse_idx", "read_idx", "synthetic",
     "synthetic_client_sizes", "synthetic_covariance_diagonal",

@@ -29,12 +29,15 @@ class FederatedData:
   """Padded per-client training data plus a central test set (numpy, host)."""
 
   x: np.ndarray  # float32 [N, M, ...] padded per-client features (M = max client size)
-  y: np.ndarray  # int32 [N, M] padded labels (pad value 0)
+  y: np.ndarray  # int32 [N, M] padded labels (pad value 0); [N, M, T]: token sequences
   counts: np.ndarray  # int32 [N] real examples per client; rows >= counts[i] are padding
   test_x: np.ndarray  # float32 [T, ...] central test set
   test_y: np.ndarray  # int32 [T]
   num_classes: int
   name: str
+  # token inputs (int32 x): ids in [0, input_vocab); 0: not token inputs. (A natural data
+  # set's x and y may be lazy views: ``natural.PaddedClients``.)
+  input_vocab: int = 0
 
   @property
   def num_clients(self) -> int:
@@ -192,17 +195,94 @@ def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
 # ---------------------------------------------------------------------- federate
 
 
+def _short(value) -> str:
+  """``repr(value)`` on one line, at most 60 characters (for error messages)."""
+  text = " ".join(repr(value).split())
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _nonfinite(x: np.ndarray, what: str) -> None:
+  """ValueError naming ``what`` when features ``x [n, ...]`` hold NaN or Inf (read in
+  blocks of examples: no full-size temporary)."""
+  if x.dtype.kind not in "fc" or not x.size:
+    return
+  flat, bad = x.reshape(len(x), -1), []
+  for start in range(0, len(flat), 4096):
+    bad.extend(start + np.flatnonzero(~np.isfinite(flat[start:start + 4096]).all(axis=1)))
+  if bad:
+    n = len(bad)
+    raise ValueError(f"{what}: {n} example{'s' if n > 1 else ''} with NaN or Inf features "
+                     f"(the first is example {int(bad[0])}); drop or impute them")
+
+
+def _label_range(y: np.ndarray, num_classes: int, what: str) -> None:
+  """ValueError naming ``what`` for a label outside [0, num_classes)."""
+  bad = (y < 0) | (y >= num_classes)
+  if bad.any():
+    i = int(np.argmax(bad))
+    raise ValueError(f"{what}: label {y[i]} (example {i}) is outside [0, num_classes="
+                     f"{num_classes}); labels are class indices 0..{num_classes - 1}")
+
+
+def check_pool(train_x, train_y, test_x, test_y, num_classes: int,
+               names: Optional[dict] = None, sequence: bool = False) -> None:
+  """The checks at the boundary of every data set (``federate`` runs them): finite
+  features, integer labels in [0, num_classes) (``sequence``: a ``[T]`` row of token ids
+  per example, T the same in both sets), one label per example in the training and
+  the test set, test examples shaped like the training ones, a non-empty test set.
+  ``names``: what each message names (keys x, y, train (both), test_x, test_y, test);
+  ValueError otherwise."""
+  names = names or {}
+  nx, ny = names.get("x", "training features"), names.get("y", "training labels")
+  ntx, nty = names.get("test_x", "test features"), names.get("test_y", "test labels")
+  pairs = names.get("train", "training set"), names.get("test", "test set")
+  if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
+                                                                 (int, np.integer)):
+    raise ValueError(f"num_classes: expected an int, got {_short(num_classes)}")
+  for x, y, pair in ((train_x, train_y, pairs[0]), (test_x, test_y, pairs[1])):
+    if len(x) != len(y):
+      raise ValueError(f"{pair}: {len(x)} examples against {len(y)} labels; give one label "
+                       "per example")
+    if not len(y):
+      raise ValueError(f"{pair}: no examples")
+  if test_x.shape[1:] != train_x.shape[1:]:
+    raise ValueError(f"{ntx}: examples of shape {test_x.shape[1:]}, the training ones "
+                     f"{train_x.shape[1:]}")
+  for y, wy in ((train_y, ny), (test_y, nty)):
+    if y.ndim != 1 + sequence or y.dtype.kind not in "iuf" or (
+        y.dtype.kind == "f" and not np.array_equal(y, np.floor(y))) or (
+            sequence and y.shape[1:] != train_y.shape[1:]):
+      kind = f"[n, {train_y.shape[-1]}] array of token ids" if sequence else (
+          "1-D array of integer labels")
+      raise ValueError(f"{wy}: expected a {kind}, got shape {y.shape} dtype {y.dtype}")
+    _label_range(y.reshape(-1), int(num_classes), wy)
+  _nonfinite(train_x, nx)
+  _nonfinite(test_x, ntx)
+
+
 def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarray],
              test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
-             name: str, partition: str = "") -> FederatedData:
+             name: str, partition: str = "", names: Optional[dict] = None) -> FederatedData:
   """Pads each client's examples (``train_x[parts[i]]``) with zeros to M = max part size.
 
   Raises ValueError naming data.num_clients (and ``partition``) when the padded arrays would
-  not fit in memory (:func:`check_padded_size`)."""
+  not fit in memory (:func:`check_padded_size`), and one naming the array at fault when
+  the data fail :func:`check_pool` or a client has no examples (``names``: the names in
+  those messages, keys x, y, test_x, test_y, num_clients; default: the data set's)."""
   train_x, train_y = np.asarray(train_x), np.asarray(train_y)
+  test_x, test_y = np.asarray(test_x), np.asarray(test_y)
   counts = np.array([len(p) for p in parts], dtype=np.int32)
   m = max(int(counts.max(initial=0)), 1)
   check_padded_size(len(parts), m, train_x.shape[1:], partition)
+  names = names or {k: f"{name} {what}" for k, what in (
+      ("x", "training features"), ("y", "training labels"), ("test_x", "test features"),
+      ("test_y", "test labels"), ("train", "training set"), ("test", "test set"))}
+  check_pool(train_x, train_y, test_x, test_y, num_classes, names)
+  if len(parts) and not counts.min():
+    empty = int(np.sum(counts == 0))
+    raise ValueError(f"{names.get('num_clients', 'data.num_clients')}={len(parts)}: "
+                     f"{empty} client{'s' if empty > 1 else ''} (the first is client "
+                     f"{int(np.argmin(counts))}) would have no examples; use fewer clients")
   x = np.zeros((len(parts), m) + train_x.shape[1:], np.float32)
   y = np.zeros((len(parts), m), np.int32)
   for i, p in enumerate(parts):
@@ -229,8 +309,9 @@ def make_partition(labels: np.ndarray, kind: str, num_clients: int, *, alpha: fl
 
 
 def label_histogram(data: FederatedData) -> np.ndarray:
-  """[N, num_classes] int64: each client's real (non-padding) examples per class."""
-  return np.stack([np.bincount(data.y[i, :data.counts[i]], minlength=data.num_classes)
+  """[N, num_classes] int64: each client's real (non-padding) examples per class (token
+  labels: its tokens per id)."""
+  return np.stack([np.bincount(np.ravel(data.y[i, :data.counts[i]]), minlength=data.num_classes)
                    for i in range(data.num_clients)])
 
 
@@ -271,12 +352,57 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
 
 
+def _array(value, what: str) -> np.ndarray:
+  """``np.asarray(value)`` of a numeric array (bool, int or float), else ValueError
+  naming ``what``."""
+  try:
+    a = np.asarray(value)
+  except (ValueError, TypeError, OverflowError) as e:
+    raise ValueError(f"{what}: expected a numeric array, got {type(value).__name__} ("
+                     f"{' '.join(str(e).split())[:80]})") from None
+  if a.dtype.kind not in "biuf":
+    raise ValueError(f"{what}: expected a numeric array, got dtype {a.dtype} "
+                     f"({_short(value)})")
+  return a
+
+
+def _features(x, what: str) -> np.ndarray:
+  """Features ``[n, ...]`` as float32 (values beyond float32's range become Inf, which
+  ``check_pool`` refuses), else ValueError naming ``what``."""
+  a = _array(x, what)
+  if a.ndim < 2:
+    raise ValueError(f"{what}: expected one row per example ([n, features...]), got shape "
+                     f"{a.shape}" + ("; use x[:, None] for one feature" if a.ndim else ""))
+  with np.errstate(over="ignore", invalid="ignore"):
+    return a.astype(np.float32)
+
+
 def _labels(y, what: str) -> np.ndarray:
-  y = np.asarray(y)
-  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
-    raise ValueError(f"{what}: expected a 1-D array of non-negative integer labels, got "
-                     f"shape {y.shape} dtype {y.dtype}")
+  """Labels as int32 (a 1-D array of non-negative ints below 2^31), else ValueError
+  naming ``what``."""
+  y = _array(y, what)
+  if y.ndim != 1 or y.dtype.kind not in "iu" or (y.size and (y.min() < 0
+                                                             or y.max() > 2 ** 31 - 2)):
+    bad = (f", label {y.min() if y.min() < 0 else y.max()}" if y.ndim == 1 and y.size
+           and y.dtype.kind in "iu" else "")
+    raise ValueError(f"{what}: expected a 1-D array of non-negative integer labels (class "
+                     f"indices), got shape {y.shape} dtype {y.dtype}{bad}; cast float "
+                     "labels with .astype(int)")
   return y.astype(np.int32)
+
+
+def _int_arg(value, what: str, low: int) -> int:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{what}: expected an int, got {_short(value)}")
+  if value < low:
+    raise ValueError(f"{what}: must be >= {low}, got {value}")
+  return int(value)
+
+
+# the names of the partitions' messages (written for the CLI) as from_arrays's arguments
+_ARGUMENTS = (("data.num_clients", "num_clients"), ("--alpha", "alpha"),
+              ("partition_shards: ", ""), ("partition_dirichlet: ", ""),
+              ("partition_iid: ", ""))
 
 
 def from_arrays(x, y, test, *, num_clients: int, partition: str = "iid",
@@ -287,56 +413,103 @@ def from_arrays(x, y, test, *, num_clients: int, partition: str = "iid",
   ``y [n]`` (int labels), ``test = (x_test, y_test)``, split over ``num_clients`` by the
   project's partitions (``partition``: iid | shards | dirichlet, with ``alpha`` /
   ``shards_per_client``; seeded). ``num_classes`` defaults to the largest label + 1.
+  Bad input (NaN/Inf features, labels outside [0, num_classes), lengths or example shapes
+  that do not match, an empty client) is a one-line ValueError naming the argument.
 
     fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=20, partition="dirichlet", alpha=0.1)
     fa.simulate(algorithm="fedavg", data=fed)
   """
-  x = np.asarray(x, np.float32)
-  y = _labels(y, "y")
+  x, y = _features(x, "x"), _labels(y, "y")
   if len(x) != len(y):
-    raise ValueError(f"x and y: {len(x)} examples against {len(y)} labels")
-  if partition not in PARTITIONS:
-    raise ValueError(f"partition: unknown partition {partition!r}; choose from "
+    raise ValueError(f"x and y: {len(x)} examples against {len(y)} labels; give one label "
+                     "per example")
+  if not len(y):
+    raise ValueError("x: no examples")
+  if not isinstance(partition, str) or partition not in PARTITIONS:
+    raise ValueError(f"partition: unknown partition {_short(partition)}; choose from "
                      f"{list(PARTITIONS)}")
-  if not 1 <= num_clients <= len(y):
-    raise ValueError(f"num_clients: must be in [1, {len(y)}] (the examples), got {num_clients}")
-  parts = make_partition(y, partition, num_clients, alpha=alpha,
-                         shards_per_client=shards_per_client, min_size=min_size, seed=seed)
-  return _federated(x, y, parts, test, num_classes, name, partition)
+  if (isinstance(alpha, (bool, np.bool_))
+      or not isinstance(alpha, (int, float, np.integer, np.floating))
+      or not 0 < alpha < float("inf")):
+    raise ValueError(f"alpha: the Dirichlet concentration must be a number > 0, got "
+                     f"{_short(alpha)}")
+  shards_per_client = _int_arg(shards_per_client, "shards_per_client", 1)
+  min_size = _int_arg(min_size, "min_size", 1)
+  seed = _int_arg(seed, "seed", 0)
+  num_clients = _int_arg(num_clients, "num_clients", 1)
+  if num_clients > len(y):
+    raise ValueError(f"num_clients: must be in [1, {len(y)}] (the examples), got "
+                     f"{num_clients}")
+  if partition == "dirichlet" and num_clients * min_size > len(y):
+    raise ValueError(f"min_size={min_size}: {num_clients} clients (num_clients) of at least "
+                     f"{min_size} examples need {num_clients * min_size}, x has {len(y)}; "
+                     "lower min_size or num_clients")
+  try:
+    parts = make_partition(y, partition, num_clients, alpha=float(alpha),
+                           shards_per_client=shards_per_client, min_size=min_size, seed=seed)
+  except ValueError as e:
+    message = str(e)
+    for flag, argument in _ARGUMENTS:
+      message = message.replace(flag, argument)
+    raise ValueError(message) from None
+  return _federated(x, y, parts, test, num_classes, name, partition,
+                    {"x": "x", "y": "y", "train": "x and y", "num_clients": "num_clients"})
 
 
 def from_clients(clients: Sequence[Tuple[np.ndarray, np.ndarray]], test, *,
                  num_classes: Optional[int] = None, name: str = "clients") -> FederatedData:
-  """Your own split: one ``(x_i, y_i)`` pair per client, ``test = (x_test, y_test)``."""
+  """Your own split: one ``(x_i, y_i)`` pair per client, ``test = (x_test, y_test)``;
+  bad input is a one-line ValueError naming the argument (``clients[i]``, ``test``)."""
+  if isinstance(clients, (str, bytes, dict, np.ndarray)):
+    raise ValueError(f"clients: expected a list of (x, y) pairs, got {type(clients).__name__}")
+  try:
+    clients = list(clients)
+  except TypeError:
+    raise ValueError(f"clients: expected a list of (x, y) pairs, got "
+                     f"{type(clients).__name__}") from None
   if not clients:
     raise ValueError("clients: expected at least one (x, y) pair")
-  xs, parts, start = [], [], 0
-  ys = []
-  for i, (cx, cy) in enumerate(clients):
-    cx, cy = np.asarray(cx, np.float32), _labels(cy, f"clients[{i}] labels")
+  xs, ys, parts, start = [], [], [], 0
+  for i, pair in enumerate(clients):
+    what = f"clients[{i}]"
+    try:
+      cx, cy = pair
+    except (TypeError, ValueError):
+      raise ValueError(f"{what}: expected a pair (x, y), got {_short(pair)}") from None
+    cx, cy = _features(cx, f"{what} x"), _labels(cy, f"{what} y")
     if len(cx) != len(cy) or not len(cy):
-      raise ValueError(f"clients[{i}]: {len(cx)} examples against {len(cy)} labels (each "
-                       "client needs at least one)")
+      raise ValueError(f"{what}: {len(cx)} examples against {len(cy)} labels (each "
+                       "client needs at least one, and one label per example)")
+    if xs and cx.shape[1:] != xs[0].shape[1:]:
+      raise ValueError(f"{what}: examples of shape {cx.shape[1:]}, those of clients[0] "
+                       f"{xs[0].shape[1:]}")
+    _nonfinite(cx, f"{what} x")
     xs.append(cx)
     ys.append(cy)
     parts.append(np.arange(start, start + len(cy)))
     start += len(cy)
   return _federated(np.concatenate(xs), np.concatenate(ys), parts, test, num_classes, name,
-                    "given")
+                    "given", {"x": "clients", "y": "clients", "train": "clients",
+                              "num_clients": "clients"})
 
 
-def _federated(x, y, parts, test, num_classes, name, partition) -> FederatedData:
-  try:
-    tx, ty = test
-  except (TypeError, ValueError):
-    raise ValueError("test: expected a pair (x_test, y_test)") from None
-  tx, ty = np.asarray(tx, np.float32), _labels(ty, "test labels")
-  if tx.shape[1:] != x.shape[1:]:
-    raise ValueError(f"test: examples of shape {tx.shape[1:]}, the training ones "
-                     f"{x.shape[1:]}")
+def _federated(x, y, parts, test, num_classes, name, partition, names) -> FederatedData:
+  if isinstance(test, (str, bytes, np.ndarray)) or not isinstance(test, (tuple, list)):
+    raise ValueError(f"test: expected a pair (x_test, y_test), got {type(test).__name__}")
+  if len(test) != 2:
+    raise ValueError(f"test: expected a pair (x_test, y_test), got {len(test)} items")
+  tx, ty = _features(test[0], "test"), _labels(test[1], "test labels")
   k = int(max(y.max(initial=0), ty.max(initial=0))) + 1
   if num_classes is None:
     num_classes = k
+  elif isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
+                                                                   (int, np.integer)):
+    raise ValueError(f"num_classes: expected an int, got {_short(num_classes)}")
   elif num_classes < k:
-    raise ValueError(f"num_classes={num_classes}: the labels go up to {k - 1}")
-  return federate(x, y, parts, tx, ty, num_classes, name, partition=partition)
+    which = names["y"] if y.max(initial=0) + 1 == k else "test"
+    raise ValueError(f"num_classes={num_classes}: the labels ({which}) go up to {k - 1}; "
+                     f"leave num_classes out or use at least {k}")
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"name: expected a non-empty string, got {_short(name)}")
+  return federate(x, y, parts, tx, ty, int(num_classes), name, partition=partition,
+                  names=dict(names, test_x="test", test_y="test labels", test="test"))

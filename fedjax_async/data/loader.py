@@ -71,7 +71,8 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
          alpha: float = 0.5, shards_per_client: int = 2, min_size: int = 10, seed: int = 0,
          data_dir: Optional[str] = None, data_source: str = "auto",
          synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
-         tfds_download: bool = False, normalize: str = "none") -> FederatedData:
+         tfds_download: bool = False, normalize: str = "none",
+         max_client_examples: int = 0, max_test_examples: int = 0) -> FederatedData:
   """The federated data set named ``dataset`` (see module docstring); seeded.
 
   synthetic / synthetic_iid use their natural partition (``partition`` is checked, then
@@ -80,7 +81,9 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
   /usr/share/datasets/fashion-mnist for fashion_mnist) holds any of the four (a missing
   one is named), else tfds. Errors (ValueError, FileNotFoundError, RuntimeError for tfds)
   name the flag or the file; more clients than examples, or padded arrays that would not
-  fit in memory (:func:`check_padded_size`), are refused naming data.num_clients.
+  fit in memory (:func:`check_padded_size`), are refused naming data.num_clients, and
+  data failing :func:`federated.check_pool` (NaN/Inf features, labels outside
+  [0, num_classes), ...) naming the data set.
   """
   name = dataset.lower().replace("-", "_")
   if normalize not in NORMALIZATIONS:
@@ -102,6 +105,9 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
     raise ValueError(f"run.seed: must be >= 0, got {seed}")
   if partition == "shards" and shards_per_client < 1:
     raise ValueError(f"data.shards_per_client: must be >= 1, got {shards_per_client}")
+  if partition == "dirichlet" and min_size < 1:
+    raise ValueError(f"--min_size: must be >= 1 (every client needs an example), got "
+                     f"{min_size}")
   for flag, v in (("synthetic_alpha", synthetic_alpha), ("synthetic_beta", synthetic_beta)):
     if not v >= 0:  # a normal's scale ("scale < 0" from numpy otherwise)
       raise ValueError(f"--{flag}: must be >= 0, got {v}")
@@ -109,9 +115,14 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
     return synthetic(synthetic_alpha, synthetic_beta, num_clients, iid=False, seed=seed)
   if name == "synthetic_iid":
     return synthetic(num_clients=num_clients, iid=True, seed=seed)
+  if name in NATURAL_DATASETS:  # their own clients: num_clients and partition unused
+    return load_natural(name, data_dir, normalize=normalize,
+                        max_client_examples=max_client_examples,
+                        max_test_examples=max_test_examples)
   if name not in DATASETS and not _is_tfds_name(name):
-    raise ValueError(f"data.dataset: unknown dataset {dataset!r}; choose from {list(DATASETS)} "
-                     "or any tensorflow-datasets name")
+    raise ValueError(f"data.dataset: unknown dataset {dataset!r}; choose from "
+                     f"{list(DATASETS) + list(NATURAL_DATASETS)} or any tensorflow-datasets "
+                     "name")
   train_x, train_y, test_x, test_y, num_classes = _load_pool(name, data_dir, data_source,
                                                              tfds_download)
   train_x, test_x = (normalized(x, normalize) for x in (train_x, test_x))
@@ -125,17 +136,72 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
 
 
 # data.normalize -> (mean, std) applied to inputs in [0, 1]; fedadmm: Gong et al.'s FedADMM
-# code (src/utils.py: transforms.Normalize((0.1307,), (0.3081,)) for (Fashion-)MNIST).
-NORMALIZATIONS = {"none": None, "fedadmm": (0.1307, 0.3081)}
+# code (src/utils.py: transforms.Normalize((0.1307,), (0.3081,)) for (Fashion-)MNIST);
+# cifar: per channel (RGB), fedjax datasets/cifar100.py's CIFAR100_PIXELS_MEAN and 1 /
+# CIFAR100_PIXELS_INVERSE_STDDEV (pytorch-cifar's).
+NORMALIZATIONS = {"none": None, "fedadmm": (0.1307, 0.3081),
+                  "cifar": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))}
 
 
 def normalized(x, normalize: str = "none"):
-  """``x`` (float32 inputs in [0, 1]) as ``(x - mean) / std`` of ``NORMALIZATIONS``."""
+  """``x`` (float32 inputs in [0, 1]) as ``(x - mean) / std`` of ``NORMALIZATIONS``
+  (per channel, the last axis, for ``cifar``)."""
   stats = NORMALIZATIONS[normalize]
   if stats is None:
     return x
-  mean, std = stats
-  return ((x - np.float32(mean)) / np.float32(std)).astype(np.float32)
+  mean, std = (np.asarray(v, np.float32) for v in stats)
+  if mean.ndim and (np.ndim(x) < 2 or np.shape(x)[-1] != mean.size):
+    raise ValueError(f"data.normalize={normalize}: per-channel statistics of {mean.size} "
+                     f"channels, the data's examples have shape {np.shape(x)[1:]}")
+  return ((x - mean) / std).astype(np.float32)
+
+
+def black(normalize: str = "none", channels: int = 1) -> tuple:
+  """The stored value of a black pixel (0 in [0, 1]) per channel under ``normalize``
+  (``core.augment``'s padding)."""
+  stats = NORMALIZATIONS[normalize]
+  if stats is None:
+    return ()
+  mean, std = (np.broadcast_to(np.asarray(v, np.float32), (channels,)) for v in stats)
+  return tuple(float(v) for v in -mean / std)
+
+
+# natural data sets: name -> (reader module's load, its format)
+NATURAL_FORMATS = (("fedjax_", "fedjax_sqlite"), ("tff_", "tff_sqlite"), ("leaf_", "leaf"))
+
+
+def _natural_names():
+  from fedjax_async.data import fedjax_sqlite, leaf, tff_sqlite  # pylint: disable=g-import-not-at-top
+  return fedjax_sqlite.DATASETS + tff_sqlite.DATASETS + leaf.DATASETS
+
+
+NATURAL_DATASETS = _natural_names()
+TEXT_DATASETS = ("fedjax_shakespeare", "fedjax_stackoverflow", "tff_shakespeare",
+                 "tff_stackoverflow", "leaf_shakespeare", "leaf_sent140")
+
+
+def load_natural(name: str, data_dir: Optional[str], *, normalize: str = "none",
+                 max_client_examples: int = 0, max_test_examples: int = 0) -> FederatedData:
+  """A natural data set from its format's files in ``data_dir`` (``fedjax_sqlite``,
+  ``tff_sqlite``, ``leaf``): its own clients and test split, clients held lazily
+  (``natural``); errors name data.data_dir or the file."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(
+      "fedjax_async.data." + next(m for p, m in NATURAL_FORMATS if name.startswith(p)))
+  if not data_dir:
+    raise ValueError(f"data.dataset={name}: reads its files from data.data_dir, and none is "
+                     "given (docs/api.md, natural data sets)")
+  if not os.path.isdir(data_dir):
+    raise ValueError(f"data.data_dir={data_dir}: no such directory")
+  if normalize != "none" and (name in TEXT_DATASETS or name == "leaf_synthetic"):
+    raise ValueError(f"data.normalize={normalize}: normalises images; {name} has none")
+  for flag, v in (("data.max_client_examples", max_client_examples),
+                  ("data.max_test_examples", max_test_examples)):
+    if v < 0:
+      raise ValueError(f"{flag}: must be >= 0 (0: all), got {v}")
+  return module.load(name, data_dir, max_client_examples=max_client_examples,
+                     max_test_examples=max_test_examples,
+                     transform=lambda x: normalized(x, normalize))
 
 
 def _is_tfds_name(name: str) -> bool:

@@ -3,7 +3,10 @@
 flags are made from its fields (``cli.define_config_flags``), as the round engine's are
 from ``config.RunConfig``. ``fededs.experiment.run_grid`` runs it.
 
-  cfg = FedEDSRunConfig().replace(**QUICK, output_dir="out/fededs_quick")
+  cfg = FedEDSRunConfig().replace(**QUICK, rounds=2)   # QUICK = {"quick": True}
+
+``quick=True`` in ``replace`` (or ``simulate``) presets ``QUICK_FIELDS`` (``--quick``),
+the fields given beside it winning.
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fedjax_async.flatkeys import ConfigError, FlatKeys, check, option
+from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
 
 VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
             "s2": (False, True), "fededs": (True, True)}  # (annealing, sharing)
 BASES = ("fedavg", "fedprox", "fednova")
 # Few rounds on a data subset (minutes on 2 CPU cores): ``--quick``'s presets.
-QUICK = dict(alphas="0.1", num_clients="5", bases="fedavg", variants="base,s1,s2,fededs",
-             rounds=5, train_subset=1000, test_subset=500, encryptor_epochs=3,
-             pretrain_epochs=2, unet_width=4, hidden=64, model="mlp",
-             target_accuracy=0.6, utility_epochs=1)
+QUICK_FIELDS = dict(alphas="0.1", num_clients="5", bases="fedavg",
+                    variants="base,s1,s2,fededs", rounds=5, train_subset=1000,
+                    test_subset=500, encryptor_epochs=3, pretrain_epochs=2, unet_width=4,
+                    hidden=64, model="mlp", target_accuracy=0.6, utility_epochs=1)
+QUICK = {"quick": True}  # replace(**QUICK, rounds=2): the presets under the fields given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +90,10 @@ class FedEDSRunOptions:
 
 @dataclasses.dataclass(frozen=True)
 class FedEDSOutput:
-  output_dir: str = option("out/fededs", "Where tables, metrics and figures go.")
+  output_dir: Optional[str] = option(
+      None, "Where tables, metrics, figures and checkpoints go (from Python, None: a "
+      "temporary folder, deleted at the end; nothing kept).", cli_default="out/fededs")
+  quiet: bool = option(False, "No per-round lines: each run's result and the tables only.")
   checkpoint_every: int = option(5, "Checkpoint each run every k rounds (at the end of a "
                                  "--rounds_per_call call; under "
                                  "runs/<setting>/<run>/checkpoints; 0: off).")
@@ -109,6 +116,10 @@ class FedEDSRunConfig(FlatKeys):
   run: FedEDSRunOptions = FedEDSRunOptions()
   output: FedEDSOutput = FedEDSOutput()
 
+  def replace(self, quick: bool = False, **flat) -> "FedEDSRunConfig":
+    """``FlatKeys.replace``; ``quick=True`` first presets ``QUICK_FIELDS``."""
+    return FlatKeys.replace(self, **({**QUICK_FIELDS, **flat} if quick else flat))
+
 
 # ------------------------------------------------------------------- validation
 
@@ -123,6 +134,9 @@ def _numbers(text: str, field: str, kind):
 
 def validate(cfg: FedEDSRunConfig):
   """(alphas, Ks, bases, variants); ``ConfigError`` naming the field at fault."""
+  check_types(cfg)
+  from fedjax_async.config import check_finite  # pylint: disable=g-import-not-at-top
+  check_finite(cfg)
   g, t, a = cfg.grid, cfg.training, cfg.alg1
   alphas, ks = _numbers(g.alphas, "grid.alphas", float), _numbers(g.num_clients,
                                                                   "grid.num_clients", int)
@@ -164,6 +178,8 @@ def validate(cfg: FedEDSRunConfig):
         f"must be 512 with model.name=resnet18 (its pooled features), got {m.hidden}")
   check(a.transfer_mode in ("sample", "all"), "alg1.transfer_mode",
         f"must be sample or all, got {a.transfer_mode!r}")
+  check(not cfg.output.resume or cfg.output.output_dir is not None, "output.resume",
+        "continues the runs in output.output_dir, and none is given")
   check(not (cfg.output.resume and cfg.output.overwrite), "output.overwrite",
         "cannot be combined with output.resume (output.resume continues the runs in "
         "output.output_dir, output.overwrite deletes them)")

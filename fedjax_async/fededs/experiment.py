@@ -4,6 +4,7 @@ target (Tables III-V) and the S1 / S2 ablations (Tables VI-VII).
   from fedjax_async.fededs import config, experiment
   cfg = config.FedEDSRunConfig().replace(**config.QUICK, output_dir="out/fededs_quick")
   result = experiment.run_grid(cfg)        # a results.Result; result.table()
+  experiment.run_grid(cfg, data=fed)       # your FederatedData's clients: one setting
 
 Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
 by every base algorithm; then each base of grid.bases runs as each variant of
@@ -11,14 +12,20 @@ grid.variants (``config.VARIANTS``). Under ``output.output_dir``: table.md / tab
 rows.jsonl, encryption_grid.png and privacy.json (Fig. 3), shared.md, and under
 ``runs/alpha<a>_K<k>/`` Alg. 1's sets (``alg1.npz``) and each run's metrics.jsonl,
 summary.json and checkpoints (``loop.HostLoop``); ``output.resume`` reads back what is
-finished and continues the rest from its latest checkpoint.
+finished and continues the rest from its latest checkpoint. Without ``output.output_dir``
+(Python's default) all of it goes to a temporary folder, deleted at the end: nothing kept.
+``data=`` (a ``FederatedData``) replaces Fashion-MNIST and the grid's partitions: its
+clients are the one setting, named ``<data name> K=<clients>``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import tempfile
 import time
 
 import jax
@@ -30,6 +37,7 @@ from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import outputs
 from fedjax_async import results
 from fedjax_async.config import ConfigError, check
 from fedjax_async.fededs import alg1, report, store
@@ -104,6 +112,41 @@ def prepare_output_dir(cfg: FedEDSRunConfig):
       os.remove(path)
 
 
+def data_digest(fed) -> str:
+  """A fingerprint of ``data=``'s arrays: resumption compares it (Alg. 1's sets, runs)."""
+  h = hashlib.sha1()
+  for a in (fed.x, fed.y, fed.counts, fed.test_x, fed.test_y):
+    h.update(np.ascontiguousarray(a).tobytes())
+  return h.hexdigest()[:16]
+
+
+def own_data_check(cfg: FedEDSRunConfig, fed, variants):
+  """``data=``: what FedEDS needs of it (ConfigError naming ``data`` or ``model.name``):
+  image examples [H, W, C] with H and W divisible by 4 when Alg. 1's UNet encryptor runs
+  (a sharing variant, run.privacy or alg1.utility_epochs), and a model that takes them."""
+  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
+  if not isinstance(fed, FederatedData):
+    raise ConfigError("data", "expected a FederatedData (fa.data.from_arrays, "
+                      f"fa.data.from_clients), got {type(fed).__name__}")
+  shape = fed.feature_shape
+  alg1_runs = [why for why, on in (
+      (f"variants {','.join(v for v in variants if VARIANTS[v][1])}",
+       any(VARIANTS[v][1] for v in variants)), ("run.privacy", cfg.run.privacy),
+      ("alg1.utility_epochs", cfg.alg1.utility_epochs > 0)) if on]
+  image = len(shape) == 3 and shape[0] % 4 == 0 and shape[1] % 4 == 0
+  check(image or not alg1_runs, "data", f"FedEDS's encryptor (a UNet, Alg. 1, run for "
+        f"{' and '.join(alg1_runs)}) needs image examples [H, W, C] with H and W "
+        f"divisible by 4, got {list(shape)}; other data run with variants=base,equal,s1, "
+        "privacy=False, utility_epochs=0")
+  try:
+    jax.eval_shape(SplitModel(cfg.model.name, fed.num_classes, shape,
+                              hidden=cfg.model.hidden).init, jax.random.PRNGKey(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError("model.name", f"{cfg.model.name} cannot take examples of shape "
+                      f"{list(shape)} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                      "model='mlp' takes any") from None
+
+
 def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, share,
                 run_dir, config, fixed_epochs, callbacks=()):
   """One run with checkpoints every output.checkpoint_every rounds; with output.resume it
@@ -122,7 +165,8 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
             f"({ckpt.directory})", flush=True)
     metrics = loop.MetricsFile(os.path.join(run_dir, "metrics.jsonl"), rows_before)
     host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
-                         Progress(name, t.rounds, len(rows_before)),
+                         None if cfg.output.quiet else Progress(name, t.rounds,
+                                                                len(rows_before)),
                          resumed.wall_before if resumed else 0.0, callbacks)
     try:
       fededs_engine.run(apply_flat, alg, w0, dev, tl, base_hp, fcfg, anneal=anneal, share=share,
@@ -150,7 +194,7 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
   config = {**setting, **store.run_config(cfg)}
   alg1_path = os.path.join(sdir, "alg1.npz")
   gen = store.load_generation(alg1_path, config) if cfg.output.resume else None
-  where = f"[fededs] alpha={setting['alpha']} K={k}:"
+  where = f"[fededs] {report.setting_label(setting)}:"
   if gen is not None:
     print(f"{where} Alg. 1's encrypted sets read back from {alg1_path}", flush=True)
   else:
@@ -172,26 +216,34 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
   return gen.shared
 
 
-def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callbacks=()):
+def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callbacks=(),
+                fed=None):
   """The runs of one (alpha, K): Alg. 1 once, then every base x variant. ``done(res,
-  rows)`` after each run, in grid order."""
+  rows)`` after each run, in grid order. ``fed``: the caller's data (alpha None)."""
   tx, ty, vx, vy = pool
   seed, t, out_dir = cfg.run.seed, cfg.training, cfg.output.output_dir
-  parts = data_lib.partition_dirichlet(ty, k, alpha, min_size=10, seed=seed)
-  fd = data_lib.federate(tx, ty, parts, vx, vy, 10, "fashion_mnist")
+  if fed is None:
+    parts = data_lib.partition_dirichlet(ty, k, alpha, min_size=10, seed=seed)
+    fd = data_lib.federate(tx, ty, parts, vx, vy, 10, "fashion_mnist")
+    setting = {"alpha": alpha, "num_clients": k}
+  else:
+    fd, setting = fed, {"alpha": None, "num_clients": k, "data": fed.name,
+                        "data_digest": data_digest(fed)}
   dev = engine.DeviceData.from_federated(fd)
-  model = SplitModel(cfg.model.name, 10, fd.feature_shape, hidden=cfg.model.hidden)
+  model = SplitModel(cfg.model.name, fd.num_classes, fd.feature_shape,
+                     hidden=cfg.model.hidden)
   w0, apply_flat, split = model.flat(jax.random.PRNGKey(seed))
   fcfg = fededs_config(cfg)
   tl = timeline_lib.build(k, t.rounds, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=seed)
-  sdir = os.path.join(out_dir, "runs", f"alpha{alpha:g}_K{k}")
+  label = report.setting_label(setting)
+  sdir = os.path.join(out_dir, "runs", re.sub(r"[^\w.-]+", "_", label.replace("=", "")
+                                              .replace(" ", "_")))
   os.makedirs(sdir, exist_ok=True)
-  setting = {"alpha": alpha, "num_clients": k}
   runs = []  # (base, variant, run_dir, config, finished or None)
   for b in bases:
     for v in variants:
       run_dir = os.path.join(sdir, f"{b}_{v}")
-      config = {"run": f"alpha={alpha:g} K={k} {b}/{v}", **store.run_config(cfg)}
+      config = {"run": f"{label} {b}/{v}", **store.run_config(cfg)}
       runs.append((b, v, run_dir, config, store.finished_run(run_dir, config, t.rounds)
                    if cfg.output.resume else None))
   privacy_pending = do_privacy and not (
@@ -203,7 +255,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
   base_hp = {"lr": t.lr, "momentum": 0.9, "server_lr": 1.0, "mu": t.mu,
              "weight_decay": fcfg.weight_decay}
   for b, v, run_dir, config, fin in runs:
-    name = f"fededs alpha={alpha} K={k} {b}/{v}"
+    name = f"fededs {label} {b}/{v}"
     if fin is not None:
       res, rows = fin
       print(f"[{name}] read back from {run_dir} (finished, same flags)", flush=True)
@@ -220,7 +272,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
         continue
       res = {**setting, "base": b, "variant": v, **res}
       store.atomic_json(os.path.join(run_dir, "summary.json"), {"result": res, "config": config})
-      print(f"[fededs] alpha={alpha} K={k} {b}/{v}: final {res['final_accuracy']:.4f} "
+      print(f"[fededs] {label} {b}/{v}: final {res['final_accuracy']:.4f} "
             f"best {res['best_accuracy']:.4f} rounds->{t.target_accuracy:.0%} "
             f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", flush=True)
     done(res, rows)
@@ -228,7 +280,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
 
 def run_name(res: dict) -> str:
   """A FedEDS run's name in ``Result.runs``: its setting, base and variant."""
-  return f"alpha={res['alpha']:g} K={res['num_clients']} {res['base']}/{res['variant']}"
+  return f"{report.setting_label(res)} {res['base']}/{res['variant']}"
 
 
 def _table(result: results.Result) -> str:
@@ -237,22 +289,26 @@ def _table(result: results.Result) -> str:
 
 
 def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
-                  device=None) -> cost_lib.Cost:
+                  device=None, fed=None) -> cost_lib.Cost:
   """A FedEDS invocation (``fededs.experiment.run_grid``) of ``cfg`` (a
   ``FedEDSRunConfig``): per (alpha, K) setting Alg. 1 (E_c pre-training and E_g encryptor
   epochs over every client's data, the UNet and the model), every base x variant for
   training.rounds rounds of E_t epochs over the data (the sharing variants with as much
-  again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once."""
-  shape = (28, 28, 1)  # Fashion-MNIST
-  split = SplitModel(cfg.model.name, 10, shape, hidden=cfg.model.hidden)
+  again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once.
+  ``fed``: ``data=``, in place of Fashion-MNIST."""
+  shape = (28, 28, 1) if fed is None else fed.feature_shape  # Fashion-MNIST
+  split = SplitModel(cfg.model.name, 10 if fed is None else fed.num_classes, shape,
+                     hidden=cfg.model.hidden)
   x1 = jax.ShapeDtypeStruct((1,) + shape, np.float32)
   theta = jax.eval_shape(split.init, jax.random.PRNGKey(0))
   num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(theta))
   fwd, act = cost_lib.forward_counts(lambda th, x: split.forward(th[0], th[1], x), theta, x1)
-  unet = make_encryptor(shape, width=cfg.alg1.unet_width)
-  phi = jax.eval_shape(lambda x: unet.init(jax.random.PRNGKey(0), x), x1)
-  enc_fwd, enc_act = cost_lib.forward_counts(lambda p, x: unet.apply(p, x), phi, x1)
-  n = cfg.data.train_subset or 60000
+  enc_fwd = enc_act = 0  # no Alg. 1 for data that are no images (own_data_check)
+  if len(shape) == 3 and shape[0] % 4 == 0 and shape[1] % 4 == 0:
+    unet = make_encryptor(shape, width=cfg.alg1.unet_width)
+    phi = jax.eval_shape(lambda x: unet.init(jax.random.PRNGKey(0), x), x1)
+    enc_fwd, enc_act = cost_lib.forward_counts(lambda p, x: unet.apply(p, x), phi, x1)
+  n = cfg.data.train_subset or 60000 if fed is None else int(np.sum(fed.counts))
   t, a = cfg.training, cfg.alg1
   fcfg = fededs_config(cfg)
   annealed = sum(annealed_epochs(r, fcfg.e_max, fcfg.e_min, fcfg.t_alpha, fcfg.t_beta)
@@ -261,15 +317,17 @@ def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
                * (2 if VARIANTS[v][1] else 1) for v in variants)
   alg1 = n * (a.pretrain_epochs * 3 * fwd + a.encryptor_epochs * 3 * (enc_fwd + fwd))
   alg1_runs = num_settings + (1 if cfg.run.privacy else 0)
-  test = cfg.data.test_subset or 10000
+  test = cfg.data.test_subset or 10000 if fed is None else len(fed.test_y)
   flops = (alg1_runs * alg1
            + num_settings * (bases * epochs * n * 3 * fwd
                              + bases * len(variants) * t.rounds * test * fwd
                              + 2 * a.utility_epochs * n * 3 * fwd))
   device = device or cost_lib.detect()
   steps = num_settings * bases * len(variants) * t.rounds
-  clients = max(int(k) for k in str(cfg.grid.num_clients).split(",") if k)
-  memory = (4.0 * n * 784 * 3  # the pool, the clients' padded sets, the encrypted sets
+  clients = (max(int(k) for k in str(cfg.grid.num_clients).split(",") if k)
+             if fed is None else fed.num_clients)
+  # the pool, the clients' padded sets, the encrypted sets
+  memory = (4.0 * n * int(np.prod(shape)) * 3
             + 4.0 * (num_params * 8 + 2 * (act + enc_act) * t.batch_size) * clients)
   alg1_steps = alg1_runs * -(-n // t.batch_size) * (a.pretrain_epochs + a.encryptor_epochs)
   seconds = (flops / device.flops_per_second + steps * device.step_seconds
@@ -279,21 +337,44 @@ def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
   return cost_lib.Cost(flops, memory, seconds, device)
 
 
-def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results.Result:
+# With data=, the fields that pick and split Fashion-MNIST (not used).
+FASHION_MNIST_FIELDS = ("alphas", "num_clients", "train_subset", "test_subset", "data_dir")
+
+
+def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
+             data=None) -> results.Result:
   """Every setting of the grid, every run; a ``Result`` whose runs (``run_name``: setting,
   base, variant) are the finished ones in grid order, each with its summary (the
   accuracy metrics, rounds to the target, client steps) and rows. ``record``: more keys
-  for flags.json (the CLI's own flags)."""
+  for flags.json (the CLI's own flags). ``data``: a ``FederatedData`` whose clients are
+  the one setting, in place of Fashion-MNIST's grid. Without ``output.output_dir``
+  everything goes to a temporary folder, deleted before returning."""
   alphas, ks, bases, variants = validate(cfg)
+  if data is not None:
+    own_data_check(cfg, data, variants)
+  if cfg.output.output_dir is None:
+    with tempfile.TemporaryDirectory(prefix="fededs_") as tmp:
+      result = run_grid(cfg.replace(output_dir=tmp), callbacks, record, data)
+    result.config = cfg
+    return result
   out_dir = cfg.output.output_dir
   prepare_output_dir(cfg)
   os.makedirs(out_dir, exist_ok=True)
-  try:
-    pool = load_pool(cfg)
-  except (OSError, ValueError) as e:
-    raise DataError(str(e)) from None
-  cost_lib.announce(estimate_cost(cfg, len(alphas) * len(ks), len(bases), variants),
-                    cost_lib.FEDEDS_SMALLER, "fededs")
+  if data is not None:
+    flat, default = cfg.flat(), FedEDSRunConfig().flat()
+    unused = [f"{'.'.join(FedEDSRunConfig.keys()[k])}={flat[k]!r}"
+              for k in FASHION_MNIST_FIELDS if flat[k] != default[k]]
+    if unused:
+      outputs.warn(f"[fededs] data={data.name}: its {data.num_clients} clients are the one "
+                   f"setting; not used: {', '.join(unused)} (Fashion-MNIST's grid)")
+    pool, alphas, ks = (None, None, data.test_x, data.test_y), [None], [data.num_clients]
+  else:
+    try:
+      pool = load_pool(cfg)
+    except (OSError, ValueError) as e:
+      raise DataError(str(e)) from None
+  cost_lib.announce(estimate_cost(cfg, len(alphas) * len(ks), len(bases), variants,
+                                  fed=data), cost_lib.FEDEDS_SMALLER, "fededs")
   flat = cfg.flat()  # the record of the invocation (grid included); resumption compares it
   store.atomic_json(os.path.join(out_dir, "flags.json"), checkpoint_lib.to_json_ready(
       {**store.run_config(cfg), **{k: flat[k] for k in store.RESUME_FREE_FIELDS
@@ -311,9 +392,10 @@ def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None) -> results
   for alpha in alphas:
     for k in ks:
       run_setting(cfg, alpha, k, bases, variants, pool, cfg.run.privacy and first, done,
-                  callbacks)
+                  callbacks, data)
       first = False
   report.write_tables([r for r, _ in finished], out_dir, cfg.training.target_accuracy)
   report.write_shared(out_dir)
-  return results.Result(cfg, {run_name(res): results.Run(res, rows) for res, rows in finished},
+  return results.Result(cfg, {run_name(res): results.Run(report.run_summary(res, cfg.run.seed),
+                                                         rows) for res, rows in finished},
                         tabulate=_table)

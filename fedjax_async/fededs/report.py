@@ -12,10 +12,24 @@ import time
 import jax
 import numpy as np
 
+from fedjax_async import outputs
 from fedjax_async.fededs import alg1, store
 from fedjax_async.fededs.generation import SharedData
 from fedjax_async.fededs.engine import shared_set_utility
 from fedjax_async.fededs.privacy import privacy_report, save_encryption_grid
+
+
+def setting_label(setting: dict) -> str:
+  """``alpha=0.1 K=5`` (a grid setting), ``<data name> K=20`` (``data=``)."""
+  a = setting.get("alpha")
+  head = f"alpha={a:g}" if a is not None else setting.get("data", "data")
+  return f"{head} K={setting['num_clients']}"
+
+
+def alpha_cell(setting: dict) -> str:
+  """The alpha column: the Dirichlet alpha, or (``data=``) ``given (<data name>)``."""
+  a = setting.get("alpha")
+  return f"{a:g}" if a is not None else f"given ({setting.get('data', 'data')})"
 
 
 def client_loop() -> str:
@@ -51,9 +65,11 @@ def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_d
 def encryption_grid_title(model: str, setting=None) -> str:
   """Fig. 3's title: the data set, its partition (the setting's Dirichlet alpha and K, when
   given) and the model built."""
-  part = (f" (Dirichlet α = {setting['alpha']:g}, K = {setting['num_clients']})"
-          if setting else "")
-  return f"FedEDS encryptor, client 0, Fashion-MNIST{part}, model {model} (Fig. 3)"
+  data = (setting or {}).get("data") or "Fashion-MNIST"
+  part = ("" if not setting else f" (K = {setting['num_clients']})"
+          if setting.get("alpha") is None else
+          f" (Dirichlet α = {setting['alpha']:g}, K = {setting['num_clients']})")
+  return f"FedEDS encryptor, client 0, {data}{part}, model {model} (Fig. 3)"
 
 
 def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcfg):
@@ -74,7 +90,8 @@ def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcf
   shared_acc = shared_set_utility(model, gen.shared, theta0, vx, vy, key, fcfg, epochs)
   rows = gen.shared.x.shape[1]  # the rows each client shared (alg1.share_rows)
   raw_shared = SharedData(
-      dev.x[:, :rows], jax.nn.one_hot(dev.y[:, :rows], 10), gen.shared.counts,
+      dev.x[:, :rows], jax.nn.one_hot(dev.y[:, :rows], model.num_classes),
+      gen.shared.counts,
       {"gain": jax.numpy.ones_like(gen.shared.layers["gain"]),
        "bias": jax.numpy.zeros_like(gen.shared.layers["bias"])})
   raw_acc = shared_set_utility(model, raw_shared, theta0, vx, vy, key, fcfg, epochs)
@@ -87,7 +104,7 @@ def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcf
          "shared_set_accuracy": shared_acc, "raw_rows_accuracy": raw_acc,
          "utility_epochs": epochs, "config": config}
   store.atomic_json(path, rep)
-  print(f"[fededs] alpha={setting['alpha']} K={setting['num_clients']}: encryptor loss "
+  print(f"[fededs] {setting_label(setting)}: encryptor loss "
         f"{rep['encryptor_loss_first_epoch']:.3f} -> {rep['encryptor_loss_last_epoch']:.3f}, "
         f"soft labels agree with y on {rep['soft_label_agreement']:.1%}; trained "
         f"{epochs} epochs on the shared sets alone: {shared_acc:.2%} test "
@@ -109,7 +126,7 @@ def write_shared(out_dir: str):
   lines = ["| alpha | K | encryptor loss, epoch 1 -> last | soft label = y | trained on the "
            "shared sets alone | on the raw rows |", "|---|---|---|---|---|---|"]
   for r in reps:
-    lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
+    lines.append(f"| {alpha_cell(r)} | {r['num_clients']} | "
                  f"{r['encryptor_loss_first_epoch']:.3f} -> {r['encryptor_loss_last_epoch']:.3f}"
                  f" | {100 * r['soft_label_agreement']:.1f} % | "
                  f"{100 * r['shared_set_accuracy']:.2f} % | {100 * r['raw_rows_accuracy']:.2f} % |")
@@ -130,18 +147,33 @@ def write_rows(finished, out_dir: str):
   os.replace(path + ".tmp", path)
 
 
+def run_summary(res: dict, seed: int) -> dict:
+  """A run's summary in ``Result.runs``: ``res`` with its ``algorithm`` (``<base>/<variant>``),
+  ``seed`` and ``setting`` (its grid's Dirichlet alpha, where the grid drew one, and K)."""
+  return {**res, "algorithm": f"{res['base']}/{res['variant']}", "seed": seed,
+          "setting": {k: res[k] for k in ("alpha", "num_clients") if res.get(k) is not None}}
+
+
 def table(results, target_accuracy: float) -> str:
-  """Markdown: one line per run (final and best top-1, rounds to the target, steps)."""
+  """Markdown: one line per configuration (setting, base, variant): final and best top-1,
+  rounds to the target and client steps, of its one seed or over its seeds (mean ± std (n),
+  ``outputs.seed_cell``; each seed's rounds to the target)."""
   lines = [f"| alpha | K | algorithm | final top-1 (%) | best top-1 (%) | "
            f"rounds to {target_accuracy:.0%} | client steps |", "|---|---|---|---|---|---|---|"]
   names = {"base": "{b}", "equal": "{b}, equal work", "s1": "{b} + S1 (annealing)",
            "s2": "{b} + S2 (sharing)", "fededs": "FedEDS + {b}"}
+  groups = {}
   for r in results:
-    rt = r["rounds_to_target"]
-    lines.append(f"| {r['alpha']:g} | {r['num_clients']} | "
-                 f"{names[r['variant']].format(b=r['base'])} | "
-                 f"{100 * r['final_accuracy']:.2f} | {100 * r['best_accuracy']:.2f} | "
-                 f"{'x' if rt is None else rt} | {r['total_client_steps']} |")
+    groups.setdefault((alpha_cell(r), r["num_clients"], r["base"], r["variant"]), []).append(r)
+  for (alpha, k, base, variant), group in groups.items():
+    cell = lambda key: outputs.seed_cell([100 * r[key] for r in group], ".2f")  # pylint: disable=cell-var-from-loop
+    steps = np.mean([r["total_client_steps"] for r in group])
+    lines.append(f"| {alpha} | {k} | {names[variant].format(b=base)} | "
+                 f"{cell('final_accuracy')} | {cell('best_accuracy')} | "
+                 + "/".join("x" if r["rounds_to_target"] is None else str(r["rounds_to_target"])
+                            for r in group) + f" | {steps:.0f} |")
+  if any(len(g) > 1 for g in groups.values()):
+    lines += ["", f"{outputs.SEEDS_NOTE}; rounds to {target_accuracy:.0%}: each seed's."]
   return "\n".join(lines)
 
 

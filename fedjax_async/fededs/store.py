@@ -20,7 +20,7 @@ from fedjax_async.fededs.generation import Generation, SharedData
 # Fields that change no run's model or rows: the grid (a resumed invocation may add
 # settings) and where the outputs go ("quick": stored by earlier versions of the CLI).
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every", "quick",
-                      "alphas", "num_clients", "bases", "variants", "privacy")
+                      "quiet", "alphas", "num_clients", "bases", "variants", "privacy")
 
 
 def run_config(cfg: FedEDSRunConfig) -> dict:

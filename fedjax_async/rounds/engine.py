@@ -40,6 +40,7 @@ import numpy as np
 
 from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
+from fedjax_async import loop
 from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.core.device import (DeviceData, client_key, evaluate, materialized,
                                       scan_chunks)
@@ -252,7 +253,8 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     # is never copied out as a [K, M, ...] block (gigabytes with a large padded M, and
     # the slowest part of a round's first run on CPU: fresh pages).
     w0 = state.ring[ri]
-    res = train(w0, cs, data.x, data.y, ni, ki, client_index=ci)
+    res = train(w0, cs, data.x, data.y, ni, ki,
+                client_index=ci if data.rows is None else data.rows[ci])
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
     return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
 
@@ -447,6 +449,8 @@ def metrics_to_rows(metrics: Dict[str, Any]) -> List[Dict[str, Any]]:
       else:
         x = float(x)
         row[k] = None if np.isnan(x) else x
+    if row.get("test_accuracy") is not None and "test_loss" in row and row["test_loss"] is None:
+      row["test_loss"] = float("nan")  # evaluated, and NaN: a divergence (first_nonfinite)
     rows.append(row)
   return rows
 
@@ -455,8 +459,10 @@ def run_rounds(runner, state: SimState, timeline: timeline_lib.Timeline, hp, dat
              *, eval_every: int = 1, rounds_per_call: int = 10,
              on_chunk: Optional[Callable[[SimState, List[dict]], None]] = None,
              stop_round: Optional[int] = None,
-             round_hp: Optional[Dict[str, Any]] = None) -> tuple:
-  """Runs rounds ``state.round .. stop_round`` (default: the whole timeline).
+             round_hp: Optional[Dict[str, Any]] = None,
+             lengths: Optional[loop.ChunkLengths] = None) -> tuple:
+  """Runs rounds ``state.round .. stop_round`` (default: the whole timeline), in chunks
+  of ``rounds_per_call`` rounds, or of the lengths ``lengths`` chooses.
 
   ``on_chunk(state, rows)`` is called after every jitted chunk (progress printing,
   metrics files, checkpoints). ``Diverged`` is raised naming the round when the global
@@ -480,20 +486,25 @@ def run_rounds(runner, state: SimState, timeline: timeline_lib.Timeline, hp, dat
   def run_chunk(state, start, end):
     t0 = time.perf_counter()
     slots = jax.tree.map(jnp.asarray, timeline.slice(start, end))
-    args = (state, slots, jnp.asarray(schedule[start:end]), hp, data)
+    # streamed data (core.streaming): the chunk's own clients copied to the device now
+    chunk_data = data.for_rounds(timeline, start, end) if hasattr(data, "for_rounds") else data
+    args = (state, slots, jnp.asarray(schedule[start:end]), hp, chunk_data)
     if round_hp is not None:
       args += ({k: jnp.asarray(v[start:end]) for k, v in round_hp.items()},)
-    new_state, metrics = runner(*args)
+    # in a helper thread: a signal's handler runs meanwhile
+    (new_state, metrics), running, compiled = loop.call(runner, *args)
+    lengths.ran(end - start, running, compiled)
     rows = metrics_to_rows(metrics)
     elapsed = time.perf_counter() - t0
     for r in rows:
       r["wall_time"] = elapsed / len(rows)
     return new_state, rows
 
+  lengths = lengths or loop.ChunkLengths(rounds_per_call)
   all_rows = []
   start = int(state.round)
   while start < stop:
-    end = min(start + rounds_per_call, stop)
+    end = start + lengths.next(stop - start, start)
     new_state, rows = run_chunk(state, start, end)
     bad = None if host_stops_on_divergence(on_chunk) else first_nonfinite(rows)
     if bad is not None:  # the chunk's state is gone (donated): its finite rows travel

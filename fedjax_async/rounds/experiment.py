@@ -25,6 +25,7 @@ import numpy as np
 from fedjax_async import algorithms
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.core import client as client_lib
+from fedjax_async.core import divergence
 from fedjax_async.rounds import engine
 from fedjax_async import interrupts
 from fedjax_async import loop
@@ -35,7 +36,8 @@ from fedjax_async import sharding
 from fedjax_async.rounds import timeline as timeline_lib
 
 from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
-from fedjax_async.core.building import build_model, load_data
+from fedjax_async.core import streaming
+from fedjax_async.core.building import augmentation, build_model, load_data
 from fedjax_async.core.progress import CompileTimer, Overall, Progress, log_interval
 from fedjax_async.interrupts import Interrupted
 from fedjax_async import outputs
@@ -83,9 +85,12 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   setup = _setup(cfg, name, fed_data, model)
   ckpt, state, resumed = _resume(cfg, name, out_dir, setup, quiet)
   start_round = int(state.round)
+  first_chunk = None
   if start_round < cfg.run.rounds and distributed.is_main():  # what it will take, first
     from fedjax_async import cost  # pylint: disable=g-import-not-at-top
-    cost.announce(cost.round_engine(cfg, fed_data, model), cost.ROUND_ENGINE_SMALLER, name)
+    estimate = cost.round_engine(cfg, fed_data, model)
+    cost.announce(estimate, cost.ROUND_ENGINE_SMALLER, name)
+    first_chunk = loop.first_length(estimate, cfg.run.rounds)
   if overall is not None:
     overall.skip(start_round)
   progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
@@ -111,10 +116,12 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   runner = engine.make_runner(setup.apply_flat, setup.algorithm, ecfg)
   if not quiet and start_round < cfg.run.rounds:
     runner = CompileTimer(runner, name)
-  stopped_early = False
+  stopped_early, finished_interrupted = False, None
   try:
-    with stop_softly:
-      state = _simulate(cfg, setup, ecfg, runner, state, host, quiet)
+    with interrupts.handle_interrupts(), stop_softly:
+      state = _simulate(cfg, setup, ecfg, runner, state, host, quiet,
+                        loop.ChunkLengths(cfg.run.rounds_per_call, loop.CHUNK_SECONDS,
+                                          first_chunk))
   except loop.EarlyStop as e:  # a callback ended the run: its result so far
     state, stopped_early = e.state, True
     if not quiet:
@@ -123,7 +130,11 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   except engine.Diverged as e:
     _diverged(e, cfg, name, setup, runner, host, ckpt)
   except KeyboardInterrupt as e:
-    raise _interrupted(e, cfg, name, len(metrics.rows), ckpt) from None
+    if len(metrics.rows) < cfg.run.rounds:
+      raise _interrupted(e, cfg, name, len(metrics.rows), ckpt) from None
+    # in its last chunk: the run is complete, and its summary is written below
+    finished_interrupted = _interrupted(e, cfg, name, len(metrics.rows), ckpt, position,
+                                        out_dir if writes else None)
   finally:
     metrics.close()
     if ckpt is not None:
@@ -139,7 +150,10 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   if writes:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
+  if finished_interrupted is not None:
+    raise finished_interrupted
   return Run(summary, rows, state, model)
+
 
 
 def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
@@ -150,7 +164,8 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
     ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), run_config_for(cfg, name),
                             every=cfg.output.checkpoint_every, total=cfg.run.rounds,
                             resume=cfg.output.resume,
-                            mismatch=mismatch_flags, keep=cfg.output.keep_checkpoints)
+                            mismatch=mismatch_flags, keep=cfg.output.keep_checkpoints,
+                            grid=cfg.run.rounds_per_call)
   state, resumed = setup.state, None
   if ckpt is not None:
     # A larger run.rounds extends the run: its timeline's first rounds are the same draws.
@@ -194,16 +209,21 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
       client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed_data.max_examples,
                              cfg.local.random_local_epochs, momentum=cfg.local.momentum > 0,
                              local_steps=cfg.local.local_steps,
-                             precision=cfg.local.precision),
+                             precision=cfg.local.precision,
+                             **augmentation(cfg, fed_data)),
       cfg.delay.ring_size,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.run.client_chunk < 0
                     else cfg.run.client_chunk or None))
   # The engine's view: clients split over the devices (K padded to a multiple of their
   # number; with several, each device gets only its slices of the host arrays).
   devices = sharding.select_devices(cfg.run.devices)
-  data = (engine.DeviceData.from_federated(fed_data) if len(devices) == 1 else
-          engine.DeviceData(fed_data.x, fed_data.y, fed_data.counts, fed_data.test_x,
-                            fed_data.test_y))
+  # a natural data set on one device: each chunk of rounds' own clients (core.streaming)
+  streamed = (len(devices) == 1 and cfg.crypto.secure_aggregation == "none"
+              and streaming.streams(fed_data))
+  data = (streaming.StreamedData(fed_data) if streamed else
+          engine.DeviceData.from_federated(fed_data) if len(devices) == 1 else
+          engine.DeviceData(*(np.asarray(a) for a in (fed_data.x, fed_data.y, fed_data.counts,
+                                                      fed_data.test_x, fed_data.test_y))))
   place = lambda s: sharding.shard_clients(ecfg, tl, s, data, devices, cfg.run.client_data)
   initial = lambda: engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
                                       cfg.run.seed)
@@ -212,9 +232,10 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
                 lambda: place(initial())[2])
 
 
-def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: bool):
-  """The rounds from ``state`` on: the round engine (``runner``), or the encrypted
-  server's loop."""
+def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: bool,
+              lengths: Optional[loop.ChunkLengths] = None):
+  """The rounds from ``state`` on: the round engine (``runner``, chunks of ``lengths``),
+  or the encrypted server's loop."""
   if cfg.crypto.secure_aggregation == "ckks":
     from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
     return secure_engine.run_encrypted_rounds(
@@ -227,7 +248,7 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
   return engine.run_rounds(runner, state, setup.run_tl, cfg.hparams(setup.algorithm),
                          setup.data,
                          eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call,
-                         on_chunk=host)[0]
+                         on_chunk=host, lengths=lengths)[0]
 
 
 def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runner, host,
@@ -253,15 +274,24 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
   where = f"; metrics.jsonl holds rounds 1-{len(rows)}" if rows else ""
   where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
             if last is not None else "; no checkpoint was written")
-  raise engine.Diverged(f"algorithm {name}: {e}{where}; a smaller local.lr or algorithm.server_lr "
-                        "(PAFed: algorithm.alpha0/1/2) usually avoids it", e.round) from None
+  raise engine.Diverged(f"algorithm {name}: {e}{where}; {divergence.advice(setup.data)}",
+                        e.round, kind=e.kind) from None
 
 
 def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: int,
-                 ckpt) -> Interrupted:
+                 ckpt, position: Optional[tuple] = None,
+                 out_dir: Optional[str] = None) -> Interrupted:
   """The ``Interrupted`` of a stopped run, naming the round and the checkpoint to resume
-  from."""
+  from; of a run stopped after its last round (complete, summary written), saying so."""
   signum = getattr(e, "signum", signal.SIGINT)
+  if rounds_done >= cfg.run.rounds:
+    where = (f" ({os.path.join(out_dir, 'summary.json')} written)" if out_dir is not None
+             else "")
+    rest = ("; rerun the same command with output.resume to run the algorithms after it"
+            if position is not None and position[0] < position[1] else "")
+    return Interrupted(f"[{name}] interrupted after its last round "
+                       f"({cfg.run.rounds}/{cfg.run.rounds}): the run is complete{where}"
+                       f"{rest}", signum)
   at = f"[{name}] interrupted at round {rounds_done + 1}/{cfg.run.rounds}"
   if ckpt is not None and ckpt.latest is not None:
     how = (f"the last checkpoint is round {ckpt.latest} in {ckpt.directory}: rerun the "

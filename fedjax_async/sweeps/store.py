@@ -39,25 +39,29 @@ def write_run(out_dir: str, rows: List[dict], summary: dict):
 
 
 def aggregate(summaries: List[dict], names: Sequence[str]) -> List[dict]:
-  """Mean and std over seeds of average best / final accuracy per (algorithm, setting).
+  """Mean and sample std (``outputs.DDOF``) over seeds of average best / final accuracy per
+  (algorithm, setting), the settings of an algorithm in numeric order; a name the
+  algorithm was not swept over (``sweep.used_names``) is None.
 
   Diverged runs (``diverged_round`` set) are left out of the means and stds and counted in
   ``diverged``; a setting whose runs all diverged has NaN means and stds."""
   groups: Dict[tuple, List[dict]] = {}
   for s in summaries:
-    key = (s["algorithm"],) + tuple(s["setting"][n] for n in names)
+    key = (s["algorithm"],) + tuple(s["setting"].get(n) for n in names)
     groups.setdefault(key, []).append(s)
+  order = list(dict.fromkeys(k[0] for k in groups))
   out = []
-  stat = lambda f, v: float(f(v)) if len(v) else float("nan")
-  for key, group in groups.items():
+  for key in sorted(groups, key=lambda k: (order.index(k[0]),) + tuple(
+      (v is not None, v) for v in k[1:])):
+    group = groups[key]
     ok = [g for g in group if g["diverged_round"] is None]
     row = {"algorithm": key[0]}
     row.update(dict(zip(names, key[1:])))
     row.update({"num_seeds": len(group), "seeds": [g["config"]["seed"] for g in group],
                 "rounds": group[0].get("rounds")})
     for k in metrics_lib.KEYS:  # a summary stored before a key existed has NaN there
-      v = np.array([g.get(k, np.nan) for g in ok], float)
-      row[k + "_mean"], row[k + "_std"] = stat(np.mean, v), stat(np.std, v)
+      mean, std, _ = outputs.mean_std([g.get(k, np.nan) for g in ok])
+      row[k + "_mean"], row[k + "_std"] = mean, std
     row["diverged"] = len(group) - len(ok)
     out.append(row)
   return out
@@ -80,11 +84,15 @@ def write_aggregate(rows: List[dict], names: Sequence[str], out_dir: str) -> str
                        metrics_lib.mark_short(f"{r[k + '_mean']:.4f} ± {r[k + '_std']:.4f}",
                                               k, rounds(r)))
   for r in rows:
-    cells = [r["algorithm"], *(f"{r[n]:g}" for n in names), str(r["num_seeds"]),
+    cells = [r["algorithm"], *("–" if r[n] is None else f"{r[n]:g}" for n in names),
+             str(r["num_seeds"]),
              *(cell(r, k) for k in metrics_lib.KEYS), str(r["diverged"])]
     lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", "¹ mean ± std over the seeds whose run did not diverge (a non-finite loss); "
-            "the diverged runs, counted in `diverged`, are left out."]
+  lines += ["", f"¹ mean ± std over the seeds whose run did not diverge (a non-finite loss; "
+            f"the sample std, ddof {outputs.DDOF}); the diverged runs, counted in `diverged`, "
+            "are left out."]
+  if any(r[n] is None for r in rows for n in names):
+    lines.append("–: a field the algorithm does not use, not swept for it.")
   if any(metrics_lib.is_short(rounds(r)) for r in rows):
     lines.append(metrics_lib.SHORT_RUN_NOTE)
   md = "\n".join(lines)
@@ -97,8 +105,9 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
   """``path`` (PNG): two panels, the final and the average best accuracy against the first
   swept value (log x when every value is positive and they span 10x or more), one curve
   per algorithm and setting of the other swept values: the mean over the seeds that did
-  not diverge with a shaded +-1 std band ("mean ± std over N seeds" in the legend);
-  without swept values, one bar per algorithm with its std. Returns the number of curves
+  not diverge with a shaded +-1 std band ("mean ± std over N seeds" in the legend), a
+  dashed level for an algorithm that does not use the first swept name; without swept
+  values, one bar per algorithm with its std. Returns the number of curves
   (or bars) per panel."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
@@ -121,21 +130,26 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
       lines: Dict[tuple, List[dict]] = {}
       for r in rows:
         lines.setdefault((r["algorithm"],) + tuple(r[n] for n in others), []).append(r)
+      xs = [r[x_name] for r in rows if r[x_name] is not None]
       for j, (k, pts) in enumerate(lines.items()):
+        name = " ".join([k[0]] + [f"{n}={v:g}" for n, v in zip(others, k[1:])
+                                  if v is not None])
+        color = f"C{j % 10}"
+        n = kept(pts)
+        label = name if n == "1" else f"{name} (mean ± std over {n} seeds)"
+        if pts[0][x_name] is None:  # the algorithm does not use x: one level across
+          ax.axhline(mean(pts[0]), color=color, linestyle="--",
+                     label=f"{label}, no {x_name}")
+          continue
         pts = sorted(pts, key=lambda r: r[x_name])
-        name = " ".join([k[0]] + [f"{n}={v:g}" for n, v in zip(others, k[1:])])
         x = np.array([r[x_name] for r in pts], float)
         y = np.array([mean(r) for r in pts], float)
         sd = np.array([std(r) for r in pts], float)
-        color = f"C{j % 10}"
-        n = kept(pts)
-        ax.plot(x, y, marker="o", color=color, label=name if n == "1" else
-                f"{name} (mean ± std over {n} seeds)")
+        ax.plot(x, y, marker="o", color=color, label=label)
         if n != "1":
           ax.fill_between(x, y - sd, y + sd, color=color, alpha=outputs.BAND_ALPHA,
                           linewidth=0)
-      xs = [r[x_name] for r in rows]
-      if min(xs) > 0 and max(xs) >= 10 * min(xs):
+      if xs and min(xs) > 0 and max(xs) >= 10 * min(xs):
         ax.set_xscale("log")
       ax.set_xlabel(x_name)
       if i == 0:
@@ -217,7 +231,8 @@ class ComputationCheckpoint(loop.Checkpoints):
                      every=base.output.checkpoint_every, total=base.run.rounds,
                      resume=resume, mismatch=computation_mismatch,
                      keep=base.output.keep_checkpoints, discard=True,
-                     label="" if quiet else f"{algorithm_name} x{len(group)}")
+                     label="" if quiet else f"{algorithm_name} x{len(group)}",
+                     grid=base.run.rounds_per_call)
 
   def due(self, position: int, stopping: bool = False) -> bool:
     return self.every > 0 and position < self.total and super().due(position, stopping)

@@ -46,9 +46,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import algorithms
+from fedjax_async.algorithms import base as base_lib
 from fedjax_async.algorithms import server_optimizers
+from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
+from fedjax_async import loop
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.sweeps import store as sweep_store
@@ -144,6 +147,70 @@ def setting_of(cfg: config_lib.RunConfig, names: Sequence[str]) -> Dict[str, flo
 def run_name(cfg: config_lib.RunConfig, names: Sequence[str]) -> str:
   parts = [f"{n}={v:g}" for n, v in setting_of(cfg, names).items()]
   return "_".join(parts + [f"seed={cfg.run.seed}"])
+
+
+# Swept names the engine reads for every algorithm: the clients' optimiser (core.client)
+# and the round timeline. Any other swept name reaches an algorithm only through its
+# ``hp`` (``hparams_read``).
+ENGINE_FIELDS = ("lr", "momentum", "delay_fraction")
+
+
+def hparams_read(algorithm, hp: Dict[str, float]) -> Optional[set]:
+  """The keys of ``hp`` that ``algorithm``'s functions (client penalty and upload, server
+  rule) compute with: those its traced program (``jax.make_jaxpr`` on a 3-parameter model,
+  two arrivals) takes as an input of some operation. None when it cannot be traced so."""
+  d, k = 3, 2
+  w = jnp.zeros(d, jnp.float32)
+  keys = sorted(hp)
+
+  def program(values):
+    h = dict(zip(keys, values))
+    cs, ss = algorithm.init_client_state(w), algorithm.init_server_state(w)
+    out = [algorithm.local_penalty(w, w, cs, h),
+           algorithm.client_final(w, w, cs, jnp.float32(1.0), h)]
+    if algorithm.server_update is not None:
+      one = jnp.ones(k, bool)
+      out.append(algorithm.server_update(
+          w, ss, jnp.zeros((k, d)), base_lib.Arrivals(one, one, ~one, jnp.zeros(k, jnp.int32),
+                                                      jnp.ones(k), jnp.ones(k),
+                                                      jnp.zeros((k, d))), jnp.int32(0), h))
+    if algorithm.server_step is not None:
+      out.append(algorithm.server_step(w, ss, w, base_lib.Arrival(
+          jnp.bool_(True), jnp.int32(0), jnp.bool_(True), w, jnp.ones(d), jnp.float32(1.0),
+          jnp.float32(1.0)), h))
+    return out
+
+  try:
+    jaxpr = jax.make_jaxpr(program)([jnp.float32(hp[n]) for n in keys]).jaxpr
+  except Exception:  # pylint: disable=broad-except
+    return None  # (an algorithm of the user's needing other inputs: every name is used)
+  read = {id(v) for e in jaxpr.eqns for v in e.invars} | {id(v) for v in jaxpr.outvars}
+  return {n for n, v in zip(keys, jaxpr.invars) if id(v) in read}
+
+
+def used_names(cfg: config_lib.RunConfig, algorithm_name: str,
+               names: Sequence[str]) -> List[str]:
+  """The swept ``names`` that change ``algorithm_name``'s runs: its own hyper-parameters
+  (``Algorithm.hparams``), the ``ENGINE_FIELDS``, the traced hyper-parameters its functions
+  read (``hparams_read``; a ``TIED`` name when one of its fields is read) and any other
+  field. Another algorithm's own hyper-parameter, or ``mu`` for FedAvg, is not swept for
+  it."""
+  algorithm = server_optimizers.configured(
+      algorithms.get(algorithm_name, cfg.algorithm.admm_upload), cfg.algorithm)
+  own, hp, read = dict(algorithm.hparams), cfg.hparams(algorithm), None
+  out = []
+  for n in names:
+    fields = TIED.get(n, (n,))
+    if n in own or n in ENGINE_FIELDS:
+      out.append(n)
+    elif not all(f in hp for f in fields):  # another algorithm's own, or a field
+      if n in cfg.keys():
+        out.append(n)
+    else:
+      read = hparams_read(algorithm, hp) if read is None else read
+      if read is None or any(f in read for f in fields):
+        out.append(n)
+  return out
 
 
 # ---------------------------------------------------------------------------- stacking
@@ -271,7 +338,8 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
                    on_chunk: Optional[Callable] = None, start_round: int = 0,
                    rows_before: Optional[List[List[dict]]] = None,
                    wall_before: float = 0.0) -> SweepResult:
-  """Runs S stacked runs for ``num_rounds`` rounds in chunks of ``rounds_per_call``.
+  """Runs S stacked runs for ``num_rounds`` rounds in chunks of at most ``rounds_per_call``
+  (fewer where a chunk would run past ``loop.CHUNK_SECONDS``: ``loop.ChunkLengths``).
 
   ``slots``: numpy ``[S, T, K]`` (``stack_timelines``). A run that turns non-finite is not
   stopped (the others continue; vmap keeps them independent): its ``diverged_round`` is
@@ -291,12 +359,17 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
   per_run: List[List[dict]] = ([list(r) for r in rows_before] if rows_before is not None
                                else [[] for _ in range(num_runs)])
   t0 = time.perf_counter() - wall_before
-  for start in range(start_round, num_rounds, rounds_per_call):
-    end = min(start + rounds_per_call, num_rounds)
+  lengths = loop.ChunkLengths(rounds_per_call, loop.CHUNK_SECONDS)
+  start = start_round
+  while start < num_rounds:
+    end = start + lengths.next(num_rounds - start, start)
     chunk = {k: v[:, start:end] for k, v in slots.items()}
     chunk = shard_runs(pad_runs(chunk, total), mesh)
     c0 = time.perf_counter()
-    states, metrics = runner(states, chunk, jnp.asarray(schedule[start:end]), hp, data)
+    # in a helper thread: a signal's handler runs meanwhile
+    (states, metrics), running, compiled = loop.call(
+        runner, states, chunk, jnp.asarray(schedule[start:end]), hp, data)
+    lengths.ran(end - start, running, compiled)
     host = distributed.to_host(metrics)  # gathered from every process's runs
     elapsed = time.perf_counter() - c0
     for i in range(num_runs):
@@ -306,6 +379,7 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
       per_run[i].extend(rows)
     if on_chunk is not None:
       on_chunk(end, time.perf_counter() - t0, states, per_run)
+    start = end
   wall = time.perf_counter() - t0
   diverged = [_first_bad_round(rows) for rows in per_run]
   for rows, bad in zip(per_run, diverged):
@@ -361,7 +435,8 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
                              base.local.random_local_epochs,
                              momentum=any(c.local.momentum > 0 for c in cfgs),
                              local_steps=base.local.local_steps,
-                             precision=base.local.precision),
+                             precision=base.local.precision,
+                             **building.augmentation(base, fed_data)),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
@@ -399,7 +474,8 @@ def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed
                              num_params=prep.num_params, rounds=c.run.rounds,
                              wall=res.wall_time_s / len(cfgs),
                              config=config_lib.run_config_for(c, algorithm_name))
-    s["setting"], s["diverged_round"] = setting_of(c, names), res.diverged_round[i]
+    s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
+    s["diverged_round"] = res.diverged_round[i]
     out.append((s, res.rows[i], unstack(res.states, i)))
   return out
 
@@ -461,7 +537,7 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
                                wall=res.wall_time_s / len(group),
                                config=sweep_store.stored_config(c, algorithm_name,
                                                                 extra_config))
-      s["setting"] = setting_of(c, names)
+      s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
       s["diverged_round"] = res.diverged_round[i]
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
@@ -527,7 +603,15 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
   os.makedirs(base.output.output_dir, exist_ok=True)
   summaries = []
   for alg in base.algorithm.name_list():
-    summaries += run_sweep(cfgs, alg, fed_data, names, base.output.output_dir,
+    used = used_names(base, alg, names)
+    unused = [n for n in names if n not in used]
+    # a name the algorithm does not use is not swept for it: its first value's runs only
+    first = setting_of(cfgs[0], unused)
+    mine = [c for c in cfgs if setting_of(c, unused) == first]
+    if unused:
+      print(f"[{alg}] does not use {', '.join(unused)}: not swept for it ({len(mine)} of "
+            f"{len(cfgs)} runs)", flush=True)
+    summaries += run_sweep(mine, alg, fed_data, used, base.output.output_dir,
                            max_runs_per_computation, mesh, resume=base.output.resume)
   agg = sweep_store.aggregate(summaries, names)
   if not distributed.is_main():  # process 0 writes the sweep's files
@@ -536,7 +620,7 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
     json.dump({"names": names, "runs": summaries, "aggregate": agg}, f, indent=2)
   figure = os.path.join(base.output.output_dir, "aggregate.png")
   model = summaries[0]["model"] if summaries else base.model.name  # as built ("auto" resolved)
-  swept = {n: sorted({r[n] for r in agg}) for n in names}
+  swept = {n: sorted({r[n] for r in agg if r[n] is not None}) for n in names}
   sweep_store.plot_aggregate(agg, names, figure, title=outputs.figure_title(
       base, fed_data.name, model, base.algorithm.name_list(), swept=swept))
   print(f"figure: {figure}")
