@@ -28,7 +28,7 @@ resumed command can add settings). A folder that holds a FedEDS run is refused u
 ``--resume`` or ``--overwrite``.
 
 The flags are the fields of ``fededs.config.FedEDSRunConfig`` (and ``--quick``); this
-script parses them and calls ``fededs.experiment.run_grid``.
+script parses them and calls ``fededs.experiment.run_fededs_grid``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv):
 
 def _main(cfg):
   try:
-    experiment.run_grid(cfg, record={"quick": FLAGS.quick})
+    experiment.run_fededs_grid(cfg, record={"quick": FLAGS.quick})
   except (config_lib.ConfigError, experiment.DataError) as e:  # naming the field, the file
     sys.exit(f"error: {cli.as_flags(str(e))}")
 

@@ -162,8 +162,8 @@ def read_runs(dirs, cfgs=None, alg=None, extra=None):
   return out
 
 
-def run_grid(base: config_lib.RunConfig, opts: TableOptions, partitions, deltas_of, algs,
-             mesh=None) -> dict:
+def run_table_grid(base: config_lib.RunConfig, opts: TableOptions, partitions, deltas_of,
+                   algs, mesh=None) -> dict:
   """{(partition, alg): [(summary, rows), ...]}: runs what is missing or was stored with
   other flags (unless read_only: then a run stored with other flags is a SetupError, and a
   missing (partition, alg) is left out of the table, saying so).
@@ -435,7 +435,7 @@ def main(argv):
   t0 = time.perf_counter()
   try:
     results = interrupts.exit_on_interrupt(
-        lambda: run_grid(base, opts, partitions, deltas_of, algs, mesh),
+        lambda: run_table_grid(base, opts, partitions, deltas_of, algs, mesh),
         f"the runs of every finished computation are stored under {out_dir}/<partition>/runs"
         + (f" and the others checkpointed every --checkpoint_every={base.output.checkpoint_every} "
            f"rounds under {out_dir}/<partition>/checkpoints" if base.output.checkpoint_every > 0

@@ -277,7 +277,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
   ``AsyncRunConfig``, or without a config ``algorithm=`` naming one of the virtual clock's
   own (``fedasync``), on the virtual clock (``asynchronous.experiment.run_virtual_clock``);
-  with a ``FedEDSRunConfig``, FedEDS (``fededs.experiment.run_grid``, ``data=`` too).
+  with a ``FedEDSRunConfig``, FedEDS (``fededs.experiment.run_fededs_grid``, ``data=`` too).
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
@@ -308,7 +308,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
       raise config_lib.ConfigError("model", "FedEDS builds its split model (cnn, mlp or "
                                    "resnet18: model='mlp'); a flax module runs on the round "
                                    "engine and the virtual clock")
-    return fededs.run_grid(config.replace(**fields) if fields else config, callbacks,
+    return fededs.run_fededs_grid(config.replace(**fields) if fields else config, callbacks,
                            data=data)
   if config is None and "algorithm" in fields:  # a name only the virtual clock runs picks it
     fields["algorithm"] = _algorithm_names(fields["algorithm"], None)

@@ -25,12 +25,12 @@ from typing import Dict, List, Optional
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import fedadmm
+from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
     ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
 from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
-PRECISIONS = ("float32", "tf32", "bf16")  # LocalTraining.precision (client.PRECISIONS)
 
 
 def dataset_defaults(dataset: str) -> Dict[str, float]:

@@ -21,7 +21,7 @@ from fedjax_async import metrics as metrics_lib
 
 
 # How a console message names a configuration field: by its path (``delay.buffer_size``),
-# or by its flag when the command line runs (``cli`` sets ``config.as_flags`` here).
+# or by its flag when the command line runs (``cli`` sets ``cli.run_flags.as_flags`` here).
 name_fields: Callable[[str], str] = lambda message: message
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from benchmarks import common
 from benchmarks import flagcheck
+from fedjax_async import algorithms
 
 pytestmark = pytest.mark.benchmarks  # -m benchmarks: the benchmark scripts' tests
 
@@ -597,7 +598,7 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("ducc_round.py", ["--kt_recipients=9", "--num_clients=4"],
      "--kt_recipients: must be <= --num_clients"),
     ("server_stream.py", ["--algorithms=fedfoo"],
-     "--algorithms: each item must be one of fedavg, fedprox, fednova, fedadmm, pafed"),
+     "--algorithms: each item must be one of " + ", ".join(algorithms.names("rounds"))),
     ("server_stream.py", ["--algorithms=fedasync"], "--algorithms: each item must be one of"),
     # --model is checked with the flags, not in main (which printed the usage text)
     ("server_stream.py", ["--model=resnet"], "--model=resnet: value should be one of"),

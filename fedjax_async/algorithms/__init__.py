@@ -6,7 +6,7 @@ rounds later) runs those with a round rule (``server_update``); the virtual cloc
 arrival updates the server, staleness from simulated compute and communication times)
 runs those with a per-arrival rule (``server_step``), and a round rule as rounds of one.
 
-  names()                   # all ten
+  names()                   # all built in, then any registered
   names("rounds")           # fedavg, fedprox, fednova, fedadmm, pafed
   names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
   engine_of("fedbuff")      # "virtual_clock"

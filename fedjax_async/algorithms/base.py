@@ -148,7 +148,7 @@ class Algorithm:
     separable_penalty: ``local_penalty`` is a sum over coordinates (FedProx's and ADMM's
       are), so it may be evaluated on pieces of ``w``, ``w_start`` and the ``[d]`` client
       state and summed: the local steps then never concatenate their per-leaf pieces
-      into ``[d]`` for it (``rounds.client.make_client_step``).
+      into ``[d]`` for it (``core.client.make_client_step``).
     dp, early_stop, pruned, buffered: the virtual clock's client hooks
       (``asynchronous.engine.train_local``): clip + noise in local training (PrivaAsyncFed
       Alg. 1), stop once the loss is <= ``hp['loss_threshold']`` (double compensation),

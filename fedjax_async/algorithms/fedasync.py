@@ -30,9 +30,6 @@ import jax.numpy as jnp
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedprox
 
-STALENESS_FNS = ("constant", "polynomial", "hinge")
-
-
 def constant_staleness(staleness):
   """s(t - tau) = 1."""
   return jnp.ones_like(jnp.asarray(staleness, jnp.float32))

@@ -68,7 +68,7 @@ def _table(result: Result) -> str:
   if len(result.by_seed) > 1:
     return report.seed_table({s: [r.summary for r in runs.values()]
                               for s, runs in result.by_seed.items()})
-  return report.comparison_table([r.summary for r in result.runs.values()])
+  return report.clock_table([r.summary for r in result.runs.values()])
 
 
 def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
@@ -432,7 +432,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
                                   list(done)))
     print(f"figure: {result.figure}")
   if len(done) > 1:
-    table = report.comparison_table([r.summary for r in done.values()])
+    table = report.clock_table([r.summary for r in done.values()])
     if out_dir is not None:
       os.makedirs(out_dir, exist_ok=True)
       with open(os.path.join(out_dir, "comparison.md"), "w") as f:

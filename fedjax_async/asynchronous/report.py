@@ -126,7 +126,7 @@ def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
           f"virtual clock, concurrency {cfg.clock.concurrency}; {', '.join(names)}{over}")
 
 
-def comparison_table(summaries: List[dict]) -> str:
+def clock_table(summaries: List[dict]) -> str:
   """Markdown: one line per run (accuracy, arrivals, server updates, staleness, virtual
   throughput, epsilon spent, wall time), and ``arrivals_note``."""
   lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "

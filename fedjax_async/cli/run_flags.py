@@ -11,6 +11,7 @@ from typing import Dict, List
 from absl import flags
 
 from fedjax_async.cli import help as help_lib
+from fedjax_async.data import loader
 
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.
@@ -100,14 +101,6 @@ def did_you_mean(value: str, known) -> str:
   return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
-def _is_tfds_name(name: str) -> bool:
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  return name.split("/")[0].split(":")[0] in tfds.list_builders(with_community_datasets=False)
-
-
 def _known_names(flag: str):
   """The names ``--flag`` takes (every engine's algorithms), or None."""
   from fedjax_async import algorithms, data, models  # pylint: disable=g-import-not-at-top
@@ -128,7 +121,7 @@ def check_names(fv) -> None:
     values = fv[flag].value.split(",") if flag == "algorithm" else [fv[flag].value]
     for value in values:
       guess = did_you_mean(value, known) if value not in known else ""
-      if guess and not (flag == "dataset" and _is_tfds_name(value)):
+      if guess and not (flag == "dataset" and loader.is_tfds_name(value)):
         tfds = " or a tensorflow-datasets name" if flag == "dataset" else ""
         raise ValueError(f"--{flag}: unknown {flag} {value!r}{guess} (choices: "
                          f"{', '.join(known)}{tfds})")
@@ -178,7 +171,7 @@ def _define_process_flags():
 
 def config_from_flags(FLAGS):
   """The ``RunConfig`` of the parsed run flags, validated; a ValueError names the flag
-  (``config.as_flags`` of the library's field path)."""
+  (``as_flags`` of the library's field path)."""
   from fedjax_async import config  # pylint: disable=g-import-not-at-top
   try:
     cfg = config.RunConfig.from_flat({name: FLAGS[name].value

@@ -119,7 +119,7 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
     return load_natural(name, data_dir, normalize=normalize,
                         max_client_examples=max_client_examples,
                         max_test_examples=max_test_examples)
-  if name not in DATASETS and not _is_tfds_name(name):
+  if name not in DATASETS and not is_tfds_name(name):
     raise ValueError(f"data.dataset: unknown dataset {dataset!r}; choose from "
                      f"{list(DATASETS) + list(NATURAL_DATASETS)} or any tensorflow-datasets "
                      "name")
@@ -204,7 +204,9 @@ def load_natural(name: str, data_dir: Optional[str], *, normalize: str = "none",
                      transform=lambda x: normalized(x, normalize))
 
 
-def _is_tfds_name(name: str) -> bool:
+def is_tfds_name(name: str) -> bool:
+  """Whether ``name`` (``mnist``, ``cifar10:3.0.2``, ``x/y``) is a tensorflow-datasets
+  builder (False where tfds is not installed)."""
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError:

@@ -1,7 +1,7 @@
 """FedEDS's experiment configuration: ``FedEDSRunConfig``, one frozen dataclass a part
 (the grid, model, data, training, Alg. 1, run, outputs); ``experiments/fededs_table.py``'s
 flags are made from its fields (``cli.define_config_flags``), as the round engine's are
-from ``config.RunConfig``. ``fededs.experiment.run_grid`` runs it.
+from ``config.RunConfig``. ``fededs.experiment.run_fededs_grid`` runs it.
 
   cfg = FedEDSRunConfig().replace(**QUICK, rounds=2)   # QUICK = {"quick": True}
 
@@ -56,7 +56,7 @@ class FashionMNIST:
 
 
 @dataclasses.dataclass(frozen=True)
-class Training:
+class FederatedTraining:
   """The federated runs (every variant: SGD, momentum 0.9, weight decay 1e-4)."""
   rounds: int = option(30, "Communication rounds T (paper: 30 on Fashion-MNIST).")
   lr: float = option(0.01, "Client SGD learning rate.")
@@ -69,7 +69,7 @@ class Training:
 
 
 @dataclasses.dataclass(frozen=True)
-class Alg1:
+class Alg1Config:
   """Encrypted data generation (Alg. 1) and what its shared sets are measured by."""
   pretrain_epochs: int = option(5, "E_c of Alg. 1.")
   encryptor_epochs: int = option(20, "E_g of Alg. 1 (paper: 20).")
@@ -111,8 +111,8 @@ class FedEDSRunConfig(FlatKeys):
   grid: Grid = Grid()
   model: SplitModelConfig = SplitModelConfig()
   data: FashionMNIST = FashionMNIST()
-  training: Training = Training()
-  alg1: Alg1 = Alg1()
+  training: FederatedTraining = FederatedTraining()
+  alg1: Alg1Config = Alg1Config()
   run: FedEDSRunOptions = FedEDSRunOptions()
   output: FedEDSOutput = FedEDSOutput()
 

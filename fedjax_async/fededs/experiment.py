@@ -3,8 +3,8 @@ target (Tables III-V) and the S1 / S2 ablations (Tables VI-VII).
 
   from fedjax_async.fededs import config, experiment
   cfg = config.FedEDSRunConfig().replace(**config.QUICK, output_dir="out/fededs_quick")
-  result = experiment.run_grid(cfg)        # a results.Result; result.table()
-  experiment.run_grid(cfg, data=fed)       # your FederatedData's clients: one setting
+  result = experiment.run_fededs_grid(cfg)   # a results.Result; result.table()
+  experiment.run_fededs_grid(cfg, data=fed)  # your FederatedData's clients: one setting
 
 Per (alpha, K): Alg. 1 runs once (vmapped over clients) and its encrypted sets are shared
 by every base algorithm; then each base of grid.bases runs as each variant of
@@ -290,7 +290,7 @@ def _table(result: results.Result) -> str:
 
 def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
                   device=None, fed=None) -> cost_lib.Cost:
-  """A FedEDS invocation (``fededs.experiment.run_grid``) of ``cfg`` (a
+  """A FedEDS invocation (``fededs.experiment.run_fededs_grid``) of ``cfg`` (a
   ``FedEDSRunConfig``): per (alpha, K) setting Alg. 1 (E_c pre-training and E_g encryptor
   epochs over every client's data, the UNet and the model), every base x variant for
   training.rounds rounds of E_t epochs over the data (the sharing variants with as much
@@ -341,7 +341,7 @@ def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
 FASHION_MNIST_FIELDS = ("alphas", "num_clients", "train_subset", "test_subset", "data_dir")
 
 
-def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
+def run_fededs_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
              data=None) -> results.Result:
   """Every setting of the grid, every run; a ``Result`` whose runs (``run_name``: setting,
   base, variant) are the finished ones in grid order, each with its summary (the
@@ -354,7 +354,7 @@ def run_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
     own_data_check(cfg, data, variants)
   if cfg.output.output_dir is None:
     with tempfile.TemporaryDirectory(prefix="fededs_") as tmp:
-      result = run_grid(cfg.replace(output_dir=tmp), callbacks, record, data)
+      result = run_fededs_grid(cfg.replace(output_dir=tmp), callbacks, record, data)
     result.config = cfg
     return result
   out_dir = cfg.output.output_dir
