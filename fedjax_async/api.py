@@ -17,20 +17,31 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import itertools
 import os
 from typing import Dict, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 
-from fedjax_async import outputs
-from fedjax_async import results
+from fedjax_async import algorithms
 from fedjax_async import config as config_lib
 from fedjax_async import distributed
-from fedjax_async.rounds import experiment
 from fedjax_async import interrupts
+from fedjax_async import models
+from fedjax_async import outputs
+from fedjax_async import results
 from fedjax_async import sharding
+from fedjax_async.algorithms import base
+from fedjax_async.asynchronous import config as async_config
+from fedjax_async.asynchronous import experiment as async_experiment
+from fedjax_async.data import FederatedData
+from fedjax_async.fededs import config as fededs_config
+from fedjax_async.fededs import experiment as fededs
+from fedjax_async.rounds import experiment
 from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.sweeps import sweep
 
 
 Result = results.Result
@@ -66,8 +77,6 @@ def prepare(cfg: config_lib.RunConfig):
 def _algorithm_names(value, config) -> str:
   """``algorithm=`` as the configuration's comma list: a name, a list of names, or
   ``base.Algorithm`` objects (registered by their names, ``algorithms.register``)."""
-  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
-  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
   if value is None:
     return (config or config_lib.RunConfig()).algorithm.names
   items = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -84,8 +93,6 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
   computation, in memory. A name the algorithm does not use (``sweep.used_names``: ``mu``
   for FedAvg) is not swept for it, said once on the console. The runs are keyed
   ``<algorithm>/<setting>_seed=<s>``; each summary holds its ``seed`` and ``setting``."""
-  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
-  import itertools  # pylint: disable=g-import-not-at-top
   if cfg.output.output_dir is not None:
     raise config_lib.ConfigError("output.output_dir", "simulate's sweeps run in memory; "
                                  "experiments/sweep.py writes a sweep's files")
@@ -137,8 +144,6 @@ def _own_data_and_model(fields: dict):
   """(FederatedData, flax module, input_shape) given to ``simulate`` in place of a data set's
   and a model's names (``data=``, ``dataset=``, ``model=``, ``input_shape=``), popped from
   ``fields``; None for those not given. A wrong kind is a ``ConfigError``."""
-  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   fed_data = None
   for key in ("data", "dataset"):
     if isinstance(fields.get(key), FederatedData):
@@ -158,7 +163,6 @@ def _own_data_and_model(fields: dict):
       raise config_lib.ConfigError("input_shape", "expected a tuple of ints (one example's "
                                    f"shape), got {input_shape!r}") from None
   if module is not None and fed_data is not None:  # one abstract forward pass, at build time
-    from fedjax_async import models  # pylint: disable=g-import-not-at-top
     _checked(lambda: models.check_module(module, input_shape or fed_data.feature_shape,
                                          fed_data.num_classes, fed_data.feature_shape))
   return fed_data, module, input_shape
@@ -179,7 +183,6 @@ def _checked(build):
 def _user_model(module, input_shape, seed: int, num_classes=None, data_shape=None):
   """``models.user_model`` (checked against ``num_classes`` and the data's
   ``data_shape`` when given), its ValueError a ``ConfigError`` naming ``model``."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   return _checked(lambda: models.user_model(module, input_shape, seed, num_classes,
                                             data_shape))
 
@@ -195,7 +198,6 @@ def _refuse_overridden(fields: dict, keys, config_class, part=None, default=None
   """With ``data=`` (or ``dataset=``) your own data, a field it leaves unused (``keys``)
   given too is a ``ConfigError`` naming it; one the configuration ``part`` sets away from
   its default is warned once."""
-  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
   data = next((fields[k] for k in ("data", "dataset")
                if isinstance(fields.get(k), FederatedData)), None)
   if data is None:
@@ -218,8 +220,6 @@ def _clock_for(fields: dict):
   """``AsyncRunConfig()`` when ``fields["algorithm"]`` names an algorithm only the virtual
   clock runs (``fedasync``; said on the console), else None. A list mixing the engines, or
   a field the clock lacks (``rounds``), is a ``ConfigError`` naming it."""
-  from fedjax_async import algorithms  # pylint: disable=g-import-not-at-top
-  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
   names = fields["algorithm"].split(",")
   clock = [n for n in names if n in algorithms.names("virtual_clock")]
   if not clock or not set(names) <= set(algorithms.names()):
@@ -290,50 +290,66 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``sweep={"lr": [0.05, 0.1], "beta": [...]}`` (fields or an algorithm's own
   hyper-parameters) run every setting and seed of an algorithm as one vmapped
   computation, keyed ``<algorithm>/<setting>_seed=<s>``. Raises ``config.ConfigError``
-  (a ValueError) naming the field at fault, ``engine.Diverged`` naming the round, and ``interrupts.Interrupted`` on
-  Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
+  (a ValueError) naming the field at fault, ``engine.Diverged`` naming the round, and
+  ``interrupts.Interrupted`` on Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``). Delays, when on, are said on the console and
   under ``table()``.
   """
-  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
-  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   if isinstance(config, fededs_config.FedEDSRunConfig):
-    from fedjax_async.fededs import experiment as fededs  # pylint: disable=g-import-not-at-top
-    data = fields.get("data")  # (a FashionMNIST part is a field of its own)
-    data = None if isinstance(data, (type(None), fededs_config.FashionMNIST)) else fields.pop(
-        "data")
-    _refuse_overridden(dict(fields, data=data), fededs.FASHION_MNIST_FIELDS, type(config))
-    if not isinstance(fields.get("model", ""), str):
-      raise config_lib.ConfigError("model", "FedEDS builds its split model (cnn, mlp or "
-                                   "resnet18: model='mlp'); a flax module runs on the round "
-                                   "engine and the virtual clock")
-    return fededs.run_fededs_grid(config.replace(**fields) if fields else config, callbacks,
-                           data=data)
+    return _simulate_fededs(config, callbacks, fields)
   if config is None and "algorithm" in fields:  # a name only the virtual clock runs picks it
     fields["algorithm"] = _algorithm_names(fields["algorithm"], None)
     config = _clock_for(fields)
   if isinstance(config, async_config.AsyncRunConfig):
-    from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
-    if "algorithm" in fields:
-      fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
-    if isinstance(fields.get("hp"), dict):
-      fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
-    if isinstance(fields.get("seeds"), (list, tuple)):  # the virtual clock runs them in turn
-      fields["seeds"] = ",".join(str(int(s)) for s in fields["seeds"])
-    if fields.pop("sweep", None):
-      raise config_lib.ConfigError("sweep", "the virtual clock sweeps with comma lists of "
-                                   "its fields (mix_alpha=\"0.2,0.6\") and seeds=[...]")
-    _refuse_overridden(fields, _DATA_KEYS, type(config), config.data,
-                       async_config.AsyncRunConfig().data)
-    fed_data, module, input_shape = _own_data_and_model(fields)
-    if fed_data is not None and "dataset" not in fields:
-      fields["dataset"] = fed_data.name
-    return async_experiment.run_virtual_clock(config, callbacks, fed_data=fed_data, module=module,
-                           input_shape=input_shape, **fields)
-  fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
-  if isinstance(fields.get("hp"), dict):  # {"beta": 0.9}
+    return _simulate_virtual_clock(config, callbacks, fields)
+  return _simulate_rounds(config, callbacks, fields)
+
+
+def _hp_text(fields: dict):
+  """``hp={"beta": 0.9}`` as the config field's text ``beta=0.9``."""
+  if isinstance(fields.get("hp"), dict):
     fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
+
+
+def _simulate_fededs(config, callbacks, fields: dict) -> Result:
+  """``simulate`` with a ``FedEDSRunConfig``: FedEDS's grid (``data=`` too)."""
+  data = fields.get("data")  # (a FashionMNIST part is a field of its own)
+  data = None if isinstance(data, (type(None), fededs_config.FashionMNIST)) else fields.pop(
+      "data")
+  _refuse_overridden(dict(fields, data=data), fededs.FASHION_MNIST_FIELDS, type(config))
+  if not isinstance(fields.get("model", ""), str):
+    raise config_lib.ConfigError("model", "FedEDS builds its split model (cnn, mlp or "
+                                 "resnet18: model='mlp'); a flax module runs on the round "
+                                 "engine and the virtual clock")
+  return fededs.run_fededs_grid(config.replace(**fields) if fields else config, callbacks,
+                                data=data)
+
+
+def _simulate_virtual_clock(config, callbacks, fields: dict) -> Result:
+  """``simulate`` with an ``AsyncRunConfig``: the virtual clock, seeds in turn."""
+  if "algorithm" in fields:
+    fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
+  _hp_text(fields)
+  if isinstance(fields.get("seeds"), (list, tuple)):  # the virtual clock runs them in turn
+    fields["seeds"] = ",".join(str(int(s)) for s in fields["seeds"])
+  if fields.pop("sweep", None):
+    raise config_lib.ConfigError("sweep", "the virtual clock sweeps with comma lists of "
+                                 "its fields (mix_alpha=\"0.2,0.6\") and seeds=[...]")
+  _refuse_overridden(fields, _DATA_KEYS, type(config), config.data,
+                     async_config.AsyncRunConfig().data)
+  fed_data, module, input_shape = _own_data_and_model(fields)
+  if fed_data is not None and "dataset" not in fields:
+    fields["dataset"] = fed_data.name
+  return async_experiment.run_virtual_clock(config, callbacks, fed_data=fed_data,
+                                            module=module, input_shape=input_shape, **fields)
+
+
+def _simulate_rounds(config, callbacks, fields: dict) -> Result:
+  """``simulate`` on the round engine: a sweep or seeds as one vmapped computation, else
+  each algorithm in turn (``_run_each``)."""
+  fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
+  _hp_text(fields)
   _refuse_overridden(fields, _DATA_KEYS, config_lib.RunConfig, getattr(config, "data", None),
                      config_lib.DataConfig())
   fed_data, module, input_shape = _own_data_and_model(fields)
@@ -348,7 +364,6 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
                      "--distributed")
   devices = sharding.select_devices(cfg.run.devices)
   prepare(cfg)
-  names = cfg.algorithm.name_list()
   if fed_data is None:
     print(f"loading {cfg.data.dataset} ...", flush=True)
     fed_data = experiment.load_data(cfg)
@@ -371,6 +386,13 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     print(delays, flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (run.devices)", flush=True)
+  return _noted(_run_each(cfg, fed_data, model, callbacks), delays)
+
+
+def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks) -> Result:
+  """Each algorithm of ``cfg`` on the round engine in turn, on one timeline; the curves
+  and the comparison under ``output_dir``."""
+  names = cfg.algorithm.name_list()
   tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
                           cfg.run.seed)
   for warning in filter(None, [timeline_lib.dropped_warning(cfg.delay, tl),
@@ -390,11 +412,11 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
     print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
           f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
           f"{s['average_best_accuracy']:.4f}, {s['wall_time_s']:.1f}s{where}", flush=True)
-  result = _noted(Result(cfg, runs, tabulate=_table), delays)
+  result = Result(cfg, runs, tabulate=_table)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")
     outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,
-                           title=outputs.figure_title(cfg, fed_data.name, model[0], names))
+                        title=outputs.figure_title(cfg, fed_data.name, model[0], names))
     if len(names) > 1:
       outputs.write_comparison(result.summaries(), cfg.output.output_dir)
   return result

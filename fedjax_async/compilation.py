@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 ENV = "FEDJAX_ASYNC_COMPILATION_CACHE"
 
 
@@ -24,7 +26,6 @@ def cache_dir() -> str:
 def enable() -> str:
   """Turns the persistent cache on (once per process); returns its directory, or "" when
   turned off or when the caller chose one already."""
-  import jax  # pylint: disable=g-import-not-at-top
   directory = cache_dir()
   if not directory or jax.config.jax_compilation_cache_dir:
     return ""

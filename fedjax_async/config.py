@@ -28,6 +28,7 @@ from fedjax_async.algorithms import fedadmm
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
     ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
+from fedjax_async import models
 from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
@@ -310,7 +311,6 @@ def validate(cfg: RunConfig):
         f"must be none or crop_flip, got {cfg.local.augment!r}")
   _validate_crypto(cfg.crypto, cfg.algorithm)
   _validate_output(cfg.output)
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   check(cfg.model.name == "auto" or cfg.model.name in models.MODEL_NAMES, "model.name",
         f"unknown model {cfg.model.name!r}; choices: auto, {', '.join(models.MODEL_NAMES)}")
 

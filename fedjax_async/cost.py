@@ -28,6 +28,9 @@ from typing import Callable, Optional
 
 import jax
 import numpy as np
+from fedjax_async.data import natural
+from fedjax_async import models
+from fedjax_async import outputs
 
 WARN_SECONDS = 180.0
 
@@ -129,7 +132,6 @@ def _duration(s: float) -> str:
 def forward_counts(fn: Callable, *args) -> tuple:
   """(FLOPs, activation elements) of ``fn(*args)``: its matrix products as
   ``models.analytic_flops`` counts them, and the sizes of their outputs."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
   return models.analytic_flops(fn, *args), float(_product_outputs(jaxpr))
 
@@ -209,7 +211,6 @@ def round_engine(cfg, fed, model, runs: int = 1, device: Optional[Device] = None
 def _round_data_bytes(fed, streamed_rows: int) -> float:
   """The device bytes of ``fed``: its padded arrays, or, held lazily (a natural data set,
   streamed chunk by chunk on one device: ``core.streaming``), a chunk's rows."""
-  from fedjax_async.data import natural  # pylint: disable=g-import-not-at-top
   if natural.is_lazy(fed):
     rows = min(streamed_rows, fed.x.shape[0])
     return _nbytes(fed.test_x) + 4.0 * rows * math.prod(fed.x.shape[1:])
@@ -239,7 +240,6 @@ def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_on
 def announce(cost: Cost, smaller: str, what: str = "", stream=None) -> str:
   """Prints ``cost.line()`` (``what``: which run) and, past ``WARN_SECONDS``, a warning
   naming ``smaller`` (how to pick a small setting) to stderr; returns what it printed."""
-  from fedjax_async import outputs  # pylint: disable=g-import-not-at-top
   text = (f"[{what}] " if what else "") + cost.line()
   if cost.seconds > WARN_SECONDS:
     text += (f"\nwarning: this setting takes ~{_duration(cost.seconds)} here; for a "

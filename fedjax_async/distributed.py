@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 
@@ -89,7 +90,6 @@ def is_main() -> bool:
 def sync(name: str):
   """A barrier across processes (nothing in one process)."""
   if joined() and jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)
 
 
@@ -98,7 +98,6 @@ def any_process(flag: bool) -> bool:
   then takes the same branch (a checkpoint, a stop) and none waits in a collective alone."""
   if not joined() or jax.process_count() == 1:
     return bool(flag)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return bool(np.any(multihost_utils.process_allgather(np.asarray([bool(flag)]))))
 
 
@@ -113,7 +112,6 @@ def to_host(tree):
   gathered from all of them (``process_allgather``); the others are copied as they are."""
   def one(x):
     if split_across_processes(x):
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(one, tree)

@@ -39,6 +39,8 @@ from typing import Any, Callable, List, Optional, Sequence
 import jax
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async.config import ConfigError
+from fedjax_async.core import divergence
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async.outputs import TensorBoard, json_row
@@ -255,7 +257,6 @@ class Checkpoints:
 
 def _resume_error(message: str) -> ValueError:
   """A ``config.ConfigError`` of output.resume."""
-  from fedjax_async.config import ConfigError  # pylint: disable=g-import-not-at-top
   return ConfigError("output.resume", message)
 
 
@@ -324,7 +325,6 @@ class StopOnDivergence(Callback):
   made of the non-finite state. Runs first, before the rows are written."""
 
   def after_chunk(self, loop, state, rows):
-    from fedjax_async.core import divergence  # pylint: disable=g-import-not-at-top
     bad = divergence.first_nonfinite(rows)
     if bad is not None:
       if loop.metrics is not None:

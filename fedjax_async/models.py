@@ -24,6 +24,7 @@ No model has state besides ``'params'``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
@@ -467,7 +468,6 @@ def check_output(apply, params, data_shape: Sequence[int], num_classes: int, nam
 
 def _with_train_argument(module: nn.Module) -> nn.Module:
   """``module``, wrapped to take (and ignore) ``train`` when its ``__call__`` does not."""
-  import inspect  # pylint: disable=g-import-not-at-top
   if "train" in inspect.signature(module.__call__).parameters:
     return module
 

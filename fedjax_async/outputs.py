@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import textwrap
 import time
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -17,7 +18,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import distributed
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import models
 
 
 # How a console message names a configuration field: by its path (``delay.buffer_size``),
@@ -121,7 +124,6 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
   outputs first. Across processes (``fedjax_async.distributed``) every process checks the
   folder as it was and process 0 alone deletes."""
-  from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
   distributed.sync(f"prepare {directory}")  # no process has written into it yet
   _prepare(directory, resume, overwrite, outputs, delete=distributed.is_main())
   distributed.sync(f"prepared {directory}")
@@ -295,7 +297,6 @@ def seed_band(curves: Sequence[tuple], ddof: int = 0):
 def wrap_title(title: str, width: int = 115) -> str:
   """``title`` broken at spaces into lines of at most ``width`` characters (a 10-inch
   figure's suptitle at font size 9-10)."""
-  import textwrap  # pylint: disable=g-import-not-at-top
   return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
 
 
@@ -396,7 +397,6 @@ def model_label(data_cfg, model: str) -> str:
   """The model built: ``model``, or for "auto" the data set's default model."""
   if model != "auto":
     return model
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   try:
     return models.default_model_for(data_cfg.dataset)
   except ValueError:

@@ -39,6 +39,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from fedjax_async import distributed
 from fedjax_async.rounds import timeline as timeline_lib
 
 CLIENT_AXIS = "clients"
@@ -146,7 +147,6 @@ def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence
     if hasattr(state, "client_state"):
       state_s = state_s._replace(client_state={k: split for k in state.client_state})
   if jax.process_count() > 1:
-    from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
     put = lambda tree, shardings: jax.tree.map(
         lambda x, s: x if getattr(x, "sharding", None) == s else distributed.place(
             jax.device_get(x), s), tree, shardings)

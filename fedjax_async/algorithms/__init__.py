@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Optional, Tuple
 
+from fedjax_async.algorithms import base
+
 ENGINES = ("rounds", "virtual_clock")
 
 # name -> (engine, module). Adding an algorithm: its module, and one line here (the engine
@@ -49,7 +51,6 @@ def register(algorithm, replace: bool = False):
   process (``simulate(algorithm=name)``, validation, the CLI when registered before its
   flags are parsed); its engine is its rule's (``Algorithm.engine``). A name already
   taken is refused unless ``replace`` (a built-in name never is). Returns ``algorithm``."""
-  from fedjax_async.algorithms import base  # pylint: disable=g-import-not-at-top
   if not isinstance(algorithm, base.Algorithm):
     raise TypeError(f"register: expected a fedjax_async.algorithms.base.Algorithm, got "
                     f"{type(algorithm).__name__}")

@@ -30,23 +30,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
+from fedjax_async.algorithms import privaasyncfed
+from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
+                                              seeds_of, validate)
+from fedjax_async.asynchronous import engine as async_engine
+from fedjax_async.asynchronous import report
+from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async import checkpoint as checkpoint_lib
-from fedjax_async.core import client as client_lib
 from fedjax_async import config as config_lib
+from fedjax_async.config import check
+from fedjax_async.core import building
+from fedjax_async.core import client as client_lib
+from fedjax_async.core import device
+from fedjax_async.core import divergence
+from fedjax_async import cost
 from fedjax_async import loop
+from fedjax_async import models
 from fedjax_async import outputs
 from fedjax_async import privacy
 from fedjax_async import results
 from fedjax_async import sharding
-from fedjax_async.asynchronous import engine as async_engine
-from fedjax_async.asynchronous import report
-from fedjax_async.asynchronous import virtual_clock as vc
-from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
-                                              seeds_of, validate)
-from fedjax_async.config import check
-from fedjax_async.core import device
-from fedjax_async.core import divergence
-from fedjax_async.core import building
 
 
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
@@ -79,7 +82,6 @@ def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
   build logistic regression; the paper's is LeNet)."""
   if "privaasyncfed" not in cfg.algorithm.names.split(","):
     return cfg
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   set_ = {}
   if not cfg.clock.device_classes:
     set_["device_classes"] = "privaasyncfed"
@@ -139,7 +141,6 @@ def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input
   """The data and the model (name, w0, apply_flat, params, and when ``pruned``
   (PrivaAsyncFed) its layers in call order for the sub-model masks); ``fed`` / ``module``
   (a flax module on ``input_shape``, default the data's): the caller's own."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   if fed is None:
     try:
       fed = building.load_data(cfg)
@@ -162,7 +163,6 @@ def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input
     if module is not None or apply_flat.collections:
       raise config_lib.ConfigError("model", "PrivaAsyncFed's sub-models need one of the "
                                    "project's models (--model), not a user module")
-    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
     order = privaasyncfed.call_order(model, input_shape)
   return fed, (name, w0, apply_flat, params, order)
 
@@ -208,13 +208,11 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
                                  **building.augmentation(cfg, fed))
   ecfg, mesh = _engine_config(cfg, local, schedule.ring_size)
   if algorithm.pruned:
-    from fedjax_async.algorithms import privaasyncfed  # pylint: disable=g-import-not-at-top
     masks = privaasyncfed.scale_masks(params, order, scales)
     scale_index = schedule.clients.scale_index
   else:
     masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
   steps = async_engine.client_steps(schedule, counts, local)
-  from fedjax_async import cost  # pylint: disable=g-import-not-at-top
   estimate = cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
                                 ecfg.group_size, schedule.ring_size)
   cost.announce(estimate, cost.VIRTUAL_CLOCK_SMALLER, run_name)

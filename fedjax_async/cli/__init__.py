@@ -1,7 +1,7 @@
 """The command-line layer, the only part of the library that imports absl: the run flags
 made from ``RunConfig``'s defaults and flags -> config (``run_flags``), the commands that
 run them, the sweep's and the data command's flags (``commands``). The library takes
-dataclasses; importing this package does not load JAX.
+dataclasses.
 
   cli.define_run_flags()
   app.run(lambda argv: cli.main_from_flags(flags.FLAGS), flags_parser=cli.parse_flags)

@@ -8,16 +8,26 @@ import signal
 import sys
 from typing import Dict, List
 
+from absl import app
 from absl import flags
+from absl import logging
+import jax
 
+from fedjax_async import api
+from fedjax_async import data
+from fedjax_async import distributed
+from fedjax_async import interrupts
+from fedjax_async import outputs
+from fedjax_async import sharding
 from fedjax_async.cli import help as help_lib
 from fedjax_async.cli.run_flags import as_flags, config_from_flags, parse_flags
+from fedjax_async.rounds import engine
+from fedjax_async.sweeps import sweep
 
 
 def quiet_library_logs(FLAGS):
   """orbax logs every checkpoint step at INFO through absl; keep the progress lines
   readable unless the user asked for a --verbosity."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
   if "verbosity" not in FLAGS or not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 
@@ -26,7 +36,6 @@ def join_processes(FLAGS):
   """``--coordinator_address`` / ``--num_processes`` / ``--process_id`` or ``--distributed``:
   joins the other processes (``distributed.initialize``); their console output goes to
   process 0's (the others print errors only)."""
-  from fedjax_async import distributed  # pylint: disable=g-import-not-at-top
   if distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                             FLAGS.process_id, auto=FLAGS.distributed):
     if not distributed.is_main():
@@ -41,7 +50,6 @@ def main_from_flags(FLAGS):
   """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, each error as
   one ``error:`` line naming the flag, Ctrl-C / SIGTERM as one line and exit status
   130 / 143."""
-  from fedjax_async import interrupts, outputs, sharding  # pylint: disable=g-import-not-at-top
   quiet_library_logs(FLAGS)
   outputs.name_fields = as_flags  # the console's messages name the flags
   try:
@@ -64,9 +72,6 @@ def main_from_flags(FLAGS):
 
 
 def _main(cfg):
-  import jax  # pylint: disable=g-import-not-at-top
-  from fedjax_async import api  # pylint: disable=g-import-not-at-top
-  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   try:
     result = api.simulate(cfg)
   except engine.Diverged as e:
@@ -88,7 +93,6 @@ SWEEP_UNSUPPORTED_FLAGS = ("tensorboard",)
 
 def define_sweep_flags():
   """--num_seeds, --max_runs_per_computation and --sweep_<name> for each sweepable name."""
-  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
   flags.DEFINE_integer("num_seeds", 1, "Seeds --seed .. --seed+num_seeds-1 per setting.")
   flags.DEFINE_integer("max_runs_per_computation", 0,
                        "Split the runs of an algorithm into vmapped computations of at most "
@@ -103,7 +107,6 @@ def define_sweep_flags():
 
 def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
   """``{name: values}`` of the given --sweep_<name> flags (ValueError naming the flag)."""
-  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
   out = {}
   for name in sweep.SWEEPABLE:
     values = sweep.parse_values(f"sweep_{name}", getattr(FLAGS, f"sweep_{name}"))
@@ -127,8 +130,6 @@ def check_sweep_flags(FLAGS) -> None:
 
 def sweep_main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
-  from fedjax_async import interrupts, outputs, sharding  # pylint: disable=g-import-not-at-top
-  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
   try:
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)
@@ -160,7 +161,6 @@ def sweep_main_from_flags(FLAGS):
 
 def define_data_flags():
   """The flags of ``python -m fedjax_async.data`` (one data set's partition, printed)."""
-  from fedjax_async import data  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("dataset", "fashion_mnist", f"One of {data.DATASETS} or a tfds name.")
   flags.DEFINE_string("partition", "shards", f"One of {data.PARTITIONS}.")
   flags.DEFINE_integer("num_clients", 100, "Number of clients.")
@@ -186,8 +186,6 @@ def define_data_flags():
 def data_main():
   """``python -m fedjax_async.data``: loads and partitions a data set, prints its label
   histogram per client (``--png``: and draws it)."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from fedjax_async import data  # pylint: disable=g-import-not-at-top
   fl = define_data_flags()
 
   def _run(argv):

@@ -10,8 +10,14 @@ from typing import Dict, List
 
 from absl import flags
 
+from fedjax_async import algorithms
+from fedjax_async.asynchronous import config as async_config
 from fedjax_async.cli import help as help_lib
+from fedjax_async import config
+from fedjax_async import data
 from fedjax_async.data import loader
+from fedjax_async.fededs import config as fededs_config
+from fedjax_async import models
 
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.
@@ -23,9 +29,6 @@ def as_flags(message: str) -> str:
   ``--lr: must be > 0`` (the CLI's view of a library error), for the paths of
   ``RunConfig``, the virtual clock's ``AsyncRunConfig`` and FedEDS's
   ``FedEDSRunConfig``."""
-  from fedjax_async import config  # pylint: disable=g-import-not-at-top
-  from fedjax_async.asynchronous import config as async_config  # pylint: disable=g-import-not-at-top
-  from fedjax_async.fededs import config as fededs_config  # pylint: disable=g-import-not-at-top
   by_path = {spec.path: name for cls in (config.RunConfig, async_config.AsyncRunConfig,
                                          fededs_config.FedEDSRunConfig)
              for name, spec in config.flag_specs(cls).items()}
@@ -103,7 +106,6 @@ def did_you_mean(value: str, known) -> str:
 
 def _known_names(flag: str):
   """The names ``--flag`` takes (every engine's algorithms), or None."""
-  from fedjax_async import algorithms, data, models  # pylint: disable=g-import-not-at-top
   return {"algorithm": algorithms.names(), "dataset": data.DATASETS,
           "model": ("auto",) + tuple(models.MODEL_NAMES)}.get(flag)
 
@@ -140,7 +142,6 @@ def define_run_flags():
 def define_config_flags(config_class=None):
   """One flag per field of ``config_class`` (default ``RunConfig``;
   ``config.flag_specs``: its name, type, default, help and choices)."""
-  from fedjax_async import config  # pylint: disable=g-import-not-at-top
   define = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
             "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
   for name, spec in config.flag_specs(config_class or config.RunConfig).items():
@@ -172,7 +173,6 @@ def _define_process_flags():
 def config_from_flags(FLAGS):
   """The ``RunConfig`` of the parsed run flags, validated; a ValueError names the flag
   (``as_flags`` of the library's field path)."""
-  from fedjax_async import config  # pylint: disable=g-import-not-at-top
   try:
     cfg = config.RunConfig.from_flat({name: FLAGS[name].value
                                       for name in config.flag_specs(config.RunConfig)})

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import jax
+from fedjax_async.core import augment as augment_lib
+from fedjax_async import data as data_lib
+from fedjax_async.data import loader
+from fedjax_async import models
 
 
 def load_data(cfg):
   """The federated data set of ``cfg.data`` (any engine's configuration)."""
-  from fedjax_async import data as data_lib  # pylint: disable=g-import-not-at-top
   d = cfg.data
   return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
                        alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
@@ -22,8 +25,6 @@ def augmentation(cfg, fed_data) -> dict:
   """``client.LocalConfig``'s augmentation fields for ``cfg.local.augment`` on
   ``fed_data`` (crop_flip's padding: a black pixel under ``cfg.data.normalize``); a
   ValueError names local.augment when the data are not images."""
-  from fedjax_async.core import augment as augment_lib  # pylint: disable=g-import-not-at-top
-  from fedjax_async.data import loader  # pylint: disable=g-import-not-at-top
   kind = getattr(cfg.local, "augment", "none")
   if kind == "none":
     return {}
@@ -35,7 +36,6 @@ def augmentation(cfg, fed_data) -> dict:
 def build_model(cfg, fed_data):
   """(name, flat initial weights, apply) of ``cfg.model`` for ``fed_data``; a ValueError
   names model.name."""
-  from fedjax_async import models  # pylint: disable=g-import-not-at-top
   input_shape = tuple(fed_data.x.shape[2:])
   label_shape = tuple(fed_data.y.shape[2:])  # () classes, (T,) token sequences
   vocab = getattr(fed_data, "input_vocab", 0)

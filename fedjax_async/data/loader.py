@@ -3,6 +3,7 @@ of the runs)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import List, Optional
 
@@ -11,6 +12,7 @@ import numpy as np
 from fedjax_async.data.federated import (DATA_SOURCES, DATASETS,
                                          DEFAULT_FASHION_MNIST_DIR, PARTITIONS,
                                          FederatedData, federate, make_partition)
+from fedjax_async.data import fedjax_sqlite, leaf, tff_sqlite
 from fedjax_async.data.sources import IDX_STEMS, find_idx, load_idx_dataset, load_tfds, synthetic
 
 
@@ -171,7 +173,6 @@ NATURAL_FORMATS = (("fedjax_", "fedjax_sqlite"), ("tff_", "tff_sqlite"), ("leaf_
 
 
 def _natural_names():
-  from fedjax_async.data import fedjax_sqlite, leaf, tff_sqlite  # pylint: disable=g-import-not-at-top
   return fedjax_sqlite.DATASETS + tff_sqlite.DATASETS + leaf.DATASETS
 
 
@@ -185,7 +186,6 @@ def load_natural(name: str, data_dir: Optional[str], *, normalize: str = "none",
   """A natural data set from its format's files in ``data_dir`` (``fedjax_sqlite``,
   ``tff_sqlite``, ``leaf``): its own clients and test split, clients held lazily
   (``natural``); errors name data.data_dir or the file."""
-  import importlib  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(
       "fedjax_async.data." + next(m for p, m in NATURAL_FORMATS if name.startswith(p)))
   if not data_dir:

@@ -24,6 +24,7 @@ BOS 1, EOS 2; ``core.tokens``).
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -150,7 +151,6 @@ def sent140_vocabulary(texts: Iterable[str], embeddings: Optional[str] = None) -
   """``embeddings``' (LEAF's ``embs.json``) vocabulary when given, else the training
   texts' words, most frequent first (ties by word)."""
   if embeddings is not None:
-    import json  # pylint: disable=g-import-not-at-top
     with open(embeddings, encoding="utf-8") as f:
       return list(json.load(f)["vocab"])
   counts = collections.Counter(w for t in texts for w in sent140_words(t))

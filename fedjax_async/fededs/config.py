@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from fedjax_async.config import check_finite
 from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
 
 VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
@@ -135,7 +136,6 @@ def _numbers(text: str, field: str, kind):
 def validate(cfg: FedEDSRunConfig):
   """(alphas, Ks, bases, variants); ``ConfigError`` naming the field at fault."""
   check_types(cfg)
-  from fedjax_async.config import check_finite  # pylint: disable=g-import-not-at-top
   check_finite(cfg)
   g, t, a = cfg.grid, cfg.training, cfg.alg1
   alphas, ks = _numbers(g.alphas, "grid.alphas", float), _numbers(g.num_clients,

@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async.core import client as client_lib
 from fedjax_async.algorithms import base
+from fedjax_async.core import client as client_lib
 from fedjax_async.fededs.generation import SharedData, Training, sgd, train_chunk
 from fedjax_async.fededs.model import SplitModel
 from fedjax_async.fededs.schedule import FedEDSConfig, round_hparams
 from fedjax_async.fededs.transfer import ID_KEY, install_client_ids, take_layer, transfer_loss
+from fedjax_async.rounds import engine
 
 Array = jax.Array
 
@@ -38,7 +39,6 @@ def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int =
                seed: int = 0):
   """``engine.init_state`` with the client ids a wrapped algorithm keeps installed: the
   state ``run`` starts from, and the template a checkpoint is restored into."""
-  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   state = engine.init_state(algorithm, w0, num_clients, ring_size, seed)
   if ID_KEY in state.client_state:
     state = install_client_ids(state)
@@ -58,7 +58,6 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
   of round t continues with round t, as the uninterrupted run would. Each row carries the
   round's ``local_epochs`` (E_t) and ``lambda_dis`` already when ``on_chunk(state, rows)``
   sees it (so a checkpoint stores them)."""
-  from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   num_clients = int(data.counts.shape[0])
   max_examples = int(data.x.shape[1])
   if state is None:

@@ -33,22 +33,23 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async.config import ConfigError, check
+from fedjax_async.core.progress import Progress
 from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
+from fedjax_async.data import FederatedData
+from fedjax_async.fededs import alg1, report, store
+from fedjax_async.fededs.config import VARIANTS, FedEDSRunConfig, validate
+from fedjax_async.fededs import engine as fededs_engine
+from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
+from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
+from fedjax_async.fededs.transfer import wrap
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
-from fedjax_async.config import ConfigError, check
-from fedjax_async.fededs import alg1, report, store
-from fedjax_async.fededs import engine as fededs_engine
-from fedjax_async.fededs.config import VARIANTS, FedEDSRunConfig, validate
-from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
-from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
-from fedjax_async.fededs.transfer import wrap
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import timeline as timeline_lib
-from fedjax_async.core.progress import Progress
 
 class DataError(ValueError):
   """Fashion-MNIST cannot be read: the message names the file (and data.data_dir)."""
@@ -124,7 +125,6 @@ def own_data_check(cfg: FedEDSRunConfig, fed, variants):
   """``data=``: what FedEDS needs of it (ConfigError naming ``data`` or ``model.name``):
   image examples [H, W, C] with H and W divisible by 4 when Alg. 1's UNet encryptor runs
   (a sharing variant, run.privacy or alg1.utility_epochs), and a model that takes them."""
-  from fedjax_async.data import FederatedData  # pylint: disable=g-import-not-at-top
   if not isinstance(fed, FederatedData):
     raise ConfigError("data", "expected a FederatedData (fa.data.from_arrays, "
                       f"fa.data.from_clients), got {type(fed).__name__}")

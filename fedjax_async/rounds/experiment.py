@@ -26,19 +26,20 @@ from fedjax_async import algorithms
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.core import client as client_lib
 from fedjax_async.core import divergence
-from fedjax_async.rounds import engine
+from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import results
-from fedjax_async import distributed
-from fedjax_async import sharding
+from fedjax_async.rounds import engine
 from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async import sharding
 
 from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
-from fedjax_async.core import streaming
 from fedjax_async.core.building import augmentation, build_model, load_data
 from fedjax_async.core.progress import CompileTimer, Overall, Progress, log_interval
+from fedjax_async.core import streaming
+from fedjax_async import cost
 from fedjax_async.interrupts import Interrupted
 from fedjax_async import outputs
 from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
@@ -87,7 +88,6 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   start_round = int(state.round)
   first_chunk = None
   if start_round < cfg.run.rounds and distributed.is_main():  # what it will take, first
-    from fedjax_async import cost  # pylint: disable=g-import-not-at-top
     estimate = cost.round_engine(cfg, fed_data, model)
     cost.announce(estimate, cost.ROUND_ENGINE_SMALLER, name)
     first_chunk = loop.first_length(estimate, cfg.run.rounds)
