@@ -19,6 +19,7 @@ import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
+from fedjax_async import figures
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import models
 
@@ -35,6 +36,13 @@ def warn(message: str):
 
 def json_row(row: dict) -> str:
   return json.dumps(checkpoint_lib.to_json_ready(row))
+
+
+def _tensorboardx():
+  """(event_file_writer, summary, event_pb2) of tensorboardX, imported on first use."""
+  from tensorboardX import event_file_writer, summary  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  return event_file_writer, summary, event_pb2
 
 
 class TensorBoard:
@@ -55,8 +63,7 @@ class TensorBoard:
     self.purge_step, self.writer = purge_step, None
 
   def _open(self):
-    from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
-    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    event_file_writer, _, event_pb2 = _tensorboardx()
     os.makedirs(self.directory, exist_ok=True)
     self.writer = event_file_writer.EventsWriter(
         os.path.join(self.directory, "events"), f".{os.getpid()}.{next(self._files)}")
@@ -69,8 +76,7 @@ class TensorBoard:
     """Appends the rows' numeric fields (step = the 0-based round) and syncs the file."""
     if self.directory is None or not rows:
       return
-    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
-    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    _, summary, event_pb2 = _tensorboardx()
     if self.writer is None:
       self._open()
     now = time.time()
@@ -323,10 +329,7 @@ def plot_curves(runs: Dict[str, list], path: str, x_key: str = "round", title: s
   smoothed, an EMA of weight ``loss_ema`` (None: ``ema_weight`` of the longest run), the
   raw loss faint behind it. Returns the number of curves drawn (faint raw losses not
   counted)."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(10.0, 3.8))
-  FigureCanvasAgg(fig)
+  fig = figures.new_figure((10.0, 3.8))
   per_run = {n: v if v and isinstance(v[0], list) else [v] for n, v in runs.items()}
   if loss_ema is None:
     loss_ema = ema_weight(max([sum(r.get("train_loss") is not None for r in rows)

@@ -25,7 +25,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "fedjax_async")
 PKG = "fedjax_async"
 
 LAYERS = {
-    "base": ["flatkeys", "interrupts", "distributed", "compilation", "metrics", "privacy",
+    "base": ["flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics", "privacy",
              "layers", "algorithms.base", "rounds.timeline", "asynchronous.virtual_clock",
              "fededs.schedule", "fededs.privacy", "data", "crypto"],
     "core": ["core", "models", "text_models", "sharding", "checkpoint", "algorithms"],

@@ -286,6 +286,33 @@ def with_state(apply_flat: Callable, w, state):
   return apply_flat.set_state(w, state) if state else w
 
 
+def _penalty_pieces(apply_flat, w_start, client_state):
+  """[(w_start's piece, {state name: its piece})] per piece of ``apply_flat.split``, split
+  once per client (a ``separable_penalty`` summed over them); None without a split."""
+  split = getattr(apply_flat, "split", None)
+  if split is None:
+    return None
+  start_pieces = split(w_start)
+  state_pieces = [dict(zip(client_state, p))
+                  for p in zip(*(split(v) for v in client_state.values()))]
+  return list(zip(start_pieces, state_pieces or [{}] * len(start_pieces)))
+
+
+def _clipped_mean_grad(apply_flat, w, xb, yb, m, rng, mask, clip: float, precision: str):
+  """mean_i clip(mask * grad CE_i) over the batch's real rows (PrivaAsyncFed's per-example
+  DP gradient)."""
+
+  def one(xi, yi, i):
+    r = jax.random.fold_in(rng, i)
+    f = lambda w: masked_cross_entropy(forward(apply_flat, w, xi[None], r, precision)[0],
+                                       yi[None], jnp.ones((1,), bool))
+    return clip_by_norm(jax.grad(f)(w) * mask, clip)
+
+  gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
+  mf = m.astype(gs.dtype)
+  return jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
+
+
 def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, client_state,
                      hp, cfg: LocalConfig, budget, dropout_key, *, mask=None,
                      privatize: Optional[Privatize] = None, noise_key=None,
@@ -293,8 +320,8 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   """(optimizer, client_step) for one client; ``client_step(carry, batch) -> carry``.
 
   ``carry = (w, opt_state, loss_sum)``, ``w`` flat or ``local_params``' pieces (with
-  ``stop_below``, ``+ (done, steps_taken)``); ``batch = (s, x_b, y_b, mask_b)``. One optax step on f_i(w) + algorithm.local_penalty(w, w_start, state) over the
-  minibatch, ``loss_sum`` adding f_i (the data loss: a metric comparable across
+  ``stop_below``, ``+ (done, steps_taken)``); ``batch = (s, x_b, y_b, mask_b)``. One
+  optax step on f_i(w) + algorithm.local_penalty(w, w_start, state) over the minibatch, ``loss_sum`` adding f_i (the data loss: a metric comparable across
   algorithms); a step with ``s >= budget`` (past E_i * ceil(n_i / B)) leaves the carry
   unchanged. With pieces the penalty sees ``w`` flat (a concatenation per step, dead code
   when there is no penalty), or, for a ``separable_penalty``, is summed over the pieces
@@ -302,17 +329,13 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   ``mask [d]`` (flat ``w`` only): gradients and noise only reach the masked-in
   coordinates (PrivaAsyncFed's sub-models). ``privatize``: DP clipping and noise
   (``noise_key`` draws the noise). ``stop_below``: a step whose minibatch objective (data
-  loss + penalty) is at or below it is not taken, nor any after it. A model with batch statistics has them replaced by
-  the pass's new values after each step (no gradient reaches them).
+  loss + penalty) is at or below it is not taken, nor any after it. A model with batch
+  statistics has them replaced by the pass's new values after each step (no gradient reaches them).
   """
   opt = local_optimizer(hp, cfg)
-  split = getattr(apply_flat, "split", None)
   pieces = None
-  if algorithm.separable_penalty and split is not None and mask is None and privatize is None:
-    start_pieces = split(w_start)  # split once, not every step
-    state_pieces = [dict(zip(client_state, p))
-                    for p in zip(*(split(v) for v in client_state.values()))]
-    pieces = list(zip(start_pieces, state_pieces or [{}] * len(start_pieces)))
+  if algorithm.separable_penalty and mask is None and privatize is None:
+    pieces = _penalty_pieces(apply_flat, w_start, client_state)
 
   def penalty(w):
     if pieces is not None and isinstance(w, tuple):
@@ -328,26 +351,14 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   # gradient), so XLA drops its pass over the parameters.
   grad_fn = with_precision(jax.value_and_grad(loss_fn, has_aux=True), cfg.precision)
 
-  def per_example_grad(w, xb, yb, m, rng):
-    """mean_i clip(grad CE_i) over the batch's real rows + grad of the penalty."""
-
-    def one(xi, yi, i):
-      r = jax.random.fold_in(rng, i)
-      f = lambda w: masked_cross_entropy(forward(apply_flat, w, xi[None], r, cfg.precision)[0],
-                                         yi[None], jnp.ones((1,), bool))
-      return clip_by_norm(jax.grad(f)(w) * mask, privatize.clip)
-
-    gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
-    mf = m.astype(gs.dtype)
-    g = jnp.einsum("b,bd->d", mf, gs) / jnp.maximum(jnp.sum(mf), 1.0)
-    return g + jax.grad(penalty)(w)
-
   def gradient(w, xb, yb, m, rng):
     """(objective, data loss, gradient, new model state) of the step's minibatch."""
     if privatize is not None and privatize.per_example:
       logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
       loss = masked_cross_entropy(logits, yb, m)
-      return loss + penalty(w), loss, per_example_grad(w, xb, yb, m, rng), state
+      g = _clipped_mean_grad(apply_flat, w, xb, yb, m, rng, mask, privatize.clip,
+                             cfg.precision)
+      return loss + penalty(w), loss, g + jax.grad(penalty)(w), state
     (objective, (loss, state)), g = grad_fn(w, xb, yb, m, rng)
     if mask is not None:
       g = g * mask

@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_async import figures
+
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("synthetic", "synthetic_iid", "fashion_mnist", "mnist", "cifar10", "cifar100")
 PARTITIONS = ("iid", "shards", "dirichlet")
@@ -333,17 +335,12 @@ def format_histogram(hist: np.ndarray) -> str:
 
 def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   """Heat map clients x classes with a colorbar (Agg canvas; the global backend is untouched)."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   hist = np.asarray(hist)
   n, c = hist.shape
-  fig = Figure(figsize=(max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
-  FigureCanvasAgg(fig)
+  fig = figures.new_figure((max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
   ax = fig.add_subplot(1, 1, 1)
   im = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="viridis")
-  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+  figures.integer_ticks(ax)
   ax.set_xlabel("class")
   ax.set_ylabel("client")
   ax.set_title(title)

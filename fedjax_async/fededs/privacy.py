@@ -8,6 +8,8 @@ from typing import Dict, Sequence
 import jax
 import numpy as np
 
+from fedjax_async import figures
+
 
 Array = jax.Array
 
@@ -80,14 +82,12 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
                          title: str = "") -> None:
   """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer);
   ``title`` above it (the data set and setting)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   rows = [np.asarray(originals), np.asarray(encrypted)]
   if encrypted_without is not None:
     rows.append(np.asarray(encrypted_without))
   n = rows[0].shape[0]
-  fig, axes = plt.subplots(len(rows), n, figsize=(1.2 * n, 1.3 * len(rows)), squeeze=False)
+  fig = figures.new_figure((1.2 * n, 1.3 * len(rows)))
+  axes = fig.subplots(len(rows), n, squeeze=False)
   for r, imgs in enumerate(rows):
     for c in range(n):
       ax = axes[r, c]
@@ -104,4 +104,3 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
     fig.suptitle(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)

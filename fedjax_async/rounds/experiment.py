@@ -93,21 +93,8 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     first_chunk = loop.first_length(estimate, cfg.run.rounds)
   if overall is not None:
     overall.skip(start_round)
-  progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
-                      every=log_interval(cfg.output.log_every, cfg.run.rounds))
-  ecfg = setup.run_ecfg
-  if not quiet:  # a line from inside a long compiled chunk of rounds
-    ecfg = dataclasses.replace(ecfg, progress=progress.tick)
-  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
-  # event files is purged (session restart at step 0), the restored rows written again.
-  metrics = loop.MetricsFile(
-      os.path.join(out_dir, "metrics.jsonl") if writes else None,
-      resumed.rows if resumed else (),
-      TensorBoard(out_dir, cfg.output.tensorboard and writes,
-                  purge_step=0 if cfg.output.resume else None))
-  host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
-                       None if quiet else progress,
-                       resumed.wall_before if resumed else 0.0, callbacks)
+  ecfg, metrics, host = _host_loop(cfg, name, setup, out_dir if writes else None, ckpt,
+                                   resumed, quiet, start_round, position, overall, callbacks)
   # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
   # the chunk of rounds it arrives in, saving that state; a second one stops at once.
   stop_softly = (interrupts.graceful(
@@ -139,20 +126,49 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     metrics.close()
     if ckpt is not None:
       ckpt.close()
-  rows = metrics.rows
-  summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
-                      num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=host.wall(),
-                      config=config_dict(cfg))
-  if stopped_early:
-    summary["stopped_early_at_round"] = int(state.round)
-  if cfg.crypto.secure_aggregation == "ckks":
-    summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
-  if writes:
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+  summary = _summary(cfg, name, fed_data, model, setup, metrics.rows, host.wall(),
+                     int(state.round) if stopped_early else None, out_dir if writes else None)
   if finished_interrupted is not None:
     raise finished_interrupted
-  return Run(summary, rows, state, model)
+  return Run(summary, metrics.rows, state, model)
+
+
+def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: bool,
+               start_round: int, position, overall, callbacks):
+  """(engine config with the progress tick, metrics file, ``loop.HostLoop``) of a run
+  whose files go to ``out_dir`` (None: written nowhere)."""
+  progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
+                      every=log_interval(cfg.output.log_every, cfg.run.rounds))
+  ecfg = setup.run_ecfg
+  if not quiet:  # a line from inside a long compiled chunk of rounds
+    ecfg = dataclasses.replace(ecfg, progress=progress.tick)
+  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
+  # event files is purged (session restart at step 0), the restored rows written again.
+  metrics = loop.MetricsFile(
+      os.path.join(out_dir, "metrics.jsonl") if out_dir is not None else None,
+      resumed.rows if resumed else (),
+      TensorBoard(out_dir, cfg.output.tensorboard and out_dir is not None,
+                  purge_step=0 if cfg.output.resume else None))
+  host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
+                       None if quiet else progress,
+                       resumed.wall_before if resumed else 0.0, callbacks)
+  return ecfg, metrics, host
+
+
+def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: float,
+             stopped_early_at: Optional[int], out_dir) -> dict:
+  """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere)."""
+  summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
+                      num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=wall,
+                      config=config_dict(cfg))
+  if stopped_early_at is not None:
+    summary["stopped_early_at_round"] = stopped_early_at
+  if cfg.crypto.secure_aggregation == "ckks":
+    summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
+  if out_dir is not None:
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return summary
 
 
 

@@ -21,6 +21,7 @@ from fedjax_async import outputs
 from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import distributed
+from fedjax_async import figures
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 
@@ -109,10 +110,7 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
   dashed level for an algorithm that does not use the first swept name; without swept
   values, one bar per algorithm with its std. Returns the number of curves
   (or bars) per panel."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(10.0, 4.0))
-  FigureCanvasAgg(fig)
+  fig = figures.new_figure((10.0, 4.0))
   kept = lambda pts: "/".join(  # seeds in the means (the diverged ones left out)
       map(str, sorted({r["num_seeds"] - r.get("diverged", 0) for r in pts})))
   drawn = 0
