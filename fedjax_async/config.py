@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 from fedjax_async import algorithms
 from fedjax_async.algorithms import fedadmm
+from fedjax_async.algorithms.server_optimizers import SERVER_OPTIMIZERS
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
     ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
@@ -81,7 +82,7 @@ class AlgorithmConfig:
   server_optimizer: str = option(
       "sgd", "Server optimiser on the round's step (Reddi et al. 2021): sgd (the rule "
       "itself) | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi); eta = "
-      "algorithm.server_lr.", choices=("sgd", "momentum", "adam", "yogi"))
+      "algorithm.server_lr.", choices=SERVER_OPTIMIZERS)
   server_beta1: float = option(0.9, "beta_1 of the server optimiser (momentum's decay).")
   server_beta2: float = option(0.99, "beta_2 of the adam / yogi server optimisers.")
   server_tau: float = option(1e-3, "tau, adam / yogi's adaptivity (optax's eps).")
@@ -341,8 +342,8 @@ def _validate_algorithm(cfg: RunConfig):
     check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
           f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
     check(math.isfinite(v), f"algorithm.hp.{k}", f"must be a finite number, got {v}")
-  check(a.server_optimizer in ("sgd", "momentum", "adam", "yogi"),
-        "algorithm.server_optimizer", "must be sgd, momentum, adam or yogi, got "
+  check(a.server_optimizer in SERVER_OPTIMIZERS,
+        "algorithm.server_optimizer", f"must be one of {', '.join(SERVER_OPTIMIZERS)}, got "
         f"{a.server_optimizer!r}")
   for k in ("server_beta1", "server_beta2"):
     check(0 <= getattr(a, k) < 1, f"algorithm.{k}", f"must be in [0, 1), got {getattr(a, k)}")

@@ -179,3 +179,42 @@ def test_the_checks_catch_a_planted_upward_import_and_circle(monkeypatch):
     test_no_import_goes_up_a_layer()
   with pytest.raises(AssertionError):  # api imports metrics (via others): a circle
     test_no_import_circle()
+
+
+# Dependencies a module may import inside a function (loaded only by the features that use
+# them): everything else, the project's own modules first, is imported at the top.
+OPTIONAL = ("openfhe", "ray", "tensorflow_datasets", "matplotlib", "tensorboardX", "pandas",
+            "psutil", "msgpack", "fedjax_async.crypto")
+
+
+def lazy_imports(path: str):
+  """(line, imported module) of each import inside a function of ``path``."""
+  out = []
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for inner in ast.walk(node):
+        if isinstance(inner, ast.Import):
+          out += [(inner.lineno, a.name) for a in inner.names]
+        elif isinstance(inner, ast.ImportFrom):
+          out.append((inner.lineno, inner.module or ""))
+  return sorted(set(out))
+
+
+def test_only_optional_dependencies_are_imported_inside_functions():
+  bad, count = [], 0
+  for m, path in MODULES.items():
+    for line, name in lazy_imports(path):
+      count += 1
+      if not any(name == o or name.startswith(o + ".") for o in OPTIONAL):
+        bad.append(f"{os.path.relpath(path, ROOT)}:{line} imports {name} in a function")
+  assert not bad, "\n".join(bad)
+  assert count <= 20, f"{count} imports inside functions (at most 20)"
+
+
+def test_the_lazy_import_check_sees_a_planted_one(tmp_path, monkeypatch):
+  path = tmp_path / "planted.py"
+  path.write_text("import os\n\ndef f():\n  from fedjax_async import api\n  import pandas\n")
+  assert lazy_imports(str(path)) == [(4, "fedjax_async"), (5, "pandas")]
+  monkeypatch.setitem(MODULES, "fedjax_async.planted", str(path))
+  with pytest.raises(AssertionError, match="planted.py:4 imports fedjax_async in a function"):
+    test_only_optional_dependencies_are_imported_inside_functions()
