@@ -21,7 +21,7 @@ depth 2d + 5), which fits the CNN itself (measured, not extrapolated):
 ``--out_jsonl`` appends one row per size: dim, online, delayed, preset, measured (false
 for an extrapolated row), peak_rss_gib, server_s (S0 + S1, with S0's receiving and the
 messages' deserialisation), client_encrypt_s and client_decrypt_s (per client),
-key_transform_s, the stages, where it ran and (streamed) ``bytes``: the round's messages
+key_transform_s, the stages, where it ran and ``bytes``: the round's messages
 serialised, in bytes per direction (clients->S0, S0->S1, S1->S0, S0->clients), with
 ``wire_s`` the CPU seconds of their (de)serialisation.
 
@@ -294,12 +294,12 @@ def main(argv):
           ring_dim=FLAGS.ring_dim or None, max_delayed=FLAGS.delayed,
           workers=FLAGS.workers, backend=FLAGS.parallel_backend)
       proto.keep_client_models = False  # each recipient's model is sent away
-      proto.wire = wire_lib.Wire()  # messages as bytes, counted
     else:
       proto = secure_ducc.make_protocol(FLAGS.num_clients, dims[0], preset, FLAGS.min_depth,
                                         ring_dim=FLAGS.ring_dim or None, recipients=rec,
                                         workers=FLAGS.workers,
                                         backend=FLAGS.parallel_backend)
+    proto.wire = wire_lib.Wire()  # messages as bytes, counted (both designs)
   except ValueError as e:  # a ring too small for the security level
     raise app.UsageError(f"--ring_dim={FLAGS.ring_dim}: {e}") from None
   setup, setup_cpu = time.perf_counter() - t0, time.process_time() - c0

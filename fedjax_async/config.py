@@ -191,8 +191,9 @@ class OutputConfig:
   output_dir: Optional[str] = option(None, "Where metrics and summaries go.",
                                      cli_default="runs/latest")
   checkpoint_every: int = option(10, "Checkpoint the simulation every k rounds (at the first "
-                                 "chunk boundary at or past each multiple of k, and at the "
-                                 "end) under <output_dir>/checkpoints; 0 = off.")
+                                 "multiple of run.rounds_per_call at or past each multiple "
+                                 "of k, any round under CKKS, and at the end) under "
+                                 "<output_dir>/checkpoints; 0 = off.")
   keep_checkpoints: int = option(2, "Checkpoints kept (max_to_keep).")
   resume: bool = option(False, "Continue from the latest checkpoint in the output directory "
                         "(fresh start when there is none).")

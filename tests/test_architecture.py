@@ -218,3 +218,22 @@ def test_the_lazy_import_check_sees_a_planted_one(tmp_path, monkeypatch):
   monkeypatch.setitem(MODULES, "fedjax_async.planted", str(path))
   with pytest.raises(AssertionError, match="planted.py:4 imports fedjax_async in a function"):
     test_only_optional_dependencies_are_imported_inside_functions()
+
+
+def long_functions(path: str, limit: int = 80):
+  """(name, lines) of each function of ``path`` longer than ``limit`` lines."""
+  return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(open(path).read()))
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_function_is_longer_than_80_lines():
+  long = [f"{os.path.relpath(p, ROOT)}: {name} ({lines} lines)" for p in MODULES.values()
+          for name, lines in long_functions(p)]
+  assert not long, "\n".join(long)
+
+
+def test_the_length_check_sees_a_planted_long_function(tmp_path):
+  path = tmp_path / "planted.py"
+  path.write_text("def f():\n" + "  x = 1\n" * 80 + "\ndef g():\n  return 1\n")
+  assert long_functions(str(path)) == [("f", 81)]

@@ -353,7 +353,7 @@ def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, mo
                              output_dir=str(tmp_path))
   with interrupts.handle_interrupts():
     with pytest.raises(interrupts.Interrupted) as e:
-      experiment.run_one(cfg, "fedavg", out_dir=str(tmp_path), quiet=True)
+      experiment.run(cfg, "fedavg", out_dir=str(tmp_path), quiet=True)
   assert e.value.signum == signal.SIGTERM
   assert str(e.value) == (f"[fedavg] interrupted at round 5/8; the last checkpoint is round "
                           f"4 in {tmp_path / 'checkpoints'}: rerun the same command with "

@@ -277,9 +277,15 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
   tol = secure_ducc.EMPTY_EPS
   r = secure_ducc.BLIND_LOG2_RANGE
 
+  uploads = np.concatenate([online, delayed])
+
   def blinded(v, t, blind=r):
-    assert np.ptp(v) < 1e-4 * abs(v[0]) + 1e-8  # a replicated scalar, nothing else
-    ratio = abs(v[0] / t)
+    # a replicated scalar plus S0's zero-sum Gaussian flood, nothing else: the slots
+    # around their mean are Gaussian (kurtosis 3, 5 sigma) and follow no upload
+    value, noise = entities.replicated_value(v), v - entities.replicated_value(v)
+    assert abs(np.mean(noise ** 4) / np.mean(noise ** 2) ** 2 - 3.0) < 5 * np.sqrt(24 / v.size)
+    assert max(abs(np.corrcoef(noise, u[:v.size])[0, 1]) for u in uploads) < 6 / np.sqrt(v.size)
+    ratio = abs(value / t)
     return 2 ** -blind - 1e-6 <= ratio <= 2 ** blind + 1e-6 and abs(ratio - 1) > 1e-3
 
   assert blinded(log[0], len(online) ** 2 * (m @ m), 2 * r)  # a squared blind for r0^2

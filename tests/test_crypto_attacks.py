@@ -7,7 +7,8 @@ blinds are there to hide, and asserts the attempt fails, with a stated bound on 
 recovers (docs/crypto.md, "Leakage"):
 
 * seed replay: S0's masks regenerated from the run's public seed;
-* two-time pad: masked messages of two runs with the same seed, and of a resumed run;
+* two-time pad: masked messages of two runs with the same seed, and of a resumed run
+  (which hands S0 the client's Enc(w), never w in the clear);
 * padded slots: the key-transformation slots past the model (w = 0 there) read as known
   plaintext, used to identify the mask generator;
 * threshold ratio: the class total relative to the public empty-class tolerance;
@@ -80,8 +81,9 @@ class S1View:
     for name, plain in self.rounds[t]["calls"]:
       if name == "key_transform":
         continue
-      out.append((name, [[Decrypted(v[0]) if isinstance(v, np.ndarray) else float(v)
-                          for v in a] for a in plain if isinstance(a, (list, tuple))]))
+      out.append((name, [[Decrypted(entities.replicated_value(v)) if isinstance(v, np.ndarray)
+                          else float(v) for v in a]
+                         for a in plain if isinstance(a, (list, tuple))]))
     return out
 
 
@@ -101,18 +103,30 @@ def _cfg(out, **kw):
   return config_lib.RunConfig().replace(**base)
 
 
-def _run_spied(cfg, out_dir, monkeypatch):
-  """run_one with S1's view recorded, and the model each round ends with."""
+def _run_spied(cfg, out_dir, monkeypatch, starts=None):
+  """experiment.run with S1's view recorded, and the model each round ends with; ``starts``
+  (a list) gets, per round, the model S0 is handed: "clear" (w_global given), "client"
+  (``model_from_client`` before the round), or "carried"."""
   views, models = [], []
+  starts = [] if starts is None else starts
   make, step = secure_ducc.make_protocol, secure_ducc.secure_pafed_step
+  from_client = secure_ducc.model_from_client
 
   def make_protocol(*args, **kwargs):
     proto = make(*args, **kwargs)
     views.append(S1View(proto.s1))
     return proto
 
+  pending = []
+
+  def model_from_client(proto, w, *args):
+    pending.append(True)
+    return from_client(proto, w, *args)
+
   def secure_pafed_step(proto, *args, **kwargs):
     views[-1].new_round()
+    starts.append("clear" if args[0] is not None else "client" if pending else "carried")
+    pending.clear()
     new_w, timings = step(proto, *args, **kwargs)
     models.append(new_w)
     return new_w, timings
@@ -120,7 +134,8 @@ def _run_spied(cfg, out_dir, monkeypatch):
   with monkeypatch.context() as m:
     m.setattr(secure_ducc, "make_protocol", make_protocol)
     m.setattr(secure_ducc, "secure_pafed_step", secure_pafed_step)
-    experiment.run_one(cfg, "pafed", out_dir=out_dir, quiet=True)
+    m.setattr(secure_ducc, "model_from_client", model_from_client)
+    experiment.run(cfg, "pafed", out_dir=out_dir, quiet=True)
   assert len(views) == 1
   return views[0], models
 
@@ -134,11 +149,13 @@ def runs(tmp_path_factory):
   out = {}
   try:
     cfg = _cfg(root / "a")
-    out["a"] = _run_spied(cfg, str(root / "a"), mp)
+    out["starts"] = {"a": [], "r": []}
+    out["a"] = _run_spied(cfg, str(root / "a"), mp, out["starts"]["a"])
     out["b"] = _run_spied(_cfg(root / "b"), str(root / "b"), mp)
     shutil.copytree(root / "a", root / "r")
     shutil.rmtree(root / "r" / "checkpoints" / "3")
-    out["r"] = _run_spied(_cfg(root / "r", resume=True), str(root / "r"), mp)
+    out["r"] = _run_spied(_cfg(root / "r", resume=True), str(root / "r"), mp,
+                          out["starts"]["r"])
   finally:
     mp.undo()
   with open(root / "a" / "summary.json") as f:
@@ -208,6 +225,17 @@ def test_same_seed_runs_agree_while_their_masks_differ(runs):
   # The resumed run redid round 3 from the round-2 checkpoint: the same model again.
   _, wr = runs["r"]
   np.testing.assert_allclose(wr[-1], wa[-1], atol=1e-5)
+
+
+@pytest.mark.xdist_group("crypto_attack_runs")
+def test_resumed_run_hands_s0_no_plaintext_model(runs):
+  """The resumed run (new keys) starts its round from Enc_pk_s(w^2) that client 0 sends
+  S0 (``secure_ducc.model_from_client``), not from w^2 in the clear; its S1 sees a fresh
+  mask, and the model equals the uninterrupted run's."""
+  assert runs["starts"]["a"] == ["clear", "carried", "carried"], runs["starts"]["a"]
+  assert runs["starts"]["r"] == ["client"], runs["starts"]["r"]
+  _, wr = runs["r"]
+  np.testing.assert_allclose(wr[-1], runs["a"][1][-1], atol=1e-5)
 
 
 @pytest.mark.xdist_group("crypto_attack_runs")

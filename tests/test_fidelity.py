@@ -118,7 +118,7 @@ def test_defaults_run_30_rounds_without_a_non_finite_loss(dataset, model, tmp_pa
   fed = small_data(dataset)
   built = experiment.build_model(cfg, fed)
   for name in ALGS:
-    experiment.run_one(cfg, name, fed, built, out_dir=str(tmp_path / name), quiet=True)
+    experiment.run(cfg, name, fed, built, out_dir=str(tmp_path / name), quiet=True)
     rows = read_rows(tmp_path / name / "metrics.jsonl")
     assert len(rows) == 30 and not any(r["nonfinite"] for r in rows), name
     assert all(np.isfinite(r["test_loss"]) for r in rows if r["test_loss"] is not None)

@@ -98,10 +98,12 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
                                                   phase.arrivals, prev.round, hp)
     np.testing.assert_allclose(np.asarray(states[t + 1].w), np.asarray(w_plain), atol=1e-4,
                                err_msg=f"round {t}")
-    assert sec_rows[t]["conflicting"] == int(metrics["conflicting"]), t
+    # the simulator's diagnostic, named as one (no party computes it)
+    assert sec_rows[t]["sim_conflicting"] == int(metrics["conflicting"]), t
+    assert "conflicting" not in sec_rows[t]
 
   assert sum(r["delayed"] for r in sec_rows) > 0  # DUCC actually ran on stale updates
-  assert sum(r["conflicting"] for r in sec_rows) > 0  # and projected conflicting ones
+  assert sum(r["sim_conflicting"] for r in sec_rows) > 0  # and projected conflicting ones
   assert [r["delayed"] for r in sec_rows] == [r["delayed"] for r in plain_rows]
   # End to end (stable local SGD, see the module docstring).
   np.testing.assert_allclose(np.asarray(sec_state.w), np.asarray(plain_state.w), atol=1e-3)
@@ -164,13 +166,13 @@ def test_next_round_recipients_are_the_clients_dispatched_next_round():
 
 
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
-def test_run_one_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tmp_path,
+def test_a_run_with_ckks_writes_metrics_and_rejects_other_algorithms(setup, tmp_path,
                                                                       capsys):
   cfg = setup[0]
   cfg = cfg.replace(rounds=2, secure_aggregation="ckks",
                             ckks_preset="insecure_test", ckks_min_depth=4,
                             allow_insecure_ckks=True, output_dir=str(tmp_path))
-  summary = experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"))
+  summary = experiment.run(cfg, "pafed", out_dir=str(tmp_path / "pafed")).summary
   assert summary["rounds"] == 2
   rows = open(tmp_path / "pafed" / "metrics.jsonl").read().splitlines()
   assert len(rows) == 2 and "he_key_transform_s" in rows[0]
@@ -220,7 +222,7 @@ def test_max_min_error_is_the_error_of_one_class_weight():
 
 
 def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
-  """The default 128-bit preset (HEStd_128_classic) through ``run_one``: logistic
+  """The default 128-bit preset (HEStd_128_classic) through ``experiment.run``: logistic
   regression, 2 rounds, 6 clients, Min d = 1 (depth 10: OpenFHE's smallest secure ring,
   2^15). Every round's encrypted step equals the plaintext DUCC with the same Min and
   the same empty-class tolerance, and nothing is marked insecure."""
@@ -238,7 +240,7 @@ def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
       delay=timeline_lib.DelayConfig(0.34, "fixed", 1), checkpoint_every=0,
       tensorboard=False, secure_aggregation="ckks", ckks_min_depth=1,
       output_dir=str(tmp_path))
-  summary = experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
+  summary = experiment.run(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True).summary
   assert summary["ckks_security"].startswith("128-bit")
   assert summary["delayed_updates"] >= 1 and len(steps) == 2
   assert "INSECURE" not in capsys.readouterr().err
@@ -340,14 +342,13 @@ def test_a_ckks_run_that_cannot_fit_is_refused_before_any_key_is_made(setup, tmp
   monkeypatch.setattr(secure_engine.secure_ducc, "make_protocol",
                       lambda *a, **k: made.append(1))
   with pytest.raises(ValueError, match="more than the 0.0 GiB available"):
-    experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
+    experiment.run(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
   assert not made
 
 
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once
-def test_a_ctrl_c_mid_round_stops_the_round_and_checkpoints_the_rounds_before(setup,
-                                                                            tmp_path,
-                                                                            monkeypatch):
+def test_a_ctrl_c_mid_round_stops_the_round_and_checkpoints_the_rounds_before(
+    setup, tmp_path, monkeypatch, sigint_default):
   """A first Ctrl-C (only recorded: the run checkpoints) during round 3's CKKS work stops
   that round at its next chunk; the two rounds before it are checkpointed and named."""
   import os  # pylint: disable=g-import-not-at-top,reimported
@@ -368,7 +369,7 @@ def test_a_ctrl_c_mid_round_stops_the_round_and_checkpoints_the_rounds_before(se
   with interrupts.handle_interrupts():
     with pytest.raises(interrupts.Interrupted, match=r"interrupted at round 3/4; the last "
                        r"checkpoint is round 2 in "):
-      experiment.run_one(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
+      experiment.run(cfg, "pafed", out_dir=str(tmp_path / "pafed"), quiet=True)
   assert len(calls) == 3
   rows = open(tmp_path / "pafed" / "metrics.jsonl").read().splitlines()
   assert len(rows) == 2

@@ -64,7 +64,7 @@ def main_from_flags(FLAGS):
   try:
     with interrupts.handle_interrupts():
       _main(cfg)
-  except KeyboardInterrupt as e:  # Interrupted from run_one says where; else no round ran
+  except KeyboardInterrupt as e:  # Interrupted from a run says where; else no round ran
     e = e if isinstance(e, interrupts.Interrupted) else interrupts.Interrupted("", signal.SIGINT)
     print(as_flags(str(e)) or f"interrupted ({signal.Signals(e.signum).name}) while no round was "
           "running", file=sys.stderr, flush=True)

@@ -34,3 +34,10 @@ def blind(log2_range: float, signed: bool = True) -> float:
   ``signed``): |r n| is |n| shifted by a uniform amount on a log scale."""
   r = float(2.0 ** uniform(-log2_range, log2_range, 1)[0])
   return r * float(signs(1)[0]) if signed else r
+
+
+def normal(size: int) -> np.ndarray:
+  """Independent standard normal draws (Box-Muller on ``_unit``'s os.urandom uniforms):
+  S0's noise flood (``secure_ducc.AggregationServer.flood``)."""
+  radius = np.sqrt(-2.0 * np.log1p(-_unit(size)))  # 1 - U on (0, 1]: a finite radius
+  return radius * np.cos(2.0 * np.pi * _unit(size))

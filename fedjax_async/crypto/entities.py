@@ -44,6 +44,13 @@ class PublicMaterial:
 ZERO_EPS = 1e-12
 
 
+def replicated_value(slots: np.ndarray) -> float:
+  """The number a decryption holds in every slot (an EvalSum, S0's masked scalars): the
+  slots' mean. S0's noise flood (``secure_ducc.AggregationServer.flood``) sums to zero
+  over the slots, so the mean carries none of it, and averages OpenFHE's decoding noise."""
+  return float(np.mean(slots))
+
+
 class Client:
   """Client C_i (Alg. 3 lines 5-10): encrypts under pk_s, decrypts with its own sk_i."""
 
@@ -68,8 +75,13 @@ class Client:
     return ckks.unchunk([decrypt_vector(self._cc, self._secret_key, c) for c in cts], dim)
 
 
-class HelperServer:
-  """S1: holds sk_s; decrypts only S0-masked values (Alg. 5 lines 6-12, masked inverse)."""
+class HelperServer(parallel.PoolHolder):
+  """S1: holds sk_s; decrypts only S0-masked values (Alg. 5 lines 6-12, masked inverse).
+  Its Alg. 5 pool (``worker_pool``) is its own, always processes (never Ray's shared
+  object store)."""
+
+  PARTY = "S1"
+  RAY_ALLOWED = False
 
   def __init__(self, cc, keypair, client_pks: Sequence[object], log_size: int = 0):
     self._cc = cc
@@ -112,10 +124,10 @@ class HelperServer:
     Enc_pk_s(1 / (r n)) at index 2 pa + pb (pa, pb: test a, b positive) and Enc_pk_s(0)
     at the other three; for an untested one, Enc_pk_s(1 / (r n)). S0 alone knows the
     signs, so S1 cannot tell which members mean "empty". Each value is replicated in
-    every slot; slot 0 is used.
+    every slot and flooded by S0; their mean is used (``replicated_value``).
     """
-    values = [float(self.decrypt_masked(ct)[0]) for ct in cts]
-    positive = [float(self.decrypt_masked(ct)[0]) > 0.0 for ct in tests]
+    values = [replicated_value(self.decrypt_masked(ct)) for ct in cts]
+    positive = [replicated_value(self.decrypt_masked(ct)) > 0.0 for ct in tests]
     out = []
     for i, v in enumerate(values):
       inv = 1.0 / v if abs(v) > ZERO_EPS else 0.0
@@ -129,10 +141,10 @@ class HelperServer:
   def masked_inverse_sqrt(self, cts: Sequence[object]) -> List[object]:
     """For each Enc(r^2 v) (v >= 0) return Enc_pk_s(1 / (r sqrt(v))), or Enc(0) when
     r^2 v <= ``ZERO_EPS``: S0's normalisation of the online mean (PAFed Sec. V-A), S1
-    seeing the blinded r^2 ||m||^2 only. Slot 0 of the replicated value is used."""
+    seeing the blinded r^2 ||m||^2 only. The replicated value's mean is used."""
     out = []
     for ct in cts:
-      v = float(self.decrypt_masked(ct)[0])
+      v = replicated_value(self.decrypt_masked(ct))
       out.append(self.encrypt_replicated(1.0 / math.sqrt(v) if v > ZERO_EPS else 0.0))
     return out
 

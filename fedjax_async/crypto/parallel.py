@@ -1,19 +1,24 @@
-"""Alg. 5's per-chunk work in worker processes: S0's and S1's, each party in its own pool.
+"""Alg. 5's per-chunk work in worker processes: each party's in its own pool.
 
 The key transformation is independent per chunk: for chunk c, S0 masks Enc(w_c) with a
 fresh Enc_pk_s(r_c); S1 decrypts w_c + r_c once and encrypts it for each of the R
 recipients and pk_s; S0 subtracts a fresh Enc_pk_i(r_c) from each (for pk_s, r_c as a
 plaintext in the streamed design, a fresh Enc_pk_s(r_c) in the one-context one) and
-serialises what goes to the clients. ``key_transform`` runs these three steps per chunk
-as tasks on two pools, pipelined (chunk c's S1 step starts when its mask is done):
+serialises what goes to the clients. ``key_transform`` ferries these three steps per
+chunk between S0's pool and S1's, pipelined (chunk c's S1 step starts when its mask is
+done), every ciphertext as bytes (``wire``), each S1 task labelled with its chunk.
 
-* S0's workers hold the context and the public keys only; S1's workers also hold sk_s.
-  Both receive their material serialised (OpenFHE's binary format) once, when the pool
-  starts, and every ciphertext crosses as bytes (``wire``).
+* Each party creates and holds its own pool (``PoolHolder``: ``AggregationServer`` S0's,
+  ``HelperServer`` S1's) from its own ``worker_material()``, serialised (OpenFHE's binary
+  format) once, when the pool starts: S0's workers get the context and the public keys,
+  S1's also sk_s. Nothing reachable from S0 holds S1's material
+  (``tests/test_crypto_parallel.py`` walks S0's objects for sk_s's bytes).
 * ``workers`` per pool: 0 picks the machine's cores (``default_workers``) when the model
   has at least ``AUTO_MIN_CHUNKS`` chunks, else 1; 1 runs the round in this process as
-  before (no pool). ``backend="ray"`` puts the workers on Ray actors (``ray.init()``
-  first, or a local one is started; ``pip install fedjax_async[ray]``).
+  before (no pool). ``backend="ray"`` puts S0's workers on Ray actors (``ray.init()``
+  first, or a local one is started; ``pip install fedjax_async[ray]``); S1's stay a
+  process pool of its own: a Ray cluster has one object store for all its actors, where
+  sk_s would sit beside S0's objects.
 * A signal recorded by ``interrupts`` (the first Ctrl-C within ``graceful()``) is raised
   between two finished chunks; the tasks not started are cancelled.
 
@@ -124,9 +129,11 @@ def _s0_mask(w_bytes: bytes, r: np.ndarray) -> bytes:
 
 
 @_timed
-def _s1_reencrypt(masked: bytes, recipients: Sequence[int]) -> List[bytes]:
-  """Alg. 5 lines 6-12 for one chunk: Dec_sk_s(w_c + r_c) once, encoded once, then a
-  fresh encryption under each recipient's key and last under pk_s."""
+def _s1_reencrypt(chunk: int, masked: bytes, recipients: Sequence[int]) -> List[bytes]:
+  """Alg. 5 lines 6-12 for chunk ``chunk`` (the message's label): Dec_sk_s(w_c + r_c)
+  once, encoded once, then a fresh encryption under each recipient's key and last under
+  pk_s."""
+  del chunk
   cc, sk = _MATERIAL["cc"], _MATERIAL["sk"]
   pt = cc.Decrypt(sk, wire_lib.ciphertext_from_bytes(masked))
   pt.SetLength(_MATERIAL["slots"])
@@ -184,17 +191,19 @@ def party_material(cc, pk_s, client_pks, secret_key=None) -> Dict[str, object]:
 
 
 class PartyPool:
-  """``workers`` processes (or Ray actors) holding one party's material."""
+  """``workers`` processes (or Ray actors) holding one party's material (``party``: "S0"
+  or "S1", for the messages' counts and the tests)."""
 
-  def __init__(self, material: Dict[str, object], workers: int, backend: str = "process"):
+  def __init__(self, material: Dict[str, object], workers: int, backend: str = "process",
+               party: str = ""):
     self.workers, self.backend = int(workers), check_backend(backend)
+    self.party = party
     if backend == "ray":
       import ray  # pylint: disable=g-import-not-at-top
       if not ray.is_initialized():
         ray.init(num_cpus=max(self.workers, default_workers()), include_dashboard=False,
                  log_to_driver=False)
-      # half a CPU each: S0's and S1's pools take turns on a chunk (a whole CPU each
-      # would leave S1's actors unscheduled on a cluster of ``workers`` CPUs)
+      # half a CPU each: the cluster may be this machine, where S1's pool runs too
       actor = ray.remote(num_cpus=0.5)(_RayWorker)
       self._actors = [actor.remote(material) for _ in range(self.workers)]
       self._next = 0
@@ -222,24 +231,41 @@ class PartyPool:
       self._actors = []
 
 
-class KeyTransformPools:
-  """S0's and S1's pools for one protocol (started on first use, kept across rounds)."""
+class PoolHolder:
+  """A party's own Alg. 5 pool: made from the party's ``worker_material()`` on first use
+  and held by the party alone (``PARTY``: its name). ``RAY_ALLOWED`` False keeps the
+  party's workers off Ray (S1: its secret key would enter the cluster's shared object
+  store)."""
 
-  def __init__(self, s0_material, s1_material, workers: int, backend: str = "process"):
-    self.s0 = PartyPool(s0_material, workers, backend)
-    self.s1 = PartyPool(s1_material, workers, backend)
-    self.workers = int(workers)
+  PARTY = ""
+  RAY_ALLOWED = True
+  _pool: Optional[PartyPool] = None
 
-  def close(self, cancel: bool = False):
-    self.s0.close(cancel)
-    self.s1.close(cancel)
+  def worker_pool(self, workers: int, backend: str = "process") -> PartyPool:
+    backend = backend if self.RAY_ALLOWED else "process"
+    pool = self._pool
+    if pool is not None and (pool.workers != int(workers) or pool.backend != backend):
+      self.close_pool()
+    if self._pool is None:
+      self._pool = PartyPool(self.worker_material(), workers, backend, self.PARTY)
+    return self._pool
+
+  def close_pool(self, cancel: bool = False):
+    if self._pool is not None:
+      self._pool.close(cancel)
+      self._pool = None
+
+  def worker_material(self) -> Dict[str, object]:
+    raise NotImplementedError
 
 
-def key_transform(pools: KeyTransformPools, w_ct: Sequence[object], recipients: Sequence[int],
-                  keep: Sequence[bool], slots: int, mask_bound: float, plain_for_s: bool,
+def key_transform(s0_pool: PartyPool, s1_pool: PartyPool, w_ct: Sequence[object],
+                  recipients: Sequence[int], keep: Sequence[bool], slots: int,
+                  mask_bound: float, plain_for_s: bool,
                   wire: Optional[wire_lib.Wire] = None):
-  """Alg. 5 for every chunk on the pools. Returns ({i: [ciphertexts]} for the recipients
-  whose ``keep`` is true, the pk_s copy [ciphertexts], {party: worker CPU seconds}).
+  """Alg. 5 for every chunk on S0's pool and S1's (each held by its party). Returns
+  ({i: [ciphertexts]} for the recipients whose ``keep`` is true, the pk_s copy
+  [ciphertexts], {party: worker CPU seconds}).
   ``wire``: the bytes per direction are added to it as ``Wire.send`` would."""
   chunks = len(w_ct)
   r = csprng.uniform(-mask_bound, mask_bound, chunks * slots).reshape(chunks, slots)
@@ -250,13 +276,13 @@ def key_transform(pools: KeyTransformPools, w_ct: Sequence[object], recipients: 
   kept = {i: [None] * chunks for i, k in zip(recipients, keep) if k}
   running: Dict[cf.Future, Tuple[str, int]] = {}
   todo = list(range(chunks))
-  limit = 4 * pools.workers  # chunks in flight: bounds the bytes held here
+  limit = 4 * s0_pool.workers  # chunks in flight: bounds the bytes held here
 
   def start_mask():
     while todo and len(running) < limit:
       c = todo.pop(0)
       data = wire_lib.ciphertext_bytes(w_ct[c])
-      running[pools.s0.submit("_s0_mask", data, r[c])] = ("mask", c)
+      running[s0_pool.submit("_s0_mask", data, r[c])] = ("mask", c)
 
   try:
     start_mask()
@@ -269,11 +295,11 @@ def key_transform(pools: KeyTransformPools, w_ct: Sequence[object], recipients: 
         if step == "mask":
           cpu["S0"] += seconds
           sizes[("S0", "S1")] += len(out)
-          running[pools.s1.submit("_s1_reencrypt", out, recipients)] = ("s1", c)
+          running[s1_pool.submit("_s1_reencrypt", c, out, recipients)] = ("s1", c)
         elif step == "s1":
           cpu["S1"] += seconds
           sizes[("S1", "S0")] += sum(len(b) for b in out)
-          running[pools.s0.submit("_s0_unmask", out, r[c], recipients, keep,
+          running[s0_pool.submit("_s0_unmask", out, r[c], recipients, keep,
                                   plain_for_s)] = ("unmask", c)
         else:
           cpu["S0"] += seconds

@@ -47,6 +47,10 @@ BLIND_LOG2_RANGE = 8.0
 KT_MASK_BOUND = 1024.0
 # A class whose |total| is at most max(empty_class_tol, EMPTY_EPS) counts as empty.
 EMPTY_EPS = 1e-6
+# rho of S0's noise flood (``AggregationServer.flood``): its standard deviation per slot
+# over the largest spread S1 could otherwise see (blind range x ckks.error_bound); 0: no
+# flood (the tests' plant). docs/crypto.md, "Noise flooding".
+FLOOD_RATIO = 64.0
 # Clock of the timings. OpenFHE runs single-threaded here (OMP_NUM_THREADS=1), so
 # benchmarks on a shared machine may set ``time.process_time`` (CPU seconds of this
 # process, i.e. the uncontended wall time) instead of wall-clock time.
@@ -58,8 +62,11 @@ def now():
   return CLOCK()
 
 
-class AggregationServer:
-  """S0: the encrypted DUCC (Alg. 4), Eq. 17 and its half of Alg. 5. No secret keys."""
+class AggregationServer(parallel.PoolHolder):
+  """S0: the encrypted DUCC (Alg. 4), Eq. 17 and its half of Alg. 5. No secret keys; its
+  own Alg. 5 pool (``worker_pool``)."""
+
+  PARTY = "S0"
 
   def __init__(self, public: entities.PublicMaterial):
     self.public = public
@@ -80,6 +87,25 @@ class AggregationServer:
   def _blind(signed: bool = True) -> float:
     """A fresh blind +-2^u from the OS's CSPRNG (never from the experiment's seed)."""
     return csprng.blind(BLIND_LOG2_RANGE, signed)
+
+  def flood(self, ct, blind_log2: float, magnitude: float, ev=None, pk=None):
+    """``ct`` + Enc_pk(f) before S1 decrypts it: noise flooding of a value replicated in
+    every slot (an EvalSum). OpenFHE's decoder shows S1 the CKKS error of what it
+    decrypts, times the blind, as the slot-to-slot spread; f is fresh Gaussian noise per
+    slot (``csprng.normal``), independent of the blind, with standard deviation
+    FLOOD_RATIO x 2^blind_log2 x ``ckks.error_bound(magnitude)`` in its real and its
+    imaginary part (the decoder estimates the error, ``GetLogError``, from the imaginary
+    parts), so the spread and the estimate are f's whatever the blind. f sums to zero
+    over the slots and S1 reads the real parts' mean (``entities.replicated_value``): the
+    value it reads is unchanged. No level. ``ev``, ``pk``: the context's evaluator and
+    pk_s (default: this server's)."""
+    if FLOOD_RATIO <= 0.0:
+      return ct
+    ev, pk = ev or self.ev, pk or self.public.pk_s
+    sigma = FLOOD_RATIO * 2.0 ** blind_log2 * ckks.error_bound(ev.cc, magnitude)
+    re, im = sigma * csprng.normal(ev.slots), sigma * csprng.normal(ev.slots)
+    f = (re - re.mean()) + 1j * (im - im.mean())
+    return ev.add(ct, ev.cc.Encrypt(pk, ev.cc.MakeCKKSPackedPlaintext(f)))
 
   def worker_material(self) -> Dict[str, object]:
     """S0's public material serialised for its own Alg. 5 workers
@@ -133,7 +159,9 @@ class AggregationServer:
     r0 = self._blind(signed=False)  # S1 takes a square root of r0^2 ||msum||^2
     self._norm_blind = r0
     scaled = [self.ev.mult_const(x, r0 * r0, what="r0^2 m") for x in msum]
-    out = [self._dot_replicated(msum, scaled, "||m||^2 for the normalisation")]
+    # ||msum|| <= n; r0^2 spans 2^(2R)
+    out = [self.flood(self._dot_replicated(msum, scaled, "||m||^2 for the normalisation"),
+                      2 * BLIND_LOG2_RANGE, len(online) ** 2)]
     self._tick("normalise", t)
     return out
 
@@ -170,21 +198,8 @@ class AggregationServer:
     # Alg. 4 line 5: msum . u_j; normalised below (m / ||m|| = msum / ||msum||).
     ips = [self._dot_replicated(msum, u, "inner product m . u_j") for u in delayed]
     t = self._tick("inner_products", t)
-    # Pack all z_j = c (m . u_j)/(4 sqrt 2 ||m||) = c y_j / sqrt 2 into one ciphertext:
-    # r0 and the input scale c folded into the packing mask, times S1's
-    # Enc(1 / (r0 ||msum||)).
     c = self.min_scale
-    z = self.ev.add_many([
-        self.ev.mult_plain(ip, ckks.one_hot(slots, j, c * self._norm_blind / (4.0 * SQRT2)),
-                           what="packing inner products") for j, ip in enumerate(ips)])
-    z = self.ev.mult(z, inverse_norm[0], what="normalise: times 1 / ||m||")
-    y = self.ev.mult_const(z, SQRT2, what="Alg. 1: y")
-    # Eq. 13 with Alg. 1: Min(s, 1/2) = x - m_d, s = 2y + 1/2, x = y + 1/2, so
-    # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d. With the scale c
-    # these are c w1 and c w2 (m_d ~ |c y|); the 1/c rides on the masks below.
-    half_m = cheon.he_half_abs_from_z(self.ev, z, self.min_iterations)
-    m_d = self.ev.add(half_m, half_m)
-    w1, w2 = self.ev.add(y, m_d), self.ev.sub(y, m_d)
+    w1, w2 = self._class_weights(ips, inverse_norm[0])
     t = self._tick("min", t)
     r1, r2, r3 = self._blind(), self._blind(), self._blind()
     valid = np.zeros(slots)
@@ -214,7 +229,30 @@ class AggregationServer:
     st["v3"] = self._dot_replicated(msum, st["c"], "Eq. 12: ||m||^2")
     st["P"] = self._dot_replicated(st["A2"], msum, "Eq. 12: m2 . m")
     self._tick("projection", t)
-    return self._swap_classes([st["v1"], st["v2"], st["v3"]])
+    # |n1|, |n2| <= k / 2 from weights computed at scale c; ||m||^2 <= 1
+    bound = k * max(1.0, 1.0 / c)
+    return self._swap_classes([self.flood(v, BLIND_LOG2_RANGE, m) for v, m in
+                               ((st["v1"], bound), (st["v2"], bound), (st["v3"], 1.0))])
+
+  def _class_weights(self, ips: Sequence[object], inverse_norm) -> Tuple[object, object]:
+    """(Enc(c w1), Enc(c w2)), the delayed updates' class weights packed in slots 0..k-1
+    (Eq. 13 with Alg. 1's Min), from the inner products m . u_j and S1's
+    Enc(1 / (r0 ||msum||))."""
+    slots, c = self.ev.slots, self.min_scale
+    # Pack all z_j = c (m . u_j)/(4 sqrt 2 ||m||) = c y_j / sqrt 2 into one ciphertext:
+    # r0 and the input scale c folded into the packing mask, times S1's
+    # Enc(1 / (r0 ||msum||)).
+    z = self.ev.add_many([
+        self.ev.mult_plain(ip, ckks.one_hot(slots, j, c * self._norm_blind / (4.0 * SQRT2)),
+                           what="packing inner products") for j, ip in enumerate(ips)])
+    z = self.ev.mult(z, inverse_norm, what="normalise: times 1 / ||m||")
+    y = self.ev.mult_const(z, SQRT2, what="Alg. 1: y")
+    # Eq. 13 with Alg. 1: Min(s, 1/2) = x - m_d, s = 2y + 1/2, x = y + 1/2, so
+    # w1 = s - Min = y + m_d and w2 = Min - 1/2 = y - m_d, m_d = 2 M_d. With the scale c
+    # these are c w1 and c w2 (m_d ~ |c y|); the 1/c rides on the masks below.
+    half_m = cheon.he_half_abs_from_z(self.ev, z, self.min_iterations)
+    m_d = self.ev.add(half_m, half_m)
+    return self.ev.add(y, m_d), self.ev.sub(y, m_d)
 
   def empty_class_test(self, w, total_mask: np.ndarray, tol: float):
     """The class is empty when |n| <= tol, n = EvalSum(w * total_mask): two linear tests
@@ -229,11 +267,14 @@ class AggregationServer:
     n, from their positions; "empty" is "neither test positive under its sigma", which
     does not depend on the order."""
     tests, sigmas = [], []
+    # |n| + tol: k weights, each at most 1/2 of the mask's 1 / c
+    bound = max(np.count_nonzero(total_mask), float(np.sum(np.abs(total_mask)))) + tol
     for side in (1.0, -1.0):
       s, sigma = self._blind(signed=False), float(csprng.signs(1)[0])
       sn = self.ev.eval_sum(self.ev.mult_plain(w, s * sigma * side * total_mask,
                                                what="empty-class test"))
-      tests.append(self.ev.add_const(sn, -sigma * s * tol))
+      tests.append(self.flood(self.ev.add_const(sn, -sigma * s * tol), BLIND_LOG2_RANGE,
+                              bound))
       sigmas.append(sigma)
     if csprng.signs(1)[0] < 0:
       tests, sigmas = tests[::-1], sigmas[::-1]
@@ -353,33 +394,28 @@ class SecureProtocol:
   last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
   # {client i: Enc_pk_i(w^{tau+1}) chunks} from the last key transformation.
   last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
-  # A ``wire.Wire``: the streamed round's messages carried as bytes and counted (None:
-  # passed as objects).
+  # A ``wire.Wire``: the round's messages carried as bytes and counted per (sender,
+  # receiver) (None: passed as objects).
   wire: Optional[object] = None
   # Alg. 5's per-chunk work in S0's and S1's worker pools (``parallel``): 0 the machine's
   # cores for a model of ``parallel.AUTO_MIN_CHUNKS`` chunks or more, 1 in this process.
   workers: int = 0
-  backend: str = "process"  # or "ray"
-  _pools: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
+  backend: str = "process"  # or "ray" (S0's workers; S1's stay processes)
 
   @property
   def cc(self):
     return self.s0.public.cc
 
   def key_transform_pools(self, workers: int):
-    """S0's and S1's pools of ``workers`` each, started on first use."""
-    if self._pools is not None and self._pools.workers != workers:
-      self.close()
-    if self._pools is None:
-      self._pools = parallel.KeyTransformPools(
-          self.s0.worker_material(), self.s1.worker_material(), workers, self.backend)
-    return self._pools
+    """(S0's pool, S1's pool) of ``workers`` each: each party starts its own on first use
+    and keeps it (``parallel.PoolHolder``); the protocol only ferries between them."""
+    return (self.s0.worker_pool(workers, self.backend),
+            self.s1.worker_pool(workers, self.backend))
 
   def close(self):
-    """Stops the worker pools (if any)."""
-    if self._pools is not None:
-      self._pools.close()
-      self._pools = None
+    """Stops each party's worker pool (if any)."""
+    self.s0.close_pool()
+    self.s1.close_pool()
 
 
 def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth: int = 10,
@@ -419,9 +455,35 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
                         workers=workers, backend=backend)
 
 
+RESUME_NOTE = ("client 0, which decrypted w^{t} after round {t}'s key transformation, "
+               "encrypts it under the new keys' pk_s and sends it to S0: S0 starts from "
+               "Enc(w^{t}) and never holds it in the clear (the checkpoint is the "
+               "simulator's: it stores w^{t} as the clients hold it)")
+
+
+def model_from_client(protocol: SecureProtocol, w: np.ndarray, client: int = 0):
+  """A resumed run's Enc_pk_s(w) for S0 (both designs): client ``client``, which holds w
+  after decrypting the last key transformation's output, encrypts it under pk_s of the
+  protocol's (new) keys and sends it to S0, which carries it as it carries Alg. 5's
+  Enc_pk_s(w): the next step runs with ``w_global=None``. S0 never holds w in the clear
+  (only at the first round, whose w^0 it initialises, Alg. 3 line 2)."""
+  cts = protocol.clients[client].encrypt_update(np.asarray(w, np.float64))
+  wire = protocol.wire
+  protocol.s0.global_ct = cts if wire is None else wire.send("clients", "S0", cts)
+
+
 def _encrypt_uploads(protocol: SecureProtocol, uploads: np.ndarray, offset: int):
   cl = protocol.clients
   return [cl[(offset + i) % len(cl)].encrypt_update(u) for i, u in enumerate(uploads)]
+
+
+def recipients_of(protocol) -> Tuple[int, ...]:
+  """The key transformation's recipients: ``protocol.recipients`` (None: every client),
+  client 0 always among them (it decrypts the round's model)."""
+  recipients = protocol.recipients
+  if recipients is None:
+    recipients = tuple(range(len(protocol.clients)))
+  return recipients if 0 in recipients else (0,) + tuple(recipients)
 
 
 def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
@@ -439,20 +501,36 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   dim = protocol.dim
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
+  wire = protocol.wire
+  if wire is not None:
+    wire.reset()
+
+  def send(sender, receiver, message, deliver=True):
+    """A message between two parties: as bytes through ``protocol.wire`` (counted), or
+    the objects themselves when it is None."""
+    return message if wire is None else wire.send(sender, receiver, message, deliver)
+
   timings = {}
   t = now()
   on_cts = _encrypt_uploads(protocol, online, 0)
   de_cts = _encrypt_uploads(protocol, delayed, len(online))
   timings["client_encrypt"] = now() - t
   t = now()
+  on_cts = [send("clients", "S0", c) for c in on_cts]  # one message per client
+  de_cts = [send("clients", "S0", c) for c in de_cts]
   w_ct = s0.start_model(w_global)
-  norm_request = s0.ducc_norm(on_cts, len(de_cts))
+  norm_request = send("S0", "S1", s0.ducc_norm(on_cts, len(de_cts)))
   t1 = now()
-  inverse_norm = s1.masked_inverse_sqrt(norm_request) if norm_request else []
+  inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(norm_request) if norm_request
+                      else [])
   t_norm = now() - t1
   requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
   t1 = now()
-  inverses = s1.masked_inverse(requests, s0.empty_tests) if requests else []
+  if requests:
+    requests, tests = send("S0", "S1", (requests, s0.empty_tests))
+    inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
+  else:
+    inverses = []
   t_s1 = now() - t1
   new_ct = s0.ducc_finish(inverses, w_ct)
   timings["ducc"] = now() - t
@@ -461,27 +539,27 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   if norm_request:
     breakdown["normalise"] = breakdown.get("normalise", 0.0) + t_norm
   t = now()
-  recipients = protocol.recipients
-  if recipients is None:
-    recipients = tuple(range(len(protocol.clients)))
-  if 0 not in recipients:
-    recipients = (0,) + tuple(recipients)
+  recipients = recipients_of(protocol)
   workers = parallel.resolve_workers(protocol.workers, len(new_ct))
   if workers > 1:
     out, s0.global_ct, cpu = parallel.key_transform(
-        protocol.key_transform_pools(workers), new_ct, recipients, [True] * len(recipients),
-        s0.ev.slots, KT_MASK_BOUND, plain_for_s=False)
+        *protocol.key_transform_pools(workers), new_ct, recipients, [True] * len(recipients),
+        s0.ev.slots, KT_MASK_BOUND, plain_for_s=False, wire=wire)
     breakdown["workers_cpu_s"] = float(sum(cpu.values()))
   else:
-    masked = s0.kt_mask(new_ct)
-    per_client, under_s = s1.key_transform(masked, recipients)
+    masked = send("S0", "S1", s0.kt_mask(new_ct))
+    per_client, under_s = send("S1", "S0", s1.key_transform(masked, recipients))
     out = s0.kt_unmask(per_client, under_s)
+    out = {i: send("S0", "clients", cts) for i, cts in out.items()}
   timings["key_transform"] = now() - t
   t = now()
   new_w = protocol.clients[0].decrypt_model(out[0], dim)
   timings["decrypt"] = now() - t
   breakdown.update(client_encrypt=timings["client_encrypt"],
                    key_transform=timings["key_transform"], decrypt=timings["decrypt"])
+  if wire is not None:
+    breakdown["wire_s"] = float(sum(wire.seconds.values()))
+    breakdown["bytes"] = wire.links()
   protocol.last_breakdown = breakdown
   protocol.last_client_models = out
   return new_w, timings

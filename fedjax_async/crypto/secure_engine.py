@@ -43,6 +43,9 @@ from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
+# The metric of the round's conflicting delayed updates (m . u_j < 0): the simulator's
+# diagnostic from the plaintext uploads, the bits the protocol hides from S0 and S1.
+SIM_CONFLICTING = "sim_conflicting"
 INSECURE_WARNING = ("WARNING: crypto.ckks_preset=insecure_test: CKKS with ring 2^11 and no "
                     "security level (HEStd_NotSet) is NOT secure; for tests only")
 
@@ -291,13 +294,51 @@ def _plaintext_pieces(apply_flat: Callable, algorithm: base.Algorithm,
   return phase_fn, jax.jit(engine.finish_round), eval_fn
 
 
+def _protocol_and_step(protocol, dim: int, tl, data, preset: str, min_depth: int,
+                       min_scale: float, stream, design: str):
+  """(the protocol, given or made for ``tl``'s rounds, and its step function); the
+  insecure preset said on stderr."""
+  preset = protocol.preset if protocol is not None else preset
+  if preset == "insecure_test":  # every run, whatever ``stream`` is
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
+  if protocol is None:
+    protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
+                               preset, min_depth, min_scale, stream, design,
+                               recipients=int(tl.sampled.max()) + 1,
+                               delayed=int((tl.valid & ~tl.online).sum(1).max()))
+  step = (streamed_ducc.streamed_pafed_step
+          if isinstance(protocol, streamed_ducc.StreamedProtocol)
+          else secure_ducc.secure_pafed_step)
+  return protocol, step
+
+
+def _sim_conflicting(uploads: np.ndarray, online: np.ndarray, delayed: np.ndarray):
+  """A simulator diagnostic from the plaintext uploads, the hidden conflict bits summed
+  (delayed u_j with m . u_j < 0): no party computes it or receives it
+  (``SIM_CONFLICTING``, docs/crypto.md)."""
+  m = (np.mean(uploads[online], axis=0) if online.any()
+       else np.zeros(uploads.shape[1:], uploads.dtype))
+  return jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))
+
+
+def _step_or_stop(run_step: Callable, state, on_chunk: Optional[Callable]):
+  """``run_step()``; on a stop asked for mid-round (``stopping.between_chunks``) this
+  round is dropped: ``on_chunk`` with no rows checkpoints the rounds before it, as at a
+  stop between rounds, and raises the stop itself."""
+  try:
+    return run_step()
+  except interrupts.Interrupted:
+    if on_chunk is not None:
+      on_chunk(state, [])
+    raise
+
+
 def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
              state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
              data: engine.DeviceData, *, protocol=None,
              preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
              design: str = "one_context", on_chunk: Optional[Callable] = None,
-             eval_every: int = 1,
-             stop_round: Optional[int] = None, stream=sys.stdout,
+             eval_every: int = 1, stop_round: Optional[int] = None, stream=sys.stdout,
              empty_class_tol: Optional[float] = None):
   """Runs rounds ``state.round ..`` with the encrypted PAFed server.
 
@@ -313,18 +354,9 @@ def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: 
     raise ValueError("crypto.secure_aggregation=ckks: the encrypted server is PAFed's; got "
                      f"algorithm.names={algorithm.name}")
   dim = int(state.w.shape[0])
-  preset = protocol.preset if protocol is not None else preset
-  if preset == "insecure_test":  # every run, whatever ``stream`` is
-    print(INSECURE_WARNING, file=sys.stderr, flush=True)
   created = protocol is None
-  if protocol is None:
-    protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
-                               preset, min_depth, min_scale, stream, design,
-                               recipients=int(tl.sampled.max()) + 1,
-                               delayed=int((tl.valid & ~tl.online).sum(1).max()))
-  step = (streamed_ducc.streamed_pafed_step
-          if isinstance(protocol, streamed_ducc.StreamedProtocol)
-          else secure_ducc.secure_pafed_step)
+  protocol, step = _protocol_and_step(protocol, dim, tl, data, preset, min_depth, min_scale,
+                                      stream, design)
   eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
@@ -344,25 +376,21 @@ def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: 
       online = np.asarray(phase.arrivals.online)
       delayed = np.asarray(phase.arrivals.delayed)
       protocol.recipients = next_round_recipients(tl, t)
-      # Round 0 (or a resumed run) starts from w in the clear (Alg. 3 line 2); afterwards
-      # S0 continues from Enc_pk_s(w) carried over by the key transformation.
-      try:
-        new_w, timings = step(
-            protocol, np.asarray(state.w, np.float64) if first else None,
-            uploads[online], uploads[delayed], alphas,
-            int(delayed.sum()) * eps_d if empty_class_tol is None else empty_class_tol)
-      except interrupts.Interrupted:
-        # A stop asked for mid-round (``stopping.between_chunks``): this round is dropped;
-        # ``on_chunk`` with no rows checkpoints the rounds before it, as at a stop between
-        # rounds, and raises the stop itself.
-        if on_chunk is not None:
-          on_chunk(state, [])
-        raise
+      # Round 0 starts from w^0, which S0 initialises (Alg. 3 line 2); a resumed run from
+      # Enc_pk_s(w^t) that client 0 sends S0 (``model_from_client``); afterwards S0
+      # continues from Enc_pk_s(w) carried over by the key transformation.
+      if first and t > 0:
+        secure_ducc.model_from_client(protocol, np.asarray(state.w, np.float64))
+        print(f"[pafed/ckks] resumed at round {t + 1}: "
+              + secure_ducc.RESUME_NOTE.format(t=t), file=stream, flush=True)
+      new_w, timings = _step_or_stop(
+          lambda: step(protocol, np.asarray(state.w, np.float64) if first and t == 0 else None,
+                       uploads[online], uploads[delayed], alphas,
+                       int(delayed.sum()) * eps_d if empty_class_tol is None
+                       else empty_class_tol), state, on_chunk)
       first = False
       new_w = jnp.asarray(new_w, jnp.float32)
-      # Simulator diagnostics from the plaintext uploads (no protocol party computes this).
-      m = np.mean(uploads[online], axis=0) if online.any() else np.zeros(dim)
-      alg_metrics = {"conflicting": jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))}
+      alg_metrics = {SIM_CONFLICTING: _sim_conflicting(uploads, online, delayed)}
       alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
       state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
       rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
@@ -373,7 +401,8 @@ def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: 
         totals[s] += timings[s]
       print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(
           f"{s} {timings[s]:.2f}s" for s in STAGES) + f" ({rows[0]['delayed']} delayed, "
-            f"{alg_metrics['conflicting']} conflicting)", file=stream, flush=True)
+            f"simulator diagnostic: {alg_metrics[SIM_CONFLICTING]} conflicting)",
+            file=stream, flush=True)
       all_rows.extend(rows)
       if on_chunk is not None:
         on_chunk(state, rows)

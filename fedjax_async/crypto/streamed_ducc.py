@@ -102,20 +102,27 @@ class StreamedHelper:
     """The vector context's S1 material for its Alg. 5 workers."""
     return self.vector.worker_material()
 
+  def worker_pool(self, workers: int, backend: str = "process"):
+    """S1's Alg. 5 pool (the vector context's), held by S1 (``parallel.PoolHolder``)."""
+    return self.vector.worker_pool(workers, backend)
+
+  def close_pool(self, cancel: bool = False):
+    self.vector.close_pool(cancel)
+
   def masked_inverse_sqrt(self, cts):
     return self.scalar.masked_inverse_sqrt(cts)
 
   def refresh_inner_products(self, masked_ips: Sequence[object], masked_norm) -> Tuple:
     """[Enc_V(ip_j + a_j)] and Enc_V(||m||^2 + a) (replicated) -> Enc_S of the masked ip_j
     packed in slots 0..k-1, and Enc_S(||m||^2 + a) replicated."""
-    ips = [self.vector.decrypt_masked(c)[0] for c in masked_ips]
-    norm = float(self.vector.decrypt_masked(masked_norm)[0])
+    ips = [entities.replicated_value(self.vector.decrypt_masked(c)) for c in masked_ips]
+    norm = entities.replicated_value(self.vector.decrypt_masked(masked_norm))
     return self.scalar.encrypt_packed(ips), self.scalar.encrypt_replicated(norm)
 
   def refresh_coefficients(self, masked_betas, masked_gamma, k: int) -> List[object]:
     """Enc_S(beta_j + b_j) packed and Enc_S(gamma + b) -> k + 1 replicated Enc_V values."""
     betas = self.scalar.decrypt_masked(masked_betas)[:k]
-    gamma = float(self.scalar.decrypt_masked(masked_gamma)[0])
+    gamma = entities.replicated_value(self.scalar.decrypt_masked(masked_gamma))
     return [self.vector.encrypt_replicated(float(v)) for v in list(betas) + [gamma]]
 
 
@@ -195,12 +202,15 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
       raise ValueError(f"{k} delayed uploads exceed the scalar context's {self.ev.slots} "
                        f"slots: make the protocol with max_delayed >= {k}")
     a = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, k + 1)
-    masked = [self.vev.add_const(self._dot(self._msum, u), a[j])
-              for j, u in enumerate(self._delayed)]
+    vpk = self.vector_public.pk_s
+    # flooded (``flood``; no blind yet): |ip_j| <= n, ||m||^2 <= 1
+    masked = [self.flood(self.vev.add_const(self._dot(self._msum, u), a[j]), 0.0, self._n,
+                         self.vev, vpk) for j, u in enumerate(self._delayed)]
     # ||m||^2 = ||msum||^2 / n^2 <= 1: its blind r0^2 (2^-16..2^16) is applied in the
     # scalar context, where small values keep their precision (``normalise``).
     norm = self.vev.add_const(self.vev.mult_const(self._dot(self._msum, self._msum),
                                                   1.0 / self._n ** 2, what="||m||^2"), a[k])
+    norm = self.flood(norm, 0.0, 1.0, self.vev, vpk)
     self._state.update(ip_mask=a)
     self._tick("inner_products", t)
     return masked, norm
@@ -220,7 +230,8 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
     st["ip"] = self.ev.cc.EvalSub(packed, self.ev.encode(a_mask))  # ip_j in slot j
     st["r0"] = r0 = self._blind(signed=False)
     norm = self.ev.add_const(norm, -st["ip_mask"][k])
-    out = [self.ev.mult_const(norm, r0 * r0, what="r0^2 ||m||^2")]
+    out = [self.flood(self.ev.mult_const(norm, r0 * r0, what="r0^2 ||m||^2"),
+                      2 * secure_ducc.BLIND_LOG2_RANGE, 1.0)]
     self._tick("normalise", t)
     return out
 
@@ -252,8 +263,9 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
     for name in ("1", "2"):
       r = st["r" + name] = self._blind()
       w = st["w" + name]
-      requests.append(self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid,
-                                                          what="class total")))
+      requests.append(self.flood(
+          self.ev.eval_sum(self.ev.mult_plain(w, (r / c) * valid, what="class total")),
+          secure_ducc.BLIND_LOG2_RANGE, k * max(1.0, 1.0 / c)))  # |n| <= k / 2
       tests, st["sigma" + name] = self.empty_class_test(w, valid / c, tol)
       self.empty_tests += tests
     self._tick("class_totals", t)
@@ -291,6 +303,9 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
     b_packed[:len(self._delayed)] = b[:-1]
     masked_beta = self.ev.cc.EvalAdd(beta, self.ev.encode(b_packed))
     masked_gamma = self.ev.add_const(self.ev.cc.EvalNegate(proj), a0 / self._n + b[-1])
+    # gamma's error carries r2's (S1's 1 / (r2 n2) is a fresh encryption): flooded as if
+    # |gamma| were the mask's bound B (a larger one the mask would not hide anyway)
+    masked_gamma = self.flood(masked_gamma, secure_ducc.BLIND_LOG2_RANGE, REFRESH_MASK_BOUND)
     self._tick("coefficients", t)
     return masked_beta, masked_gamma
 
@@ -417,6 +432,32 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
                           float(min_scale), rec, workers=workers, backend=backend)
 
 
+def _ducc_exchanges(s0, s1, send, w_ct, alphas, empty_class_tol: float, k: int,
+                    s1_time: Dict[str, float]):
+  """The streamed DUCC's round trips between S0 and S1 once every upload is in (inner
+  products refreshed, the norm and the class totals inverted, the coefficients
+  refreshed): S0's new Enc(w). S1's seconds are added to ``s1_time``."""
+  now = secure_ducc.now
+  masked, norm = send("S0", "S1", s0.inner_products())
+  t = now()
+  refreshed = send("S1", "S0", s1.refresh_inner_products(masked, norm))
+  s1_time["refresh"] += now() - t
+  request = send("S0", "S1", s0.normalise(refreshed))
+  t = now()
+  inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(request))
+  s1_time["division"] += now() - t
+  requests = s0.scalars_begin(inverse_norm, alphas, empty_class_tol)
+  requests, tests = send("S0", "S1", (requests, s0.empty_tests))
+  t = now()
+  inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
+  s1_time["division"] += now() - t
+  masked_beta, masked_gamma, k = send("S0", "S1", s0.scalars_finish(inverses) + (k,))
+  t = now()
+  coefficients = send("S1", "S0", s1.refresh_coefficients(masked_beta, masked_gamma, k))
+  s1_time["refresh"] += now() - t
+  return s0.combine(coefficients, w_ct)
+
+
 def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarray],
                         online_uploads, delayed_uploads, alphas=(1.0, 1.0, 1.0),
                         empty_class_tol: float = 0.0):
@@ -455,37 +496,17 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   elif len(delayed) == 0:
     new_ct = s0.online_only(alphas, w_ct)
   else:
-    masked, norm = send("S0", "S1", s0.inner_products())
-    t = now()
-    refreshed = send("S1", "S0", s1.refresh_inner_products(masked, norm))
-    s1_time["refresh"] += now() - t
-    request = send("S0", "S1", s0.normalise(refreshed))
-    t = now()
-    inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(request))
-    s1_time["division"] += now() - t
-    requests = s0.scalars_begin(inverse_norm, alphas, empty_class_tol)
-    requests, tests = send("S0", "S1", (requests, s0.empty_tests))
-    t = now()
-    inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
-    s1_time["division"] += now() - t
-    masked_beta, masked_gamma, k = send("S0", "S1", s0.scalars_finish(inverses) + (len(delayed),))
-    t = now()
-    coefficients = send("S1", "S0", s1.refresh_coefficients(masked_beta, masked_gamma, k))
-    s1_time["refresh"] += now() - t
-    new_ct = s0.combine(coefficients, w_ct)
+    new_ct = _ducc_exchanges(s0, s1, send, w_ct, alphas, empty_class_tol, len(delayed),
+                             s1_time)
   timings["ducc"] = now() - t_server + t_receive
   t = now()
-  recipients = protocol.recipients
-  if recipients is None:
-    recipients = tuple(range(len(clients)))
-  if 0 not in recipients:
-    recipients = (0,) + tuple(recipients)
+  recipients = secure_ducc.recipients_of(protocol)
   out, worker_cpu = {}, None
   workers = parallel.resolve_workers(protocol.workers, len(new_ct))
   if workers > 1:  # per chunk on S0's and S1's pools, messages as bytes
     keep = [protocol.keep_client_models or i == 0 for i in recipients]
     out, s0.global_ct, cpu = parallel.key_transform(
-        protocol.key_transform_pools(workers), new_ct, recipients, keep, s0.vev.slots,
+        *protocol.key_transform_pools(workers), new_ct, recipients, keep, s0.vev.slots,
         secure_ducc.KT_MASK_BOUND, plain_for_s=True, wire=wire)
     worker_cpu = float(sum(cpu.values()))
   else:

@@ -48,13 +48,6 @@ from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
 Run = results.Run  # (summary, rows, state, model)
 
 
-def run_one(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
-            quiet: bool = False, position: Optional[tuple] = None,
-            overall: Optional[Overall] = None) -> dict:
-  """``run(...).summary``."""
-  return run(cfg, name, fed_data, model, out_dir, quiet, position, overall).summary
-
-
 def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
         quiet: bool = False, position: Optional[tuple] = None,
         overall: Optional[Overall] = None, callbacks: Sequence = ()) -> Run:
@@ -181,7 +174,9 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
                             every=cfg.output.checkpoint_every, total=cfg.run.rounds,
                             resume=cfg.output.resume,
                             mismatch=mismatch_flags, keep=cfg.output.keep_checkpoints,
-                            grid=cfg.run.rounds_per_call)
+                            # the encrypted server hands over every round
+                            grid=(1 if cfg.crypto.secure_aggregation == "ckks"
+                                  else cfg.run.rounds_per_call))
   state, resumed = setup.state, None
   if ckpt is not None:
     # A larger run.rounds extends the run: its timeline's first rounds are the same draws.
