@@ -248,6 +248,7 @@ def attack(design: str, d: int, rounds: int, preset: str = "secure", seed: int =
   t, cpu = time.time(), time.process_time()
   played = play_rounds(design, d, rounds, preset, seed, dim)
   return {"design": design, "min_depth": d, "preset": preset, "rounds": rounds,
+          "contexts": "complex",  # ckks.make_context's slots
           **score(played, design, d), "flood_ratio": secure_ducc.FLOOD_RATIO,
           "cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.time() - t, 1)}
 
