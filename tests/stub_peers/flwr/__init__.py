@@ -1,5 +1,5 @@
 """Stub of Flower: ``start_simulation`` runs the rounds in this process, each client's fit
-called in turn and followed by a 1 ms sleep (tests/stub_peers/README.md)."""
+called in turn and followed by a 25 ms sleep (tests/stub_peers/README.md)."""
 
 from flwr import client  # noqa: F401
 from flwr import common  # noqa: F401
