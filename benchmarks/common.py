@@ -44,7 +44,7 @@ from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async import models  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
-from fedjax_async.rounds import timeline as timeline_lib  # noqa: E402
+from fedjax_async.core import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
 
 from benchmarks import host  # noqa: E402

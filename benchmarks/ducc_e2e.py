@@ -6,7 +6,7 @@ sampled each round, half of those delayed by one round: 10 online + 10 delayed u
 from round 2 on). The plaintext run is ``pafed.make_algorithm`` with Cheon's Min of the
 from fedjax_async import config as config_lib
 same d and the same empty-class tolerance, on the round engine; the encrypted one is
-``secure_engine.run_encrypted_rounds`` (clients encrypt, S0 and S1 run DUCC, Eq. 17 and Alg. 5, a
+``rounds.host_server.run_encrypted_rounds`` (clients encrypt, S0 and S1 run DUCC, Eq. 17 and Alg. 5, a
 client decrypts). One JSON row per run with the per-round accuracies of both, the largest
 parameter difference, and the encrypted round's timings:
 
@@ -65,10 +65,10 @@ def main(argv):
   from fedjax_async import config as config_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async.rounds import engine  # pylint: disable=g-import-not-at-top
   from fedjax_async.rounds import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_async.rounds import timeline as timeline_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_async.core import timeline as timeline_lib  # pylint: disable=g-import-not-at-top
   from fedjax_async.algorithms import pafed  # pylint: disable=g-import-not-at-top
   from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
-  from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
+  from fedjax_async.rounds import host_server  # pylint: disable=g-import-not-at-top
 
   cfg = config_lib.RunConfig().replace(
       algorithm="pafed", dataset=FLAGS.dataset, model=FLAGS.model, num_clients=40,
@@ -92,7 +92,7 @@ def main(argv):
   state = engine.init_state(pafed.ALGORITHM, w0, fed.num_clients, ecfg.ring_size, cfg.run.seed)
   states = [state]
   t0 = time.perf_counter()
-  sec_state, sec_rows, totals = secure_engine.run_encrypted_rounds(
+  sec_state, sec_rows, totals = host_server.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset=FLAGS.preset, min_depth=d, design=FLAGS.design,
       on_chunk=lambda s, rows: states.append(s))

@@ -45,7 +45,7 @@ from fedjax_async.core import building, streaming
 from fedjax_async.core import client as client_lib
 from fedjax_async.data import fedjax_sqlite, natural
 from fedjax_async.rounds import engine
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_clients", 3400, "N, natural clients.", lower_bound=1)

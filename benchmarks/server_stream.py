@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common  # noqa: E402
 from benchmarks import flagcheck  # noqa: E402
 from fedjax_async import algorithms  # noqa: E402
-from fedjax_async.rounds import timeline as timeline_lib  # noqa: E402
+from fedjax_async.core import timeline as timeline_lib  # noqa: E402
 from fedjax_async.algorithms import pafed  # noqa: E402
 
 # The algorithms whose server folds the uploads in chunk by chunk (the others keep them

@@ -28,7 +28,7 @@ from fedjax_async.core import client as client_lib  # noqa: E402
 from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async.rounds import experiment  # noqa: E402
 from fedjax_async.sweeps import sweep  # noqa: E402
-from fedjax_async.rounds import timeline as timeline_lib  # noqa: E402
+from fedjax_async.core import timeline as timeline_lib  # noqa: E402
 
 cli.define_run_flags()
 flags.adopt_module_key_flags(cli.run_flags)  # --help lists --algorithm, --rounds ... too

@@ -22,7 +22,7 @@ _EXPORTS = {
     "DataConfig": ("fedjax_async.config", "DataConfig"),
     "ModelConfig": ("fedjax_async.config", "ModelConfig"),
     "LocalTraining": ("fedjax_async.config", "LocalTraining"),
-    "DelayConfig": ("fedjax_async.rounds.timeline", "DelayConfig"),
+    "DelayConfig": ("fedjax_async.core.timeline", "DelayConfig"),
     "CryptoConfig": ("fedjax_async.config", "CryptoConfig"),
     "RunOptions": ("fedjax_async.config", "RunOptions"),
     "OutputConfig": ("fedjax_async.config", "OutputConfig"),

@@ -36,11 +36,11 @@ from fedjax_async import sharding
 from fedjax_async.algorithms import base
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import experiment as async_experiment
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.data import FederatedData
 from fedjax_async.fededs import config as fededs_config
 from fedjax_async.fededs import experiment as fededs
 from fedjax_async.rounds import experiment
-from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async.sweeps import sweep
 
 

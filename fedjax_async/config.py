@@ -22,15 +22,15 @@ import dataclasses
 import math
 from typing import Dict, List, Optional
 
-
 from fedjax_async import algorithms
+from fedjax_async import models
 from fedjax_async.algorithms import fedadmm
+from fedjax_async.algorithms import pafed
 from fedjax_async.algorithms.server_optimizers import SERVER_OPTIMIZERS
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
+from fedjax_async.core.timeline import DelayConfig
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
     ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
-from fedjax_async import models
-from fedjax_async.rounds.timeline import DelayConfig
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
 
@@ -412,11 +412,12 @@ def _validate_crypto(c: CryptoConfig, a: AlgorithmConfig):
         f"must be in 1..30, got {c.ckks_min_depth}")
   if c.secure_aggregation == "ckks":
     try:
-      from fedjax_async.crypto import cheon  # pylint: disable=g-import-not-at-top
+      import openfhe  # pylint: disable=g-import-not-at-top
+      del openfhe  # it loads: the encrypted server can run
     except ImportError as e:  # openfhe missing, or its wheel does not load here (BUILD.md)
       raise ConfigError("crypto.secure_aggregation", f"ckks needs OpenFHE (openfhe), which "
                         f"does not load here: {e}") from e
-    cheon.check_ducc_scale(c.ckks_min_scale)
+    pafed.check_ducc_scale(c.ckks_min_scale)
   else:
     check(c.ckks_min_scale == 1.0, "crypto.ckks_min_scale",
           "only used with crypto.secure_aggregation='ckks'")

@@ -28,9 +28,9 @@ from typing import Callable, Optional
 
 import jax
 import numpy as np
-from fedjax_async.data import natural
 from fedjax_async import models
 from fedjax_async import outputs
+from fedjax_async.data import natural
 
 WARN_SECONDS = 180.0
 

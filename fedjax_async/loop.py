@@ -39,10 +39,10 @@ from typing import Any, Callable, List, Optional, Sequence
 import jax
 
 from fedjax_async import checkpoint as checkpoint_lib
-from fedjax_async.config import ConfigError
-from fedjax_async.core import divergence
 from fedjax_async import distributed
 from fedjax_async import interrupts
+from fedjax_async.config import ConfigError
+from fedjax_async.core import divergence
 from fedjax_async.outputs import TensorBoard, json_row
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fedjax_async import distributed
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 
 CLIENT_AXIS = "clients"
 

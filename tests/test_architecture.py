@@ -2,18 +2,24 @@
 included) goes down a layer or stays within one, never up, and no modules import each
 other in a circle. The layers, bottom up:
 
-  base     no engine knowledge: configuration machinery, metrics, data, algorithms'
-           contract, the timeline and clock schedules, the CKKS protocol
-  core     what every engine shares: local training, device data and evaluation,
-           divergence, models, the algorithms, checkpoints, sharding
-  parts    configurations, outputs, the host loop, data/model building, progress
-  engines  the jitted programs: rounds, the virtual clock, FedEDS, the encrypted server
+  base     no engine knowledge: configuration machinery, metrics, data, the algorithms,
+           the clock schedules, the CKKS protocol and its server
+  core     what every engine shares (``core/``): local training, the timeline, device
+           data and evaluation, divergence, data/model building, progress; models,
+           checkpoints, sharding
+  parts    configurations, outputs, the host loop
+  engines  the jitted programs: rounds (and its host-server rounds), the virtual clock,
+           FedEDS
   runs     orchestration: a run's files, resumption, sweeps, tables
   api      ``simulate``
   cli      flags and commands (and ``python -m`` entry points)
 
+Modules are filed where they live: a package outside the engines' (``core``, ``data``,
+``crypto``, ``algorithms``, ``sweeps``, ``cli``) is one layer, whole; an engine package
+(``rounds``, ``asynchronous``, ``fededs``) holds its own layers, from its schedule and
+configuration up to its experiment, and no module below the engines reaches into one.
 An engine package does not import another engine's modules, except the ones built on the
-round engine (FedEDS, the sweeps, the encrypted server).
+round engine (FedEDS, the sweeps).
 """
 
 import ast
@@ -25,22 +31,24 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "fedjax_async")
 PKG = "fedjax_async"
 
 LAYERS = {
-    "base": ["flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics", "privacy",
-             "layers", "algorithms.base", "rounds.timeline", "asynchronous.virtual_clock",
-             "fededs.schedule", "fededs.privacy", "data", "crypto"],
-    "core": ["core", "models", "text_models", "sharding", "checkpoint", "algorithms"],
+    "base": ["flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics",
+             "privacy", "layers", "data", "crypto", "algorithms",
+             "asynchronous.virtual_clock", "fededs.schedule", "fededs.privacy"],
+    "core": ["core", "models", "text_models", "sharding", "checkpoint"],
     "parts": ["config", "asynchronous.config", "fededs.config", "outputs", "results", "loop",
-              "cost", "core.building", "core.progress"],
-    "engines": ["rounds", "asynchronous", "rounds.engine", "asynchronous.engine", "fededs.model", "fededs.generation",
-                "fededs.transfer", "fededs.engine", "fededs", "crypto.secure_engine"],
+              "cost"],
+    "engines": ["rounds", "asynchronous", "fededs"],
     "runs": ["rounds.experiment", "asynchronous.experiment", "asynchronous.report",
              "fededs.experiment", "fededs.report", "fededs.store", "sweeps"],
     "api": ["api"],
     "cli": ["cli", "__main__"],
 }
+# Packages filed whole (one layer each), and the engine packages, each holding its layers.
+WHOLE = ("core", "data", "crypto", "algorithms", "sweeps", "cli")
+ENGINE_PACKAGES = ("rounds", "asynchronous", "fededs")
 ORDER = list(LAYERS)
 # Engine packages whose modules may import the round engine's (built on it).
-ON_ROUNDS = ("fededs", "sweeps", "crypto")
+ON_ROUNDS = ("fededs", "sweeps")
 
 
 def modules():
@@ -118,7 +126,7 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_engines_do_not_import_each_other():
-  engines = ("rounds", "asynchronous", "fededs", "sweeps", "crypto")
+  engines = ENGINE_PACKAGES + ("sweeps",)
   bad = []
   for m, targets in GRAPH.items():
     own = m.split(".")[1] if m.count(".") else ""
@@ -127,9 +135,32 @@ def test_engines_do_not_import_each_other():
       if own in engines and other in engines and own != other:
         if other == "rounds" and own in ON_ROUNDS:
           continue
-        if other == "crypto" and own == "rounds":  # the round engine's encrypted server
-          continue
         bad.append(f"{m} imports {t}")
+  assert not bad, "\n".join(sorted(bad))
+
+
+def test_modules_are_filed_where_they_live():
+  """A package outside the engines is filed whole (no module of it in another layer);
+  every ``__main__`` is a package's command line, so only ``cli`` holds one."""
+  split = [p for ps in LAYERS.values() for p in ps
+           if "." in p and p.split(".")[0] in WHOLE]
+  assert not split, f"filed apart from their package: {split}"
+  mains = [m for m in MODULES if m.endswith("__main__") and m != PKG + ".__main__"]
+  assert not mains, f"command lines outside fedjax_async.cli: {mains}"
+
+
+def test_nothing_below_the_engines_reaches_into_an_engine_package():
+  """An engine package's modules are imported by its own, by other engines built on it,
+  and from the runs up: a lower layer's import of one (config or sharding importing the
+  round engine's timeline) means the module lives in the wrong package."""
+  bad = []
+  for m, targets in GRAPH.items():
+    own = m.split(".")[1] if m.count(".") else ""
+    for t in targets:
+      other = t.split(".")[1] if t.count(".") else ""
+      if (other in ENGINE_PACKAGES and own != other
+          and ORDER.index(layer_of(m)) < ORDER.index("engines")):
+        bad.append(f"{m} ({layer_of(m)}) imports {t}")
   assert not bad, "\n".join(sorted(bad))
 
 
@@ -181,10 +212,64 @@ def test_the_checks_catch_a_planted_upward_import_and_circle(monkeypatch):
     test_no_import_circle()
 
 
+def test_the_filing_checks_catch_planted_misplacements(monkeypatch):
+  """The round engine's timeline imported by config; a core module filed as parts; a
+  ``python -m`` entry point in the data package."""
+  monkeypatch.setitem(GRAPH, "fedjax_async.config",
+                      GRAPH["fedjax_async.config"] | {"fedjax_async.rounds.engine"})
+  with pytest.raises(AssertionError, match="fedjax_async.config .parts. imports "
+                     "fedjax_async.rounds.engine"):
+    test_nothing_below_the_engines_reaches_into_an_engine_package()
+  monkeypatch.setitem(LAYERS, "parts", LAYERS["parts"] + ["core.building"])
+  with pytest.raises(AssertionError, match=r"filed apart from their package: \['core.building'"):
+    test_modules_are_filed_where_they_live()
+  monkeypatch.setitem(LAYERS, "parts", [p for p in LAYERS["parts"] if p != "core.building"])
+  monkeypatch.setitem(MODULES, "fedjax_async.data.__main__", MODULES["fedjax_async.data"])
+  with pytest.raises(AssertionError, match="command lines outside fedjax_async.cli"):
+    test_modules_are_filed_where_they_live()
+
+
+def _own_import_key(node):
+  if isinstance(node, ast.ImportFrom):
+    return (node.module or "").lower(), node.names[0].name.lower()
+  return node.names[0].name.lower(), ""
+
+
+def unsorted_own_imports(path: str):
+  """The first out-of-order statement (line) of each run of the project's own top-level
+  imports in ``path``, by module then first name (case-insensitive)."""
+  out, run = [], []
+  for node in ast.parse(open(path).read()).body + [None]:
+    mod = (node.module or "") if isinstance(node, ast.ImportFrom) else (
+        node.names[0].name if isinstance(node, ast.Import) else "")
+    if node is not None and mod.startswith(PKG):
+      run.append(node)
+      continue
+    keys = [_own_import_key(n) for n in run]
+    out += [run[i].lineno for i in range(1, len(run)) if keys[i] < keys[i - 1]][:1]
+    run = []
+  return out
+
+
+def test_the_projects_own_imports_are_sorted():
+  bad = [f"{path}:{line}" for m, path in MODULES.items()
+         for line in unsorted_own_imports(path)]
+  assert not bad, "out of order: " + ", ".join(sorted(bad))
+
+
+def test_the_order_check_sees_a_planted_swap(tmp_path):
+  path = tmp_path / "planted.py"
+  path.write_text("import os\n\nfrom fedjax_async import loop\nfrom fedjax_async import api\n")
+  assert unsorted_own_imports(str(path)) == [4]
+  path.write_text("from fedjax_async import api\nfrom fedjax_async.core import client\n")
+  assert unsorted_own_imports(str(path)) == []
+
+
 # Dependencies a module may import inside a function (loaded only by the features that use
 # them): everything else, the project's own modules first, is imported at the top.
 OPTIONAL = ("openfhe", "ray", "tensorflow_datasets", "matplotlib", "tensorboardX", "pandas",
-            "psutil", "msgpack", "fedjax_async.crypto")
+            "psutil", "msgpack", "fedjax_async.crypto",
+            "dp_accounting")  # DP runs' accountant: 0.75 s of every command's start
 
 
 def lazy_imports(path: str):

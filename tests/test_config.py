@@ -11,7 +11,7 @@ import pytest
 from fedjax_async import cli
 from fedjax_async import config
 from fedjax_async.asynchronous import config as async_config
-from fedjax_async.rounds.timeline import DelayConfig
+from fedjax_async.core.timeline import DelayConfig
 import run_script
 
 

@@ -10,7 +10,7 @@ import pytest
 from fedjax_async import algorithms
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.rounds import engine
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.algorithms import base
 import test_async

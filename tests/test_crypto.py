@@ -85,7 +85,7 @@ def test_cheon_min_input_scale_hand_values_and_error():
   assert cheon.max_min_error(10, scale=4.0) < cheon.max_min_error(13)
   for bad in (0.0, -1.0, 4.5):
     with pytest.raises(ValueError, match="^crypto.ckks_min_scale: must be in"):
-      cheon.check_ducc_scale(bad)
+      pafed.check_ducc_scale(bad)
 
 
 def test_homomorphic_cheon_min_matches_plaintext():

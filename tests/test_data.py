@@ -412,7 +412,7 @@ def test_import_defines_no_flags():
 def test_cli_synthetic(tmp_path):
   png = tmp_path / "h.png"
   out = subprocess.run(
-      [sys.executable, "-m", "fedjax_async.data", "--dataset=synthetic", "--num_clients=4",
+      [sys.executable, "-m", "fedjax_async.cli.data", "--dataset=synthetic", "--num_clients=4",
        f"--png={png}"], cwd=REPO, capture_output=True, text=True, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"), check=True)
   assert "client" in out.stdout and "synthetic_1_1" in out.stdout
@@ -423,7 +423,7 @@ def test_cli_png_is_written_under_the_name_given(tmp_path):
   """--png=NAME without an extension: matplotlib appended ".png", the CLI said "wrote NAME"."""
   png = tmp_path / "hist"
   out = subprocess.run(
-      [sys.executable, "-m", "fedjax_async.data", "--dataset=synthetic", "--num_clients=4",
+      [sys.executable, "-m", "fedjax_async.cli.data", "--dataset=synthetic", "--num_clients=4",
        f"--png={png}"], cwd=REPO, capture_output=True, text=True, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"), check=True)
   assert f"wrote {png}" in out.stdout
@@ -446,7 +446,7 @@ def test_cli_png_is_written_under_the_name_given(tmp_path):
      "error: --synthetic_alpha: must be >= 0, got -1.0"),
 ])
 def test_cli_errors_are_one_line_naming_what_was_wrong(argv, message):
-  out = subprocess.run([sys.executable, "-m", "fedjax_async.data"] + argv, cwd=REPO,
+  out = subprocess.run([sys.executable, "-m", "fedjax_async.cli.data"] + argv, cwd=REPO,
                        capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 1
@@ -495,7 +495,7 @@ def test_load_tfds_not_prepared_offline(tmp_path):
                "tfds.builder('fashion_mnist', data_dir=", ").download_and_prepare()"):
     assert hint in msg
   # the experiment scripts have no --tfds_download: it is named only as the data CLI's flag
-  assert "python -m fedjax_async.data --dataset=fashion_mnist --tfds_download" in msg
+  assert "python -m fedjax_async.cli.data --dataset=fashion_mnist --tfds_download" in msg
   assert msg.count("--tfds_download") == 1
   (tmp_path / "empty").mkdir()
   with pytest.raises(RuntimeError, match="download_and_prepare"):

@@ -11,7 +11,7 @@ import pytest
 
 from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import get

@@ -252,7 +252,7 @@ def test_alpha_zero_and_a_switch_round_within_the_run_are_valid():
 def test_pafed_warns_of_rounds_with_delayed_updates_and_no_online_one():
   """A round whose arrivals are all delayed leaves PAFed's DUCC without an online mean
   (Alg. 4 line 3): the rounds are found from the timeline and named in one warning."""
-  from fedjax_async.rounds import timeline  # pylint: disable=g-import-not-at-top
+  from fedjax_async.core import timeline  # pylint: disable=g-import-not-at-top
   f, t = False, True
   # 4 rounds x 2 slots: round 1 delayed only, round 2 online + delayed, round 3 delayed
   # only with a padding slot, round 0 online only
@@ -276,7 +276,7 @@ def test_pafed_warns_of_rounds_with_delayed_updates_and_no_online_one():
 
 
 def test_a_ring_buffer_shorter_than_the_delays_warns_with_the_count_dropped(tmp_path):
-  from fedjax_async.rounds import timeline  # pylint: disable=g-import-not-at-top
+  from fedjax_async.core import timeline  # pylint: disable=g-import-not-at-top
   uniform = timeline.DelayConfig(0.3, "uniform", 3, buffer_size=2)
   tl = timeline.build(30, 40, 0.34, uniform, seed=0)
   dropped, arrived = int(tl.dropped.sum()), int((tl.valid & ~tl.online).sum())

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_async import checkpoint
 from fedjax_async import fededs
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.algorithms import fedavg
 from fedjax_async.algorithms import fedprox
 from fedjax_async.rounds.engine import DeviceData

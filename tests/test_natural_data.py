@@ -13,7 +13,7 @@ import pytest
 import fedjax_async as fa
 from fedjax_async.core import streaming
 from fedjax_async.data import natural, text, tff_sqlite
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 
 import natural_files as nf
 import run_script

@@ -22,7 +22,7 @@ from fedjax_async.algorithms import base
 from fedjax_async.algorithms import pafed
 from fedjax_async.data import loader
 from fedjax_async.rounds import experiment
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 
 import run_script
 

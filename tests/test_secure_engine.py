@@ -34,7 +34,8 @@ from fedjax_async import config as config_lib
 from fedjax_async.core import client as client_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.rounds import host_server
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.algorithms import pafed
 
 pytestmark = pytest.mark.crypto
@@ -79,7 +80,7 @@ def test_encrypted_run_matches_plaintext_with_same_min(setup):
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
                             cfg.run.seed)
   states = [state]
-  sec_state, sec_rows, totals = secure_engine.run_encrypted_rounds(
+  sec_state, sec_rows, totals = host_server.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset="insecure_test", min_depth=D, stream=out,
       on_chunk=lambda s, rows: states.append(s))
@@ -131,7 +132,7 @@ def test_streamed_design_rounds_equal_the_plaintext_server_on_the_same_uploads(s
   state = engine.init_state(pafed.ALGORITHM, w0, data.counts.shape[0], ecfg.ring_size,
                             cfg.run.seed)
   states = [state]
-  _, rows, _ = secure_engine.run_encrypted_rounds(
+  _, rows, _ = host_server.run_encrypted_rounds(
       apply_flat, pafed.ALGORITHM, ecfg, state, tl, cfg.hparams(), data,
       preset="insecure_test", min_depth=D, design="streamed", stop_round=rounds,
       stream=io.StringIO(), on_chunk=lambda s, r: states.append(s))
@@ -160,9 +161,9 @@ def test_next_round_recipients_are_the_clients_dispatched_next_round():
         if tl.valid[r, j] and tl.dispatch[r, j] == t + 1:
           expect.add(int(tl.client[r, j]))
           some_delayed |= not tl.online[r, j]
-    assert set(secure_engine.next_round_recipients(tl, t)) == expect
+    assert set(host_server.next_round_recipients(tl, t)) == expect
   assert some_delayed
-  assert secure_engine.next_round_recipients(tl, ROUNDS - 1) == ()
+  assert host_server.next_round_recipients(tl, ROUNDS - 1) == ()
 
 
 @pytest.mark.xdist_group("secure_engine_setup")  # its module fixture computed once

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_async import sharding
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +28,7 @@ CHILD = textwrap.dedent("""
   from fedjax_async import sharding
   from fedjax_async.core import client as client_lib
   from fedjax_async.rounds import engine
-  from fedjax_async.rounds import timeline as timeline_lib
+  from fedjax_async.core import timeline as timeline_lib
   from fedjax_async.algorithms import get
 
   N, M, D, C = 12, 24, 6, 3

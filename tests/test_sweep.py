@@ -21,7 +21,7 @@ from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.sweeps import sweep
 from fedjax_async.sweeps import store as sweep_store
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.core import timeline as timeline_lib
 import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,6 +25,16 @@ from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedadmm
 
 MinFn = Callable[[jax.Array, jax.Array], jax.Array]
+# Eq. 13's Min(s, 1/2), s in [0, 1]: an approximate Min (Cheon's Alg. 1) iterates on y =
+# (s - 1/2) / 2, |y| <= 1/4; scaled by c it needs (c y)^2 <= 1.
+DUCC_MAX_SCALE = 4.0
+
+
+def check_ducc_scale(scale: float) -> None:
+  """ValueError naming crypto.ckks_min_scale unless 0 < scale <= DUCC_MAX_SCALE."""
+  if not 0.0 < float(scale) <= DUCC_MAX_SCALE:
+    raise ValueError(f"crypto.ckks_min_scale: must be in (0, {DUCC_MAX_SCALE:g}] (DUCC's Min "
+                     f"input y = cos / 4 times it must stay in [-1, 1]), got {scale}")
 
 
 def normalise(v, eps=1e-12):

@@ -46,14 +46,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
 from fedjax_async import loop
+from fedjax_async import privacy
+from fedjax_async.algorithms import base
+from fedjax_async.asynchronous import virtual_clock
+from fedjax_async.core import client as client_lib
 from fedjax_async.core import device
 from fedjax_async.core import divergence
-from fedjax_async import privacy
-from fedjax_async.asynchronous import virtual_clock
-from fedjax_async.algorithms import base
 
 Array = jax.Array
 

@@ -30,19 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
-from fedjax_async.algorithms import privaasyncfed
-from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
-                                              seeds_of, validate)
-from fedjax_async.asynchronous import engine as async_engine
-from fedjax_async.asynchronous import report
-from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import config as config_lib
-from fedjax_async.config import check
-from fedjax_async.core import building
-from fedjax_async.core import client as client_lib
-from fedjax_async.core import device
-from fedjax_async.core import divergence
 from fedjax_async import cost
 from fedjax_async import loop
 from fedjax_async import models
@@ -50,6 +39,17 @@ from fedjax_async import outputs
 from fedjax_async import privacy
 from fedjax_async import results
 from fedjax_async import sharding
+from fedjax_async.algorithms import privaasyncfed
+from fedjax_async.asynchronous import engine as async_engine
+from fedjax_async.asynchronous import report
+from fedjax_async.asynchronous import virtual_clock as vc
+from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
+                                              seeds_of, validate)
+from fedjax_async.config import check
+from fedjax_async.core import building
+from fedjax_async.core import client as client_lib
+from fedjax_async.core import device
+from fedjax_async.core import divergence
 
 
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary

@@ -1,6 +1,6 @@
 """Virtual clock of fully asynchronous FL: who finishes when, and at which server version.
 
-Host-side numpy and model-independent (like ``fedjax_async.rounds.timeline`` for the round
+Host-side numpy and model-independent (like ``fedjax_async.core.timeline`` for the round
 engine): the event order of an asynchronous run does not depend on the model, so it is
 drawn up front from its own seed and the jitted engine (``fedjax_async.asynchronous.engine``)
 only consumes it.

@@ -156,11 +156,11 @@ def sweep_main_from_flags(FLAGS):
                                          base.output.checkpoint_every, "--resume"))
 
 
-# --------------------------------------------------------------- python -m fedjax_async.data
+# --------------------------------------------------------------- python -m fedjax_async.cli.data
 
 
 def define_data_flags():
-  """The flags of ``python -m fedjax_async.data`` (one data set's partition, printed)."""
+  """The flags of ``python -m fedjax_async.cli.data`` (one data set's partition, printed)."""
   flags.DEFINE_string("dataset", "fashion_mnist", f"One of {data.DATASETS} or a tfds name.")
   flags.DEFINE_string("partition", "shards", f"One of {data.PARTITIONS}.")
   flags.DEFINE_integer("num_clients", 100, "Number of clients.")
@@ -184,7 +184,7 @@ def define_data_flags():
 
 
 def data_main():
-  """``python -m fedjax_async.data``: loads and partitions a data set, prints its label
+  """``python -m fedjax_async.cli.data``: loads and partitions a data set, prints its label
   histogram per client (``--png``: and draws it)."""
   fl = define_data_flags()
 

@@ -11,13 +11,13 @@ from typing import Dict, List
 from absl import flags
 
 from fedjax_async import algorithms
-from fedjax_async.asynchronous import config as async_config
-from fedjax_async.cli import help as help_lib
 from fedjax_async import config
 from fedjax_async import data
+from fedjax_async import models
+from fedjax_async.asynchronous import config as async_config
+from fedjax_async.cli import help as help_lib
 from fedjax_async.data import loader
 from fedjax_async.fededs import config as fededs_config
-from fedjax_async import models
 
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.

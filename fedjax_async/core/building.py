@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import jax
-from fedjax_async.core import augment as augment_lib
 from fedjax_async import data as data_lib
-from fedjax_async.data import loader
 from fedjax_async import models
+from fedjax_async.core import augment as augment_lib
+from fedjax_async.data import loader
 
 
 def load_data(cfg):

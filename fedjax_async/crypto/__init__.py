@@ -11,9 +11,9 @@
   in a deep context), ``make_streamed_protocol`` and ``streamed_pafed_step``.
 """
 
+from fedjax_async.crypto.cheon import cheon_min, make_cheon_min
 from fedjax_async.crypto.ckks import (DepthError, INSECURE_TEST_PRESET, SECURE_PRESET,
                                       ducc_depth)
-from fedjax_async.crypto.cheon import cheon_min, make_cheon_min
 from fedjax_async.crypto.secure_ducc import make_protocol, secure_pafed_step
 from fedjax_async.crypto.streamed_ducc import make_streamed_protocol, streamed_pafed_step
 

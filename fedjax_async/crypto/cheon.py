@@ -46,16 +46,6 @@ def cheon_abs_sq(y2, iterations: int):
   return m
 
 
-DUCC_MAX_SCALE = 4.0  # |y| <= 1/4 for Min(s, 1/2), s in [0, 1]: (4 y)^2 <= 1
-
-
-def check_ducc_scale(scale: float) -> None:
-  """ValueError naming crypto.ckks_min_scale unless 0 < scale <= 4."""
-  if not 0.0 < float(scale) <= DUCC_MAX_SCALE:
-    raise ValueError(f"crypto.ckks_min_scale: must be in (0, {DUCC_MAX_SCALE:g}] (DUCC's Min "
-                     f"input y = cos / 4 times it must stay in [-1, 1]), got {scale}")
-
-
 def cheon_min(a, b, iterations: int, scale: float = 1.0):
   """Alg. 1 in plaintext: approximates min(a, b) for a, b in [0, 1]; with ``scale`` c
   the iteration runs on (c y)^2 and m_d is divided by c (needs |c (a - b) / 2| <= 1)."""

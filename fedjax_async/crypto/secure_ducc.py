@@ -32,8 +32,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fedjax_async.crypto import ckks
+from fedjax_async.algorithms import pafed
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import ckks
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import parallel
@@ -443,7 +444,7 @@ def make_protocol(num_clients: int, dim: int, preset: str = "secure", min_depth:
 
   S0's masks and blinds come from the OS's CSPRNG (``csprng``), never from a seed.
   """
-  cheon.check_ducc_scale(min_scale)
+  pafed.check_ducc_scale(min_scale)
   workers, backend = parallel.check_workers(workers), parallel.check_backend(backend)
   depth = ckks.ducc_depth(min_depth) if depth is None else int(depth)
   kdc = entities.KDC(num_clients, depth, min_depth, preset, ring_dim, log_size, batch_size)

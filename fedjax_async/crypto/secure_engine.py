@@ -1,46 +1,30 @@
-"""The round loop with PAFed's server under CKKS (``crypto.secure_aggregation=ckks``).
+"""PAFed's server under CKKS as a host server of the round engine
+(``crypto.secure_aggregation=ckks``, ``rounds.host_server``): step 5 of the round replaced
+by the encrypted protocol of ``secure_ducc`` (``crypto.ckks_design=one_context``) or
+``streamed_ducc`` (``streamed``), with the round's size and memory estimated and checked
+before any key is made.
 
-The same round as ``fedjax_async.rounds.engine.round_step``, with step 5 (the server) replaced by
-the encrypted protocol of ``secure_ducc`` (``crypto.ckks_design=one_context``) or
-``streamed_ducc`` (``streamed``):
-
-1-4. ``engine.client_phase`` (jitted): gather from the ring buffer, vmapped ADMM local
-     training, unit-normalised uploads (Alg. 3 line 8), dual variables scattered back.
-5.   on the host: clients encrypt their uploads under pk_s, S0 runs the encrypted DUCC
-     (Alg. 4, Cheon Min with d iterations) and Eq. 17 on Enc_pk_s(w), S1 and S0 run the
-     masked key transformation (Alg. 5) for the clients that train next round, and a
-     client decrypts w^{t+1} with its own key.
-6.   ``engine.finish_round`` (jitted): ring-buffer write and the round's metrics.
-
-The encrypted global model is carried from round to round (S0 never sees w in the
-clear); the decrypted copy that the simulation continues with is the one a client
-obtains. Rounds run one at a time (the host work per round is seconds to minutes, so
-fusing rounds in a scan would buy nothing). Time per round is split into client
-encryption, DUCC, key transformation and decryption, and printed.
+Per round: clients encrypt their uploads under pk_s, S0 runs the encrypted DUCC (Alg. 4,
+Cheon Min with d iterations) and Eq. 17 on Enc_pk_s(w), S1 and S0 run the masked key
+transformation (Alg. 5) for the clients that train next round, and a client decrypts
+w^{t+1} with its own key. Time per round is split into client encryption, DUCC, key
+transformation and decryption.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async import interrupts
-from fedjax_async.rounds import engine
-from fedjax_async.core import device as ops
-from fedjax_async.rounds import timeline as timeline_lib
-from fedjax_async.algorithms import base
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
+# the host memory available now (a function of this module: tests replace it here)
+from fedjax_async.data.federated import available_memory_bytes
 
 STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
 # The metric of the round's conflicting delayed updates (m . u_j < 0): the simulator's
@@ -190,13 +174,6 @@ def _rss_bytes() -> int:
   return _proc_kib_field("/proc/self/status", "VmRSS") or 0
 
 
-def available_memory_bytes() -> int:
-  """MemAvailable of /proc/meminfo (else all physical memory)."""
-  found = _proc_kib_field("/proc/meminfo", "MemAvailable")
-  return found if found is not None else (os.sysconf("SC_PAGE_SIZE")
-                                          * os.sysconf("SC_PHYS_PAGES"))
-
-
 def check_round_fits(est: dict, uploads: int, dim: int, available: int):
   """ValueError naming the flags that change it when the round's estimated peak memory
   (``round_estimate``'s ``memory_bytes``) exceeds the memory available; for the
@@ -220,20 +197,6 @@ def check_round_fits(est: dict, uploads: int, dim: int, available: int):
       f"~{est['streamed_memory_bytes'] / 2**30:.1f} GiB), or a smaller model.name, fewer "
       "clients per round (run.participation, delay.fraction) or a smaller "
       "crypto.ckks_min_depth")
-
-
-def next_round_recipients(tl: timeline_lib.Timeline, t: int) -> tuple:
-  """Clients dispatched in round t + 1: they need Enc_pk_i(w^{t+1}) (Alg. 5 line 8).
-
-  Those online in round t + 1 and the delayed ones dispatched then, whose updates arrive
-  in later rounds. A client dispatched in t + 1 whose update is dropped (older than the
-  ring buffer) or still in flight after the last round has no slot in the timeline and
-  is not counted (its update never reaches the server)."""
-  if t + 1 >= tl.num_rounds:
-    return ()
-  later = np.s_[t + 1:]
-  sel = tl.valid[later] & (tl.dispatch[later] == t + 1)
-  return tuple(int(i) for i in np.unique(tl.client[later][sel]))
 
 
 def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_depth: int,
@@ -271,145 +234,93 @@ def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_d
   return protocol
 
 
-def _round_rows(metrics: dict, evaluated, t_round: float) -> List[dict]:
-  """The round's metrics row (with the test accuracy and loss when ``evaluated``)."""
-  acc, loss = evaluated if evaluated is not None else (jnp.float32(jnp.nan),
-                                                       jnp.float32(jnp.nan))
-  metrics["test_accuracy"], metrics["test_loss"] = acc, loss
-  rows = engine.metrics_to_rows(jax.tree.map(lambda v: jnp.asarray(v)[None], metrics))
-  rows[0]["wall_time"] = time.perf_counter() - t_round
-  return rows
-
-
-def _plaintext_pieces(apply_flat: Callable, algorithm: base.Algorithm,
-                      ecfg: engine.EngineConfig, data: engine.DeviceData):
-  """The jitted client phase, round end and evaluation of the round engine. The clients
-  encrypt their own uploads, so the round's [K, d] uploads are kept (not folded into the
-  plaintext server's running sums chunk by chunk)."""
-  ecfg = dataclasses.replace(ecfg, stream_uploads=False)
-  phase_fn = jax.jit(functools.partial(engine.client_phase, apply_flat=apply_flat,
-                                       algorithm=algorithm, cfg=ecfg))
-  eval_fn = jax.jit(lambda w: ops.evaluate(apply_flat, w, data.test_x, data.test_y,
-                                           ecfg.eval_batch))
-  return phase_fn, jax.jit(engine.finish_round), eval_fn
-
-
-def _protocol_and_step(protocol, dim: int, tl, data, preset: str, min_depth: int,
-                       min_scale: float, stream, design: str):
-  """(the protocol, given or made for ``tl``'s rounds, and its step function); the
-  insecure preset said on stderr."""
-  preset = protocol.preset if protocol is not None else preset
-  if preset == "insecure_test":  # every run, whatever ``stream`` is
-    print(INSECURE_WARNING, file=sys.stderr, flush=True)
-  if protocol is None:
-    protocol = _setup_protocol(dim, int(tl.valid.sum(1).max()), int(data.counts.shape[0]),
-                               preset, min_depth, min_scale, stream, design,
-                               recipients=int(tl.sampled.max()) + 1,
-                               delayed=int((tl.valid & ~tl.online).sum(1).max()))
-  step = (streamed_ducc.streamed_pafed_step
+def _step_fn(protocol):
+  """The protocol's round: the streamed or the one-context design."""
+  return (streamed_ducc.streamed_pafed_step
           if isinstance(protocol, streamed_ducc.StreamedProtocol)
           else secure_ducc.secure_pafed_step)
-  return protocol, step
 
 
-def _sim_conflicting(uploads: np.ndarray, online: np.ndarray, delayed: np.ndarray):
+def _sim_conflicting(uploads: np.ndarray, online: np.ndarray, delayed: np.ndarray) -> int:
   """A simulator diagnostic from the plaintext uploads, the hidden conflict bits summed
   (delayed u_j with m . u_j < 0): no party computes it or receives it
   (``SIM_CONFLICTING``, docs/crypto.md)."""
   m = (np.mean(uploads[online], axis=0) if online.any()
        else np.zeros(uploads.shape[1:], uploads.dtype))
-  return jnp.int32(int(np.sum(uploads[delayed] @ m < 0)))
+  return int(np.sum(uploads[delayed] @ m < 0))
 
 
-def _step_or_stop(run_step: Callable, state, on_chunk: Optional[Callable]):
-  """``run_step()``; on a stop asked for mid-round (``stopping.between_chunks``) this
-  round is dropped: ``on_chunk`` with no rows checkpoints the rounds before it, as at a
-  stop between rounds, and raises the stop itself."""
-  try:
-    return run_step()
-  except interrupts.Interrupted:
-    if on_chunk is not None:
-      on_chunk(state, [])
-    raise
+class EncryptedServer:
+  """PAFed's server under CKKS as the round engine's host server
+  (``rounds.host_server.HostServer``): clients encrypt their uploads under pk_s, S0 runs
+  the encrypted DUCC (Alg. 4) and Eq. 17 on Enc_pk_s(w), S1 and S0 the masked key
+  transformation (Alg. 5) for the clients dispatched next round, and a client decrypts
+  w^{t+1} with its own key. The encrypted global model is carried from round to round
+  (S0 never sees w in the clear); the w^{t+1} returned is the one a client obtains."""
+
+  name = "pafed/ckks"
+  stages = STAGES
+
+  def __init__(self, protocol, alphas, empty_class_tol: Optional[float], owned: bool,
+               stream=sys.stdout):
+    self.protocol, self.alphas, self.owned, self.stream = protocol, alphas, owned, stream
+    self.step_fn = _step_fn(protocol)
+    # k * eps_d: the Min error of a class weight, per delayed upload (``make_server``)
+    self.eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
+    self.empty_class_tol = empty_class_tol
+    self.first = True
+
+  def step(self, t, w, uploads, online, delayed, recipients):
+    """Round t (``HostServer.step``). Round 0 starts from w^0, which S0 initialises
+    (Alg. 3 line 2); a resumed run from Enc_pk_s(w^t) that client 0 sends S0
+    (``secure_ducc.model_from_client``); afterwards S0 continues from the Enc_pk_s(w)
+    the key transformation carried over."""
+    self.protocol.recipients = tuple(recipients)
+    if self.first and t > 0:
+      secure_ducc.model_from_client(self.protocol, np.asarray(w, np.float64))
+      print(f"[{self.name}] resumed at round {t + 1}: "
+            + secure_ducc.RESUME_NOTE.format(t=t), file=self.stream, flush=True)
+    start = np.asarray(w, np.float64) if self.first and t == 0 else None
+    self.first = False
+    tol = (int(delayed.sum()) * self.eps_d if self.empty_class_tol is None
+           else self.empty_class_tol)
+    new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
+                                  self.alphas, tol)
+    return new_w, {SIM_CONFLICTING: np.int32(_sim_conflicting(uploads, online, delayed))}, timings
+
+  def note(self, metrics) -> str:
+    return f", simulator diagnostic: {int(metrics[SIM_CONFLICTING])} conflicting"
+
+  def close(self):
+    if self.owned:  # its worker pools, if any
+      self.protocol.close()
 
 
-def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm, ecfg: engine.EngineConfig,
-             state: engine.SimState, tl: timeline_lib.Timeline, hp: Dict[str, float],
-             data: engine.DeviceData, *, protocol=None,
-             preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
-             design: str = "one_context", on_chunk: Optional[Callable] = None,
-             eval_every: int = 1, stop_round: Optional[int] = None, stream=sys.stdout,
-             empty_class_tol: Optional[float] = None):
-  """Runs rounds ``state.round ..`` with the encrypted PAFed server.
+def make_server(algorithm: str, hp: Dict[str, float], dim: int, num_clients: int, *,
+                uploads: int, delayed: int, recipients: int, protocol=None,
+                preset: str = "secure", min_depth: int = 10, min_scale: float = 1.0,
+                design: str = "one_context", empty_class_tol: Optional[float] = None,
+                stream=sys.stdout) -> EncryptedServer:
+  """The encrypted server for rounds of at most ``uploads`` uploads (``delayed`` of them
+  delayed) of ``dim`` parameters, ``num_clients`` clients with ids below ``recipients``
+  receiving models; around ``protocol`` if given (not closed by the server), else a new
+  one (the KDC's set-up, after the round's estimate is printed and checked against the
+  memory available).
 
   ``empty_class_tol`` (default: k * eps_d, with k the round's delayed uploads and eps_d
   the Min error of one class weight, ``cheon.max_min_error``): a DUCC class whose total
   weight is within what the Min approximation alone could produce counts as empty, as
-  it is for the exact Min. 0 gives the protocol exactly as written (see docs/crypto.md).
-
-  Returns ``(state, rows, totals)``: the final state, one metrics row per round (the
-  engine's keys plus ``he_<stage>_s`` seconds) and the total seconds per stage.
-  """
-  if algorithm.name != "pafed":
+  it is for the exact Min. 0 gives the protocol exactly as written (docs/crypto.md)."""
+  if algorithm != "pafed":
     raise ValueError("crypto.secure_aggregation=ckks: the encrypted server is PAFed's; got "
-                     f"algorithm.names={algorithm.name}")
-  dim = int(state.w.shape[0])
-  created = protocol is None
-  protocol, step = _protocol_and_step(protocol, dim, tl, data, preset, min_depth, min_scale,
-                                      stream, design)
-  eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
-  hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
-  alphas = tuple(float(hp[k]) for k in ("alpha0", "alpha1", "alpha2"))
-  phase_fn, finish_fn, eval_fn = _plaintext_pieces(apply_flat, algorithm, ecfg, data)
-  total = tl.num_rounds
-  stop = total if stop_round is None else min(stop_round, total)
-  schedule = engine.eval_schedule(total, eval_every)
-  totals = {s: 0.0 for s in STAGES}
-  all_rows: List[dict] = []
-  first = True
-  try:
-    for t in range(int(state.round), stop):
-      t_round = time.perf_counter()
-      slots = jax.tree.map(lambda a: jnp.asarray(a[0]), tl.slice(t, t + 1))
-      phase = phase_fn(state, slots, hp, data)
-      uploads = np.asarray(phase.uploads, np.float64)
-      online = np.asarray(phase.arrivals.online)
-      delayed = np.asarray(phase.arrivals.delayed)
-      protocol.recipients = next_round_recipients(tl, t)
-      # Round 0 starts from w^0, which S0 initialises (Alg. 3 line 2); a resumed run from
-      # Enc_pk_s(w^t) that client 0 sends S0 (``model_from_client``); afterwards S0
-      # continues from Enc_pk_s(w) carried over by the key transformation.
-      if first and t > 0:
-        secure_ducc.model_from_client(protocol, np.asarray(state.w, np.float64))
-        print(f"[pafed/ckks] resumed at round {t + 1}: "
-              + secure_ducc.RESUME_NOTE.format(t=t), file=stream, flush=True)
-      new_w, timings = _step_or_stop(
-          lambda: step(protocol, np.asarray(state.w, np.float64) if first and t == 0 else None,
-                       uploads[online], uploads[delayed], alphas,
-                       int(delayed.sum()) * eps_d if empty_class_tol is None
-                       else empty_class_tol), state, on_chunk)
-      first = False
-      new_w = jnp.asarray(new_w, jnp.float32)
-      alg_metrics = {SIM_CONFLICTING: _sim_conflicting(uploads, online, delayed)}
-      alg_metrics.update({f"he_{s}_s": jnp.float32(timings[s]) for s in STAGES})
-      state, metrics = finish_fn(state, phase, new_w, state.server_state, slots, alg_metrics)
-      rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
-      if (not engine.host_stops_on_divergence(on_chunk)
-          and engine.first_nonfinite(rows) is not None):
-        raise engine.diverged(rows, 0)
-      for s in STAGES:
-        totals[s] += timings[s]
-      print(f"[pafed/ckks] round {t + 1}/{total}: " + ", ".join(
-          f"{s} {timings[s]:.2f}s" for s in STAGES) + f" ({rows[0]['delayed']} delayed, "
-            f"simulator diagnostic: {alg_metrics[SIM_CONFLICTING]} conflicting)",
-            file=stream, flush=True)
-      all_rows.extend(rows)
-      if on_chunk is not None:
-        on_chunk(state, rows)
-  finally:
-    if created:  # its worker pools, if any
-      protocol.close()
-  n = max(len(all_rows), 1)
-  print("[pafed/ckks] mean time per round: " + ", ".join(
-      f"{s} {totals[s] / n:.2f}s" for s in STAGES), file=stream, flush=True)
-  return state, all_rows, totals
+                     f"algorithm.names={algorithm}")
+  preset = protocol.preset if protocol is not None else preset
+  if preset == "insecure_test":  # every run, whatever ``stream`` is
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
+  owned = protocol is None
+  if owned:
+    protocol = _setup_protocol(dim, uploads, num_clients, preset, min_depth, min_scale,
+                               stream, design, recipients=recipients, delayed=delayed)
+  # Eq. 17's alphas as the engine traces them (float32), as the plaintext server has them
+  alphas = tuple(float(np.float32(hp[k])) for k in ("alpha0", "alpha1", "alpha2"))
+  return EncryptedServer(protocol, alphas, empty_class_tol, owned, stream)

@@ -5,7 +5,7 @@ only recorded, for the driver to stop at its next round boundary; a CKKS round o
 model takes minutes, so its chunk loops (client encryption, S0's products, Alg. 5's
 encryptions per chunk and recipient) call ``between_chunks``, which raises that signal's
 ``Interrupted`` at once. The round in progress is then discarded
-(``secure_engine.run_encrypted_rounds`` saves the rounds before it).
+(``rounds.host_server.run_host_rounds`` saves the rounds before it).
 """
 
 from __future__ import annotations

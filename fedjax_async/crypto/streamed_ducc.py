@@ -47,8 +47,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fedjax_async.crypto import ckks
+from fedjax_async.algorithms import pafed
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import ckks
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import parallel
@@ -406,7 +407,7 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
   its slot sums need log2 of that many rotation keys, 145 MB each at N = 2^16).
   ``ring_dim`` overrides both contexts' ring (``preset`` must allow it). ``workers``,
   ``backend``: Alg. 5's worker pools (``parallel``; 1: in this process)."""
-  cheon.check_ducc_scale(min_scale)
+  pafed.check_ducc_scale(min_scale)
   workers, backend = parallel.check_workers(workers), parallel.check_backend(backend)
   d = int(min_depth)
   vcc = ckks.make_context(VECTOR_DEPTH, preset, ring_dim)

@@ -29,7 +29,7 @@ check their arrays once (:func:`check_pool`), a one-line ValueError naming the a
 :func:`load` is the single entry point of ``experiments/run.py``. Label histograms:
 :func:`label_histogram`, :func:`format_histogram`, :func:`save_histogram_png`, and the CLI
 
-  python -m fedjax_async.data --dataset=fashion_mnist --partition=dirichlet --alpha=0.1 \
+  python -m fedjax_async.cli.data --dataset=fashion_mnist --partition=dirichlet --alpha=0.1 \
       --num_clients=20 --png=/tmp/h.png
 """
 

@@ -9,10 +9,10 @@ from typing import List, Optional
 
 import numpy as np
 
+from fedjax_async.data import fedjax_sqlite, leaf, tff_sqlite
 from fedjax_async.data.federated import (DATA_SOURCES, DATASETS,
                                          DEFAULT_FASHION_MNIST_DIR, PARTITIONS,
                                          FederatedData, federate, make_partition)
-from fedjax_async.data import fedjax_sqlite, leaf, tff_sqlite
 from fedjax_async.data.sources import IDX_STEMS, find_idx, load_idx_dataset, load_tfds, synthetic
 
 

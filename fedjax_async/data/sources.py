@@ -251,7 +251,7 @@ def _tfds_hint(name: str, data_dir: Optional[str]) -> str:
   where = f", data_dir={data_dir!r}" if data_dir else ""
   lines.append("  * or prepare it once, online: python -c \"import tensorflow_datasets as tfds; "
                f"tfds.builder({name!r}{where}).download_and_prepare()\" (or python -m "
-               f"fedjax_async.data --dataset={name} --tfds_download).")
+               f"fedjax_async.cli.data --dataset={name} --tfds_download).")
   return "\n".join(lines)
 
 

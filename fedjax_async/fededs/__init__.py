@@ -30,21 +30,21 @@ public names are imported here: ``fededs.wrap``, ``fededs.run``, ...
 """
 
 # pylint: disable=g-importing-member
-from fedjax_async.fededs.schedule import (  # noqa: F401
-    annealed_epochs, transfer_weights, equal_work_epochs, FedEDSConfig, round_hparams)
-from fedjax_async.fededs.model import (  # noqa: F401
-    CNNFeatures, MLPFeatures, Classifier, SplitModel, forward, make_stochastic_layer,
-    client_stochastic_layers, apply_stochastic_layer, UNet, make_encryptor)
+from fedjax_async.fededs.engine import (  # noqa: F401
+    hp_schedule, init_state, run, accuracy, shared_set_utility, rounds_to_target)
 from fedjax_async.fededs.generation import (  # noqa: F401
     train_epochs, sgd, pretrain_client, train_encryptor, encrypt, SharedData, Generation,
     generate_encrypted)
+from fedjax_async.fededs.model import (  # noqa: F401
+    CNNFeatures, MLPFeatures, Classifier, SplitModel, forward, make_stochastic_layer,
+    client_stochastic_layers, apply_stochastic_layer, UNet, make_encryptor)
+from fedjax_async.fededs.privacy import (  # noqa: F401
+    psnr, ssim, privacy_report, save_encryption_grid)
+from fedjax_async.fededs.schedule import (  # noqa: F401
+    annealed_epochs, transfer_weights, equal_work_epochs, FedEDSConfig, round_hparams)
 from fedjax_async.fededs.transfer import (  # noqa: F401
     ID_KEY, kl_soft, transfer_loss, sample_sender, step_key, take_layer,
     transfer_penalty, wrap, client_id_rows, install_client_ids)
-from fedjax_async.fededs.engine import (  # noqa: F401
-    hp_schedule, init_state, run, accuracy, shared_set_utility, rounds_to_target)
-from fedjax_async.fededs.privacy import (  # noqa: F401
-    psnr, ssim, privacy_report, save_encryption_grid)
 
 __all__ = [
     "annealed_epochs",

@@ -33,23 +33,23 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
-from fedjax_async.config import ConfigError, check
-from fedjax_async.core.progress import Progress
 from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
-from fedjax_async.data import FederatedData
-from fedjax_async.fededs import alg1, report, store
-from fedjax_async.fededs.config import VARIANTS, FedEDSRunConfig, validate
-from fedjax_async.fededs import engine as fededs_engine
-from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
-from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
-from fedjax_async.fededs.transfer import wrap
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
+from fedjax_async.config import ConfigError, check
+from fedjax_async.core import timeline as timeline_lib
+from fedjax_async.core.progress import Progress
+from fedjax_async.data import FederatedData
+from fedjax_async.fededs import alg1, report, store
+from fedjax_async.fededs import engine as fededs_engine
+from fedjax_async.fededs.config import VARIANTS, FedEDSRunConfig, validate
+from fedjax_async.fededs.model import SplitModel, client_stochastic_layers, make_encryptor
+from fedjax_async.fededs.schedule import FedEDSConfig, annealed_epochs, equal_work_epochs
+from fedjax_async.fededs.transfer import wrap
 from fedjax_async.rounds import engine
-from fedjax_async.rounds import timeline as timeline_lib
 
 class DataError(ValueError):
   """Fashion-MNIST cannot be read: the message names the file (and data.data_dir)."""

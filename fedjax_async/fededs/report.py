@@ -14,8 +14,8 @@ import numpy as np
 
 from fedjax_async import outputs
 from fedjax_async.fededs import alg1, store
-from fedjax_async.fededs.generation import SharedData
 from fedjax_async.fededs.engine import shared_set_utility
+from fedjax_async.fededs.generation import SharedData
 from fedjax_async.fededs.privacy import privacy_report, save_encryption_grid
 
 

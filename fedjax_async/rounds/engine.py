@@ -2,7 +2,7 @@
 
 One round t (``round_step``), all inside one jitted function:
 
-1. read round t's arrival slots from the timeline (``fedjax_async.rounds.timeline``): client ids,
+1. read round t's arrival slots from the timeline (``fedjax_async.core.timeline``): client ids,
    dispatch rounds, online/valid masks, padded to K;
 2. gather each arrival's starting model from the ring buffer by its dispatch round
    (``ring[dispatch % R]``) and its persistent state (``[N, d]`` arrays, e.g. ADMM duals)
@@ -38,15 +38,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_async.core import client as client_lib
 from fedjax_async import compilation
 from fedjax_async import loop
-from fedjax_async.rounds import timeline as timeline_lib
+from fedjax_async.algorithms import base
+from fedjax_async.core import client as client_lib
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.core.device import (DeviceData, client_key, evaluate, materialized,
                                       scan_chunks)
 from fedjax_async.core.divergence import (Diverged, diverged, first_nonfinite,
                                           host_stops_on_divergence)
-from fedjax_async.algorithms import base
 
 
 class SimState(NamedTuple):

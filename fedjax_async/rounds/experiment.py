@@ -23,26 +23,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
-from fedjax_async.algorithms import server_optimizers
-from fedjax_async.core import client as client_lib
-from fedjax_async.core import divergence
+from fedjax_async import cost
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import outputs
 from fedjax_async import results
-from fedjax_async.rounds import engine
-from fedjax_async.rounds import timeline as timeline_lib
 from fedjax_async import sharding
-
+from fedjax_async.algorithms import server_optimizers
 from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
+from fedjax_async.core import client as client_lib
+from fedjax_async.core import divergence
+from fedjax_async.core import streaming
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.core.building import augmentation, build_model, load_data
 from fedjax_async.core.progress import CompileTimer, Overall, Progress, log_interval
-from fedjax_async.core import streaming
-from fedjax_async import cost
 from fedjax_async.interrupts import Interrupted
-from fedjax_async import outputs
 from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
+from fedjax_async.rounds import engine
+from fedjax_async.rounds import host_server
 
 
 Run = results.Run  # (summary, rows, state, model)
@@ -248,8 +248,7 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
   """The rounds from ``state`` on: the round engine (``runner``, chunks of ``lengths``),
   or the encrypted server's loop."""
   if cfg.crypto.secure_aggregation == "ckks":
-    from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
-    return secure_engine.run_encrypted_rounds(
+    return host_server.run_encrypted_rounds(
         setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl,
         cfg.hparams(setup.algorithm),
         setup.data, preset=cfg.crypto.ckks_preset, min_depth=cfg.crypto.ckks_min_depth,

@@ -17,13 +17,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from fedjax_async import outputs
-from fedjax_async import config as config_lib
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import config as config_lib
 from fedjax_async import distributed
 from fedjax_async import figures
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
+from fedjax_async import outputs
 
 # Config fields that do not change a stored run's results (beyond those a resumption may
 # change, config_lib.RESUME_FREE_FIELDS): a run stored under other values is still reused.

@@ -43,20 +43,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_async import outputs
-from fedjax_async import config as config_lib
 from fedjax_async import algorithms
+from fedjax_async import compilation
+from fedjax_async import config as config_lib
+from fedjax_async import distributed
+from fedjax_async import loop
+from fedjax_async import outputs
 from fedjax_async.algorithms import base as base_lib
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
-from fedjax_async import compilation
-from fedjax_async import loop
+from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.sweeps import store as sweep_store
-from fedjax_async import distributed
-from fedjax_async.rounds import timeline as timeline_lib
 
 # --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
 SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "alpha",
