@@ -25,7 +25,6 @@ from typing import Any, List, NamedTuple, Optional
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from fedjax_async import distributed
 from fedjax_async import interrupts
@@ -96,7 +95,7 @@ class CheckpointError(ValueError):
 _REGISTERED = []
 
 
-def _one_replica_writes():
+def _one_replica_writes(ocp):
   """Across processes: each shard written by one replica. orbax 0.11's replica-parallel
   writes slice under ``jax.sharding.set_mesh``, which jax 0.6 lacks as a context manager."""
   if _REGISTERED:
@@ -117,8 +116,11 @@ class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
+    # orbax (0.4 s to import) is loaded by the first checkpointer, not by every command
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    self.ocp = ocp
     if jax.distributed.is_initialized() and jax.process_count() > 1:
-      _one_replica_writes()
+      _one_replica_writes(ocp)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=False)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -133,9 +135,9 @@ class Checkpointer:
             "config": to_json_ready(config), "extra": to_json_ready(extra or {})}
     with interrupts.deferred():
       try:
-        self.manager.save(int(round_index), args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state_to_leaves(state)),
-            meta=ocp.args.JsonSave(meta)), force=True)
+        self.manager.save(int(round_index), args=self.ocp.args.Composite(
+            state=self.ocp.args.StandardSave(state_to_leaves(state)),
+            meta=self.ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except
         raise self._unwritable(round_index, e) from None
@@ -176,8 +178,8 @@ class Checkpointer:
     if step is None:
       raise FileNotFoundError(f"no checkpoint under {self.directory}")
     try:
-      meta = self.manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"]
+      meta = self.manager.restore(step, args=self.ocp.args.Composite(
+          meta=self.ocp.args.JsonRestore()))["meta"]
       int(meta["round"]), list(meta["rows"]), dict(meta["config"])  # pylint: disable=expression-not-assigned
     except Exception as e:  # pylint: disable=broad-except
       raise self._unreadable(step, e) from None
@@ -192,8 +194,8 @@ class Checkpointer:
     abstract = {f"leaf_{i:05d}": _restore_target(x)
                 for i, x in enumerate(jax.tree_util.tree_leaves(template))}
     try:
-      out = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      out = self.manager.restore(step, args=self.ocp.args.Composite(
+          state=self.ocp.args.StandardRestore(abstract), meta=self.ocp.args.JsonRestore()))
       meta = out["meta"]
       state = leaves_to_state(dict(out["state"]), template)
       return Restored(int(meta["round"]), state, metrics_lib.count_from_one(list(meta["rows"])),
@@ -207,8 +209,8 @@ class Checkpointer:
     step = self.latest_round() if round_index is None else round_index
     if step is None:
       raise FileNotFoundError(f"no checkpoint under {self.directory}")
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    out = self.manager.restore(step, args=self.ocp.args.Composite(
+        state=self.ocp.args.StandardRestore(), meta=self.ocp.args.JsonRestore()))
     meta = out["meta"]
     state = {k: np.asarray(v) for k, v in dict(out["state"]).items()}
     return Restored(int(meta["round"]), state, metrics_lib.count_from_one(list(meta["rows"])),

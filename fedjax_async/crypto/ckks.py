@@ -21,12 +21,13 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 # OpenFHE parallelises with OpenMP; on a small shared machine oversubscribed OpenMP threads
 # make every operation ~20x slower (measured: EvalMult 8 ms with 1 thread vs 180 ms with
 # the default). Default to one thread unless the caller chose; must precede the import.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
 import openfhe  # pylint: disable=g-import-not-at-top
 
 

@@ -20,6 +20,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from fedjax_async.crypto import cheon
+from fedjax_async.crypto import ckks
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
@@ -104,7 +105,6 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
   default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
   the measured round (rough: linear in uploads, chunks and N)."""
-  from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
   num_clients = uploads if num_clients is None else int(num_clients)
   recipients = min(uploads, num_clients) if recipients is None else int(recipients)
   delayed = uploads if delayed is None else min(int(delayed), uploads)
@@ -134,7 +134,6 @@ def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: i
                        recipients: int, delayed: int, workers: int) -> dict:
   """``round_estimate`` of ``streamed_ducc``: S0 keeps the delayed uploads, Alg. 5 holds
   one recipient's copy at a time; the scalar context's keys and ciphertexts are fixed."""
-  from fedjax_async.crypto import ckks  # pylint: disable=g-import-not-at-top
   ring = p.ring_dim or STREAMED_RING_128
   chunks = -(-dim // (ring // 2))
   ct_bytes = _ct_bytes(ring, streamed_ducc.VECTOR_DEPTH)
@@ -146,7 +145,6 @@ def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: i
           + _key_bytes(s_ring, s_depth, s_slots, 1))
   held = (chunks * (delayed + STREAMED_CHUNK_CTS) * ct_bytes
           + STREAMED_SCALAR_CTS * _ct_bytes(s_ring, s_depth))
-  del ckks
   return {"design": "streamed", "ring": ring, "depth": streamed_ducc.VECTOR_DEPTH,
           "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
