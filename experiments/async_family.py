@@ -34,14 +34,16 @@ from absl import app
 from absl import flags
 
 from fedjax_async import cli
-from fedjax_async import config as config_lib
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async import sharding
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import experiment as async_experiment
 
-# The flags: one per field of the virtual clock's configuration (AsyncRunConfig).
+# The flags: one per field of the virtual clock's configuration (AsyncRunConfig), and one
+# per hyper-parameter of an algorithm registered by a module of --import_modules.
+if "import_modules" not in flags.FLAGS:  # (experiments/run.py imported them already)
+  cli.import_modules(sys.argv)
 cli.define_config_flags(async_config.AsyncRunConfig)
 cli.help.ESSENTIAL[:] = ["algorithm", "dataset", "model", "num_updates", "num_clients",
                          "concurrency", "seeds", "local_epochs", "output_dir", "flagfile"]
@@ -53,7 +55,7 @@ def config_from_flags(fl) -> async_config.AsyncRunConfig:
   cli.check_flag(not (fl.num_arrivals and fl["num_updates"].present), "num_arrivals",
                  "replaces --num_updates: give one of them")
   return async_config.AsyncRunConfig.from_flat(
-      {name: fl[name].value for name in config_lib.flag_specs(async_config.AsyncRunConfig)})
+      cli.flat_from_flags(fl, async_config.AsyncRunConfig))
 
 
 def main(argv):

@@ -37,7 +37,7 @@ from absl import flags
 from fedjax_async import algorithms
 from fedjax_async import cli
 
-ASYNC = algorithms.names("virtual_clock")
+ASYNC = algorithms.names("virtual_clock")  # the built-in ones, for the hints and --helpfull
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
 
 
@@ -63,17 +63,18 @@ def mode_of(argv) -> str:
     return "fededs"
   if names is None:
     return "rounds"
+  async_names = algorithms.names("virtual_clock")  # those of --import_modules included
   listed = [n for n in names.split(",") if n]
-  unknown = [n for n in listed if n not in ASYNC and n not in algorithms.names("rounds")]
+  unknown = [n for n in listed if n not in async_names and n not in algorithms.names("rounds")]
   if unknown:  # name both families: the round engine's check alone would list one
     guess = cli.did_you_mean(unknown[0], algorithms.names())
     sys.exit(f"error: --algorithm: unknown algorithm {', '.join(map(repr, unknown))}{guess} "
              f"(on rounds: {', '.join(algorithms.names('rounds'))}; on the virtual clock: "
-             f"{', '.join(ASYNC)})")
-  in_async = [n for n in listed if n in ASYNC]
+             f"{', '.join(async_names)})")
+  in_async = [n for n in listed if n in async_names]
   if in_async and len(in_async) != len(listed):
     sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "
-             f"{', '.join(n for n in listed if n not in ASYNC)} on rounds; run them "
+             f"{', '.join(n for n in listed if n not in async_names)} on rounds; run them "
              "separately")
   return "async" if in_async else "rounds"
 
@@ -132,8 +133,10 @@ def print_every_flag():
   process)."""
   env = dict(os.environ, **{cli.help.JSON_ENV: "json"})
   sections = []
+  imports = [a for a in sys.argv[1:] if a.startswith("--import_modules=")]
   for title, args in HELP_SECTIONS:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--helpfull"],
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, *imports,
+                          "--helpfull"],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
       sys.exit(out.stderr.strip() or f"error: --helpfull: the {title} section failed")
@@ -145,6 +148,7 @@ def main():
   if cli.help.requested(sys.argv[1:]) == "full" and not os.environ.get(cli.help.JSON_ENV):
     print_every_flag()
     return
+  cli.import_modules(sys.argv)  # algorithms they register: names and flags
   mode = mode_of(sys.argv)
   cli.HINTS.update(ASYNC_HINTS if mode == "async" else ROUNDS_HINTS)
   if mode != "rounds":

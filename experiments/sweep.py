@@ -4,8 +4,8 @@ r"""Seeds and scalar hyperparameters of one configuration as ONE vmapped computa
       --sweep_lr=0.05,0.1 --sweep_delay_fraction=0,0.3 --rounds=30 --output_dir=runs/sweep
 
 Every flag of experiments/run.py sets the shared (static) configuration; ``--sweep_<name>``
-(lr, momentum, rho, mu, alpha0, alpha1, alpha2, alpha = all three, alpha_decay, server_lr,
-delay_fraction) lists values
+(lr, momentum, server_lr, delay_fraction, alpha = PAFed's alpha0..2, and every float
+hyper-parameter the round engine's algorithms declare: --helpfull lists them) lists values
 whose cartesian product with the seeds ``--seed .. --seed+num_seeds-1`` is run, per
 algorithm, as one ``jit(vmap(run_chunk))`` (the run axis sharded over all devices when
 there are several). Writes ``<output_dir>/runs/<algorithm>/<setting>_seed=<s>/``
@@ -27,11 +27,14 @@ not supported by sweeps and is refused when given.
 
 from __future__ import annotations
 
+import sys
+
 from absl import app
 from absl import flags
 
 from fedjax_async import cli
 
+cli.import_modules(sys.argv)  # --import_modules: algorithms registered before the flags
 cli.define_run_flags()
 cli.define_sweep_flags()
 flags.FLAGS.set_default("output_dir", "runs/sweep")  # not experiments/run.py's runs/latest

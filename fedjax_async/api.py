@@ -127,7 +127,7 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
   if unused:
     raise config_lib.ConfigError(f"sweep[{unused[0]!r}]", f"no algorithm of "
                                  f"{cfg.algorithm.names} uses it: expected a field's flat key "
-                                 f"({', '.join(sweep.SWEEPABLE)}) or an algorithm's own "
+                                 f"({', '.join(sweep.sweepable())}) or an algorithm's own "
                                  "hyper-parameter")
   if skipped:
     print(f"sweep: {'; '.join(skipped)}: its runs are not repeated over those values",
@@ -306,10 +306,13 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   return _simulate_rounds(config, callbacks, fields)
 
 
-def _hp_text(fields: dict):
-  """``hp={"beta": 0.9}`` as the config field's text ``beta=0.9``."""
-  if isinstance(fields.get("hp"), dict):
-    fields["hp"] = ",".join(f"{k}={v!r}" for k, v in fields["hp"].items())
+def _own_hparams(fields: dict, config_class):
+  """``simulate(beta=0.9)``, an algorithm's own hyper-parameter that is no field of
+  ``config_class``, moved into ``hp`` (a mapping, as ``hp={"beta": 0.9}``)."""
+  keys, declared = config_class.keys(), algorithms.declared()
+  moved = {k: fields.pop(k) for k in list(fields) if k not in keys and k in declared}
+  if moved:
+    fields["hp"] = {**config_lib.parse_hp(fields.get("hp") or {}), **moved}
 
 
 def _simulate_fededs(config, callbacks, fields: dict) -> Result:
@@ -330,7 +333,7 @@ def _simulate_virtual_clock(config, callbacks, fields: dict) -> Result:
   """``simulate`` with an ``AsyncRunConfig``: the virtual clock, seeds in turn."""
   if "algorithm" in fields:
     fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
-  _hp_text(fields)
+  _own_hparams(fields, async_config.AsyncRunConfig)
   if isinstance(fields.get("seeds"), (list, tuple)):  # the virtual clock runs them in turn
     fields["seeds"] = ",".join(str(int(s)) for s in fields["seeds"])
   if fields.pop("sweep", None):
@@ -349,7 +352,7 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
   """``simulate`` on the round engine: a sweep or seeds as one vmapped computation, else
   each algorithm in turn (``_run_each``)."""
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
-  _hp_text(fields)
+  _own_hparams(fields, config_lib.RunConfig)
   _refuse_overridden(fields, _DATA_KEYS, config_lib.RunConfig, getattr(config, "data", None),
                      config_lib.DataConfig())
   fed_data, module, input_shape = _own_data_and_model(fields)

@@ -35,62 +35,134 @@ from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
 
 
-def dataset_defaults(dataset: str) -> Dict[str, float]:
-  """Defaults that depend on the data set (``AlgorithmConfig`` fields left ``None``).
+def hparam_fields(engine: str) -> List[tuple]:
+  """``dataclasses.make_dataclass`` fields, one per hyper-parameter that the built-in
+  algorithms ``engine`` runs declare (``base.HParam``, in their files): its flag, help,
+  bounds and default come from there. A name whose declarations disagree on the default
+  (``mu``: FedProx 0.01, FedAsync 0) or whose default follows the data set (PAFed's
+  alphas) defaults to None, each algorithm's own (``resolved_hparams``)."""
+  everywhere = algorithms.declared(built_in=True)
+  out = []
+  for name, pairs in algorithms.declared(engine, built_in=True).items():
+    first = pairs[0][1]
+    defaults = {h.default for _, h in everywhere[name]}
+    by_algorithm = ", ".join(dict.fromkeys(a for a, _ in pairs))
+    if len(defaults) == 1 and not any(h.by_dataset for _, h in everywhere[name]):
+      default, kind, note = first.default, first.kind, ""
+    else:  # (the help of a default by data set says it)
+      default, kind = None, f"Optional[{first.kind}]"
+      note = "" if first.by_dataset else " Default: each algorithm's (" + ", ".join(
+          f"{a} {h.default:g}" for a, h in everywhere[name]) + ")."
+    if first.kind == "bool" and default is not None:
+      default = bool(default)
+    bounds = "" if first.kind == "bool" or first.bounds == "(-inf, inf)" else (
+        f"; {first.bounds}")
+    out.append((name, kind, option(default, f"{first.help} [{by_algorithm}{bounds}]{note}")))
+  return out
 
-  PAFed's Eq. 17 adds alpha times unit vectors, a step of fixed length whatever the
-  model's size: the paper's alpha = 0.8 suits its 1.66M-parameter CNN, but on the
-  610-parameter logistic regression of the synthetic data sets the model then keeps
-  jumping by ~0.8 around its optimum (main job, 3 seeds: final accuracy 0.65 +- 0.10 at
-  0.8, 0.80 +- 0.01 at 0.4; docs/design.md)."""
-  alpha = 0.4 if str(dataset).lower().startswith("synthetic") else 0.8  # (validate: a str)
-  return {"alpha0": alpha, "alpha1": alpha, "alpha2": alpha}
+
+def engine_defaults(engine: str, dataset: str) -> Dict[str, float]:
+  """The defaults of ``engine``'s hyper-parameter fields on which every algorithm it runs
+  agrees (on ``dataset``): what a field left None becomes in its configuration."""
+  out = {}
+  for name, pairs in algorithms.declared(engine, built_in=True).items():
+    values = {h.default_for(dataset) for _, h in pairs}
+    if len(values) == 1:
+      out[name] = bool(values.pop()) if pairs[0][1].kind == "bool" else values.pop()
+  return out
 
 
-_BY_DATASET = "default: 0.4 on the synthetic data sets, 0.8 (the paper's) on the others"
+def fill_hparam_defaults(cfg, engine: str):
+  """``cfg`` (a configuration whose ``algorithm`` part has ``hparam_fields``) with its
+  None hyper-parameter fields set where ``engine_defaults`` has one; ``algorithm.hp``
+  (an algorithm's own, not a field) as a sorted tuple of (name, float) pairs."""
+  a = cfg.algorithm
+  optional = {f.name for f in dataclasses.fields(a) if str(f.type).startswith("Optional")}
+  missing = {k: v for k, v in engine_defaults(engine, cfg.data.dataset).items()
+             if k in optional and getattr(a, k) is None}
+  hp = tuple(sorted(parse_hp(a.hp).items()))
+  if missing or hp != a.hp:
+    object.__setattr__(cfg, "algorithm", dataclasses.replace(a, hp=hp, **missing))
 
 
-@dataclasses.dataclass(frozen=True)
-class AlgorithmConfig:
-  """Which algorithms run, and their hyperparameters (``hparams``: traced scalars)."""
-  names: str = option(MAIN_JOB_ALGORITHMS, "Algorithm or comma-separated list; choices: "
-                      + ", ".join(algorithms.names("rounds")) + ".", flag="algorithm")
-  rho: float = option(0.01, "ADMM penalty rho (FedADMM, PAFed).")
-  admm_upload: str = option(
-      "received", "FedADMM / PAFed upload (Eq. 16): received = (w_end - model received) + "
-      "dy/rho, as Gong et al.'s code; last_local = (w_end - client's last local model) + "
-      "dy/rho, the equation as printed (the global model's scale can diverge: "
-      "docs/design.md).")
-  mu: float = option(0.01, "FedProx proximal coefficient mu.")
-  alpha0: Optional[float] = option(None, f"PAFed Eq. 17 weight of the online mean; "
-                                   f"{_BY_DATASET}.")
-  alpha1: Optional[float] = option(None, f"PAFed Eq. 17 weight of the non-conflicting "
-                                   f"delayed mean; {_BY_DATASET}.")
-  alpha2: Optional[float] = option(None, f"PAFed Eq. 17 weight of the projected conflicting "
-                                   f"mean; {_BY_DATASET}.")
-  alpha_decay: float = option(1.0, "PAFed: gamma in (0, 1] of alpha_t = alpha * gamma^t, the "
-                              "Eq. 17 weights decayed per round (1: constant, as printed).")
-  ducc_projection: str = option(
-      "conflicting", "PAFed: the delayed class projected onto m's normal plane (Eq. 14): "
-      "conflicting (m . u_j < 0; Eq. 13's weights, Eq. 17's labels) | non_conflicting "
-      "(m . u_j > 0; Sec. V-A's prose; docs/design.md).",
-      choices=("conflicting", "non_conflicting"))
-  server_lr: float = option(1.0, "Server learning rate eta (FedAvg, FedProx, FedNova, "
-                            "FedADMM).")
-  server_lr2: float = option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")
-  server_lr_switch_round: int = option(-1, "Round where eta_2 starts (-1: never).")
-  server_optimizer: str = option(
-      "sgd", "Server optimiser on the round's step (Reddi et al. 2021): sgd (the rule "
-      "itself) | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi); eta = "
-      "algorithm.server_lr.", choices=SERVER_OPTIMIZERS)
-  server_beta1: float = option(0.9, "beta_1 of the server optimiser (momentum's decay).")
-  server_beta2: float = option(0.99, "beta_2 of the adam / yogi server optimisers.")
-  server_tau: float = option(1e-3, "tau, adam / yogi's adaptivity (optax's eps).")
-  hp: str = option("", "The algorithms' own hyper-parameters (Algorithm.hparams), "
-                   "name=value,... (simulate(hp={...}) takes a dict).")
+def resolved_hparams(part, engine: str, algorithm, dataset: str) -> Dict[str, float]:
+  """The hyper-parameters ``algorithm`` (a ``base.Algorithm``, or None) runs with: every
+  field of ``part`` (the ``algorithm`` part) from ``hparam_fields``, a None one at
+  ``algorithm``'s default (or the first declaring algorithm's: a run's column of a name its
+  algorithm does not read), then ``algorithm``'s own that are no field, from
+  ``part.hp``."""
+  out = {}
+  for name, pairs in algorithms.declared(engine, built_in=True).items():
+    value = getattr(part, name)
+    if value is None:
+      h = (algorithm.hparam(name) if algorithm is not None else None) or pairs[0][1]
+      value = h.default_for(dataset)
+    out[name] = float(value)
+  given = parse_hp(part.hp)
+  for h in getattr(algorithm, "hparams", ()):
+    if h.name not in out:
+      out[h.name] = float(given.get(h.name, h.default_for(dataset)))
+  return out
 
-  def name_list(self) -> List[str]:
-    return self.names.split(",")
+
+def check_hparams(part, engine: str, names: List[str]) -> None:
+  """``ConfigError`` naming ``algorithm.<name>`` for a hyper-parameter field outside the
+  bounds any algorithm of ``engine`` declares for it, or an ``algorithm.hp`` entry that
+  none of ``names`` declares or out of its bounds."""
+  for name, pairs in algorithms.declared(engine, built_in=True).items():
+    value = getattr(part, name)
+    for a, h in pairs if value is not None else ():
+      problem = h.check(value)
+      check(problem is None, f"algorithm.{name}", f"{problem} ({a}'s {h.name})")
+  own = {h.name: h for n in names if n in algorithms.names() for h in algorithms.get(n).hparams}
+  for k, v in parse_hp(part.hp).items():
+    check(k in own, "algorithm.hp", f"{k}: not a hyper-parameter of {', '.join(names)} "
+          f"(declared: {', '.join(sorted(own)) or 'none'})")
+    problem = own[k].check(v)
+    check(problem is None, f"algorithm.hp.{k}", str(problem))
+
+
+HP_HELP = ("The algorithms' own hyper-parameters that are no field (a registered "
+            "algorithm's): {name: value} (simulate(name=value) or hp={...}; on the CLI each "
+            "is a flag --name).")
+
+
+def _name_list(self) -> List[str]:
+  return self.names.split(",")
+
+
+AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
+    ("names", "str", option(MAIN_JOB_ALGORITHMS, "Algorithm or comma-separated list; "
+                            "choices: " + ", ".join(algorithms.names("rounds")) + ".",
+                            flag="algorithm")),
+    ("admm_upload", "str", option(
+        "received", "FedADMM / PAFed upload (Eq. 16): received = (w_end - model received) + "
+        "dy/rho, as Gong et al.'s code; last_local = (w_end - client's last local model) + "
+        "dy/rho, the equation as printed (the global model's scale can diverge: "
+        "docs/design.md).")),
+    ("ducc_projection", "str", option(
+        "conflicting", "PAFed: the delayed class projected onto m's normal plane (Eq. 14): "
+        "conflicting (m . u_j < 0; Eq. 13's weights, Eq. 17's labels) | non_conflicting "
+        "(m . u_j > 0; Sec. V-A's prose; docs/design.md).",
+        choices=("conflicting", "non_conflicting"))),
+    ("server_lr", "float", option(1.0, "Server learning rate eta (FedAvg, FedProx, FedNova, "
+                                  "FedADMM).")),
+    ("server_lr2", "float", option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")),
+    ("server_lr_switch_round", "int", option(-1, "Round where eta_2 starts (-1: never).")),
+    ("server_optimizer", "str", option(
+        "sgd", "Server optimiser on the round's step (Reddi et al. 2021): sgd (the rule "
+        "itself) | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi); eta = "
+        "algorithm.server_lr.", choices=SERVER_OPTIMIZERS)),
+    ("server_beta1", "float", option(0.9, "beta_1 of the server optimiser (momentum's "
+                                     "decay).")),
+    ("server_beta2", "float", option(0.99, "beta_2 of the adam / yogi server optimisers.")),
+    ("server_tau", "float", option(1e-3, "tau, adam / yogi's adaptivity (optax's eps).")),
+    ("hp", "tuple", option((), HP_HELP)),
+    *hparam_fields("rounds"),
+], frozen=True, namespace={"name_list": _name_list, "__doc__": (
+    "Which algorithms run, the server's options, and the algorithms' hyper-parameters: a "
+    "field per ``base.HParam`` the round engine's algorithms declare (``hparam_fields``).")})
+AlgorithmConfig.__module__ = __name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,19 +295,18 @@ class RunConfig(FlatKeys):
   output: OutputConfig = OutputConfig()
 
   def __post_init__(self):
-    missing = {k: v for k, v in dataset_defaults(self.data.dataset).items()
-               if getattr(self.algorithm, k) is None}
-    if missing:
-      object.__setattr__(self, "algorithm", dataclasses.replace(self.algorithm, **missing))
+    fill_hparam_defaults(self, "rounds")
 
   def replace(self, **flat) -> "RunConfig":
-    """``FlatKeys.replace``; PAFed's alphas left at their data set's default
-    (``dataset_defaults``) follow a new ``dataset``."""
+    """``FlatKeys.replace``; hyper-parameters left at their data set's default (PAFed's
+    alphas, ``engine_defaults``) follow a new ``dataset``."""
     new = FlatKeys.replace(self, **flat)
     if "dataset" in flat:
-      stale = {k: None for k, v in dataset_defaults(self.data.dataset).items()
-               if getattr(new.algorithm, k) == v and k not in flat}
-      if stale:  # __post_init__ gives them the new data set's defaults
+      old = engine_defaults("rounds", self.data.dataset)
+      now = engine_defaults("rounds", new.data.dataset)
+      stale = {k: now[k] for k, v in old.items()
+               if getattr(new.algorithm, k) == v and k not in flat and now.get(k) != v}
+      if stale:
         new = dataclasses.replace(new, algorithm=dataclasses.replace(new.algorithm, **stale))
     return new
 
@@ -251,17 +322,11 @@ class RunConfig(FlatKeys):
     return cls().replace(**flat)
 
   def hparams(self, algorithm=None) -> Dict[str, float]:
-    """The traced scalar hyperparameters (sweepable with vmap): the common ones, then
-    ``algorithm``'s own (``Algorithm.hparams``) with the values of ``algorithm.hp``."""
-    own = dict(getattr(algorithm, "hparams", ()))
-    own.update({k: v for k, v in parse_hp(self.algorithm.hp).items() if k in own})
-    return {**self.common_hparams(), **own}
-
-  def common_hparams(self) -> Dict[str, float]:
+    """The traced scalar hyperparameters (sweepable with vmap): the common ones, then the
+    algorithms' (``resolved_hparams``: ``algorithm``'s own defaults where none is given)."""
     a, loc = self.algorithm, self.local
-    return {"lr": loc.lr, "momentum": loc.momentum, "rho": a.rho, "mu": a.mu,
-            "alpha0": a.alpha0, "alpha1": a.alpha1, "alpha2": a.alpha2,
-            "alpha_decay": a.alpha_decay,
+    return {"lr": loc.lr, "momentum": loc.momentum,
+            **resolved_hparams(a, "rounds", algorithm, self.data.dataset),
             "ducc_project_conflicting": float(a.ducc_projection == "conflicting"),
             "server_lr": a.server_lr,
             "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
@@ -269,6 +334,9 @@ class RunConfig(FlatKeys):
 
 
 _KEYS = RunConfig.keys()
+# The common fields: no algorithm registered later may name a hyper-parameter so.
+algorithms.reserve([k for k in _KEYS if k not in algorithms.declared(built_in=True)],
+                   "the round engine's RunConfig")
 
 
 def path(key: str) -> str:
@@ -330,27 +398,15 @@ def _validate_algorithm(cfg: RunConfig):
   check(len(set(names)) == len(names), "algorithm.names",  # one output directory per name
         f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
         f"once, got {a.names!r}")
-  check(a.rho > 0, "algorithm.rho", f"must be > 0, got {a.rho}")
   check(a.admm_upload in fedadmm.UPLOADS, "algorithm.admm_upload",
         f"must be one of {', '.join(fedadmm.UPLOADS)}, got {a.admm_upload!r}")
-  check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
-  for k in ("alpha0", "alpha1", "alpha2"):  # PAFed's non-negative weights (Eq. 17)
-    check(getattr(a, k) >= 0, f"algorithm.{k}", f"must be >= 0 (a weight of PAFed's "
-          f"Eq. 17), got {getattr(a, k)}")
-  declared = {k for n in names if n in algorithms.names("rounds")
-              for k, _ in algorithms.get(n).hparams}
-  for k, v in parse_hp(a.hp).items():
-    check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
-          f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
-    check(math.isfinite(v), f"algorithm.hp.{k}", f"must be a finite number, got {v}")
+  check_hparams(a, "rounds", names)
   check(a.server_optimizer in SERVER_OPTIMIZERS,
         "algorithm.server_optimizer", f"must be one of {', '.join(SERVER_OPTIMIZERS)}, got "
         f"{a.server_optimizer!r}")
   for k in ("server_beta1", "server_beta2"):
     check(0 <= getattr(a, k) < 1, f"algorithm.{k}", f"must be in [0, 1), got {getattr(a, k)}")
   check(a.server_tau > 0, "algorithm.server_tau", f"must be > 0, got {a.server_tau}")
-  check(0 < a.alpha_decay <= 1, "algorithm.alpha_decay",
-        f"must be in (0, 1] (1: constant alphas), got {a.alpha_decay}")
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
         f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
@@ -444,6 +500,7 @@ def config_dict(cfg: RunConfig) -> dict:
   for key, (part, _) in _KEYS.items():
     if part != "delay":
       out[key] = cfg.get(key)
+  out["hp"] = dict(cfg.algorithm.hp)
   out["delay"] = dataclasses.asdict(cfg.delay)
   return out
 
@@ -458,10 +515,20 @@ RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
-  """The configuration of one algorithm's run, as stored in summaries and checkpoints."""
+  """The configuration of one algorithm's run, as stored in summaries and checkpoints;
+  its own hyper-parameters that are no field (a registered algorithm's) as columns too,
+  at the values it runs with."""
   d = config_dict(cfg)
   d["algorithm"] = name
-  return d
+  return dict(own_columns(cfg, name), **d)
+
+
+def own_columns(cfg: RunConfig, name: str) -> Dict[str, float]:
+  """``name``'s own hyper-parameters that are no field, at the values it runs with."""
+  if name not in algorithms.names():
+    return {}
+  used = resolved_hparams(cfg.algorithm, "rounds", algorithms.get(name), cfg.data.dataset)
+  return {k: v for k, v in used.items() if k not in _KEYS}
 
 
 # What a config stored before a field existed ran with, where that is not the field's
@@ -474,6 +541,8 @@ def flat_stored(config: dict) -> dict:
   (``delay_fraction``, ``train_dropped``), so that a field added to ``DelayConfig`` later
   is missing from older configurations like any other field."""
   delay = config.get("delay")
+  if "hp" in config:  # "" (before it was a mapping) or {} or pairs: one form
+    config = dict(config, hp=parse_hp(config["hp"] or {}))
   if not isinstance(delay, dict):
     return dict(config)
   flat = {k: v for k, v in config.items() if k != "delay"}

@@ -157,10 +157,13 @@ def check_types(cfg) -> None:
 
 
 def parse_hp(text) -> Dict[str, float]:
-  """``algorithm.hp``: ``"beta=0.9,gamma=2"`` (or a dict) -> {name: float}; ConfigError
+  """``algorithm.hp``: ``"beta=0.9,gamma=2"`` (or a dict, or (name, value) pairs) ->
+  {name: float}; ConfigError
   naming the field otherwise."""
   if isinstance(text, dict):
     items = list(text.items())
+  elif isinstance(text, (tuple, list)):  # (name, value) pairs, as the config holds them
+    items = [tuple(p) for p in text]
   else:
     items = []
     for part in filter(None, (p.strip() for p in str(text).split(","))):

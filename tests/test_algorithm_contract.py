@@ -122,9 +122,9 @@ def test_the_registry_holds_one_algorithm_per_name_on_one_engine():
     assert isinstance(alg, base.Algorithm) and alg.name == name
     assert alg.engine == engine and name in algorithms.names(engine)
     assert name in algorithms.names_on(engine)
-    names = [k for k, _ in alg.hparams]
+    names = [h.name for h in alg.hparams]
     assert len(set(names)) == len(names) and all(k.isidentifier() for k in names), name
-    assert all(np.isfinite(float(v)) for _, v in alg.hparams), name
+    assert all(h.check(h.default) is None and h.help for h in alg.hparams), name
 
 
 @pytest.mark.parametrize("name,engine", PAIRS)

@@ -243,7 +243,7 @@ def test_double_compensation_server_step_formula():
   # by hand: rho d = [1, -4, -0.5]; 1.6 d^2 (w_prev - w_tau) = [0.2, -6.4, 0.05]
   np.testing.assert_allclose(g, [0.8, 2.4, -0.55])
   arr = base.Arrival(True, 3, True, jnp.asarray(w_tau), jnp.ones(3), 1.0, 1.0)
-  hp = {"rho": rho, "dc_lambda": lam, "dc_lambda_t": lam_t, "server_lr": eta}
+  hp = {"dc_rho": rho, "dc_lambda": lam, "dc_lambda_t": lam_t, "server_lr": eta}
   w_new, _ = double_compensation.server_step(jnp.asarray(w_prev), (), jnp.asarray(w_star),
                                              arr, hp)
   np.testing.assert_allclose(w_new, w_prev - eta * np.array([0.8, 2.4, -0.55]), rtol=1e-6)
@@ -254,7 +254,7 @@ def test_loss_threshold_stops_local_training():
   step and later ones are not taken (checked against a plain loop over the same batches)."""
   data = tiny_data()
   cfg = async_engine.AsyncConfig(LOCAL, 2, 1)
-  base_hp = {"lr": 0.1, "momentum": 0.0, "rho": 1.0}
+  base_hp = {"lr": 0.1, "momentum": 0.0, "dc_rho": 1.0}
   key = jax.random.PRNGKey(0)
   n = int(data.counts[0])
   run = lambda v: async_engine.train_local(

@@ -91,8 +91,18 @@ def hand_written_docs(root=run_script.ROOT):
           + sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")))
 
 
+def hand_written_bytes(path):
+  """The file's size less its generated blocks (``<!-- generated: ... -->`` to ``<!-- end
+  generated -->``: docs/api.md's hyper-parameter table, made from the declarations)."""
+  with open(path, "rb") as f:
+    text = f.read()
+  generated = re.findall(rb"<!-- generated: .*?<!-- end generated -->", text, re.S)
+  return len(text) - sum(len(g) for g in generated)
+
+
 def test_the_hand_written_docs_fit_their_size_budget():
-  sizes = {os.path.relpath(p, run_script.ROOT): os.path.getsize(p) for p in hand_written_docs()}
+  sizes = {os.path.relpath(p, run_script.ROOT): hand_written_bytes(p)
+           for p in hand_written_docs()}
   assert {"README.md", "BUILD.md", "docs/api.md", "docs/design.md"} <= set(sizes)
   assert sizes["README.md"] <= README_BUDGET, (
       f"README.md is {sizes['README.md']} bytes, over {README_BUDGET}: move detail to docs/")

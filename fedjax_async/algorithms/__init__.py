@@ -12,6 +12,7 @@ runs those with a per-arrival rule (``server_step``), and a round rule as rounds
   engine_of("fedbuff")      # "virtual_clock"
   get("pafed")              # its base.Algorithm
   register(my_algorithm)    # a base.Algorithm of your own, by its name
+  declared("rounds")        # {hyper-parameter: [(algorithm, base.HParam), ...]}
 """
 
 from __future__ import annotations
@@ -45,6 +46,31 @@ ADMM = ("fedadmm", "pafed")
 # Algorithms registered from Python (``register``): name -> base.Algorithm.
 _REGISTERED = {}
 
+# Names an algorithm's own hyper-parameter may not take: the configurations' common fields
+# (``lr``, ``rounds``, ...), reserved by the configurations that define them (``reserve``).
+_RESERVED = {}
+
+
+def reserve(names, owner: str):
+  """Reserves ``names`` (a configuration's common fields, ``owner`` naming it) against the
+  hyper-parameters of algorithms registered later."""
+  for n in names:
+    _RESERVED.setdefault(n, owner)
+
+
+def _check_hparams(algorithm):
+  """A ``register``ed algorithm's hyper-parameters: none named as a common field, and each
+  name declared elsewhere of the same kind."""
+  for h in algorithm.hparams:
+    if h.name in _RESERVED:
+      raise ValueError(f"register: {algorithm.name}'s hyper-parameter {h.name!r} clashes "
+                       f"with the common field {h.name} of {_RESERVED[h.name]}; give it "
+                       f"another name (e.g. {algorithm.name}_{h.name})")
+    for other, theirs in declared().get(h.name, ()):
+      if other != algorithm.name and theirs.kind != h.kind:
+        raise ValueError(f"register: {algorithm.name}'s hyper-parameter {h.name!r} is a "
+                         f"{h.kind}, {other}'s of that name a {theirs.kind}; rename it")
+
 
 def register(algorithm, replace: bool = False):
   """Registers a ``base.Algorithm`` under its ``name`` for every entry point of this
@@ -62,6 +88,7 @@ def register(algorithm, replace: bool = False):
                            and _REGISTERED[name] is not algorithm):
     raise ValueError(f"register: the name {name!r} is taken (replace=True replaces a "
                      "registered one; built-in names cannot be)")
+  _check_hparams(algorithm)
   _REGISTERED[name] = algorithm
   return algorithm
 
@@ -81,6 +108,37 @@ def names_on(engine: str) -> Tuple[str, ...]:
   if engine != "virtual_clock":
     return own
   return own + tuple(n for n in names("rounds") if not get(n).client_state_keys)
+
+
+def declared(engine: Optional[str] = None, built_in: bool = False):
+  """``{name: [(algorithm, base.HParam), ...]}``: the hyper-parameters the algorithms
+  declare (those ``engine`` runs, ``names_on``; only the built-in ones with
+  ``built_in``), each name in the order it first appears."""
+  algos = names_on(engine) if engine else names()
+  out = {}
+  for a in algos:
+    if built_in and a not in _REGISTRY:
+      continue
+    for h in get(a).hparams:
+      out.setdefault(h.name, []).append((a, h))
+  return out
+
+
+def hparams_table() -> str:
+  """docs/api.md's table of the built-in algorithms' hyper-parameters, made from their
+  declarations (``base.HParam``; tests/test_own_hparams.py keeps the doc equal to it)."""
+  rows = ["| flag | algorithms: default | bounds | meaning |", "|---|---|---|---|"]
+  for name, pairs in declared(built_in=True).items():
+    by_default = {}
+    for a, h in pairs:
+      text = (f"{h.by_dataset('synthetic'):g} (synthetic), {h.default:g}" if h.by_dataset else
+          ("true" if h.default else "false") if h.kind == "bool" else f"{h.default:g}")
+      by_default.setdefault(text, []).append(a)
+    defaults = "; ".join(f"{', '.join(a)} {d}" for d, a in by_default.items())
+    h = pairs[0][1]
+    rows.append(f"| `--{name}` | {defaults} | {'' if h.kind == 'bool' else h.bounds} | "
+                f"{h.help.replace('|', '&#124;')} |")
+  return "\n".join(rows)
 
 
 def engine_of(name: str) -> str:

@@ -20,12 +20,16 @@ and the vmap over clients; an algorithm only says
 
 The client side is shared: both engines train with ``local_penalty`` and upload what
 ``client_final`` returns. Hyperparameters travel as a dict of scalars (``hp``) so that
-sweeps can ``vmap`` over them.
+sweeps can ``vmap`` over them; an algorithm declares its own (``HParam``: name, default,
+bounds, help) beside its update, and the flags, ``--helpfull``, validation, the sweepable
+names and docs/api.md's table are made from those declarations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
@@ -33,6 +37,70 @@ import jax.numpy as jnp
 
 Array = jax.Array
 HParams = Dict[str, Any]
+
+
+_BOUNDS = re.compile(r"^([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])$")
+
+
+@dataclasses.dataclass(frozen=True)
+class HParam:
+  """One of an algorithm's own hyper-parameters, declared beside its update.
+
+  ``name``: its key in ``hp``, its flag (``--name``), its sweep (``--sweep_name``) and its
+  result column; ``default``: its value when none is given (``by_dataset(dataset)`` instead
+  where it depends on the data set); ``bounds``: the allowed interval, ``"[0, inf)"``;
+  ``kind``: ``float`` (traced), ``bool`` (traced as 0/1; not swept); ``help``: one line for
+  ``--helpfull`` and docs/api.md.
+  """
+
+  name: str
+  default: float
+  help: str = ""
+  bounds: str = "(-inf, inf)"
+  kind: str = "float"
+  by_dataset: Optional[Callable[[str], float]] = None
+
+  def __post_init__(self):
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name or ""):
+      raise ValueError(f"HParam: a name is lower-case letters, digits and _, got "
+                       f"{self.name!r}")
+    if self.kind not in ("float", "bool"):
+      raise ValueError(f"HParam {self.name}: kind is float or bool, got {self.kind!r}")
+    if not _BOUNDS.match(self.bounds):
+      raise ValueError(f"HParam {self.name}: bounds are an interval such as '[0, 1)', got "
+                       f"{self.bounds!r}")
+    problem = self.check(self.default)
+    if problem:
+      raise ValueError(f"HParam {self.name}: the default {problem}")
+
+  def default_for(self, dataset: str = "") -> float:
+    """The default on ``dataset`` (``by_dataset``'s when given)."""
+    return self.by_dataset(str(dataset)) if self.by_dataset else self.default
+
+  def check(self, value) -> Optional[str]:
+    """None when ``value`` is allowed, else what is wrong (``must be in (0, inf), got 0``)."""
+    if self.kind == "bool":
+      return None if value in (True, False, 0, 1) else f"must be true or false, got {value!r}"
+    try:
+      v = float(value)
+    except (TypeError, ValueError):
+      return f"must be a number, got {value!r}"
+    left, lo, hi, right = _BOUNDS.match(self.bounds).groups()
+    lo, hi = float(lo), float(hi)
+    inside = ((v > lo if left == "(" else v >= lo) and (v < hi if right == ")" else v <= hi))
+    if not math.isfinite(v):
+      return f"must be a finite number, got {value}"
+    if not inside:
+      return f"must be in {self.bounds}, got {value}"
+    return None
+
+
+def as_hparam(item) -> HParam:
+  """An ``HParam``, or a ``(name, default)`` pair as one (no bounds, no help)."""
+  if isinstance(item, HParam):
+    return item
+  name, default = item
+  return HParam(name, float(default))
 
 
 class Arrivals(NamedTuple):
@@ -154,9 +222,10 @@ class Algorithm:
       Alg. 1), stop once the loss is <= ``hp['loss_threshold']`` (double compensation),
       train the sub-model of the device class's scale, and server versions every
       ``buffer_k`` arrivals (FedBuff).
-    hparams: the algorithm's own scalar hyper-parameters, ``(name, default)`` pairs: they
-      reach its functions in ``hp`` (traced, so a new value needs no recompilation) and
-      are set by ``algorithm.hp`` (``--hp=name=value,...``; ``simulate(hp={...})``).
+    hparams: the algorithm's own hyper-parameters, ``HParam``s (or ``(name, default)``
+      pairs): they reach its functions in ``hp`` (traced, so a new value needs no
+      recompilation); each is a flag ``--name``, a sweepable name and a result column, set
+      from Python by ``simulate(name=value)``.
   """
 
   name: str
@@ -173,9 +242,14 @@ class Algorithm:
   early_stop: bool = False
   pruned: bool = False
   buffered: bool = False
-  hparams: Tuple[Tuple[str, float], ...] = ()
+  hparams: Tuple[HParam, ...] = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "hparams", tuple(as_hparam(h) for h in self.hparams))
+    names = [h.name for h in self.hparams]
+    if len(set(names)) != len(names):
+      raise ValueError(f"algorithm {self.name!r}: hparams declares "
+                       f"{', '.join(sorted({n for n in names if names.count(n) > 1}))} twice")
     if (self.server_update is None) == (self.server_step is None):
       raise ValueError(f"algorithm {self.name!r}: give server_update (a round's arrivals) "
                        "or server_step (one arrival), exactly one")
@@ -183,6 +257,10 @@ class Algorithm:
     if self.server_update is not None and hooks:
       raise ValueError(f"algorithm {self.name!r}: {', '.join(hooks)} are the virtual "
                        "clock's client hooks; give a server_step with them")
+
+  def hparam(self, name: str) -> Optional[HParam]:
+    """The declared ``HParam`` called ``name``, or None."""
+    return next((h for h in self.hparams if h.name == name), None)
 
   @property
   def engine(self) -> str:

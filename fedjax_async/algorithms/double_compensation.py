@@ -17,7 +17,7 @@ with the diagonal Hessian approximation g (.) g (Eq. 5) moves it to the current 
 lambda_t is "a parameter to improve the accuracy of time delay compensation, in [0, 1]"
 (Table 2); the paper gives no schedule for it and fixes lambda = 1 in all experiments, so
 both are hyperparameters (``dc_lambda_t``, default 1, and ``dc_lambda``).
-Hyperparameters: ``rho``, ``dc_lambda``, ``dc_lambda_t``, ``server_lr`` (eta),
+Hyperparameters: ``dc_rho`` (rho), ``dc_lambda``, ``dc_lambda_t``, ``server_lr`` (eta),
 ``loss_threshold`` (v).
 """
 
@@ -32,7 +32,7 @@ def fedprox_penalty(w, w_start, client_state, hp):
   """rho/2 ||w - w_tau||^2 (Alg. 1 line 14)."""
   del client_state
   diff = w - w_start
-  return 0.5 * hp["rho"] * jnp.vdot(diff, diff)
+  return 0.5 * hp["dc_rho"] * jnp.vdot(diff, diff)
 
 
 def compensated_gradient(w_prev, w_tau, w_star, rho, lam, lam_t):
@@ -44,10 +44,18 @@ def compensated_gradient(w_prev, w_tau, w_star, rho, lam, lam_t):
 
 def server_step(w, server_state, upload, arrival, hp):
   """w_t = w_{t-1} - eta g (Alg. 1 line 8, Eq. 11); ``upload`` is w_k*."""
-  g = compensated_gradient(w, arrival.w_start, upload, hp["rho"], hp.get("dc_lambda", 1.0),
+  g = compensated_gradient(w, arrival.w_start, upload, hp["dc_rho"], hp.get("dc_lambda", 1.0),
                            hp.get("dc_lambda_t", 1.0))
   return w - hp["server_lr"] * g, server_state
 
+
+HPARAMS = (
+    base.HParam("dc_rho", 1.0, "rho of the proximal term and Eq. 9.", bounds="[0, inf)"),
+    base.HParam("dc_lambda", 1.0, "lambda of Eq. 10."),
+    base.HParam("dc_lambda_t", 1.0, "lambda_t of Eq. 10.",
+                bounds="[0, 1]"),
+    base.HParam("loss_threshold", 0.0, "v: local steps stop at a loss <= v (line 12)."),
+)
 
 ALGORITHM = base.Algorithm(
     name="double_compensation",
@@ -55,6 +63,7 @@ ALGORITHM = base.Algorithm(
     client_final=base.model_upload,
     server_step=server_step,
     early_stop=True,
+    hparams=HPARAMS,
 )
 
 
@@ -63,5 +72,5 @@ ALGORITHM = base.Algorithm(
 def fedasync_hinge_hparams(hp):
   """FedAsync hyperparameters of the paper's baseline from double-compensation ones."""
   out = dict(hp)
-  out.update(staleness_fn=2.0, mu=hp["rho"])
+  out.update(staleness_fn=2.0, mu=hp["dc_rho"])
   return out

@@ -79,6 +79,10 @@ def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
 STREAMED = base.streamed_linear(base.LinearServer(weight=arrival_weights, apply=apply_sum))
 
 
+RHO = base.HParam("rho", 0.01, "ADMM penalty (Eq. 8).",
+                  bounds="(0, inf)")
+
+
 def make_algorithm(upload: str = "received") -> base.Algorithm:
   """FedADMM with Eq. 16 read as ``upload`` (one of ``UPLOADS``)."""
   if upload not in UPLOADS:
@@ -92,6 +96,7 @@ def make_algorithm(upload: str = "received") -> base.Algorithm:
       init_client_state=make_init_client_state(upload),
       streamed_server=STREAMED,
       separable_penalty=True,  # sum_j y_j (w_j - w_g,j) + rho/2 (w_j - w_g,j)^2
+      hparams=(RHO,),
   )
 
 

@@ -30,6 +30,14 @@ import jax.numpy as jnp
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedprox
 
+MU = base.HParam("mu", 0.0, "Proximal coefficient of the local objective.", bounds="[0, inf)")
+POLY_A = base.HParam("poly_a", 0.5, "a of the polynomial staleness s.",
+                     bounds="[0, inf)")
+HINGE_A = base.HParam("hinge_a", 10.0, "a, the hinge staleness s's slope.",
+                      bounds="(0, inf)")
+HINGE_B = base.HParam("hinge_b", 4.0, "b, the staleness where the hinge bends.", bounds="[0, inf)")
+
+
 def constant_staleness(staleness):
   """s(t - tau) = 1."""
   return jnp.ones_like(jnp.asarray(staleness, jnp.float32))
@@ -72,4 +80,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=fedprox.proximal_penalty,  # mu/2 ||w - w_tau||^2
     client_final=base.model_upload,
     server_step=server_step,
+    hparams=(MU, POLY_A, HINGE_A, HINGE_B),
 )

@@ -28,6 +28,15 @@ from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedprox
 
 
+HPARAMS = (
+    base.HParam("mu", 0.0, "Proximal coefficient (0: none).",
+                bounds="[0, inf)"),
+    base.HParam("server_momentum", 0.0, "beta_s, the server's momentum.",
+                bounds="[0, 1)"),
+    base.HParam("fedbuff_staleness", 1.0, "Deltas weighed by 1/sqrt(1 + staleness).", kind="bool", bounds="[0, 1]"),
+)
+
+
 class BufferState(NamedTuple):
   total: jax.Array  # [d] sum of weighted deltas since the last server step
   count: jax.Array  # float32: arrivals in the buffer
@@ -65,4 +74,5 @@ ALGORITHM = base.Algorithm(
     server_step=server_step,
     init_server_state=init_server_state,
     buffered=True,
+    hparams=HPARAMS,
 )

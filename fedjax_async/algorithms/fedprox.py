@@ -8,6 +8,10 @@ from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedavg
 
 
+MU = base.HParam("mu", 0.01, "Proximal coefficient (Eq. 2).",
+                 bounds="[0, inf)")
+
+
 def proximal_penalty(w, w_start, client_state, hp):
   """mu/2 ||w - w_g||^2 (FedProx Eq. 2), w_g the global model the client received."""
   del client_state
@@ -22,4 +26,5 @@ ALGORITHM = base.Algorithm(
     server_update=fedavg.server_update,
     streamed_server=fedavg.STREAMED,
     separable_penalty=True,  # mu/2 sum_j (w_j - w_g,j)^2
+    hparams=(MU,),
 )

@@ -173,4 +173,6 @@ ALGORITHM = base.Algorithm(
     server_step=server_step,
     dp=True,
     pruned=True,
+    hparams=(base.HParam("beta", 0.6, "beta of Eq. 15.",
+                         bounds="(0, 1]"), fedasync.HINGE_A, fedasync.HINGE_B),
 )

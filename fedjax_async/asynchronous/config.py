@@ -14,37 +14,27 @@ import math
 from typing import List, Optional
 
 from fedjax_async import algorithms
+from fedjax_async import config as config_lib
 from fedjax_async import privacy
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.config import DataConfig, ModelConfig, check_finite, validate_local
-from fedjax_async.flatkeys import (ConfigError, FlatKeys, check, check_types, option,
-                                   parse_hp)
+from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
 
 
-@dataclasses.dataclass(frozen=True)
-class AsyncAlgorithmConfig:
-  """Which algorithms run, and the servers' hyperparameters (docs/async.md)."""
-  names: str = option("fedasync", "Comma list of "
-                      + ", ".join(algorithms.names("virtual_clock")) + ", or a round rule "
-                      "whose clients keep no state (fedavg, fedprox, fednova: each arrival a "
-                      "round of one).", flag="algorithm")
-  hp: str = option("", "The algorithms' own hyper-parameters (Algorithm.hparams), "
-                   "name=value,... (simulate(hp={...}) takes a dict).")
-  mu: float = option(0.0, "FedAsync / FedBuff proximal coefficient mu.")
-  mix_alpha: str = option("0.6", "FedAsync's a (comma list to sweep).")
-  staleness_fn: str = option("hinge", "constant | polynomial | hinge (FedAsync).")
-  poly_a: float = option(0.5, "Polynomial staleness exponent.")
-  hinge_a: float = option(10.0, "Hinge staleness slope a.")
-  hinge_b: float = option(4.0, "Hinge staleness threshold b.")
-  server_lr: float = option(1.0, "FedBuff eta_s / double compensation eta.")
-  server_momentum: float = option(0.0, "FedBuff server momentum.")
-  fedbuff_staleness: bool = option(True, "FedBuff 1/sqrt(1+staleness) weights.")
-  dc_rho: float = option(1.0, "Double compensation's FedProx weight rho (Guo et al.; the "
-                         "round engine's --rho is FedADMM's penalty).")
-  dc_lambda: float = option(1.0, "Double compensation lambda.")
-  dc_lambda_t: float = option(1.0, "Double compensation lambda_t in [0, 1].")
-  loss_threshold: float = option(0.0, "Double compensation loss threshold v.")
-  beta: float = option(0.6, "PrivaAsyncFed beta (Eq. 15).")
+AsyncAlgorithmConfig = dataclasses.make_dataclass("AsyncAlgorithmConfig", [
+    ("names", "str", option("fedasync", "Comma list of "
+                            + ", ".join(algorithms.names("virtual_clock")) + ", or a round "
+                            "rule whose clients keep no state (fedavg, fedprox, fednova: each "
+                            "arrival a round of one).", flag="algorithm")),
+    ("hp", "tuple", option((), config_lib.HP_HELP)),
+    ("mix_alpha", "str", option("0.6", "FedAsync's a (comma list: one run each).")),
+    ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge (FedAsync).")),
+    ("server_lr", "float", option(1.0, "FedBuff eta_s / double compensation eta.")),
+    *config_lib.hparam_fields("virtual_clock"),
+], frozen=True, namespace={"__doc__": (
+    "Which algorithms run, and the servers' hyperparameters (docs/async.md): a field per "
+    "``base.HParam`` the virtual clock's algorithms declare (``hparam_fields``).")})
+AsyncAlgorithmConfig.__module__ = __name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +136,14 @@ class AsyncRunConfig(FlatKeys):
   run: AsyncRunOptions = AsyncRunOptions()
   output: AsyncOutputConfig = AsyncOutputConfig()
 
+  def __post_init__(self):
+    config_lib.fill_hparam_defaults(self, "virtual_clock")
+
+
+algorithms.reserve([k for k in AsyncRunConfig.keys()
+                    if k not in algorithms.declared(built_in=True)],
+                   "the virtual clock's AsyncRunConfig")
+
 
 # ------------------------------------------------------------------- validation
 
@@ -185,11 +183,7 @@ def validate(cfg: AsyncRunConfig):
   choices = algorithms.names_on("virtual_clock")
   for n in names:
     check(n in choices, "algorithm.names", f"unknown {n!r}; choices: {', '.join(choices)}")
-  declared = {k for n in names for k, _ in algorithms.get(n).hparams}
-  for k, v in parse_hp(a.hp).items():
-    check(k in declared, "algorithm.hp", f"{k}: not a hyper-parameter of "
-          f"{', '.join(names)} (declared: {', '.join(sorted(declared)) or 'none'})")
-    check(math.isfinite(v), f"algorithm.hp.{k}", f"must be a finite number, got {v}")
+  config_lib.check_hparams(a, "virtual_clock", names)
   check(len(set(names)) == len(names), "algorithm.names",
         f"lists an algorithm more than once: {a.names!r}")
   seeds_of(cfg)
@@ -243,7 +237,6 @@ def validate(cfg: AsyncRunConfig):
 
 
 def _validate_servers(a):
-  check(a.mu >= 0, "algorithm.mu", f"must be >= 0, got {a.mu}")
   alphas = parse_floats(a.mix_alpha, "algorithm.mix_alpha")
   check(alphas and len(set(alphas)) == len(alphas), "algorithm.mix_alpha",
         f"needs distinct values (one run each), got {a.mix_alpha!r}")
@@ -251,12 +244,4 @@ def _validate_servers(a):
     check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
   check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
         f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
-  check(a.hinge_a > 0, "algorithm.hinge_a", f"must be > 0, got {a.hinge_a}")
-  check(a.hinge_b >= 0, "algorithm.hinge_b", f"must be >= 0, got {a.hinge_b}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
-  check(0 <= a.server_momentum < 1, "algorithm.server_momentum",
-        f"must be in [0, 1), got {a.server_momentum}")
-  check(a.dc_rho >= 0, "algorithm.dc_rho", f"must be >= 0, got {a.dc_rho}")
-  check(0 <= a.dc_lambda_t <= 1, "algorithm.dc_lambda_t",
-        f"must be in [0, 1], got {a.dc_lambda_t}")
-  check(0 < a.beta <= 1, "algorithm.beta", f"must be in (0, 1], got {a.beta}")

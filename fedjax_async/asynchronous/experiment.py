@@ -114,26 +114,28 @@ def run_list(cfg: AsyncRunConfig, names: Sequence[str]):
 
 
 def hparams(cfg: AsyncRunConfig, mix_alpha: float, algorithm=None) -> Dict[str, float]:
-  """The traced scalar hyperparameters of a run: the common ones, then ``algorithm``'s own
-  (``Algorithm.hparams``) with the values of ``algorithm.hp``."""
+  """The traced scalar hyperparameters of a run: the common ones, then the algorithms'
+  (``config.resolved_hparams``: ``algorithm``'s own defaults where none is given)."""
   a, p = cfg.algorithm, cfg.privacy
-  own = dict(getattr(algorithm, "hparams", ()))
-  own.update({k: v for k, v in config_lib.parse_hp(a.hp).items() if k in own})
-  return {"lr": cfg.local.lr, "momentum": cfg.local.momentum, "mu": a.mu,
+  return {"lr": cfg.local.lr, "momentum": cfg.local.momentum,
           "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
-          "poly_a": a.poly_a, "hinge_a": a.hinge_a, "hinge_b": a.hinge_b,
-          "server_lr": a.server_lr, "server_momentum": a.server_momentum,
-          "fedbuff_staleness": float(a.fedbuff_staleness), "rho": a.dc_rho,
-          "dc_lambda": a.dc_lambda, "dc_lambda_t": a.dc_lambda_t,
-          "loss_threshold": a.loss_threshold, "beta": a.beta, "dp_epsilon": p.dp_epsilon,
-          "dp_clip": p.dp_clip, "dp_delta": p.dp_delta, "dp_noise_multiplier": 0.0, **own}
+          "server_lr": a.server_lr,
+          **config_lib.resolved_hparams(a, "virtual_clock", algorithm, cfg.data.dataset),
+          "dp_epsilon": p.dp_epsilon, "dp_clip": p.dp_clip, "dp_delta": p.dp_delta,
+          "dp_noise_multiplier": 0.0}
 
 
-def run_config(cfg: AsyncRunConfig, run_name: str) -> dict:
+def run_config(cfg: AsyncRunConfig, run_name: str, algo_name: Optional[str] = None) -> dict:
   """What a run's checkpoints and summary.json store to compare with on resumption: the
-  fields that change the results (not RESUME_FREE_FIELDS) by flat key, and the run's
-  name."""
+  fields that change the results (not RESUME_FREE_FIELDS) by flat key, a hyper-parameter
+  left None at the value ``algo_name``'s run uses (``config.resolved_hparams``), and the
+  run's name."""
   flat = cfg.flat()
+  flat["hp"] = dict(cfg.algorithm.hp)
+  algorithm = algorithms.get(algo_name) if algo_name else None
+  used = config_lib.resolved_hparams(cfg.algorithm, "virtual_clock", algorithm,
+                                     cfg.data.dataset)
+  flat.update({k: used[k] for k, v in flat.items() if v is None and k in used})
   return {"run": run_name, **{k: flat[k] for k in sorted(flat) if k not in RESUME_FREE_FIELDS}}
 
 
@@ -229,7 +231,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
     # (waited for: see sharding.shard_clients)
     state, data, masks = jax.block_until_ready(sharding.replicate((state, data, masks), mesh))
   runner = async_engine.make_runner(apply_flat, algorithm, ecfg)
-  config = run_config(cfg, run_name)
+  config = run_config(cfg, run_name, algo_name)
   num_groups = int(groups["valid"].shape[0])
   # chunks of about loop.CHUNK_SECONDS (a signal is answered at a chunk's end)
   lengths = loop.ChunkLengths(cfg.run.groups_per_call, loop.CHUNK_SECONDS,
@@ -300,7 +302,8 @@ def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule
   return host, ckpt, state, start_group
 
 
-def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str) -> Optional[Run]:
+def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str,
+                 algo_name: Optional[str] = None) -> Optional[Run]:
   """A finished run under ``out_dir`` made with the same configuration, else None
   (resumption then continues it from its checkpoint, or runs it)."""
   try:
@@ -310,7 +313,7 @@ def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str) -> Optional[R
     return None
   saved = summary.get("config")
   if not isinstance(saved, dict) or config_lib.config_mismatch(
-      renamed(saved), checkpoint_lib.to_json_ready(run_config(cfg, run_name))):
+      renamed(saved), checkpoint_lib.to_json_ready(run_config(cfg, run_name, algo_name))):
     return None
   return Run(summary, outputs.read_metrics(out_dir), None)
 
@@ -409,13 +412,14 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
   done: Dict[str, Run] = {}
   for run_name, algo, alpha in runs:
     out = out_dir if out_dir is None or len(runs) == 1 else os.path.join(out_dir, run_name)
-    run = finished_run(cfg, run_name, out) if out is not None and cfg.output.resume else None
+    run = (finished_run(cfg, run_name, out, algo) if out is not None and cfg.output.resume
+           else None)
     if run is not None:
       print(f"[{run_name}] read back from {out} (finished, same configuration)", flush=True)
     else:
       try:
-        run = run_one(cfg, run_name, algo, hparams(cfg, alpha, algorithms.get(algo)), clock, scales, fed, model,
-                      out, callbacks)
+        run = run_one(cfg, run_name, algo, hparams(cfg, alpha, algorithms.get(algo)), clock,
+                      scales, fed, model, out, callbacks)
       except divergence.Diverged as e:
         print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)
         result.diverged[f"{run_name} (seed {cfg.run.seed})"] = str(e)

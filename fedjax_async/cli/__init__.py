@@ -15,10 +15,12 @@ from fedjax_async.cli.commands import (SWEEP_UNSUPPORTED_FLAGS, check_sweep_flag
                                        sweeps_from_flags)
 from fedjax_async.cli.run_flags import (HINTS, as_flags, check_flag, check_names, config_from_flags,
                                         define_config_flags, define_run_flags, did_you_mean,
+                                        flat_from_flags, import_modules, own_hparams,
                                         parse_flags, unknown_flag_message)
 
 __all__ = ["HINTS", "help", "as_flags", "check_flag", "check_names", "config_from_flags",
-           "define_config_flags", "define_run_flags", "did_you_mean",
+           "define_config_flags", "define_run_flags", "did_you_mean", "flat_from_flags",
+           "import_modules", "own_hparams",
            "parse_flags", "unknown_flag_message", "SWEEP_UNSUPPORTED_FLAGS", "check_sweep_flags",
            "data_main", "define_data_flags", "define_sweep_flags", "join_processes",
            "main_from_flags", "quiet_library_logs", "sweep_main_from_flags",

@@ -97,18 +97,20 @@ def define_sweep_flags():
   flags.DEFINE_integer("max_runs_per_computation", 0,
                        "Split the runs of an algorithm into vmapped computations of at most "
                        "this many runs (memory); 0 = all runs in one.")
-  for name in sweep.SWEEPABLE:
+  for name in sweep.sweepable():
     flags.DEFINE_string(f"sweep_{name}", "", f"Comma-separated values of --{name} "
                         "(cartesian product with the other sweeps and the seeds).")
   help_lib.GROUPS.update(dict.fromkeys(
-      ["num_seeds", "max_runs_per_computation"] + [f"sweep_{n}" for n in sweep.SWEEPABLE],
+      ["num_seeds", "max_runs_per_computation"] + [f"sweep_{n}" for n in sweep.sweepable()],
       "sweep"))
 
 
 def sweeps_from_flags(FLAGS) -> Dict[str, List[float]]:
   """``{name: values}`` of the given --sweep_<name> flags (ValueError naming the flag)."""
   out = {}
-  for name in sweep.SWEEPABLE:
+  for name in sweep.sweepable():
+    if f"sweep_{name}" not in FLAGS:  # registered after the flags were defined
+      continue
     values = sweep.parse_values(f"sweep_{name}", getattr(FLAGS, f"sweep_{name}"))
     if values:
       out[name] = values

@@ -4,6 +4,7 @@ shared by ``experiments/`` and ``benchmarks/`` (one ``error:`` line per mistake)
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
 import sys
 from typing import Dict, List
@@ -32,6 +33,7 @@ def as_flags(message: str) -> str:
   by_path = {spec.path: name for cls in (config.RunConfig, async_config.AsyncRunConfig,
                                          fededs_config.FedEDSRunConfig)
              for name, spec in config.flag_specs(cls).items()}
+  message = re.sub(r"\balgorithm\.hp\.([a-z_][a-z_0-9]*)\b", r"--\1", message)  # own ones
   return re.sub(r"\b[a-z_][a-z_0-9]*\.[a-z_0-9]+\b",
                 lambda m: "--" + by_path[m.group(0)] if m.group(0) in by_path else m.group(0),
                 message)
@@ -139,17 +141,62 @@ def define_run_flags():
   _define_process_flags()
 
 
+_DEFINE = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
+           "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
+# The engine whose algorithms a configuration class runs (their own hyper-parameters' flags).
+ENGINES = {config.RunConfig: "rounds", async_config.AsyncRunConfig: "virtual_clock"}
+
+
 def define_config_flags(config_class=None):
   """One flag per field of ``config_class`` (default ``RunConfig``;
-  ``config.flag_specs``: its name, type, default, help and choices)."""
-  define = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
-            "float": flags.DEFINE_float, "bool": flags.DEFINE_boolean}
-  for name, spec in config.flag_specs(config_class or config.RunConfig).items():
+  ``config.flag_specs``: its name, type, default, help and choices), and one per
+  hyper-parameter of a registered algorithm that is no field (``own_hparams``)."""
+  cls = config_class or config.RunConfig
+  for name, spec in config.flag_specs(cls).items():
+    if spec.kind == "tuple":  # algorithm.hp: its entries are flags of their own (below)
+      continue
     help_lib.GROUPS[name] = spec.path.split(".")[0]
     if spec.choices:
       flags.DEFINE_enum(name, spec.default, list(spec.choices), spec.help)
     else:
-      define[spec.kind](name, spec.default, spec.help)
+      _DEFINE[spec.kind](name, spec.default, spec.help)
+  for name, (algo, h) in own_hparams(cls).items():
+    help_lib.GROUPS[name] = "algorithm"
+    _DEFINE[h.kind](name, None, f"{h.help} [{algo}; {h.bounds}] (default: "
+                    f"{h.default:g})")
+
+
+def own_hparams(config_class) -> Dict[str, tuple]:
+  """``{name: (algorithm, base.HParam)}``: the hyper-parameters that the algorithms
+  registered from Python (``algorithms.register``) declare and ``config_class`` has no
+  field for; they reach a run through ``algorithm.hp``."""
+  engine = ENGINES.get(config_class)
+  keys = config_class.keys()
+  return {n: pairs[0] for n, pairs in (algorithms.declared(engine).items() if engine else ())
+          if n not in keys}
+
+
+def import_modules(argv: List[str]) -> None:
+  """``--import_modules=my_pkg.my_algo,...`` (on the command line or in a --flagfile):
+  imports each module before the flags are defined, so that the algorithms it registers
+  (``algorithms.register``) have their names and hyper-parameters as flags; defines the
+  flag itself. One ``error:`` line when a module cannot be imported."""
+  flags.DEFINE_string("import_modules", "", "Comma list of Python modules to import first "
+                      "(each may register algorithms: fedjax_async.algorithms.register).")
+  help_lib.GROUPS["import_modules"] = "algorithm"
+  try:
+    args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
+  except flags.Error:
+    return  # parse_flags names the unreadable --flagfile
+  for i, a in enumerate(args):
+    value = (a.split("=", 1)[1] if a.startswith("--import_modules=") else
+             args[i + 1] if a == "--import_modules" and i + 1 < len(args) else "")
+    for name in filter(None, (v.strip() for v in value.split(","))):
+      try:
+        importlib.import_module(name)
+      except Exception as e:  # pylint: disable=broad-except
+        sys.exit(f"error: --import_modules: cannot import {name!r}: {type(e).__name__}: {e} "
+                 "(is its folder on PYTHONPATH?)")
 
 
 def _define_process_flags():
@@ -174,9 +221,18 @@ def config_from_flags(FLAGS):
   """The ``RunConfig`` of the parsed run flags, validated; a ValueError names the flag
   (``as_flags`` of the library's field path)."""
   try:
-    cfg = config.RunConfig.from_flat({name: FLAGS[name].value
-                                      for name in config.flag_specs(config.RunConfig)})
+    cfg = config.RunConfig.from_flat(flat_from_flags(FLAGS, config.RunConfig))
     config.validate(cfg)
   except ValueError as e:
     raise ValueError(as_flags(str(e))) from None
   return cfg
+
+
+def flat_from_flags(FLAGS, config_class) -> dict:
+  """The flat keys of ``config_class`` from the parsed flags, the given flags of
+  ``own_hparams`` in ``hp``."""
+  flat = {name: FLAGS[name].value for name, spec in config.flag_specs(config_class).items()
+          if spec.kind != "tuple"}
+  flat["hp"] = {n: float(FLAGS[n].value) for n in own_hparams(config_class)
+                if n in FLAGS and FLAGS[n].value is not None}
+  return flat

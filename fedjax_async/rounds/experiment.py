@@ -32,7 +32,8 @@ from fedjax_async import outputs
 from fedjax_async import results
 from fedjax_async import sharding
 from fedjax_async.algorithms import server_optimizers
-from fedjax_async.config import RunConfig, config_dict, mismatch_flags, run_config_for
+from fedjax_async.config import (RunConfig, config_dict, mismatch_flags, own_columns,
+                                 run_config_for)
 from fedjax_async.core import client as client_lib
 from fedjax_async.core import divergence
 from fedjax_async.core import streaming
@@ -153,7 +154,7 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
   """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere)."""
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
                       num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=wall,
-                      config=config_dict(cfg))
+                      config=dict(config_dict(cfg), **own_columns(cfg, name)))
   if stopped_early_at is not None:
     summary["stopped_early_at_round"] = stopped_early_at
   if cfg.crypto.secure_aggregation == "ckks":

@@ -58,11 +58,18 @@ from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
 from fedjax_async.sweeps import store as sweep_store
 
-# --sweep_<name> flags: RunConfig fields that only enter the traced hp dict or the timeline.
-SWEEPABLE = ("lr", "momentum", "rho", "mu", "alpha0", "alpha1", "alpha2", "alpha",
-             "alpha_decay", "server_lr", "delay_fraction")
 # Swept names that set several fields at once: ``alpha`` is PAFed's three Eq. 17 weights.
 TIED = {"alpha": ("alpha0", "alpha1", "alpha2")}
+# Common fields that only enter the traced hp dict or the timeline.
+COMMON = ("lr", "momentum", "server_lr", "delay_fraction")
+
+
+def sweepable() -> tuple:
+  """The --sweep_<name> names: ``COMMON``, ``TIED``, and every float hyper-parameter the
+  round engine's algorithms declare (``base.HParam``; those registered so far too)."""
+  own = [n for n, pairs in algorithms.declared("rounds").items()
+         if pairs[0][1].kind == "float"]
+  return tuple(dict.fromkeys(COMMON[:2] + tuple(own) + tuple(TIED) + COMMON[2:]))
 
 
 class SetupError(ValueError):
@@ -90,8 +97,7 @@ def with_value(cfg: config_lib.RunConfig, name: str, value: float) -> config_lib
   the fields a ``TIED`` name stands for, or (a name that is no field) an algorithm's own
   hyper-parameter in ``algorithm.hp``."""
   if name not in TIED and name not in cfg.keys():
-    hp = dict(config_lib.parse_hp(cfg.algorithm.hp), **{name: value})
-    return cfg.replace(hp=",".join(f"{k}={v!r}" for k, v in hp.items()))
+    return cfg.replace(hp=dict(config_lib.parse_hp(cfg.algorithm.hp), **{name: value}))
   return cfg.replace(**{n: value for n in TIED.get(name, (name,))})
 
 
@@ -116,8 +122,8 @@ def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
   """The cartesian product of the swept values and seeds ``base.run.seed + 0..num_seeds-1``
   (seeds vary fastest). Each config is validated (errors name the flag)."""
   for name in sweeps:
-    if name not in SWEEPABLE:
-      raise ValueError(f"--sweep_{name}: not sweepable; choices: {', '.join(SWEEPABLE)}")
+    if name not in sweepable():
+      raise ValueError(f"--sweep_{name}: not sweepable; choices: {', '.join(sweepable())}")
     check_values(base, name, sweeps[name], f"sweep_{name}")
   if num_seeds < 1:
     raise ValueError(f"--num_seeds: must be >= 1, got {num_seeds}")
@@ -197,7 +203,7 @@ def used_names(cfg: config_lib.RunConfig, algorithm_name: str,
   it."""
   algorithm = server_optimizers.configured(
       algorithms.get(algorithm_name, cfg.algorithm.admm_upload), cfg.algorithm)
-  own, hp, read = dict(algorithm.hparams), cfg.hparams(algorithm), None
+  own, hp, read = {h.name for h in algorithm.hparams}, cfg.hparams(algorithm), None
   out = []
   for n in names:
     fields = TIED.get(n, (n,))
