@@ -48,6 +48,8 @@ def test_every_hyper_parameter_a_built_in_reads_is_declared_by_it():
     declared = {h.name for h in algorithms.get(name).hparams}
     assert read is not None and read - COMMON <= declared, (name, sorted(read - COMMON -
                                                                         declared))
+    with open(os.path.join(folder, f"{name}.py")) as f:  # declared in its own file
+      assert bool(declared) == ("hparams=" in f.read()), name
 
 
 def _outside(h: base.HParam):

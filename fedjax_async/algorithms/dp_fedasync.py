@@ -14,4 +14,5 @@ import dataclasses
 
 from fedjax_async.algorithms import fedasync
 
-ALGORITHM = dataclasses.replace(fedasync.ALGORITHM, name="dp_fedasync", dp=True)
+ALGORITHM = dataclasses.replace(fedasync.ALGORITHM, name="dp_fedasync", dp=True,
+                                hparams=fedasync.HPARAMS)

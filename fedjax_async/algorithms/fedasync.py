@@ -38,6 +38,9 @@ HINGE_A = base.HParam("hinge_a", 10.0, "a, the hinge staleness s's slope.",
 HINGE_B = base.HParam("hinge_b", 4.0, "b, the staleness where the hinge bends.", bounds="[0, inf)")
 
 
+HPARAMS = (MU, POLY_A, HINGE_A, HINGE_B)
+
+
 def constant_staleness(staleness):
   """s(t - tau) = 1."""
   return jnp.ones_like(jnp.asarray(staleness, jnp.float32))
@@ -80,5 +83,5 @@ ALGORITHM = base.Algorithm(
     local_penalty=fedprox.proximal_penalty,  # mu/2 ||w - w_tau||^2
     client_final=base.model_upload,
     server_step=server_step,
-    hparams=(MU, POLY_A, HINGE_A, HINGE_B),
+    hparams=HPARAMS,
 )
