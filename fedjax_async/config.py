@@ -33,6 +33,90 @@ from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config
     ConfigError, FlagSpec, FlatKeys, check, check_types, flag_specs, option, parse_hp)
 
 MAIN_JOB_ALGORITHMS = "pafed,fedadmm,fedavg,fedprox"
+DP_ALGORITHMS = ("privaasyncfed", "dp_fedasync")
+
+
+def _momentum(cfg) -> float:
+  """0.5; 0 for a DP run of the virtual clock (its accountant composes plain SGD steps)."""
+  dp = math.isfinite(cfg.privacy.dp_epsilon) and any(
+      n in DP_ALGORITHMS for n in cfg.algorithm.names.split(","))
+  return 0.0 if dp else 0.5
+
+
+# The shared fields whose default depends on the engine (the flag's default is None, each
+# engine's configuration fills it in, ``fill_engine_defaults``), and why.
+ENGINE_DEFAULTS = {
+    # each engine's own algorithms: the README's main job, FedAsync
+    "algorithm": {"rounds": MAIN_JOB_ALGORITHMS, "virtual_clock": "fedasync"},
+    # the virtual clock's unit is one server update (a round of one arrival): evaluating
+    # every one would cost more than the training
+    "eval_every": {"rounds": 1, "virtual_clock": 20},
+    # rounds on the round engine, calls of --groups_per_call groups on the virtual clock
+    "checkpoint_every": {"rounds": 10, "virtual_clock": 1},
+    # DP runs need plain SGD (privacy.py's accountant)
+    "momentum": {"rounds": 0.5, "virtual_clock": _momentum},
+}
+
+
+def engine_default(cfg, key: str, engine: str):
+  """``ENGINE_DEFAULTS[key]`` of ``engine`` for ``cfg``."""
+  value = ENGINE_DEFAULTS[key][engine]
+  return value(cfg) if callable(value) else value
+
+
+def replace_keeping_defaults(cfg, engine: str, flat: dict):
+  """``FlatKeys.replace(cfg, **flat)`` where a field left at its default follows the new
+  values: ``ENGINE_DEFAULTS`` (the momentum of a run made DP) and the hyper-parameters'
+  defaults by data set (PAFed's alphas after a new ``dataset``)."""
+  new = FlatKeys.replace(cfg, **flat)
+  stale = {k: None for k in ENGINE_DEFAULTS if k not in flat
+           and cfg.get(k) == engine_default(cfg, k, engine) != engine_default(new, k, engine)}
+  if "dataset" in flat:
+    old, now = engine_defaults(engine, cfg.data.dataset), engine_defaults(engine,
+                                                                           new.data.dataset)
+    stale.update({k: now[k] for k, v in old.items()
+                  if new.get(k) == v and k not in flat and now.get(k) != v})
+  return FlatKeys.replace(new, **stale) if stale else new
+
+
+def fill_engine_defaults(cfg, engine: str):
+  """``cfg`` with its ``ENGINE_DEFAULTS`` fields that are None set to ``engine``'s (in
+  that order: the momentum's rule reads the algorithm)."""
+  for key in ENGINE_DEFAULTS:
+    if cfg.get(key) is None:
+      part, name = type(cfg).keys()[key]
+      value = engine_default(cfg, key, engine)
+      object.__setattr__(cfg, part, dataclasses.replace(getattr(cfg, part), **{name: value}))
+
+
+# Help of the fields both engines share whose default depends on the engine.
+SHARED_HELP = {
+    "algorithm": "Algorithm or comma list (default: the round engine's "
+                 f"{MAIN_JOB_ALGORITHMS}; the virtual clock's fedasync).",
+    "eval_every": "Evaluate every k rounds, on the virtual clock every k server updates "
+                  "(and at the end; default: 1 round, 20 updates).",
+    "checkpoint_every": "Checkpoint every k rounds, on the virtual clock every k calls of "
+                        "--groups_per_call groups (and at the end; 0: off; default: 10 "
+                        "rounds, 1 call).",
+    "momentum": "Local SGD momentum (default: 0.5; 0 in DP runs).",
+}
+# ... and of those whose default is the same, where the two engines' wording would differ.
+SHARED_HELP.update({
+    "seed": "Seed of data, timeline (clock), initialisation and clients.",
+    "devices": "D: split each round's (group's) clients over the first D devices (0: all; 1: "
+               "no sharding); sweeps split their runs over them instead.",
+    "cpu_devices": "CPU only: make this many XLA host devices (jax_num_cpu_devices) for "
+                   "--devices; 0: JAX's default (one).",
+    "output_dir": "Where metrics, summaries, checkpoints, tables and figures go (from "
+                  "Python, None: nowhere).",
+    "resume": "Continue from the latest checkpoints in --output_dir; runs finished with the "
+              "same flags are read back.",
+    "overwrite": "Delete this driver's outputs in --output_dir and start over; without it "
+                 "(or --resume) a folder holding a run is refused.",
+    "quiet": "No per-round lines: each run's result and the comparison table only.",
+    "server_lr": "Server step size eta (FedAvg, FedProx, FedNova, FedADMM; FedBuff's eta_s, "
+                 "double compensation's eta).",
+})
 
 
 def hparam_fields(engine: str) -> List[tuple]:
@@ -44,7 +128,7 @@ def hparam_fields(engine: str) -> List[tuple]:
   everywhere = algorithms.declared(built_in=True)
   out = []
   for name, pairs in algorithms.declared(engine, built_in=True).items():
-    first = pairs[0][1]
+    first = everywhere[name][0][1]  # (the same help on every engine)
     defaults = {h.default for _, h in everywhere[name]}
     by_algorithm = ", ".join(dict.fromkeys(a for a, _ in pairs))
     if len(defaults) == 1 and not any(h.by_dataset for _, h in everywhere[name]):
@@ -132,27 +216,21 @@ def _name_list(self) -> List[str]:
 
 
 AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
-    ("names", "str", option(MAIN_JOB_ALGORITHMS, "Algorithm or comma-separated list; "
-                            "choices: " + ", ".join(algorithms.names("rounds")) + ".",
-                            flag="algorithm")),
+    ("names", "Optional[str]", option(None, SHARED_HELP["algorithm"], flag="algorithm")),
     ("admm_upload", "str", option(
-        "received", "FedADMM / PAFed upload (Eq. 16): received = (w_end - model received) + "
-        "dy/rho, as Gong et al.'s code; last_local = (w_end - client's last local model) + "
-        "dy/rho, the equation as printed (the global model's scale can diverge: "
-        "docs/design.md).")),
+        "received", "Eq. 16 (FedADMM, PAFed): received (w_end - model received + dy/rho, "
+        "Gong et al.'s code) | last_local (as printed; docs/design.md).")),
     ("ducc_projection", "str", option(
-        "conflicting", "PAFed: the delayed class projected onto m's normal plane (Eq. 14): "
-        "conflicting (m . u_j < 0; Eq. 13's weights, Eq. 17's labels) | non_conflicting "
-        "(m . u_j > 0; Sec. V-A's prose; docs/design.md).",
+        "conflicting", "PAFed's class projected (Eq. 14): conflicting (m . u_j < 0) | "
+        "non_conflicting (Sec. V-A; docs/design.md).",
         choices=("conflicting", "non_conflicting"))),
-    ("server_lr", "float", option(1.0, "Server learning rate eta (FedAvg, FedProx, FedNova, "
-                                  "FedADMM).")),
+    ("server_lr", "float", option(1.0, SHARED_HELP["server_lr"])),
     ("server_lr2", "float", option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")),
     ("server_lr_switch_round", "int", option(-1, "Round where eta_2 starts (-1: never).")),
     ("server_optimizer", "str", option(
-        "sgd", "Server optimiser on the round's step (Reddi et al. 2021): sgd (the rule "
-        "itself) | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi); eta = "
-        "algorithm.server_lr.", choices=SERVER_OPTIMIZERS)),
+        "sgd", "Server optimiser of the round's step (Reddi et al. 2021), step size "
+        "--server_lr: sgd | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi).",
+        choices=SERVER_OPTIMIZERS)),
     ("server_beta1", "float", option(0.9, "beta_1 of the server optimiser (momentum's "
                                      "decay).")),
     ("server_beta2", "float", option(0.99, "beta_2 of the adam / yogi server optimisers.")),
@@ -179,8 +257,7 @@ class DataConfig:
                                    "LEAF's data/ folder).")
   data_source: str = option("auto", "auto | idx | tfds.")
   normalize: str = option("none", "Image inputs in [0, 1]: none | fedadmm ((x - 0.1307) / "
-                          "0.3081, Gong et al.'s FedADMM code) | cifar (per channel, "
-                          "fedjax's CIFAR mean and std).",
+                          "0.3081, Gong et al.'s code) | cifar (fedjax's per channel).",
                           choices=("none", "fedadmm", "cifar"))
   max_client_examples: int = option(0, "Natural data sets: each client's first k examples "
                                     "at most (0: all).")
@@ -201,10 +278,11 @@ class LocalTraining:
   local_epochs: int = option(2, "E, local epochs.")
   random_local_epochs: bool = option(False, "E_i ~ U{1..E} per client and round.")
   local_steps: int = option(0, "> 0: at most this many minibatch steps per client and "
-                            "round, within the E epochs' shuffles; 0: E epochs.")
+                            "task (PrivaAsyncFed Alg. 1's H), within the E epochs' shuffles; "
+                            "0: E epochs.")
   batch_size: int = option(50, "B, local minibatch size.")
   lr: float = option(0.1, "Local learning rate.")
-  momentum: float = option(0.5, "Local SGD momentum.")
+  momentum: Optional[float] = option(None, SHARED_HELP["momentum"])
   precision: str = option(
       "float32", "Arithmetic of the local forward and backward passes: float32 (as written; "
       "JAX's default matmul precision, TF32 on recent NVIDIA GPUs) | tf32 (dots and "
@@ -224,9 +302,8 @@ class CryptoConfig:
                             "(ring 2^11, NOT secure: tests and quick looks only).")
   ckks_min_depth: int = option(10, "d, iterations of Cheon et al.'s Min polynomial; the "
                                "context depth is 2d + 8.")
-  ckks_min_scale: float = option(1.0, "c in (0, 4]: the Min's input y = cos / 4 times c, so "
-                                 "Wilkes' iteration sees (c y)^2 in [0, 1]; 4 cuts the class "
-                                 "weights' error 4x at no depth (1 = Alg. 1 as printed).")
+  ckks_min_scale: float = option(1.0, "c in (0, 4]: the Min's input y = cos / 4 times c; 4 "
+                                 "cuts the class weights' error 4x at no depth (1: Alg. 1).")
   ckks_design: str = option("one_context", "one_context (Alg. 4 as printed, every product at "
                             "the Min's depth) | streamed (model-size vectors at depth 2, the "
                             "scalars moved to a deep context by S1; fits the CNN, "
@@ -241,43 +318,32 @@ class RunOptions:
   """How many rounds, who takes part, and how the rounds execute."""
   rounds: int = option(100, "T, communication rounds.")
   participation: float = option(0.33, "sigma, fraction sampled per round.")
-  seed: int = option(0, "Seed of data, timeline, initialisation and clients.")
-  eval_every: int = option(1, "Evaluate every k rounds (and the last 10).")
+  seed: int = option(0, SHARED_HELP["seed"])
+  eval_every: Optional[int] = option(None, SHARED_HELP["eval_every"])
   rounds_per_call: int = option(10, "Rounds fused into one jitted scan between host visits.")
   client_chunk: int = option(-1, "Train a round's clients as a lax.scan over chunks of this "
                              "many vmapped clients (0: one vmap over all; -1: auto, 1 for "
                              "models of >= 100k parameters on CPU, else 0).")
-  devices: int = option(0, "D: split each round's clients over the first D devices JAX sees "
-                        "(0: all of them; 1: no sharding); sweeps split their runs over "
-                        "them instead.")
-  client_data: str = option("auto", "Clients' data and per-client state on the devices: "
-                            "replicated on each, or sharded (each device, and each process, "
-                            "holds only its own clients); auto: sharded across processes, "
-                            "replicated within one.",
+  devices: int = option(0, SHARED_HELP["devices"])
+  client_data: str = option("auto", "Clients' data and state on the devices: replicated, "
+                            "or sharded (each device and process holds its own clients); "
+                            "auto: sharded across processes, replicated within one.",
                             choices=("auto", "replicated", "sharded"))
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
   """What a run writes (nothing without ``output_dir``), its checkpoints and console."""
-  output_dir: Optional[str] = option(None, "Where metrics and summaries go.",
+  output_dir: Optional[str] = option(None, SHARED_HELP["output_dir"],
                                      cli_default="runs/latest")
-  checkpoint_every: int = option(10, "Checkpoint the simulation every k rounds (at the first "
-                                 "multiple of run.rounds_per_call at or past each multiple "
-                                 "of k, any round under CKKS, and at the end) under "
-                                 "<output_dir>/checkpoints; 0 = off.")
+  checkpoint_every: Optional[int] = option(None, SHARED_HELP["checkpoint_every"])
   keep_checkpoints: int = option(2, "Checkpoints kept (max_to_keep).")
-  resume: bool = option(False, "Continue from the latest checkpoint in the output directory "
-                        "(fresh start when there is none).")
-  overwrite: bool = option(False, "Delete the previous run's outputs in the output directory "
-                           "(metrics.jsonl, summary.json, checkpoints, tb, comparison and "
-                           "curves) and start over; without it (or --resume) a run refuses "
-                           "a directory that holds one.")
+  resume: bool = option(False, SHARED_HELP["resume"])
+  overwrite: bool = option(False, SHARED_HELP["overwrite"])
   tensorboard: bool = option(True, "Write TensorBoard scalars under <output_dir>/tb.")
   log_every: int = option(0, "A console line every k rounds, and one at least every ~10 s "
                           "(0: about ten lines per run; metrics.jsonl has every round).")
-  quiet: bool = option(False, "No per-round lines: each run's result and the comparison "
-                       "table only.")
+  quiet: bool = option(False, SHARED_HELP["quiet"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,20 +361,13 @@ class RunConfig(FlatKeys):
   output: OutputConfig = OutputConfig()
 
   def __post_init__(self):
+    fill_engine_defaults(self, "rounds")
     fill_hparam_defaults(self, "rounds")
 
   def replace(self, **flat) -> "RunConfig":
-    """``FlatKeys.replace``; hyper-parameters left at their data set's default (PAFed's
-    alphas, ``engine_defaults``) follow a new ``dataset``."""
-    new = FlatKeys.replace(self, **flat)
-    if "dataset" in flat:
-      old = engine_defaults("rounds", self.data.dataset)
-      now = engine_defaults("rounds", new.data.dataset)
-      stale = {k: now[k] for k, v in old.items()
-               if getattr(new.algorithm, k) == v and k not in flat and now.get(k) != v}
-      if stale:
-        new = dataclasses.replace(new, algorithm=dataclasses.replace(new.algorithm, **stale))
-    return new
+    """``FlatKeys.replace``; fields left at their default follow the new values
+    (``replace_keeping_defaults``: PAFed's alphas a new ``dataset``)."""
+    return replace_keeping_defaults(self, "rounds", flat)
 
   @classmethod
   def from_flat(cls, flat: dict) -> "RunConfig":

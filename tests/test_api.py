@@ -225,6 +225,7 @@ def test_a_diverging_virtual_clock_run_keeps_its_finite_arrivals_and_is_left_out
   those of its own compiled call (groups 2-3), keeps the checkpoint of the last finite
   state (group 2) and leaves the run out of the result, naming the group."""
   result = fa.simulate(fa.AsyncRunConfig(), **dict(CLOCK, groups_per_call=2, server_lr=1e38,
+                                                   lr=0.05, momentum=0.0,
                                                    output_dir=str(tmp_path),
                                                    checkpoint_every=1))
   assert result.runs == {} and result.diverged == {

@@ -153,7 +153,7 @@ def test_async_family_local_steps_one_step_per_task_in_the_accounting(tmp_path):
     out = script(ASYNC, args + [f"--local_steps={steps}", f"--output_dir={out_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["local_work"] == {"local_epochs": 1, "local_steps": steps,
+    assert summary["local_work"] == {"local_epochs": 2, "local_steps": steps,
                                      "batch_size": 8}
     counts[steps] = summary["privacy"]["steps_per_client"]
   assert sum(counts[1]) == 6  # --num_updates=6, nothing dropped
@@ -352,10 +352,10 @@ def test_async_family_resumes_an_interrupted_run_to_the_uninterrupted_result(tmp
                                                       "metrics.jsonl"), run
   again = script(ASYNC, args + [f"--output_dir={out}", "--resume"])
   assert "[fedbuff] read back from" in again.stdout, again.stdout[-3000:]
-  other = script(ASYNC, args + [f"--output_dir={out}", "--resume", "--lr=0.1"])
+  other = script(ASYNC, args + [f"--output_dir={out}", "--resume", "--lr=0.05"])
   assert_one_line_error(other, f"error: --resume: the checkpoint under "
                         f"{out / 'fedasync' / 'checkpoints'} was made with other flags: "
-                        "--lr=0.05 (now 0.1)")
+                        "--lr=0.1 (now 0.05)")
 
 
 @pytest.mark.slow  # ~100 s on 2 cores

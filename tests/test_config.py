@@ -119,7 +119,7 @@ def test_the_virtual_clocks_flags_are_made_from_its_config():
   assert (specs["concurrency"].path, specs["concurrency"].default) == ("clock.concurrency", 5)
   assert specs["dp_epsilon"].path == "privacy.dp_epsilon" and specs["dp_epsilon"].default == (
       float("inf"))
-  assert (specs["num_clients"].default, specs["partition"].default) == (10, "iid")
+  assert (specs["num_clients"].default, specs["partition"].default) == (30, "shards")
   assert specs["algorithm"].path == "algorithm.names" and "random_local_epochs" not in specs
   out = subprocess.run([sys.executable, os.path.join(run_script.ROOT, "experiments",
                                                      "async_family.py"), "--helpfull"],
@@ -138,10 +138,10 @@ def test_the_virtual_clock_and_fededs_configs_take_flat_keys_and_name_their_fiel
                      "did you mean concurrency"):
     clock.replace(concurency=4)
   with pytest.raises(config.ConfigError) as e:
-    async_experiment.validate(clock.replace(concurrency=20))
-  assert str(e.value) == "clock.concurrency: must be in [1, data.num_clients=10], got 20"
-  assert cli.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=10], "
-                                           "got 20")
+    async_experiment.validate(clock.replace(concurrency=40))
+  assert str(e.value) == "clock.concurrency: must be in [1, data.num_clients=30], got 40"
+  assert cli.as_flags(str(e.value)) == ("--concurrency: must be in [1, --num_clients=30], "
+                                           "got 40")
   # FedEDS: the flags of experiments/fededs_table.py (besides --quick), one per field
   # (each with its help: test_every_field_of_every_engine_is_one_flag_with_help)
   fededs = fededs_config.FedEDSRunConfig
@@ -185,10 +185,17 @@ def test_numbers_of_any_width_are_accepted():
 
 def test_a_part_built_alone_has_runconfigs_defaults():
   cfg = config.RunConfig()
+  by_engine = {config.RunConfig.keys()[k] for k in config.ENGINE_DEFAULTS}
   for part in dataclasses.fields(config.RunConfig):
     if part.name == "algorithm":  # PAFed's alphas: filled in by data set (None alone)
       continue
-    assert type(getattr(cfg, part.name))() == getattr(cfg, part.name), part.name
+    alone = type(getattr(cfg, part.name))()
+    for field in dataclasses.fields(alone):  # the engine's own (None alone)
+      if (part.name, field.name) in by_engine:
+        assert getattr(alone, field.name) is None
+        alone = dataclasses.replace(alone, **{field.name: getattr(getattr(cfg, part.name),
+                                                                  field.name)})
+    assert alone == getattr(cfg, part.name), part.name
   assert config.RunConfig(delay=DelayConfig(max_delay=2)).delay.fraction == 0.3
 
 
@@ -200,6 +207,24 @@ def test_rho_has_one_meaning_across_the_engines():
   assert clock["dc_rho"].default == 1.0 and "dc_rho" not in rounds
   for name in set(rounds) & set(clock):  # a flag of both engines: the same field
     assert rounds[name].path == clock[name].path, name
+
+
+def test_a_flag_of_both_engines_has_one_default_and_each_engine_fills_its_own():
+  rounds, clock = config.flag_specs(config.RunConfig), config.flag_specs(async_config.AsyncRunConfig)
+  shared = set(rounds) & set(clock)
+  assert {"lr", "momentum", "mu", "local_epochs", "num_clients", "partition", "eval_every",
+          "checkpoint_every", "algorithm", "seed", "output_dir"} <= shared
+  for name in shared:
+    assert rounds[name].default == clock[name].default, name
+  # None: each engine's own (config.ENGINE_DEFAULTS), filled in by its configuration
+  r, c = config.RunConfig(), async_config.AsyncRunConfig()
+  assert [r.get(k) for k in ("algorithm", "eval_every", "checkpoint_every", "momentum")] == [
+      "pafed,fedadmm,fedavg,fedprox", 1, 10, 0.5]
+  assert [c.get(k) for k in ("algorithm", "eval_every", "checkpoint_every", "momentum")] == [
+      "fedasync", 20, 1, 0.5]
+  dp = c.replace(algorithm="dp_fedasync", dp_epsilon=5.0)  # plain SGD for the accountant
+  assert dp.local.momentum == 0.0 and dp.replace(dp_epsilon=float("inf")).local.momentum == 0.5
+  assert c.replace(algorithm="dp_fedasync", dp_epsilon=5.0, momentum=0.3).local.momentum == 0.3
 
 
 def test_a_virtual_clock_run_stored_with_rho_reads_as_dc_rho():

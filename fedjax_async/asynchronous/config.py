@@ -22,14 +22,13 @@ from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, opt
 
 
 AsyncAlgorithmConfig = dataclasses.make_dataclass("AsyncAlgorithmConfig", [
-    ("names", "str", option("fedasync", "Comma list of "
-                            + ", ".join(algorithms.names("virtual_clock")) + ", or a round "
-                            "rule whose clients keep no state (fedavg, fedprox, fednova: each "
-                            "arrival a round of one).", flag="algorithm")),
+    # (also a round rule whose clients keep no state: each arrival a round of one)
+    ("names", "Optional[str]", option(None, config_lib.SHARED_HELP["algorithm"],
+                                      flag="algorithm")),
     ("hp", "tuple", option((), config_lib.HP_HELP)),
     ("mix_alpha", "str", option("0.6", "FedAsync's a (comma list: one run each).")),
     ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge (FedAsync).")),
-    ("server_lr", "float", option(1.0, "FedBuff eta_s / double compensation eta.")),
+    ("server_lr", "float", option(1.0, config_lib.SHARED_HELP["server_lr"])),
     *config_lib.hparam_fields("virtual_clock"),
 ], frozen=True, namespace={"__doc__": (
     "Which algorithms run, and the servers' hyperparameters (docs/async.md): a field per "
@@ -43,10 +42,9 @@ class ClockOptions:
   concurrency: int = option(5, "C, clients in flight.")
   num_updates: int = option(200, "Server updates (model versions). FedBuff takes "
                             "--buffer_k arrivals per update: see --num_arrivals.")
-  num_arrivals: int = option(0, "If > 0: every run stops after this many client arrivals "
-                             "(FedBuff: num_arrivals / buffer_k server updates), so that a "
-                             "comparison gives each algorithm the same client work; "
-                             "replaces --num_updates.")
+  num_arrivals: int = option(0, "> 0: every run stops after this many client arrivals "
+                             "(the same client work for every algorithm; FedBuff: / buffer_k "
+                             "server updates), instead of --num_updates.")
   buffer_k: int = option(5, "FedBuff's K (arrivals per server step).")
   compute_time: str = option("lognormal:0.001,0.5", "Seconds per example: constant:a | "
                              "uniform:a,b | exponential:mean | lognormal:median,sigma.")
@@ -54,30 +52,26 @@ class ClockOptions:
   device_classes: str = option("", "'' (privaasyncfed when --algorithm runs it, else none) "
                                "| none | privaasyncfed | p:slowdown[:scale_index],...")
   scales: str = option("1,0.75,0.5,0.25", "PrivaAsyncFed's scale table S (Eq. 10).")
+  # Off by default: with the paper's slow-downs 1/2/4/8 it would make the slowest class the
+  # fastest (8 x 0.25^2 = 0.5), against the paper's premise that low-compute clients send
+  # the stalest updates (Fig. 2; docs/async.md).
   prune_speedup: bool = option(
       False, "PrivaAsyncFed: a sub-model of scale S[p] takes S[p]^2 of the compute and "
-      "communication time (Eq. 11). Off by default: with the paper's slow-downs 1/2/4/8 it "
-      "would make the slowest class the fastest (8 x 0.25^2 = 0.5), against the paper's "
-      "premise that low-compute clients send the stalest updates (Fig. 2).")
+      "communication time (Eq. 11; off: docs/async.md).")
   ring_size: int = option(0, "R past models kept (0: enough that nothing is dropped).")
   group_size: int = option(0, "G, arrivals trained in one vmap (0: --concurrency on "
                            "GPU/TPU, 1 on CPU); rounded up to a multiple of the --devices.")
 
 
-@dataclasses.dataclass(frozen=True)
-class ClockLocalTraining:
-  """A task's local training (``client.LocalConfig`` is its static part)."""
-  local_epochs: int = option(1, "E, local epochs (the step budget).")
-  local_steps: int = option(0, "> 0: at most this many minibatch steps per task, within the "
-                            "E epochs (PrivaAsyncFed Alg. 1's H, Table II's 'Local Steps': 1 "
-                            "for MNIST, 5 for CIFAR-10); 0: the E epochs' steps.")
-  batch_size: int = option(50, "B, local minibatch size.")
-  lr: float = option(0.05, "Local learning rate.")
-  momentum: float = option(0.0, "Local SGD momentum (must be 0 for DP runs).")
-  augment: str = option("none", "Local augmentation of images in the jitted step: none | "
-                        "crop_flip (random crop of the 4-pixel-padded image and horizontal "
-                        "flip, per example, from per-client keys).",
-                        choices=("none", "crop_flip"))
+# A task's local training: the round engine's fields (the same flags, defaults and help)
+# but E_i ~ U{1..E} and the arithmetic, which the DP accountant's step count and the
+# clipped steps do not follow.
+ClockLocalTraining = dataclasses.make_dataclass("ClockLocalTraining", [
+    (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+    for f in dataclasses.fields(config_lib.LocalTraining)
+    if f.name not in ("random_local_epochs", "precision")], frozen=True, namespace={
+        "__doc__": "A task's local training (``client.LocalConfig`` is its static part)."})
+ClockLocalTraining.__module__ = __name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,32 +88,24 @@ class PrivacyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AsyncRunOptions:
-  seed: int = option(0, "Seed of data, clock, initialisation and clients.")
+  seed: int = option(0, config_lib.SHARED_HELP["seed"])
   seeds: str = option("", "Comma list of seeds: every run once per seed, under "
                       "<output_dir>/seed<s>/, and comparison.md with the mean and standard "
                       "deviation over the seeds ('': --seed only).")
-  eval_every: int = option(20, "Evaluate every k server updates (and at the end).")
+  eval_every: Optional[int] = option(None, config_lib.SHARED_HELP["eval_every"])
   groups_per_call: int = option(50, "Groups fused into one jitted scan.")
-  devices: int = option(0, "D: split each group's members over the first D devices (0: all "
-                        "of them; 1: no sharding).")
-  cpu_devices: int = option(0, "CPU only: make this many XLA host devices "
-                            "(jax_num_cpu_devices) for --devices; 0: JAX's default (one).")
+  devices: int = option(0, config_lib.SHARED_HELP["devices"])
+  cpu_devices: int = option(0, config_lib.SHARED_HELP["cpu_devices"])
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncOutputConfig:
-  output_dir: Optional[str] = option(None, "Where metrics and summaries go (nothing is "
-                                     "written without it).", cli_default="runs/async")
-  checkpoint_every: int = option(1, "Checkpoint a run every k calls of --groups_per_call "
-                                 "groups (under <run>/checkpoints; 0: off).")
-  resume: bool = option(False, "Continue each run from its latest checkpoint (a run whose "
-                        "summary.json was made with the same flags is read back, not run).")
-  overwrite: bool = option(False, "Delete this driver's outputs in --output_dir (the runs' "
-                           "metrics, summaries and checkpoints, curves.png, comparison.md) "
-                           "and start over; without it (or --resume) a folder holding a run "
-                           "is refused.")
-  quiet: bool = option(False, "No per-call progress lines: each run's result and the "
-                       "comparison table only.")
+  output_dir: Optional[str] = option(None, config_lib.SHARED_HELP["output_dir"],
+                                     cli_default="runs/latest")
+  checkpoint_every: Optional[int] = option(None, config_lib.SHARED_HELP["checkpoint_every"])
+  resume: bool = option(False, config_lib.SHARED_HELP["resume"])
+  overwrite: bool = option(False, config_lib.SHARED_HELP["overwrite"])
+  quiet: bool = option(False, config_lib.SHARED_HELP["quiet"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +115,7 @@ class AsyncRunConfig(FlatKeys):
   ``RunConfig``."""
   algorithm: AsyncAlgorithmConfig = AsyncAlgorithmConfig()
   clock: ClockOptions = ClockOptions()
-  data: DataConfig = DataConfig(num_clients=10, partition="iid")
+  data: DataConfig = DataConfig()
   model: ModelConfig = ModelConfig()
   local: ClockLocalTraining = ClockLocalTraining()
   privacy: PrivacyConfig = PrivacyConfig()
@@ -137,7 +123,13 @@ class AsyncRunConfig(FlatKeys):
   output: AsyncOutputConfig = AsyncOutputConfig()
 
   def __post_init__(self):
+    config_lib.fill_engine_defaults(self, "virtual_clock")
     config_lib.fill_hparam_defaults(self, "virtual_clock")
+
+  def replace(self, **flat) -> "AsyncRunConfig":
+    """``FlatKeys.replace``; fields left at their default follow the new values
+    (``config.replace_keeping_defaults``: the momentum of a run made DP)."""
+    return config_lib.replace_keeping_defaults(self, "virtual_clock", flat)
 
 
 algorithms.reserve([k for k in AsyncRunConfig.keys()

@@ -181,8 +181,8 @@ def import_modules(argv: List[str]) -> None:
   imports each module before the flags are defined, so that the algorithms it registers
   (``algorithms.register``) have their names and hyper-parameters as flags; defines the
   flag itself. One ``error:`` line when a module cannot be imported."""
-  flags.DEFINE_string("import_modules", "", "Comma list of Python modules to import first "
-                      "(each may register algorithms: fedjax_async.algorithms.register).")
+  flags.DEFINE_string("import_modules", "", "Python modules to import first (each may "
+                      "register algorithms).")
   help_lib.GROUPS["import_modules"] = "algorithm"
   try:
     args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
@@ -210,9 +210,7 @@ def _define_process_flags():
   flags.DEFINE_boolean("distributed", False, "Join the other processes of a SLURM job, an "
                        "Open MPI launch or a TPU pod slice as JAX detects them (no other "
                        "flag needed).")
-  flags.DEFINE_integer("cpu_devices", 0, "CPU only: make this many XLA host devices "
-                       "(jax_num_cpu_devices) so that --devices can split the clients over "
-                       "the cores; 0: JAX's default (one).")
+  flags.DEFINE_integer("cpu_devices", 0, config.SHARED_HELP["cpu_devices"])
   help_lib.GROUPS.update(dict.fromkeys(("coordinator_address", "num_processes", "process_id",
                                         "distributed", "cpu_devices"), "processes"))
 

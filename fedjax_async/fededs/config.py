@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fedjax_async.config import check_finite
+from fedjax_async.config import SHARED_HELP, check_finite
 from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
 
 VARIANTS = {"base": (False, False), "equal": (False, False), "s1": (True, False),
@@ -34,10 +34,9 @@ class Grid:
   alphas: str = option("0.1,0.5,10", "Dirichlet concentrations alpha.")
   num_clients: str = option("5,10,20", "Numbers of clients K.")
   bases: str = option(",".join(BASES), "Base algorithms.")
-  variants: str = option("base,equal,fededs", "Any of base (--base_epochs per round), equal "
-                         "(no annealing, no sharing, FedEDS's total local epochs spread "
-                         "evenly over the rounds: the same local steps), s1 (annealing "
-                         "only), s2 (sharing only), fededs.")
+  variants: str = option("base,equal,fededs", "Any of base (--base_epochs a round), equal "
+                         "(FedEDS's local steps spread evenly), s1 (annealing only), s2 "
+                         "(sharing only), fededs.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +58,13 @@ class FashionMNIST:
 @dataclasses.dataclass(frozen=True)
 class FederatedTraining:
   """The federated runs (every variant: SGD, momentum 0.9, weight decay 1e-4)."""
-  rounds: int = option(30, "Communication rounds T (paper: 30 on Fashion-MNIST).")
-  lr: float = option(0.01, "Client SGD learning rate.")
-  mu: float = option(0.1, "FedProx mu.")
+  rounds: int = option(30, "T, communication rounds.")  # the paper's on Fashion-MNIST
+  lr: float = option(0.01, "Local learning rate.")
+  mu: float = option(0.1, "Proximal coefficient (Eq. 2).")  # FedProx's
   base_epochs: int = option(1, "Local epochs without annealing (base, s2).")
-  batch_size: int = option(50, "Client minibatch size.")
+  batch_size: int = option(50, "B, local minibatch size.")
   target_accuracy: float = option(0.8, "Target for rounds-to-target (fraction).")
-  rounds_per_call: int = option(1, "Rounds per jitted call (one progress line with rounds/s "
-                                "and ETA after each call; the same run to float rounding).")
+  rounds_per_call: int = option(1, "Rounds fused into one jitted scan between host visits.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +73,17 @@ class Alg1Config:
   pretrain_epochs: int = option(5, "E_c of Alg. 1.")
   encryptor_epochs: int = option(20, "E_g of Alg. 1 (paper: 20).")
   unet_width: int = option(16, "Channels of the UNet's first level.")
-  utility_epochs: int = option(5, "Epochs of training on the shared encrypted sets alone "
-                               "(and, for reference, on the raw training data) to measure "
-                               "what they teach (shared.md); 0: off.")
+  utility_epochs: int = option(5, "Epochs on the shared encrypted sets alone (and on the "
+                               "raw data) to measure what they teach (0: off).")
   share_rows: int = option(0, "Share at most n encrypted rows per client (0 = all).")
   transfer_mode: str = option("sample", "sample (Eq. 8) | all (Eq. 7).")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedEDSRunOptions:
-  seed: int = option(0, "Seed of partition, model, layers and training.")
-  privacy: bool = option(True, "Save the encryption grid and privacy report (trains a "
-                         "second set of encryptors without the layer, first setting).")
+  seed: int = option(0, SHARED_HELP["seed"])
+  # (trains a second set of encryptors without the layer, on the first setting)
+  privacy: bool = option(True, "Save the encryption grid and privacy report.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +91,13 @@ class FedEDSOutput:
   output_dir: Optional[str] = option(
       None, "Where tables, metrics, figures and checkpoints go (from Python, None: a "
       "temporary folder, deleted at the end; nothing kept).", cli_default="out/fededs")
-  quiet: bool = option(False, "No per-round lines: each run's result and the tables only.")
-  checkpoint_every: int = option(5, "Checkpoint each run every k rounds (at the end of a "
-                                 "--rounds_per_call call; under "
-                                 "runs/<setting>/<run>/checkpoints; 0: off).")
-  resume: bool = option(False, "Read back the finished runs and Alg. 1's encrypted sets "
-                        "under --output_dir and continue the other runs from their latest "
-                        "checkpoint.")
-  overwrite: bool = option(False, "Delete the FedEDS outputs in --output_dir and start over; "
-                           "without it (or --resume) a folder holding a run is refused.")
+  quiet: bool = option(False, SHARED_HELP["quiet"])
+  # every k rounds, at the end of a --rounds_per_call call, under
+  # runs/<setting>/<run>/checkpoints
+  checkpoint_every: int = option(5, SHARED_HELP["checkpoint_every"])
+  # (Alg. 1's encrypted sets are read back too)
+  resume: bool = option(False, SHARED_HELP["resume"])
+  overwrite: bool = option(False, SHARED_HELP["overwrite"])
 
 
 @dataclasses.dataclass(frozen=True)
