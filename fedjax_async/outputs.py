@@ -131,11 +131,14 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
   outputs first. Across processes (``fedjax_async.distributed``) every process checks the
   folder as it was and process 0 alone deletes. The runs of a packed folder
-  (``results_table``) are written back first, unless ``overwrite``."""
+  (``results_table``) are written back first; ``overwrite`` deletes its runs.jsonl."""
+  packed = os.path.join(directory, results_table.FILE)
   if distributed.is_main() and not overwrite:
     results_table.unpack_missing(directory)
   distributed.sync(f"prepare {directory}")  # no process has written into it yet
   _prepare(directory, resume, overwrite, outputs, delete=distributed.is_main())
+  if distributed.is_main() and overwrite and os.path.isfile(packed):
+    os.remove(packed)
   distributed.sync(f"prepared {directory}")
 
 

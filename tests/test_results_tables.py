@@ -275,7 +275,8 @@ RUN_LINE = results_table.run_line
 def test_the_drivers_read_a_packed_folder(tmp_path):
   """outputs.prepare_output_dir (sweeps, the virtual clock, experiments/run.py) writes a
   packed folder's runs back before it looks for them: with output.resume they are read
-  back; without, the folder is refused as holding a run, as the unpacked one is."""
+  back; without, the folder is refused as holding a run, as the unpacked one is; with
+  output.overwrite they are deleted, runs.jsonl too."""
   write_tiny(str(tmp_path))
   results_table.pack(str(tmp_path), remove=True)
   with pytest.raises(ValueError, match="already holds a run"):
@@ -284,3 +285,5 @@ def test_the_drivers_read_a_packed_folder(tmp_path):
   stored = sweep_store.read_stored_run(str(tmp_path / "runs" / "pafed" / "lr=0.1_seed=0"),
                                        {"seed": 0, "lr": 0.1})
   assert stored[0]["final_accuracy"] == 0.5 and stored[2] == []
+  outputs.prepare_output_dir(str(tmp_path), False, True, sweep.SWEEP_OUTPUTS)
+  assert sorted(os.listdir(tmp_path)) == ["table.md"]  # the runs, packed and not, deleted

@@ -57,7 +57,7 @@ class DataError(ValueError):
 
 # Everything an invocation writes into output.output_dir (output.overwrite deletes these).
 OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
-           "encryption_grid.png", "shared.md", "runs")
+           "encryption_grid.png", "shared.md", "runs", results_table.FILE)
 
 
 def load_pool(cfg: FedEDSRunConfig):
