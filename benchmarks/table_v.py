@@ -145,8 +145,13 @@ def read_flagfile(path: str, seen=()) -> Dict[str, str]:
   return out
 
 
+def _run_flags() -> List[str]:
+  """The run flags (``hp``, the registered algorithms' own hyper-parameters, is no flag)."""
+  return [n for n in config_lib.flag_specs(config_lib.RunConfig) if n != "hp"]
+
+
 def _run_and_table_flags() -> List[str]:
-  return list(config_lib.flag_specs(config_lib.RunConfig)) + list(_table().TableConfig.keys())
+  return _run_flags() + list(_table().TableConfig.keys())
 
 
 def overrides() -> Dict[str, object]:
@@ -172,8 +177,7 @@ def settings(flagfile: str, given: Dict[str, object]):
       raise ValueError(f"--{name}={raw}: in {flagfile}: {e}") from None
   values.update(given)
   try:
-    base = config_lib.RunConfig.from_flat(
-        {n: values[n] for n in config_lib.flag_specs(config_lib.RunConfig)})
+    base = config_lib.RunConfig.from_flat({n: values[n] for n in _run_flags()})
     config_lib.validate(base)
   except ValueError as e:
     raise ValueError(f"{cli.as_flags(str(e))} (in {flagfile})") from None

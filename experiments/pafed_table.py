@@ -37,6 +37,7 @@ from fedjax_async import metrics as metrics_lib
 from fedjax_async import config as config_lib
 from fedjax_async import outputs
 from fedjax_async import cli
+from fedjax_async import results_table
 from fedjax_async import sharding
 from fedjax_async.sweeps import sweep
 from fedjax_async.sweeps import store as sweep_store
@@ -170,6 +171,7 @@ def run_table_grid(base: config_lib.RunConfig, opts: TableOptions, partitions, d
 
   ``mesh``: the ``('runs',)`` mesh the runs are split over (``sweep.run_mesh``)."""
   out_dir, extra = base.output.output_dir, extra_config(opts)
+  results_table.unpack_missing(out_dir)  # a packed folder's runs.jsonl: its run folders
   results = {}
   for part in partitions:
     cfg = base.replace(partition=part)

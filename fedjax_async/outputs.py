@@ -22,6 +22,7 @@ from fedjax_async import distributed
 from fedjax_async import figures
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import models
+from fedjax_async import results_table
 
 
 # How a console message names a configuration field: by its path (``delay.buffer_size``),
@@ -129,9 +130,15 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
   """Refuses (ValueError naming output.output_dir) a directory that cannot be written, or one
   that holds a previous run unless ``resume``; with ``overwrite`` deletes that run's
   outputs first. Across processes (``fedjax_async.distributed``) every process checks the
-  folder as it was and process 0 alone deletes."""
+  folder as it was and process 0 alone deletes. The runs of a packed folder
+  (``results_table``) are written back first; ``overwrite`` deletes its runs.jsonl."""
+  packed = os.path.join(directory, results_table.FILE)
+  if distributed.is_main() and not overwrite:
+    results_table.unpack_missing(directory)
   distributed.sync(f"prepare {directory}")  # no process has written into it yet
   _prepare(directory, resume, overwrite, outputs, delete=distributed.is_main())
+  if distributed.is_main() and overwrite and os.path.isfile(packed):
+    os.remove(packed)
   distributed.sync(f"prepared {directory}")
 
 

@@ -32,7 +32,7 @@ PKG = "fedjax_async"
 
 LAYERS = {
     "base": ["flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics",
-             "privacy", "layers", "data", "crypto", "algorithms",
+             "results_table", "privacy", "layers", "data", "crypto", "algorithms",
              "asynchronous.virtual_clock", "fededs.schedule", "fededs.privacy"],
     "core": ["core", "models", "text_models", "sharding", "checkpoint"],
     "parts": ["config", "asynchronous.config", "fededs.config", "outputs", "results", "loop",

@@ -509,6 +509,9 @@ def test_the_virtual_clock_draws_several_seeds_as_one_band(saved_figures, tmp_pa
 @pytest.fixture(scope="module")
 def pafed_table():
   import importlib.util  # pylint: disable=g-import-not-at-top
+  for name in ("pafed_table_module", "pafed_table"):  # loaded once per process (its flags)
+    if name in sys.modules:
+      return sys.modules[name]
   spec = importlib.util.spec_from_file_location(
       "pafed_table_module", os.path.join(ROOT, "experiments", "pafed_table.py"))
   module = importlib.util.module_from_spec(spec)

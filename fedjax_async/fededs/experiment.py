@@ -36,9 +36,9 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
-from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
+from fedjax_async import results_table
 from fedjax_async.config import ConfigError, check
 from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.core.progress import Progress
@@ -57,7 +57,7 @@ class DataError(ValueError):
 
 # Everything an invocation writes into output.output_dir (output.overwrite deletes these).
 OUTPUTS = ("flags.json", "rows.jsonl", "table.md", "table.csv", "privacy.json",
-           "encryption_grid.png", "shared.md", "runs")
+           "encryption_grid.png", "shared.md", "runs", results_table.FILE)
 
 
 def load_pool(cfg: FedEDSRunConfig):
@@ -85,6 +85,8 @@ def prepare_output_dir(cfg: FedEDSRunConfig):
   """Refuses a folder holding a FedEDS run unless output.resume (its result-changing
   fields must match) or output.overwrite (its outputs are deleted first)."""
   out_dir = cfg.output.output_dir
+  if not cfg.output.overwrite:  # the runs of a packed folder (results_table)
+    results_table.unpack_missing(out_dir)
   flags_path = os.path.join(out_dir, "flags.json")
   if not os.path.exists(flags_path):
     if cfg.output.resume:
@@ -177,10 +179,7 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
   finally:
     ckpt.close()
   rows = [checkpoint_lib.to_json_ready(r) for r in metrics.rows]
-  accs = [r["test_accuracy"] for r in rows]
-  res = {**metrics_lib.accuracy_summary(accs), "rounds_to_target": fededs_engine.rounds_to_target(accs, t.target_accuracy),
-         "total_client_steps": int(sum(r["client_steps"] for r in rows)),
-         "seconds": host.wall()}
+  res = {**report.run_result(rows, t.target_accuracy), "seconds": host.wall()}
   return res, rows
 
 

@@ -12,9 +12,10 @@ import time
 import jax
 import numpy as np
 
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async.fededs import alg1, store
-from fedjax_async.fededs.engine import shared_set_utility
+from fedjax_async.fededs.engine import rounds_to_target, shared_set_utility
 from fedjax_async.fededs.generation import SharedData
 from fedjax_async.fededs.privacy import privacy_report, save_encryption_grid
 
@@ -145,6 +146,15 @@ def write_rows(finished, out_dir: str):
         f.write(json.dumps({**ident, **{kk: vv for kk, vv in r.items()
                                         if not isinstance(vv, (list, np.ndarray))}}) + "\n")
   os.replace(path + ".tmp", path)
+
+
+def run_result(rows, target_accuracy: float) -> dict:
+  """A run's result of its rows: the accuracy metrics, the rounds to ``target_accuracy``
+  and the client steps."""
+  accs = [r["test_accuracy"] for r in rows]
+  return {**metrics_lib.accuracy_summary(accs),
+          "rounds_to_target": rounds_to_target(accs, target_accuracy),
+          "total_client_steps": int(sum(r["client_steps"] for r in rows))}
 
 
 def run_summary(res: dict, seed: int) -> dict:
