@@ -36,16 +36,18 @@ from absl import flags
 
 from fedjax_async import algorithms
 from fedjax_async import cli
+from fedjax_async import config as config_lib
+from fedjax_async.asynchronous import config as async_config
 
 ASYNC = algorithms.names("virtual_clock")  # the built-in ones, for the hints and --helpfull
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
 
 
 def mode_of(argv) -> str:
-  """Which driver serves these flags: 'rounds' (the round engine, this file's flags),
-  'async' (the virtual-clock family: experiments/async_family.py's flags) or 'fededs'
-  (experiments/fededs_table.py's flags). Decided from --algorithm / --fededs before absl
-  parses the command line, because each driver defines its own flags."""
+  """What must be settled before absl parses the command line: 'fededs' (FedEDS defines
+  other flags: experiments/fededs_table.py's, where --num_clients is a list), else the
+  engine whose flags --help and --helpfull list, 'rounds' or 'async'. Which engine runs
+  is decided from the parsed flags (``main_engines``)."""
   try:
     args = flags.FlagValues().read_flags_from_files(list(argv[1:]), force_gnu=False)
   except flags.Error as e:  # e.g. a --flagfile that cannot be read
@@ -61,8 +63,12 @@ def mode_of(argv) -> str:
       fededs = True
   if fededs:
     return "fededs"
-  if names is None:
-    return "rounds"
+  return "rounds" if names is None else engine_of_names(names)
+
+
+def engine_of_names(names: str) -> str:
+  """'async' when every algorithm of the comma list ``names`` runs on the virtual clock,
+  'rounds' when none does; otherwise one ``error:`` line."""
   async_names = algorithms.names("virtual_clock")  # those of --import_modules included
   listed = [n for n in names.split(",") if n]
   unknown = [n for n in listed if n not in async_names and n not in algorithms.names("rounds")]
@@ -84,6 +90,39 @@ def main_rounds(argv):
   cli.main_from_flags(flags.FLAGS)
 
 
+PROCESS_FLAGS = ("coordinator_address", "num_processes", "process_id", "distributed",
+                 "cpu_devices")
+
+
+def engine_flags(mode: str) -> set:
+  """The flags of one engine ('rounds' or 'async'): its configuration's fields, the
+  hyper-parameters of the algorithms --import_modules registered, and (the round engine)
+  the process flags."""
+  cls = async_config.AsyncRunConfig if mode == "async" else config_lib.RunConfig
+  extra = ("import_modules", "cpu_devices") if mode == "async" else (
+      ("import_modules",) + PROCESS_FLAGS)
+  return ({n for n, spec in config_lib.flag_specs(cls).items() if spec.kind != "tuple"}
+          | set(cli.own_hparams(cls)) | set(extra))
+
+
+def main_engines(argv):
+  """The round engine or the virtual clock, as the parsed --algorithm says; a flag of the
+  other engine that was given is one ``error:`` line saying what to use instead."""
+  fl = flags.FLAGS
+  mode = "rounds" if fl.algorithm is None else engine_of_names(fl.algorithm)
+  other = engine_flags("rounds" if mode == "async" else "async") - engine_flags(mode)
+  hints = {**ASYNC_HINTS, **ONE_PROCESS_HINTS} if mode == "async" else {}
+  for name in sorted(n for n in other if n in fl and fl[n].present):
+    sys.exit(f"error: --{name}: " + hints.get(name, (
+        f"a flag of the round engine's algorithms ({', '.join(algorithms.names('rounds'))})"
+        if mode == "async" else ROUNDS_HINT)))
+  if mode == "async":
+    import async_family  # pylint: disable=g-import-not-at-top
+    async_family.main(argv)
+  else:
+    main_rounds(argv)
+
+
 def main_fededs(argv, driver):
   """--algorithm=fedavg --fededs: FedEDS plugged into a base algorithm (fededs_table.py
   runs one (alpha, K) setting; --fededs_ablation=s1|s2 runs an ablation instead)."""
@@ -102,7 +141,7 @@ def main_fededs(argv, driver):
   driver.main(argv)
 
 
-# What a flag of one engine means to a user who gives it to the other (cli.HINTS).
+# What a flag of the round engine means to a user who gives it to the virtual clock.
 ASYNC_HINTS = {
     "rounds": "the virtual-clock algorithms count server updates, not rounds: use "
               "--num_updates=N, or --num_arrivals=N to give every algorithm the same "
@@ -118,10 +157,8 @@ ONE_PROCESS_HINTS = {
     name: "FedEDS and the virtual clock run in one process; the round engine's algorithms "
           "and sweeps run across processes (docs/distributed.md)"
     for name in ("coordinator_address", "num_processes", "process_id", "distributed")}
-ROUNDS_HINTS = {
-    name: f"a flag of the virtual-clock algorithms ({', '.join(ASYNC)}); the round "
-          "engine's algorithms run --rounds"
-    for name in ("num_updates", "num_arrivals", "concurrency", "buffer_k")}
+ROUNDS_HINT = (f"a flag of the virtual-clock algorithms ({', '.join(ASYNC)}); the round "
+               "engine's algorithms run --rounds")
 HELP_SECTIONS = (("the round engine: --algorithm=pafed,fedadmm,fedavg,fedprox,fednova", []),
                  (f"the virtual clock: --algorithm={','.join(ASYNC)}", ["--algorithm=fedasync"]),
                  ("FedEDS: --algorithm=fedavg|fedprox|fednova --fededs", ["--fededs"]))
@@ -150,13 +187,8 @@ def main():
     return
   cli.import_modules(sys.argv)  # algorithms they register: names and flags
   mode = mode_of(sys.argv)
-  cli.HINTS.update(ASYNC_HINTS if mode == "async" else ROUNDS_HINTS)
-  if mode != "rounds":
+  if mode == "fededs":
     cli.HINTS.update(ONE_PROCESS_HINTS)
-  if mode == "async":
-    import async_family  # pylint: disable=g-import-not-at-top
-    app.run(async_family.main, flags_parser=cli.parse_flags)
-  elif mode == "fededs":
     import fededs_table  # pylint: disable=g-import-not-at-top
     flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
     flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")
@@ -168,9 +200,17 @@ def main():
                              "num_clients", "rounds", "seed", "output_dir", "flagfile"]
     app.run(lambda argv: main_fededs(argv, fededs_table),
             flags_parser=cli.parse_flags)
-  else:
-    cli.define_run_flags()
-    app.run(main_rounds, flags_parser=cli.parse_flags)
+    return
+  # One set of flags for both engines (a flag of both: one definition, one default).
+  essential = list(cli.help.ESSENTIAL)
+  cli.define_run_flags()
+  import async_family  # pylint: disable=g-import-not-at-top
+  del async_family  # (importing it defined the virtual clock's own flags)
+  if mode == "rounds":
+    cli.help.ESSENTIAL[:] = essential
+  if cli.help.requested(sys.argv[1:]):  # the flags of the engine --algorithm names
+    cli.help.ONLY = engine_flags(mode)
+  app.run(main_engines, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ from absl import flags
 # Flag name -> the part of the run it sets (a config part such as ``data``, or
 # ``processes``, ``sweep``); a project flag not listed here is the script's own.
 GROUPS: Dict[str, str] = {}
+# The flags --help / --helpfull list when a script defines more than one engine's (None:
+# every project flag): experiments/run.py sets those of the engine --algorithm names.
+ONLY: Optional[set] = None
 
 TITLES = {
     "script": "this script", "grid": "FedEDS grid", "data": "data", "model": "model",
@@ -78,6 +81,8 @@ def project_flags(fv: flags.FlagValues = flags.FLAGS) -> List[dict]:
   out = []
   for name, flag in fv._flags().items():  # pylint: disable=protected-access
     if name != flag.name or _is_library(fv.find_module_defining_flag(name, "") or ""):
+      continue
+    if ONLY is not None and name not in ONLY:
       continue
     out.append({"name": name, "group": GROUPS.get(name, "script"), "default": _default(flag),
                 "help": " ".join(str(flag.help).split()),

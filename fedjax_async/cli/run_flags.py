@@ -155,12 +155,19 @@ def define_config_flags(config_class=None):
   for name, spec in config.flag_specs(cls).items():
     if spec.kind == "tuple":  # algorithm.hp: its entries are flags of their own (below)
       continue
+    if name in flags.FLAGS:  # another engine's, defined first: one flag, one default
+      if flags.FLAGS[name].default != spec.default:
+        raise ValueError(f"--{name}: defined with default {flags.FLAGS[name].default!r}, "
+                         f"{cls.__name__} has {spec.default!r}")
+      continue
     help_lib.GROUPS[name] = spec.path.split(".")[0]
     if spec.choices:
       flags.DEFINE_enum(name, spec.default, list(spec.choices), spec.help)
     else:
       _DEFINE[spec.kind](name, spec.default, spec.help)
   for name, (algo, h) in own_hparams(cls).items():
+    if name in flags.FLAGS:
+      continue
     help_lib.GROUPS[name] = "algorithm"
     _DEFINE[h.kind](name, None, f"{h.help} [{algo}; {h.bounds}] (default: "
                     f"{h.default:g})")
