@@ -463,18 +463,39 @@ def summary(done: List[tuple]) -> str:
   return "\n".join(lines)
 
 
-def table_v_section(results: str) -> str:
-  """The Table V job's table (``<results>/table_v/table_v.md``) as a report section, or
-  '' when it did not write one."""
+def read_table_v_md(results: str) -> str:
+  """The Table V job's table (``<results>/table_v/table_v.md``), or '' when it did not
+  write one."""
   path = os.path.join(results, "table_v", "table_v.md")
   if not os.path.isfile(path):
     return ""
   with open(path) as f:
-    table = f.read().strip().replace("\n# ", "\n### ").replace("\n## ", "\n### ")
+    return f.read()
+
+
+def table_v_section(table_v_md: str) -> str:
+  """The Table V job's table (``table_v.py``'s markdown, ``read_table_v_md``) as a report
+  section, or '' when there is none."""
+  if not table_v_md:
+    return ""
+  table = table_v_md.strip().replace("\n# ", "\n### ").replace("\n## ", "\n### ")
   table = table.split("\n", 1)[1] if table.startswith("# ") else table
   return ("\n\n## Table V (PAFed paper, Fashion-MNIST): ours beside the paper's\n\n"
           "`benchmarks/table_v.py`, this lease's rows in `table_v/rows.jsonl`.\n\n"
           f"{table}\n")
+
+
+def report_text(rows: Sequence[dict], tag: str, device: Optional[str] = None,
+                done: Sequence[tuple] = (), table_v_md: str = "") -> str:
+  """A suite run's report.md: ``report.render`` of its rows; for the device suite
+  (``device``, e.g. "1 x NVIDIA H200") after a title and its steps (``done``, as
+  ``summary``), with Table V's table last (``table_v_section``)."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  text = report.render(rows)
+  if device is None:
+    return text
+  return (f"# Device suite, tag {tag}: {device}\n\n" + summary(done) + "\n\n" + text
+          + table_v_section(table_v_md))
 
 
 def run_steps(steps: Sequence[Step], tag: str, env: Dict[str, str], log_dir: str,
@@ -546,10 +567,8 @@ def main(argv):
     report_md = os.path.join(log_dir, "report.md")
     from benchmarks import report  # pylint: disable=g-import-not-at-top
     rows = report.select(report.load(results), tag=tag)
-    text = report.render(rows)
-    if FLAGS.device_suite:
-      text = (f"# Device suite, tag {tag}: {p.devices} x {p.device_kind}\n\n"
-              + summary(done) + "\n\n" + text + table_v_section(results))
+    text = report_text(rows, tag, f"{p.devices} x {p.device_kind}" if FLAGS.device_suite
+                       else None, done, read_table_v_md(results))
     with open(report_md, "w") as f:
       f.write(text)
     print(text)
