@@ -35,6 +35,7 @@ to ``paper_shapes_profile.md`` beside the rows.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -143,15 +144,19 @@ def step_cost(wl: common.Workload, clients: int):
 
 def profile(run, prepare, title: str) -> str:
   """One ``run()`` traced; the summary's text, also appended to paper_shapes_profile.md
-  in the results folder."""
+  in the results folder, and its row to paper_shapes_profile.jsonl (the Markdown is
+  ``profile_summary.format_file`` of those rows)."""
   prepare()
   with tempfile.TemporaryDirectory() as where:
     with jax.profiler.trace(where):
       run()
-    text = profile_summary.format_summary(profile_summary.summarize(where), 20, title)
+    row = profile_summary.stored(profile_summary.summarize(where), 20, title)
+  text = profile_summary.format_summary(row, row["top"], title)
   os.makedirs(common.RESULTS_DIR, exist_ok=True)
   with open(os.path.join(common.RESULTS_DIR, "paper_shapes_profile.md"), "a") as f:
     f.write(text + "\n")
+  with open(os.path.join(common.RESULTS_DIR, "paper_shapes_profile.jsonl"), "a") as f:
+    f.write(json.dumps(row) + "\n")
   return text
 
 

@@ -106,6 +106,18 @@ def format_summary(s: Dict, top: int = 25, title: str = "") -> str:
   return "\n".join(out) + "\n"
 
 
+def stored(s: Dict, top: int = 20, title: str = "") -> Dict:
+  """The summary's row as stored beside its Markdown (``paper_shapes_profile.jsonl``): the
+  ``top`` entries of each ranking, and the title."""
+  return dict(s, title=title, top=top, by_name=[list(r) for r in s["by_name"][:top]],
+              by_category=[list(r) for r in s["by_category"][:top]])
+
+
+def format_file(rows: List[Dict]) -> str:
+  """``paper_shapes_profile.md`` of its stored rows (``stored``), one section each."""
+  return "".join(format_summary(r, r["top"], r["title"]) + "\n" for r in rows)
+
+
 def main(argv: List[str]) -> int:
   if len(argv) < 2:
     print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)

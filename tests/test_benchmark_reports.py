@@ -81,3 +81,27 @@ def test_every_report_is_checked_and_a_changed_number_is_seen(tmp_path, monkeypa
 
   monkeypatch.setattr(report, "load", planted)
   assert rebuilt("epyc512_run_all", tmp_path) != committed
+
+
+def _profiles():
+  return sorted(d for d in os.listdir(LOGS)
+                if os.path.isfile(os.path.join(LOGS, d, "paper_shapes_profile.md")))
+
+
+@pytest.mark.parametrize("folder", _profiles())
+def test_each_profile_summary_is_rebuilt_from_its_stored_rows(folder):
+  """``paper_shapes_profile.md``: ``profile_summary.format_file`` of the rows beside it
+  (each op's device time and count; the shares recomputed from them), and a changed time
+  is seen."""
+  from benchmarks import profile_summary  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(LOGS, folder, "paper_shapes_profile.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  assert profile_summary.format_file(rows) == text(os.path.join(LOGS, folder,
+                                                                "paper_shapes_profile.md"))
+  rows[0]["by_name"][0][1] *= 1.01
+  assert profile_summary.format_file(rows) != text(os.path.join(LOGS, folder,
+                                                                "paper_shapes_profile.md"))
+
+
+def test_profile_summaries_are_checked():
+  assert _profiles() == ["nvidia_h200_2026-11-28"]

@@ -235,6 +235,9 @@ def test_device_suite_dry_run_writes_every_steps_rows_and_table_v_beside_the_pap
         r["gflops_analytic"] / r["roofline_gflops"], rel=1e-6)
   profiles = (results / "paper_shapes_profile.md").read_text()
   assert profiles.count("### Profile: ") == 2 and "| op | ms | share | events |" in profiles
+  from benchmarks import profile_summary  # pylint: disable=g-import-not-at-top
+  stored = [json.loads(l) for l in open(results / "paper_shapes_profile.jsonl")]
+  assert profile_summary.format_file(stored) == profiles  # the table of its stored rows
   table = [json.loads(l) for l in open(results / "table_v" / "rows.jsonl")]
   assert sorted((r["algorithm"], r["delta"]) for r in table) == [
       ("fedavg", 0.0), ("fedavg", 0.7), ("pafed", 0.0), ("pafed", 0.7)]
