@@ -346,6 +346,18 @@ class OutputConfig:
   quiet: bool = option(False, SHARED_HELP["quiet"])
 
 
+def part_of(name: str, source, keep, own=(), doc: str = "", module: str = __name__):
+  """A frozen dataclass ``name`` of ``module``: the fields ``keep`` of the part ``source``
+  (the same flags, defaults and help: defined once), then ``own`` (``(name, type,
+  option)``)."""
+  fields = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+            for f in dataclasses.fields(source) if f.name in keep]
+  cls = dataclasses.make_dataclass(name, fields + list(own), frozen=True,
+                                   namespace={"__doc__": doc})
+  cls.__module__ = module
+  return cls
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig(FlatKeys):
   """One invocation of the round engine: its parts, each a frozen dataclass. The defaults

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List
 
 from fedjax_async import algorithms
 from fedjax_async import config as config_lib
@@ -66,12 +66,11 @@ class ClockOptions:
 # A task's local training: the round engine's fields (the same flags, defaults and help)
 # but E_i ~ U{1..E} and the arithmetic, which the DP accountant's step count and the
 # clipped steps do not follow.
-ClockLocalTraining = dataclasses.make_dataclass("ClockLocalTraining", [
-    (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-    for f in dataclasses.fields(config_lib.LocalTraining)
-    if f.name not in ("random_local_epochs", "precision")], frozen=True, namespace={
-        "__doc__": "A task's local training (``client.LocalConfig`` is its static part)."})
-ClockLocalTraining.__module__ = __name__
+ClockLocalTraining = config_lib.part_of(
+    "ClockLocalTraining", config_lib.LocalTraining,
+    ("local_epochs", "local_steps", "batch_size", "lr", "momentum", "augment"),
+    doc="A task's local training (``client.LocalConfig`` is its static part).",
+    module=__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,26 +85,18 @@ class PrivacyConfig:
                          "lr 2C/(|D_k| eps) per step; spends far more, printed at the start).")
 
 
-@dataclasses.dataclass(frozen=True)
-class AsyncRunOptions:
-  seed: int = option(0, config_lib.SHARED_HELP["seed"])
-  seeds: str = option("", "Comma list of seeds: every run once per seed, under "
-                      "<output_dir>/seed<s>/, and comparison.md with the mean and standard "
-                      "deviation over the seeds ('': --seed only).")
-  eval_every: Optional[int] = option(None, config_lib.SHARED_HELP["eval_every"])
-  groups_per_call: int = option(50, "Groups fused into one jitted scan.")
-  devices: int = option(0, config_lib.SHARED_HELP["devices"])
-  cpu_devices: int = option(0, config_lib.SHARED_HELP["cpu_devices"])
-
-
-@dataclasses.dataclass(frozen=True)
-class AsyncOutputConfig:
-  output_dir: Optional[str] = option(None, config_lib.SHARED_HELP["output_dir"],
-                                     cli_default="runs/latest")
-  checkpoint_every: Optional[int] = option(None, config_lib.SHARED_HELP["checkpoint_every"])
-  resume: bool = option(False, config_lib.SHARED_HELP["resume"])
-  overwrite: bool = option(False, config_lib.SHARED_HELP["overwrite"])
-  quiet: bool = option(False, config_lib.SHARED_HELP["quiet"])
+# The run and output parts: the round engine's fields where the meaning is the same (their
+# flags, defaults and help defined once, in config.py), and the clock's own.
+AsyncRunOptions = config_lib.part_of("AsyncRunOptions", config_lib.RunOptions, (
+    "seed", "eval_every", "devices"), own=[
+        ("seeds", "str", option("", "Comma list of seeds: every run once per seed, under "
+                                "<output_dir>/seed<s>/, and comparison.md with the mean and "
+                                "standard deviation over the seeds ('': --seed only).")),
+        ("groups_per_call", "int", option(50, "Groups fused into one jitted scan.")),
+        ("cpu_devices", "int", option(0, config_lib.SHARED_HELP["cpu_devices"]))],
+    module=__name__)
+AsyncOutputConfig = config_lib.part_of("AsyncOutputConfig", config_lib.OutputConfig, (
+    "output_dir", "checkpoint_every", "resume", "overwrite", "quiet"), module=__name__)
 
 
 @dataclasses.dataclass(frozen=True)
