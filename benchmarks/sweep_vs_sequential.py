@@ -35,7 +35,8 @@ flags.adopt_module_key_flags(cli.run_flags)  # --help lists --algorithm, --round
 flags.DEFINE_integer("runs", 8, "S, runs (seeds) on each side.", lower_bound=1)
 flags.DEFINE_integer("repeats", 1, "Timed passes after the compiling one.", lower_bound=1)
 flags.register_validator(
-    "algorithm", lambda v: all(n in algorithms.names("rounds") for n in v.split(",")),
+    "algorithm", lambda v: v is None or all(n in algorithms.names("rounds")
+                                            for n in v.split(",")),
     message=f"--algorithm: expected one of {', '.join(algorithms.names('rounds'))} (or a "
             "comma-separated list of them: the first is run)")
 FLAGS = flags.FLAGS

@@ -34,6 +34,7 @@ from absl import app
 from absl import flags
 
 from fedjax_async import cli
+from fedjax_async import config as config_lib
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async import sharding
@@ -60,9 +61,12 @@ def config_from_flags(fl) -> async_config.AsyncRunConfig:
 
 def main(argv):
   """Ctrl-C / SIGTERM: one line naming --resume, exit status 130 / 143."""
+  every = FLAGS.checkpoint_every
+  every = config_lib.ENGINE_DEFAULTS["checkpoint_every"]["virtual_clock"] if every is None else (
+      every)
   interrupts.exit_on_interrupt(
       lambda: _main(argv), f"the runs under {FLAGS.output_dir} are checkpointed every "
-      f"--checkpoint_every={FLAGS.checkpoint_every} call(s) of --groups_per_call groups: "
+      f"--checkpoint_every={every} call(s) of --groups_per_call groups: "
       "rerun the same command with --resume to continue them")
 
 

@@ -182,6 +182,9 @@ def print_every_flag():
 
 
 def main():
+  here = os.path.dirname(os.path.abspath(__file__))  # the sibling drivers, also when run
+  if here not in sys.path:  # through runpy or from another folder
+    sys.path.insert(0, here)
   if cli.help.requested(sys.argv[1:]) == "full" and not os.environ.get(cli.help.JSON_ENV):
     print_every_flag()
     return
