@@ -64,7 +64,9 @@ def test_dp_alg1_noise_warns_with_the_epsilon_it_spends(capsys):
 
 def final_models(capsys=None, **fields):
   from fedjax_async.asynchronous import experiment as async_experiment
-  result = async_experiment.run_virtual_clock(fa.AsyncRunConfig(), **TINY_ASYNC, **fields)
+  # (10 clients of one local epoch: the tiers and the model are the defaults under test)
+  result = async_experiment.run_virtual_clock(
+      fa.AsyncRunConfig(), **dict(TINY_ASYNC, num_clients=10, local_epochs=1, **fields))
   return {name: np.asarray(run.state.w) for name, run in result.runs.items()}
 
 
