@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List
+from typing import List, Optional  # noqa: F401  (the generated parts' annotations)
 
 from fedjax_async import algorithms
 from fedjax_async import config as config_lib
