@@ -126,7 +126,18 @@ def read(folder: str, name: str = FILE) -> List[dict]:
   if not os.path.isfile(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    texts = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+  out = []
+  for i, line in texts:
+    try:
+      out.append(json.loads(line))
+    except ValueError:
+      out.append(None)
+    if not isinstance(out[-1], dict) or "path" not in out[-1]:
+      raise ValueError(f"{path}: line {i} is no packed file (a JSON object with 'path'); "
+                       f"move the file away or repack the folder (python -m "
+                       f"fedjax_async.results_table pack)")
+  return out
 
 
 def runs(folder: str) -> List[dict]:

@@ -290,3 +290,9 @@ def test_the_drivers_read_a_packed_folder(tmp_path):
   assert stored[0]["final_accuracy"] == 0.5 and stored[2] == []
   outputs.prepare_output_dir(str(tmp_path), False, True, sweep.SWEEP_OUTPUTS)
   assert sorted(os.listdir(tmp_path)) == ["table.md"]  # the runs, packed and not, deleted
+
+
+def test_a_runs_jsonl_that_is_no_packed_table_is_named_in_one_line(tmp_path):
+  (tmp_path / results_table.FILE).write_text('{"x": 1}\n')
+  with pytest.raises(ValueError, match=rf"^{tmp_path}/runs.jsonl: line 1 is no packed file"):
+    results_table.unpack_missing(str(tmp_path / "run"))
