@@ -26,6 +26,7 @@ from fedjax_async import algorithms
 from fedjax_async import models
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
+from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
 from fedjax_async.algorithms.server_optimizers import SERVER_OPTIMIZERS
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.core.timeline import DelayConfig
@@ -229,12 +230,23 @@ AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
     ("server_lr_switch_round", "int", option(-1, "Round where eta_2 starts (-1: never).")),
     ("server_optimizer", "str", option(
         "sgd", "Server optimiser of the round's step (Reddi et al. 2021), step size "
-        "--server_lr: sgd | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi).",
-        choices=SERVER_OPTIMIZERS)),
+        "--server_lr: sgd | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi) | adagrad "
+        "(FedAdagrad).", choices=SERVER_OPTIMIZERS)),
     ("server_beta1", "float", option(0.9, "beta_1 of the server optimiser (momentum's "
                                      "decay).")),
     ("server_beta2", "float", option(0.99, "beta_2 of the adam / yogi server optimisers.")),
-    ("server_tau", "float", option(1e-3, "tau, adam / yogi's adaptivity (optax's eps).")),
+    ("server_tau", "float", option(1e-3, "tau, adam / yogi / adagrad's adaptivity, outside "
+                                   "the square root (optax's eps).")),
+    ("server_eps_root", "float", option(0.0, "Added inside the square root of adam / yogi / "
+                                        "adagrad (optax's eps_root; TFF's Adagrad epsilon).")),
+    ("server_accumulator", "Optional[float]", option(
+        None, "v_0 of adam / yogi / adagrad (default: yogi 1e-6, adam and adagrad 0).")),
+    ("server_bias_correction", "bool", option(True, "adam / yogi divide m, v by 1 - "
+                                              "beta^t (optax; Reddi et al.'s Alg. 2: no).")),
+    ("client_weighting", "str", option(
+        "auto", "Arrivals' weights in the round's mean: auto (each rule's: n_k for FedAvg, "
+        "FedProx, FedNova; 1 for FedADMM and PAFed, Eqs. 11-12) | examples (n_k) | uniform "
+        "(1).", choices=CLIENT_WEIGHTINGS)),
     ("hp", "tuple", option((), HP_HELP)),
     *hparam_fields("rounds"),
 ], frozen=True, namespace={"name_list": _name_list, "__doc__": (
@@ -399,6 +411,7 @@ class RunConfig(FlatKeys):
     return {"lr": loc.lr, "momentum": loc.momentum,
             **resolved_hparams(a, "rounds", algorithm, self.data.dataset),
             "ducc_project_conflicting": float(a.ducc_projection == "conflicting"),
+            "client_weighting": float(CLIENT_WEIGHTINGS.index(a.client_weighting)),
             "server_lr": a.server_lr,
             "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
             "server_lr_switch_round": a.server_lr_switch_round}
@@ -478,6 +491,12 @@ def _validate_algorithm(cfg: RunConfig):
   for k in ("server_beta1", "server_beta2"):
     check(0 <= getattr(a, k) < 1, f"algorithm.{k}", f"must be in [0, 1), got {getattr(a, k)}")
   check(a.server_tau > 0, "algorithm.server_tau", f"must be > 0, got {a.server_tau}")
+  check(a.server_eps_root >= 0, "algorithm.server_eps_root",
+        f"must be >= 0, got {a.server_eps_root}")
+  check(a.server_accumulator is None or a.server_accumulator >= 0,
+        "algorithm.server_accumulator", f"must be >= 0, got {a.server_accumulator}")
+  check(a.client_weighting in CLIENT_WEIGHTINGS, "algorithm.client_weighting",
+        f"must be one of {', '.join(CLIENT_WEIGHTINGS)}, got {a.client_weighting!r}")
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
         f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
@@ -521,10 +540,11 @@ def _validate_crypto(c: CryptoConfig, a: AlgorithmConfig):
     check(a.names == "pafed", "crypto.secure_aggregation",
           "ckks secure aggregation is PAFed's (use algorithm.names='pafed')")
     check(a.ducc_projection == "conflicting" and a.alpha_decay == 1.0
-          and a.server_optimizer == "sgd",
+          and a.server_optimizer == "sgd" and a.client_weighting != "examples",
           "algorithm.ducc_projection" if a.ducc_projection != "conflicting"
           else "algorithm.alpha_decay" if a.alpha_decay != 1.0
-          else "algorithm.server_optimizer", "the CKKS server runs Alg. 4 and Eq. 17 as printed "
+          else "algorithm.server_optimizer" if a.server_optimizer != "sgd"
+          else "algorithm.client_weighting", "the CKKS server runs Alg. 4 and Eq. 17 as printed "
           "(conflicting class projected, constant alphas); use the plaintext server "
           "(crypto.secure_aggregation='none') for this option")
   check(c.ckks_preset in ("secure", "insecure_test"), "crypto.ckks_preset",

@@ -300,6 +300,22 @@ def mean_from_sum(summed: Array, weights: Array, tol: float = 0.0) -> Array:
   return jnp.where(nonzero, summed / jnp.where(nonzero, total, 1.0), 0.0)
 
 
+# How a round rule weighs its arrivals (``hp["client_weighting"]``, an index into this):
+# auto, the rule's own (FedAvg's n_k, FedADMM's and PAFed's 1); examples, n_k; uniform, 1.
+CLIENT_WEIGHTINGS = ("auto", "examples", "uniform")
+
+
+def client_weights(arrivals, hp: HParams, own: str = "examples") -> Array:
+  """p_k [K] of each valid arrival (0 for padding slots) by ``hp["client_weighting"]``
+  (``CLIENT_WEIGHTINGS``' index; absent: auto); ``own``, the rule's auto weighting:
+  ``examples`` (n_k) or ``uniform`` (1)."""
+  n = jnp.asarray(arrivals.num_examples, jnp.float32)
+  ones = jnp.ones_like(n)
+  code = jnp.asarray(hp.get("client_weighting", 0.0))
+  p = jnp.select([code == 1, code == 2], [n, ones], n if own == "examples" else ones)
+  return jnp.where(arrivals.valid, p, 0.0)
+
+
 def server_lr(hp: HParams, round_index) -> Array:
   """Global learning rate eta, switched to eta_2 from round ``server_lr_switch_round`` on
   (FedADMM authors' schedule; the switch is off when the round is negative)."""

@@ -64,9 +64,9 @@ def admm_client_final(w_start, w_end, client_state, num_steps, hp):
 
 
 def arrival_weights(arrivals, hp):
-  """1 for every valid arrival (Eq. 11 is a plain mean), 0 for padding slots."""
-  del hp
-  return arrivals.valid.astype(jnp.float32)
+  """1 for every valid arrival (Eq. 11 is a plain mean; ``client_weighting=examples``:
+  n_k), 0 for padding slots."""
+  return base.client_weights(arrivals, hp, "uniform")
 
 
 def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):

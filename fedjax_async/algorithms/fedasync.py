@@ -10,7 +10,13 @@ with one of the paper's staleness functions s (FedAsync Sec. 5.2):
 
 * constant:   s(t - tau) = 1;
 * polynomial: s(t - tau) = (t - tau + 1)^(-a_poly);
-* hinge:      s(t - tau) = 1 if t - tau <= b else 1 / (a_h (t - tau - b) + 1).
+* hinge:      s(t - tau) = 1 if t - tau <= b else 1 / (a_h (t - tau - b) + 1);
+* threshold:  s(t - tau) = 1 if t - tau <= c else v (FLSim's ThresholdStalenessWeight).
+
+FLSim divides s by s(avg_staleness); ``avg_staleness`` = 0 (the default) divides by
+s(0) = 1, FedAsync's form. Arrivals may also be weighted by their example count n
+(``example_weight``: FLSim's example weights f(n) / f(avg_num_examples), f(n) = n,
+sqrt(n) or log10(1 + n)); a_t is then a s(t - tau) f(n) / f(avg_n), at most 1.
 
 t - tau is the number of server versions between the client's dispatch and the update's
 arrival (the engine's ``Arrival.staleness``): 0 for an update trained from the current
@@ -19,8 +25,10 @@ model, as FedAsync's released code counts it (xcgoner/async_fl:
 (``staleness = self.round - receive_model_time``). A fresh update is thus weighted
 s(0) = 1 (a_t = a) and the hinge bends after staleness b.
 
-Hyperparameters: ``mix_alpha`` (a), ``staleness_fn`` (0 constant, 1 polynomial, 2 hinge;
-a traced code so sweeps can vmap it), ``poly_a``, ``hinge_a``, ``hinge_b``, ``mu``.
+Hyperparameters: ``mix_alpha`` (a), ``staleness_fn`` (0 constant, 1 polynomial, 2 hinge,
+3 threshold; a traced code so sweeps can vmap it), ``poly_a``, ``hinge_a``, ``hinge_b``,
+``threshold_cutoff``, ``threshold_value``, ``avg_staleness``, ``example_weight`` (0 none,
+1 linear, 2 sqrt, 3 log10), ``avg_num_examples``, ``mu``.
 """
 
 from __future__ import annotations
@@ -38,7 +46,20 @@ HINGE_A = base.HParam("hinge_a", 10.0, "a, the hinge staleness s's slope.",
 HINGE_B = base.HParam("hinge_b", 4.0, "b, the staleness where the hinge bends.", bounds="[0, inf)")
 
 
-HPARAMS = (MU, POLY_A, HINGE_A, HINGE_B)
+THRESHOLD_CUTOFF = base.HParam("threshold_cutoff", 4.0, "c, the last staleness the "
+                               "threshold s weighs 1.", bounds="[0, inf)")
+THRESHOLD_VALUE = base.HParam("threshold_value", 0.5, "v, the threshold s past its cutoff.",
+                              bounds="[0, inf)")
+AVG_STALENESS = base.HParam("avg_staleness", 0.0, "s is divided by s(this) (FLSim's "
+                            "normalisation; 0: none).", bounds="[0, inf)")
+AVG_NUM_EXAMPLES = base.HParam("avg_num_examples", 1.0, "n of the example weight's "
+                               "f(n) / f(this) (FLSim's avg_num_examples).",
+                               bounds="(0, inf)")
+# Example weights' f (``hp["example_weight"]``'s index; FLSim's AsyncExampleWeight).
+EXAMPLE_WEIGHTS = ("none", "linear", "sqrt", "log10")
+
+HPARAMS = (MU, POLY_A, HINGE_A, HINGE_B, THRESHOLD_CUTOFF, THRESHOLD_VALUE, AVG_STALENESS,
+           AVG_NUM_EXAMPLES)
 
 
 def constant_staleness(staleness):
@@ -57,14 +78,41 @@ def hinge_staleness(staleness, a, b):
   return jnp.where(s <= b, 1.0, 1.0 / (a * (s - b) + 1.0))
 
 
-def staleness_weight(staleness, hp):
-  """s(t - tau) chosen by ``hp['staleness_fn']`` (0 constant, 1 polynomial, 2 hinge)."""
+def threshold_staleness(staleness, cutoff, value):
+  """s(t - tau) = 1 if t - tau <= c else v."""
+  s = jnp.asarray(staleness, jnp.float32)
+  return jnp.where(s <= cutoff, 1.0, jnp.asarray(value, jnp.float32))
+
+
+def _raw_staleness(staleness, hp):
   kind = jnp.asarray(hp.get("staleness_fn", 0.0))
   return jnp.select(
-      [kind == 1, kind == 2],
+      [kind == 1, kind == 2, kind == 3],
       [polynomial_staleness(staleness, hp.get("poly_a", 0.5)),
-       hinge_staleness(staleness, hp.get("hinge_a", 10.0), hp.get("hinge_b", 4.0))],
+       hinge_staleness(staleness, hp.get("hinge_a", 10.0), hp.get("hinge_b", 4.0)),
+       threshold_staleness(staleness, hp.get("threshold_cutoff", 4.0),
+                           hp.get("threshold_value", 0.5))],
       constant_staleness(staleness))
+
+
+def staleness_weight(staleness, hp):
+  """s(t - tau) / s(avg_staleness), s chosen by ``hp['staleness_fn']`` (0 constant,
+  1 polynomial, 2 hinge, 3 threshold); ``avg_staleness`` 0: s(t - tau) itself."""
+  return _raw_staleness(staleness, hp) / _raw_staleness(hp.get("avg_staleness", 0.0), hp)
+
+
+def _raw_example_weight(n, kind):
+  n = jnp.asarray(n, jnp.float32)
+  return jnp.select([kind == 1, kind == 2, kind == 3],
+                    [n, jnp.sqrt(n), jnp.log10(1.0 + n)], jnp.ones_like(n))
+
+
+def example_weight(num_examples, hp):
+  """f(n) / f(avg_num_examples) by ``hp['example_weight']`` (``EXAMPLE_WEIGHTS``' index;
+  0, absent: 1)."""
+  kind = jnp.asarray(hp.get("example_weight", 0.0))
+  return (_raw_example_weight(num_examples, kind)
+          / _raw_example_weight(hp.get("avg_num_examples", 1.0), kind))
 
 
 def mix(w, w_new, alpha):
@@ -75,6 +123,7 @@ def mix(w, w_new, alpha):
 def server_step(w, server_state, upload, arrival, hp):
   """w_t = (1 - a_t) w_{t-1} + a_t w_new, a_t = a s(t - tau) (Alg. 1), t - tau = staleness."""
   alpha = hp["mix_alpha"] * staleness_weight(arrival.staleness, hp)
+  alpha = jnp.minimum(alpha * example_weight(arrival.num_examples, hp), 1.0)
   return mix(w, upload, alpha), server_state
 
 

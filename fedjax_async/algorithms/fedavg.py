@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al., AISTATS 2017).
 
 Clients upload the delta w_i - w_g of their local SGD; the server adds the average of the
-arrivals weighted by example count n_i, scaled by a server learning rate (1 = FedAvg).
+arrivals weighted by example count n_i (``client_weighting=uniform``: 1 each), scaled by a server learning rate (1 = FedAvg).
 Stale deltas of delayed clients are averaged with the online ones (plain asynchronous
 FedAvg, as the PAFed paper's baseline runs it).
 """
@@ -14,9 +14,8 @@ from fedjax_async.algorithms import base
 
 
 def example_weights(arrivals, hp):
-  """n_k for valid arrivals, 0 for padding slots."""
-  del hp
-  return jnp.where(arrivals.valid, arrivals.num_examples, 0.0)
+  """p_k = n_k for valid arrivals (1 with ``client_weighting=uniform``), 0 for padding."""
+  return base.client_weights(arrivals, hp, "examples")
 
 
 def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):

@@ -13,8 +13,11 @@ own SGD-momentum optimiser (FedBuff Alg. 1 server lines; FedOpt-style server ste
 
     m <- beta_s m + Delta_bar,   w <- w + eta_s m,   sum <- 0, count <- 0.
 
+Each delta may also be weighted by its client's example count (``example_weight``,
+``avg_num_examples``: FLSim's example weights, ``fedasync.example_weight``; off by default).
+
 Hyperparameters: ``server_lr`` (eta_s), ``server_momentum`` (beta_s), ``fedbuff_staleness``,
-``mu`` (optional proximal term, 0 by default).
+``example_weight``, ``avg_num_examples``, ``mu`` (optional proximal term, 0 by default).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedasync
 from fedjax_async.algorithms import fedprox
 
 
 HPARAMS = (
     base.HParam("mu", 0.0, "Proximal coefficient (0: none).",
                 bounds="[0, inf)"),
+    fedasync.AVG_NUM_EXAMPLES,
     base.HParam("server_momentum", 0.0, "beta_s, the server's momentum.",
                 bounds="[0, 1)"),
     base.HParam("fedbuff_staleness", 1.0, "Deltas weighed by 1/sqrt(1 + staleness).", kind="bool", bounds="[0, 1]"),
@@ -56,6 +61,7 @@ def server_step(w, state: BufferState, upload, arrival, hp):
   """Buffer the weighted delta; on ``arrival.flush`` take one server optimiser step."""
   use = hp.get("fedbuff_staleness", 1.0)
   weight = jnp.where(use > 0, sqrt_staleness(arrival.staleness), 1.0)
+  weight = weight * fedasync.example_weight(arrival.num_examples, hp)  # 1 by default
   total = state.total + weight * upload
   count = state.count + 1.0
   mean = total / count

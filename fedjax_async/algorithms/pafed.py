@@ -83,7 +83,7 @@ def ducc_init(w) -> DuccSums:
 
 
 def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
-             min_fn: MinFn = jnp.minimum) -> DuccSums:
+             min_fn: MinFn = jnp.minimum, weights=None) -> DuccSums:
   """Folds in a chunk of unit-vector uploads [G, d]: its online rows first, then its
   delayed rows, weighed against the mean m of the online rows folded in so far. That m is
   the round's online mean once every online row is in: the caller folds in all online
@@ -91,14 +91,19 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
 
   Each part runs only when the chunk has such rows (``lax.cond``): a chunk of one client
   reads and writes the online sum, or the two class sums, not both (the sums are the
-  carry of the engine's scan over chunks, updated in place)."""
+  carry of the engine's scan over chunks, updated in place).
+
+  ``weights`` (optional, [G]): each row's client weight p_k (``client_weighting``), a
+  factor of its term in every sum and count (None: 1, Alg. 4 as printed)."""
   updates = jnp.asarray(updates, jnp.float32)
   om, dm = jnp.asarray(online_mask, bool), jnp.asarray(delayed_mask, bool)
+  p = jnp.ones(om.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
 
   def add_online(c: DuccSums) -> DuccSums:
-    total = c.online_sum + jnp.einsum("g,gd->d", om.astype(jnp.float32), updates)
+    po = jnp.where(om, p, 0.0)
+    total = c.online_sum + jnp.einsum("g,gd->d", po, updates)
     return c._replace(online_sum=total, online_sq=jnp.vdot(total, total),
-                      online_count=c.online_count + jnp.sum(om))
+                      online_count=c.online_count + jnp.sum(po))
 
   def add_delayed(c: DuccSums) -> DuccSums:
     # Alg. 4 line 3 gives the mean m; the Min's input uses m / ||m|| ("We first
@@ -110,8 +115,8 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
                      0.0)
     s = (dots + 1.0) / 2.0  # (m . u_j / ||m|| + 1) / 2, in [0, 1] for unit vectors
     x = min_fn(s, jnp.full_like(s, 0.5))  # Eq. 13: x = Min(s, 1/2)
-    w1 = jnp.where(dm, s - x, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
-    w2 = jnp.where(dm, x - 0.5, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
+    w1 = jnp.where(dm, (s - x) * p, 0.0)  # > 0 iff m . u_j > 0 (non-conflicting)
+    w2 = jnp.where(dm, (x - 0.5) * p, 0.0)  # < 0 iff m . u_j < 0 (conflicting)
     weights = jnp.stack([w1, w2], axis=1)  # [G, 2]: both classes in one pass
     return c._replace(class_sums=c.class_sums + jnp.einsum("gk,gd->kd", weights, updates),
                       class_weights=c.class_weights + jnp.sum(weights, axis=0),
@@ -188,8 +193,8 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
   min_fn = jnp.minimum if min_fn is None else min_fn
 
   def add(sums, uploads, rows, hp):
-    del hp
-    return ducc_add(sums, uploads, rows.online, rows.delayed, min_fn)
+    return ducc_add(sums, uploads, rows.online, rows.delayed, min_fn,
+                    base.client_weights(rows, hp, "uniform"))
 
   def finish(w, server_state, sums, arrivals, round_index, hp):
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)

@@ -1,5 +1,5 @@
 """Server optimisers on the aggregated update (Reddi et al., "Adaptive Federated
-Optimization", ICLR 2021): FedAvgM, FedAdam and FedYogi for any round rule.
+Optimization", ICLR 2021): FedAvgM, FedAdam, FedYogi and FedAdagrad for any round rule.
 
 The round's rule computes its step Delta_t = w_plain - w_t with eta = 1 (FedAvg's weighted
 mean of the deltas, FedADMM's mean upload, PAFed's Eq. 17 sum); Delta_t is the negative
@@ -7,39 +7,111 @@ pseudo-gradient g_t = -Delta_t of an optax ``GradientTransformation``, and
 
   w_{t+1} = w_t - eta_t * tx.update(g_t)        (eta_t: algorithm.server_lr, its schedule)
 
-  sgd       optax.identity()                          w + eta Delta (the rule itself)
-  momentum  optax.trace(beta1)                        FedAvgM: v = beta1 v + Delta
-  adam      optax.scale_by_adam(beta1, beta2, tau)    FedAdam
-  yogi      optax.scale_by_yogi(beta1, beta2, tau)    FedYogi
+  sgd       optax.identity()              w + eta Delta (the rule itself)
+  momentum  optax.trace(beta1)            FedAvgM: v = beta1 v + Delta
+  adam      scale_by_adaptive("adam")     FedAdam:    v = beta2 v + (1 - beta2) g^2
+  yogi      scale_by_adaptive("yogi")     FedYogi:    v = v - (1 - beta2) sign(v - g^2) g^2
+  adagrad   scale_by_adaptive("adagrad")  FedAdagrad: v = v + g^2
 
-Deviation: optax's Adam and Yogi correct the moments' bias (m / (1 - beta1^t)); Reddi et
-al.'s Alg. 2 leaves it out "for ease of exposition". Their tau (adaptivity, 1e-3) is optax's
-eps. Yogi's accumulators start at optax's 1e-6.
+with m = beta1 m + (1 - beta1) g and the step m / (sqrt(v + eps_root) + tau) (Reddi et
+al.'s Alg. 2; eps_root = 0 there). Options beside the paper's, each set to reach a peer's
+form (docs/api.md, "Conventions beside the peers'"): ``bias_correction`` (adam, yogi:
+m / (1 - beta1^t), v / (1 - beta2^t), optax's default and ours; Alg. 2 leaves it out "for
+ease of exposition"), ``eps_root`` (TFF's and optax's Adagrad add their epsilon inside the
+root), ``accumulator`` v_0 (None: yogi's 1e-6 as optax, 0 for adam and adagrad; TFF's
+Adagrad starts at 0.1). Yogi's m starts at v_0 too, as optax's does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_async.algorithms import base
 
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
+ADAPTIVE = ("adam", "yogi", "adagrad")
+# v_0 when none is given (optax's Yogi starts its moments at 1e-6).
+DEFAULT_ACCUMULATOR = {"adam": 0.0, "yogi": 1e-6, "adagrad": 0.0}
+
+
+class AdaptiveState(NamedTuple):
+  count: jax.Array  # int32 t, steps taken
+  mu: jax.Array  # m, the first moment
+  nu: jax.Array  # v, the second moment (Adagrad's sum of squares)
+
+
+def scale_by_adaptive(kind: str, beta1: float = 0.9, beta2: float = 0.99,
+                      tau: float = 1e-3, eps_root: float = 0.0,
+                      accumulator: Optional[float] = None,
+                      bias_correction: bool = True) -> optax.GradientTransformation:
+  """Reddi et al.'s Alg. 2 second-moment rules as an optax ``GradientTransformation``.
+
+  Args:
+    kind: ``adam``, ``yogi`` or ``adagrad``: how v follows g^2.
+    beta1: the first moment's decay (0: m = g).
+    beta2: the second moment's decay (adam, yogi; adagrad ignores it).
+    tau: the adaptivity, added outside the square root.
+    eps_root: added inside the square root.
+    accumulator: v_0 (None: ``DEFAULT_ACCUMULATOR[kind]``).
+    bias_correction: adam and yogi divide m and v by 1 - beta^t (adagrad never does).
+  """
+  if kind not in ADAPTIVE:
+    raise ValueError(f"scale_by_adaptive: kind is one of {', '.join(ADAPTIVE)}, got {kind!r}")
+  v0 = DEFAULT_ACCUMULATOR[kind] if accumulator is None else float(accumulator)
+  m0 = v0 if kind == "yogi" else 0.0
+  correct = bias_correction and kind != "adagrad"
+
+  def init(params):
+    return AdaptiveState(jnp.zeros([], jnp.int32), jnp.full_like(params, m0),
+                         jnp.full_like(params, v0))
+
+  def update(g, state, params=None):
+    del params
+    mu = beta1 * state.mu + (1.0 - beta1) * g
+    g2 = jnp.square(g)
+    if kind == "adam":
+      nu = beta2 * state.nu + (1.0 - beta2) * g2
+    elif kind == "yogi":
+      nu = state.nu - (1.0 - beta2) * jnp.sign(state.nu - g2) * g2
+    else:  # adagrad
+      nu = state.nu + g2
+    count = state.count + 1
+    mu_hat, nu_hat = mu, nu
+    if correct:
+      t = count.astype(jnp.float32)
+      mu_hat, nu_hat = mu / (1.0 - beta1 ** t), nu / (1.0 - beta2 ** t)
+    return mu_hat / (jnp.sqrt(nu_hat + eps_root) + tau), AdaptiveState(count, mu, nu)
+
+  return optax.GradientTransformation(init, update)
 
 
 def transformation(name: str, beta1: float = 0.9, beta2: float = 0.99,
-                   tau: float = 1e-3) -> optax.GradientTransformation:
-  """The optax transformation of the server optimiser ``name`` (``SERVER_OPTIMIZERS``)."""
+                   tau: float = 1e-3, eps_root: float = 0.0,
+                   accumulator: Optional[float] = None,
+                   bias_correction: bool = True) -> optax.GradientTransformation:
+  """The optax transformation of the server optimiser ``name`` (``SERVER_OPTIMIZERS``).
+
+  Args:
+    name: sgd, momentum, adam, yogi or adagrad.
+    beta1: momentum's decay; the adaptive rules' first-moment decay.
+    beta2: adam's and yogi's second-moment decay.
+    tau: the adaptive rules' adaptivity (outside the root).
+    eps_root: the adaptive rules' term inside the root.
+    accumulator: the adaptive rules' v_0 (None: each one's default).
+    bias_correction: adam's and yogi's bias correction.
+  """
   if name == "sgd":
     return optax.identity()
   if name == "momentum":
     return optax.trace(decay=beta1)
-  if name == "adam":
-    return optax.scale_by_adam(b1=beta1, b2=beta2, eps=tau)
-  if name == "yogi":
-    return optax.scale_by_yogi(b1=beta1, b2=beta2, eps=tau)
+  if name in ADAPTIVE:
+    return scale_by_adaptive(name, beta1, beta2, tau, eps_root, accumulator,
+                             bias_correction)
   raise ValueError(f"algorithm.server_optimizer: unknown {name!r}; choices: "
                    f"{', '.join(SERVER_OPTIMIZERS)}")
 
@@ -68,16 +140,18 @@ def with_server_optimizer(algorithm: base.Algorithm,
     new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
     return new_w, (own, opt_state), metrics
 
-  streamed = algorithm.streamed_server
-  if streamed is not None:
+  inner_streamed = algorithm.streamed_server
+  streamed = None
+  if inner_streamed is not None:
+    inner_finish = inner_streamed.finish
+
     def finish(w, server_state, carry, arrivals, round_index, hp):
       own, opt_state = server_state
-      plain, own, metrics = streamed.finish(w, own, carry, arrivals, round_index,
-                                            _unit_lr(hp))
+      plain, own, metrics = inner_finish(w, own, carry, arrivals, round_index, _unit_lr(hp))
       new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
       return new_w, (own, opt_state), metrics
 
-    streamed = streamed._replace(finish=finish)
+    streamed = inner_streamed._replace(finish=finish)
   init_inner = algorithm.init_server_state
   return dataclasses.replace(
       algorithm, server_update=server_update, streamed_server=streamed,
@@ -90,4 +164,5 @@ def configured(algorithm: base.Algorithm, cfg) -> base.Algorithm:
   if cfg.server_optimizer == "sgd":
     return algorithm
   return with_server_optimizer(algorithm, transformation(
-      cfg.server_optimizer, cfg.server_beta1, cfg.server_beta2, cfg.server_tau))
+      cfg.server_optimizer, cfg.server_beta1, cfg.server_beta2, cfg.server_tau,
+      cfg.server_eps_root, cfg.server_accumulator, cfg.server_bias_correction))

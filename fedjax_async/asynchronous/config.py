@@ -16,6 +16,7 @@ from typing import List, Optional  # noqa: F401  (the generated parts' annotatio
 from fedjax_async import algorithms
 from fedjax_async import config as config_lib
 from fedjax_async import privacy
+from fedjax_async.algorithms.fedasync import EXAMPLE_WEIGHTS
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.config import DataConfig, ModelConfig, check_finite, validate_local
 from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
@@ -27,7 +28,11 @@ AsyncAlgorithmConfig = dataclasses.make_dataclass("AsyncAlgorithmConfig", [
                                       flag="algorithm")),
     ("hp", "tuple", option((), config_lib.HP_HELP)),
     ("mix_alpha", "str", option("0.6", "FedAsync's a (comma list: one run each).")),
-    ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge (FedAsync).")),
+    ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge | threshold "
+                                   "(FedAsync; threshold: FLSim's).")),
+    ("example_weight", "str", option("none", "Arrivals weighted by their example count n "
+                                     "(FedAsync's a_t, FedBuff's buffer): none | linear | "
+                                     "sqrt | log10 (FLSim's f(n) / f(--avg_num_examples)).")),
     ("server_lr", "float", option(1.0, config_lib.SHARED_HELP["server_lr"])),
     *config_lib.hparam_fields("virtual_clock"),
 ], frozen=True, namespace={"__doc__": (
@@ -130,7 +135,7 @@ algorithms.reserve([k for k in AsyncRunConfig.keys()
 
 # ------------------------------------------------------------------- validation
 
-STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2}  # FedAsync's s(t - tau)
+STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2, "threshold": 3}  # s(t - tau)
 
 
 def parse_floats(text: str, field: str) -> List[float]:
@@ -227,4 +232,6 @@ def _validate_servers(a):
     check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
   check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
         f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
+  check(a.example_weight in EXAMPLE_WEIGHTS, "algorithm.example_weight",
+        f"must be one of {', '.join(EXAMPLE_WEIGHTS)}, got {a.example_weight!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")

@@ -43,8 +43,8 @@ from fedjax_async.algorithms import privaasyncfed
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.asynchronous import report
 from fedjax_async.asynchronous import virtual_clock as vc
-from fedjax_async.asynchronous.config import (STALENESS, AsyncRunConfig, parse_floats,
-                                              seeds_of, validate)
+from fedjax_async.asynchronous.config import (EXAMPLE_WEIGHTS, STALENESS, AsyncRunConfig,
+                                              parse_floats, seeds_of, validate)
 from fedjax_async.config import check
 from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
@@ -119,6 +119,7 @@ def hparams(cfg: AsyncRunConfig, mix_alpha: float, algorithm=None) -> Dict[str, 
   a, p = cfg.algorithm, cfg.privacy
   return {"lr": cfg.local.lr, "momentum": cfg.local.momentum,
           "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
+          "example_weight": float(EXAMPLE_WEIGHTS.index(a.example_weight)),
           "server_lr": a.server_lr,
           **config_lib.resolved_hparams(a, "virtual_clock", algorithm, cfg.data.dataset),
           "dp_epsilon": p.dp_epsilon, "dp_clip": p.dp_clip, "dp_delta": p.dp_delta,

@@ -299,6 +299,7 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
   a = phase.arrivals
   delayed_f = a.delayed.astype(jnp.float32)
   num_valid = jnp.sum(a.valid)
+  n_k = a.num_examples
   metrics = {
       "round": t + 1,  # rounds done: row r is the model after r rounds (1-based)
       "online": jnp.sum(a.online),
@@ -306,7 +307,10 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
       "dropped": slots["dropped"],
       "mean_staleness": jnp.sum(a.staleness * delayed_f) / jnp.maximum(jnp.sum(delayed_f), 1),
       "max_staleness": jnp.max(jnp.where(a.delayed, a.staleness, 0)),
-      "train_loss": jnp.sum(jnp.where(a.valid, phase.mean_loss, 0.0)) / jnp.maximum(
+      # the round's training loss as Flower and pfl report it: example-weighted
+      "train_loss": jnp.sum(jnp.where(a.valid, n_k * phase.mean_loss, 0.0)) / jnp.maximum(
+          jnp.sum(jnp.where(a.valid, n_k, 0.0)), 1e-12),
+      "train_loss_uniform": jnp.sum(jnp.where(a.valid, phase.mean_loss, 0.0)) / jnp.maximum(
           num_valid, 1),
       "client_steps": jnp.sum(jnp.where(a.valid, a.num_steps, 0)).astype(jnp.int32),
       "nonfinite": ~jnp.all(jnp.isfinite(new_w)),
