@@ -1,6 +1,9 @@
 """FedAvgM, FedAdam and FedYogi (Reddi et al. 2021) on the round's step, against plain
 numpy recurrences."""
 
+import json
+import os
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,11 +36,12 @@ def run(name, eta=0.5, **kw):
   return np.array(out)
 
 
-def reference(name, eta=0.5, beta1=0.9, beta2=0.99, tau=1e-3):
+def reference(name, eta=0.5, beta1=0.9, beta2=0.99, tau=1e-3, eps_root=0.0,
+              accumulator=None, bias_correction=True):
+  """Reddi et al.'s Alg. 2 (with optax's bias correction and Yogi's m_0 = v_0) in numpy."""
   w = np.array([1.0, 2.0, 3.0])
-  m, v = np.zeros(3), np.zeros(3)
-  if name == "yogi":
-    m, v = np.full(3, 1e-6), np.full(3, 1e-6)
+  v0 = {"yogi": 1e-6}.get(name, 0.0) if accumulator is None else accumulator
+  m, v = np.full(3, v0 if name == "yogi" else 0.0), np.full(3, v0)
   out = []
   for t, delta in enumerate(STEPS.astype(np.float64), start=1):
     if name == "sgd":
@@ -45,22 +49,39 @@ def reference(name, eta=0.5, beta1=0.9, beta2=0.99, tau=1e-3):
     elif name == "momentum":  # FedAvgM: v = beta v + Delta, w + eta v
       m = beta1 * m + delta
       w = w + eta * m
-    else:  # FedAdam / FedYogi with bias correction (optax), g = -Delta
+    else:  # FedAdam / FedYogi / FedAdagrad, g = -Delta
       g = -delta
       m = beta1 * m + (1 - beta1) * g
       if name == "adam":
         v = beta2 * v + (1 - beta2) * g ** 2
-      else:  # Yogi: v - (1 - beta2) sign(v - g^2) g^2
+      elif name == "yogi":  # v - (1 - beta2) sign(v - g^2) g^2
         v = v - (1 - beta2) * np.sign(v - g ** 2) * g ** 2
-      mh, vh = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
-      w = w - eta * mh / (np.sqrt(vh) + tau)
+      else:  # adagrad: v + g^2, never bias-corrected
+        v = v + g ** 2
+      mh, vh = m, v
+      if bias_correction and name != "adagrad":
+        mh, vh = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+      w = w - eta * mh / (np.sqrt(vh + eps_root) + tau)
     out.append(w.copy())
   return np.array(out)
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "yogi"])
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "yogi", "adagrad"])
 def test_server_optimizer_against_its_recurrence(name):
   np.testing.assert_allclose(run(name), reference(name), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("adagrad", dict(beta1=0.0, tau=0.0, eps_root=1e-7, accumulator=0.1)),  # TFF's form
+    ("adagrad", dict(beta1=0.5, tau=1e-2)),
+    ("yogi", dict(accumulator=0.0)),
+    ("adam", dict(accumulator=0.3, eps_root=1e-4)),
+    ("adam", dict(bias_correction=False)),  # Alg. 2 as printed
+    ("yogi", dict(bias_correction=False, tau=1e-2)),
+])
+def test_adaptive_options_against_the_recurrence(name, kw):
+  np.testing.assert_allclose(run(name, **kw), reference(name, **kw), rtol=1e-5, atol=1e-5)
+  assert not np.allclose(run(name, **kw), run(name), rtol=1e-4, atol=1e-5)  # it changes w
 
 
 def test_server_optimizers_through_the_engine():
@@ -74,3 +95,24 @@ def test_server_optimizers_through_the_engine():
   assert not np.allclose(np.asarray(adam.state.w), np.asarray(plain.state.w))
   with pytest.raises(ValueError, match=r"^algorithm\.server_beta2: must be in \[0, 1\)"):
     fa.simulate(server_optimizer="adam", server_beta2=1.0, **common)
+
+
+@pytest.mark.parametrize("optimizer", [
+    "adam", *[pytest.param(o, marks=pytest.mark.slow) for o in ("momentum", "yogi",
+                                                                  "adagrad")]])
+def test_cnn_on_fashion_mnist_with_a_server_optimizer_on_the_cli(tmp_path, optimizer):
+  """The paper's CNN (>= 100k parameters: one client at a time on CPU, the default
+  chunking) with a server optimiser, from the command line."""
+  import run_script
+  if not os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):
+    pytest.skip("Fashion-MNIST IDX files not installed (apt-get install "
+                "dataset-fashion-mnist; scripts/bootstrap.sh does)")
+  proc = run_script.run([
+      "--algorithm=fedavg", "--dataset=fashion_mnist", "--model=cnn", "--num_clients=1000",
+      "--participation=0.002", "--local_epochs=1", "--rounds=1", "--delay_fraction=0",
+      f"--server_optimizer={optimizer}", "--server_lr=0.01", f"--output_dir={tmp_path}"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())  # one algorithm
+  assert summary["config"]["server_optimizer"] == optimizer
+  assert summary["config"]["client_chunk"] == -1  # auto: 1 for this model on CPU
+  assert np.isfinite(summary["final_accuracy"])
