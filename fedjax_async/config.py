@@ -27,7 +27,7 @@ from fedjax_async import models
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
 from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
-from fedjax_async.algorithms.server_optimizers import SERVER_OPTIMIZERS
+from fedjax_async.algorithms.server_optimizers import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.core.timeline import DelayConfig
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
@@ -241,8 +241,10 @@ AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
                                         "adagrad (optax's eps_root; TFF's Adagrad epsilon).")),
     ("server_accumulator", "Optional[float]", option(
         None, "v_0 of adam / yogi / adagrad (default: yogi 1e-6, adam and adagrad 0).")),
-    ("server_bias_correction", "bool", option(True, "adam / yogi divide m, v by 1 - "
-                                              "beta^t (optax; Reddi et al.'s Alg. 2: no).")),
+    ("server_bias_correction", "str", option(
+        "moments", "adam / yogi: moments (m, v / (1 - beta^t), optax) | step (the step times "
+        "sqrt(1 - beta2^t) / (1 - beta1^t), TFF and Flower) | none (Reddi et al.'s Alg. 2).",
+        choices=BIAS_CORRECTIONS)),
     ("client_weighting", "str", option(
         "auto", "Arrivals' weights in the round's mean: auto (each rule's: n_k for FedAvg, "
         "FedProx, FedNova; 1 for FedADMM and PAFed, Eqs. 11-12) | examples (n_k) | uniform "
@@ -275,6 +277,11 @@ class DataConfig:
                                     "at most (0: all).")
   max_test_examples: int = option(0, "Natural data sets: the first k test examples at most "
                                   "(0: all).")
+  token_loss: str = option(
+      "per_token", "Sequence labels' loss (training and test_loss): per_token (mean over the "
+      "non-PAD targets) | per_sequence (their sum per sequence, mean over sequences: fedjax "
+      "Stack Overflow's) | per_position (that sum / T: fedjax Shakespeare's).",
+      choices=("per_token", "per_sequence", "per_position"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,6 +502,8 @@ def _validate_algorithm(cfg: RunConfig):
         f"must be >= 0, got {a.server_eps_root}")
   check(a.server_accumulator is None or a.server_accumulator >= 0,
         "algorithm.server_accumulator", f"must be >= 0, got {a.server_accumulator}")
+  check(a.server_bias_correction in BIAS_CORRECTIONS, "algorithm.server_bias_correction",
+        f"must be one of {', '.join(BIAS_CORRECTIONS)}, got {a.server_bias_correction!r}")
   check(a.client_weighting in CLIENT_WEIGHTINGS, "algorithm.client_weighting",
         f"must be one of {', '.join(CLIENT_WEIGHTINGS)}, got {a.client_weighting!r}")
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",

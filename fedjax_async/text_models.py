@@ -19,7 +19,8 @@ The LSTM cell is haiku's ``hk.LSTM`` (gates i, g, f, o from one dense layer of
 with its forget bias 1. Initialisation: haiku's (dense kernels truncated normal of
 std 1/sqrt(fan in), embeddings truncated normal of std 1, biases 0) for fedjax's models,
 TF 1's Glorot uniform for LEAF's. The sequence models' ``masked_targets`` (PAD, BOS, EOS,
-OOV) are what their token accuracy leaves out (``core.tokens``).
+OOV) are what their token accuracy leaves out, their ``token_loss`` how their loss reduces
+the tokens' cross-entropy (``core.tokens.TOKEN_LOSSES``, ``--token_loss``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class ShakespeareLSTM(_NextToken, nn.Module):
   embed: int = 8
   hidden: int = 256
   layers: int = 2
+  token_loss: str = "per_token"  # core.tokens.TOKEN_LOSSES (fedjax's: docs/api.md)
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -113,6 +115,7 @@ class StackOverflowLSTM(_NextToken, nn.Module):
   vocab_size: int = 0
   embed: int = 96
   hidden: int = 670
+  token_loss: str = "per_token"  # core.tokens.TOKEN_LOSSES (fedjax's: docs/api.md)
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:

@@ -146,10 +146,9 @@ def test_a_client_whose_rows_disagree_with_its_metadata_is_named(tmp_path):
   con.execute("UPDATE client_metadata SET num_examples = 3 WHERE client_id = 'b'")
   con.commit()
   con.close()
-  fed = fa.data.load("tff_emnist", data_dir=str(tmp_path))
-  with pytest.raises(ValueError, match=r"client 'b': 1 examples and 1 labels read, the file "
-                     r"says 3"):
-    natural.padded_rows(fed, [1])
+  with pytest.raises(ValueError, match=r"emnist_all.sqlite: client 'b' of split 'all_train' "
+                     r"has 1 examples, client_metadata says 3; download"):
+    fa.data.load("tff_emnist", data_dir=str(tmp_path))  # refused at load
 
 
 def test_leaf_sizes_are_checked_against_num_samples(tmp_path):
@@ -327,3 +326,311 @@ def test_the_natural_clients_benchmark_measures_a_chunk_against_the_whole_arrays
   assert row["device_data_mib"] == round(chunk / 2 ** 20, 1)
   assert row["whole_data_mib"] == round(n * m * example / 2 ** 20, 1)
   assert row["rounds_timed"] == 1 and row["rounds_per_s"] > 0
+
+
+# ------------------------------------------------------------ the peers' own files
+# tests/fixtures/peers: written by fedjax's, TFF's and LEAF's own code, with the arrays the
+# peers' own readers and preprocessing give (scripts/peer_fixtures.py).
+
+PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "peers")
+PEER_NAMES = tuple(fa.data.NATURAL_DATASETS)
+
+
+def _peer_dir(name):
+  fmt, short = name.split("_", 1)
+  if fmt == "leaf":
+    return os.path.join(PEERS, "leaf", "data", short, "data")
+  return os.path.join(PEERS, fmt)
+
+
+def _expected(name):
+  with np.load(os.path.join(PEERS, "expected", name + ".npz")) as e:
+    e = {k: e[k] for k in e.files}
+  if name.endswith("cifar100"):  # fedjax gives uint8 pixels; the reader's x is pixels / 255
+    e["x"] = e["x"].astype(np.float32) / np.float32(255)
+    e["test_x"] = e["test_x"].astype(np.float32) / np.float32(255)
+  return e
+
+
+def test_every_natural_name_has_a_peer_written_fixture_and_the_cli_accepts_it():
+  from absl import flags
+  from fedjax_async.cli import help as help_lib, run_flags
+  assert sorted(os.path.splitext(f)[0] for f in os.listdir(os.path.join(PEERS, "expected"))
+                ) == sorted(PEER_NAMES)
+  fv = flags.FlagValues()
+  flags.DEFINE_string("dataset", "fashion_mnist", "", flag_values=fv)
+  help_lib.GROUPS.setdefault("dataset", "data")
+  for name in PEER_NAMES + ("fashion_mnist",):
+    fv(["prog", f"--dataset={name}"])
+    run_flags.check_names(fv)  # no "did you mean"
+  fv(["prog", "--dataset=tff_cifar10"])
+  with pytest.raises(ValueError, match="did you mean"):
+    run_flags.check_names(fv)
+  for name in PEER_NAMES:  # a typo of each is answered with the name itself
+    fv(["prog", f"--dataset={name}x"])
+    with pytest.raises(ValueError, match=f"did you mean {name}[ ?]"):
+      run_flags.check_names(fv)
+
+
+@pytest.mark.parametrize("name", PEER_NAMES)
+def test_a_peer_written_file_reads_as_the_peers_own_reader_gives_it(name, capsys):
+  e = _expected(name)
+  fed = fa.data.load(name, data_dir=_peer_dir(name))
+  kept = e["counts"] > 0
+  ids = [str(i) for i in e["ids"][kept]]
+  assert fa.data.client_ids(fed) == ids
+  assert fed.counts.tolist() == e["counts"][kept].tolist()
+  offsets = np.concatenate([[0], np.cumsum(e["counts"][kept])])
+  x, y = natural.padded_rows(fed, range(len(ids)))
+  for i in range(len(ids)):
+    n = fed.counts[i]
+    np.testing.assert_array_equal(x[i, :n], e["x"][offsets[i]:offsets[i + 1]].reshape(
+        (n,) + fed.x.shape[2:]), err_msg=f"{name} client {ids[i]} x")
+    np.testing.assert_array_equal(y[i, :n], e["y"][offsets[i]:offsets[i + 1]],
+                                  err_msg=f"{name} client {ids[i]} y")
+  np.testing.assert_array_equal(fed.test_x, e["test_x"].reshape(fed.test_x.shape))
+  np.testing.assert_array_equal(fed.test_y, e["test_y"])
+  empty = [str(i) for i in e["ids"][~kept]]
+  err = capsys.readouterr().err
+  if empty:  # counted on the console
+    assert f"{len(empty)} of {len(e['ids'])} clients have no examples and are left out" in err
+    assert repr(empty[0]) in err
+
+
+def test_the_data_cli_reads_every_peer_written_fixture_in_one_process(tmp_path):
+  import subprocess
+  import sys
+  proc = subprocess.run([sys.executable, "-m", "fedjax_async.cli.data", "describe",
+                         f"--npz={tmp_path}"] + [f"{n}={_peer_dir(n)}" for n in PEER_NAMES],
+                        env=run_script.env(), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for name in PEER_NAMES:
+    e = _expected(name)
+    kept = e["counts"] > 0
+    assert (f"{name}: {int(kept.sum())} clients, {int(e['counts'].sum())} train examples (max "
+            f"{int(e['counts'].max())} per client), {len(e['test_y'])} test") in proc.stdout
+    with np.load(os.path.join(tmp_path, name + ".npz")) as got:
+      assert got["ids"].tolist() == [str(i) for i in e["ids"][kept]], name
+      assert got["counts"].tolist() == e["counts"][kept].tolist(), name
+      for k in ("x", "y", "test_x", "test_y"):
+        np.testing.assert_array_equal(got[k].reshape(e[k].shape), e[k], err_msg=f"{name} {k}")
+
+
+def test_run_py_trains_on_the_names_the_cli_refused_before(tmp_path):
+  out = str(tmp_path / "out")
+  flags = [f"--{k}={v}" for k, v in RUN_FLAGS.items()]
+  proc = run_script.run(["--algorithm=fedavg", "--dataset=tff_cifar100",
+                         f"--data_dir={_peer_dir('tff_cifar100')}", f"--output_dir={out}",
+                         "--quiet", "--max_client_examples=1"] + flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "left out" in proc.stderr  # the empty client, counted
+  rows = run_script.read_rows(os.path.join(out, "metrics.jsonl"))
+  assert len(rows) == 2
+
+
+def test_a_leaf_user_without_samples_is_left_out_and_counted(tmp_path, capsys):
+  import shutil
+  d = str(tmp_path / "d")
+  shutil.copytree(_peer_dir("leaf_femnist"), d)
+  path = os.path.join(d, "train", os.listdir(os.path.join(d, "train"))[0])
+  doc = json.load(open(path))
+  gone = doc["users"][1]
+  doc["user_data"][gone] = {"x": [], "y": []}
+  doc["num_samples"][1] = 0
+  json.dump(doc, open(path, "w"))
+  e = _expected("leaf_femnist")
+  fed = fa.data.load("leaf_femnist", data_dir=d)
+  assert gone not in fa.data.client_ids(fed)
+  assert fed.num_clients == (e["counts"] > 0).sum() - 1
+  assert (f"1 of {len(e['ids'])} clients have no examples and are left out ({gone!r})"
+          in capsys.readouterr().err)
+
+
+def test_leaf_shakespeares_by_sample_split_and_sent140s_embeddings_are_leafs():
+  e = _expected("leaf_shakespeare")
+  # split_data.py wrote num_samples = n - n_train for the test users, 79 more than it kept
+  doc = json.load(open(next(os.path.join(_peer_dir("leaf_shakespeare"), "test", f) for f in
+                            os.listdir(os.path.join(_peer_dir("leaf_shakespeare"), "test")))))
+  u = doc["users"][0]
+  assert doc["num_samples"][0] - len(doc["user_data"][u]["y"]) == 79
+  fed = fa.data.load("leaf_shakespeare", data_dir=_peer_dir("leaf_shakespeare"))
+  assert len(fed.test_y) == len(e["test_y"])
+  # leaf/models/sent140/embs.json (where get_embs.sh writes it) is found: its 10 words
+  fed = fa.data.load("leaf_sent140", data_dir=_peer_dir("leaf_sent140"))
+  assert fed.input_vocab == 10 + 1
+
+
+# ------------------------------------------------------------------ damaged files
+
+def _damage(path, how):
+  """Plants damage in ``path``: truncated to half, one page-sized block in the middle
+  overwritten, or the wrong format (LZMA-compressed / another format's file)."""
+  import lzma
+  data = open(path, "rb").read()
+  if how == "truncated":
+    data = data[:len(data) // 2 + 1000]
+  elif how == "overwritten":
+    block = 4096 if data.startswith(b"SQLite") else 64
+    start = (len(data) // 2) // block * block
+    data = data[:start] + b"\xa5" * block + data[start + block:]
+  else:
+    data = lzma.compress(data, format=lzma.FORMAT_ALONE)
+  open(path, "wb").write(data)
+
+
+DAMAGE_CASES = [(fmt, how) for fmt in ("fedjax_emnist", "tff_emnist", "leaf_femnist")
+                for how in ("truncated", "overwritten", "wrong_format")]
+
+
+def _damaged_copy(tmp_path, name, how):
+  import shutil
+  src = _peer_dir(name)
+  d = str(tmp_path / "d")
+  shutil.copytree(src, d)
+  if name.startswith("fedjax"):
+    target = os.path.join(d, "federated_emnist_train.sqlite")
+  elif name.startswith("tff"):
+    target = os.path.join(d, "emnist_all.sqlite")
+  else:
+    target = os.path.join(d, "train", sorted(os.listdir(os.path.join(d, "train")))[0])
+  _damage(target, how)
+  return d, target
+
+
+@pytest.mark.parametrize("name,how", DAMAGE_CASES)
+def test_a_damaged_file_is_refused_at_load_in_one_line_naming_it(tmp_path, name, how):
+  d, target = _damaged_copy(tmp_path, name, how)
+  with pytest.raises(ValueError) as e:
+    fa.data.load(name, data_dir=d)
+  msg = str(e.value)
+  assert msg.startswith(target + ":") and "\n" not in msg, msg
+  fix = {"fedjax": "download it again", "tff": "decompress it", "leaf": "preprocess.sh"}
+  if how == "wrong_format":
+    assert "LZMA-compressed" in msg, msg
+  else:
+    assert fix[name.split("_")[0]] in msg, msg
+  if how == "overwritten" and not name.startswith("leaf"):  # SQLite's check names the page
+    assert "damaged (SQLite quick_check: Page " in msg, msg
+
+
+def test_a_wrong_formats_file_names_the_format_to_read_it_as(tmp_path):
+  import shutil
+  d = str(tmp_path)
+  for split in ("train", "test"):
+    shutil.copy(os.path.join(_peer_dir("tff_emnist"), "emnist_all.sqlite"),
+                os.path.join(d, f"federated_emnist_{split}.sqlite"))
+  with pytest.raises(ValueError, match=r"federated_emnist_train.sqlite: not fedjax's .*a TFF "
+                     r"file is read as tff_\*"):
+    fa.data.load("fedjax_emnist", data_dir=d)
+  shutil.copy(os.path.join(_peer_dir("fedjax_emnist"), "federated_emnist_train.sqlite"),
+              os.path.join(d, "emnist_all.sqlite"))
+  with pytest.raises(ValueError, match=r"emnist_all.sqlite: not a TFF SqlClientData file.*a "
+                     r"fedjax file is read as fedjax_\*"):
+    fa.data.load("tff_emnist", data_dir=d)
+  with pytest.raises(ValueError, match=r"cifar100_train.sqlite: client .*: no feature 'image' or 'x'"):
+    for split in ("train", "test"):
+      shutil.copy(os.path.join(_peer_dir("fedjax_emnist"), f"federated_emnist_{split}.sqlite"),
+                  os.path.join(d, f"federated_cifar100_{split}.sqlite"))
+    fa.data.load("fedjax_cifar100", data_dir=d)
+
+
+def test_run_py_refuses_a_damaged_file_in_one_line_before_training(tmp_path):
+  import concurrent.futures
+  cases = [("fedjax_emnist", "overwritten"), ("tff_emnist", "truncated"),
+           ("leaf_femnist", "overwritten")]
+  dirs = []
+  for i, (name, how) in enumerate(cases):
+    os.makedirs(tmp_path / str(i))
+    dirs.append(_damaged_copy(tmp_path / str(i), name, how))
+
+  def run(i):
+    name, _ = cases[i]
+    return run_script.run(["--algorithm=fedavg", f"--dataset={name}",
+                           f"--data_dir={dirs[i][0]}", "--participation=0.33", "--rounds=1",
+                           f"--output_dir={tmp_path / str(i) / 'out'}", "--quiet"])
+
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    procs = list(pool.map(run, range(len(cases))))
+  for (name, how), (_, target), proc in zip(cases, dirs, procs):
+    assert proc.returncode == 1, (name, how, proc.stdout[-1000:])
+    lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {target}:"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / str(cases.index((name, how))) / "out" /
+                              "metrics.jsonl")
+
+
+# ---------------------------------------------------------------------- downloads
+
+def _serve(files, cut_first=False):
+  """An HTTP server on 127.0.0.1 serving ``files`` (name -> bytes) with Range requests;
+  ``cut_first``: the first response of each file stops halfway. Returns (server, base URL,
+  the Range headers seen)."""
+  import http.server
+  import threading
+  seen, cut = [], set()
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+      pass
+
+    def do_GET(self):
+      name = self.path.lstrip("/")
+      if name not in files:
+        self.send_error(404)
+        return
+      data = files[name]
+      rng = self.headers.get("Range")
+      seen.append((name, rng))
+      start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+      self.send_response(206 if rng else 200)
+      self.send_header("Content-Length", str(len(data) - start))
+      self.end_headers()
+      body = data[start:]
+      if cut_first and name not in cut:
+        cut.add(name)
+        body = body[:len(body) // 2]
+      self.wfile.write(body)
+      self.wfile.flush()
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  return server, f"http://127.0.0.1:{server.server_address[1]}", seen
+
+
+def test_download_resumes_checks_and_decompresses_from_a_loopback_server(tmp_path, capsys):
+  import hashlib
+  import lzma
+  from fedjax_async.data import download
+  raw = open(os.path.join(_peer_dir("tff_emnist"), "emnist_all.sqlite"), "rb").read()
+  packed = lzma.compress(raw, format=lzma.FORMAT_ALONE)
+  server, url, seen = _serve({"emnist_all.sqlite.lzma": packed,
+                              "cifar100.sqlite.lzma": packed}, cut_first=True)
+  try:
+    d = str(tmp_path / "d")
+    args = ["tff_emnist", f"--data_dir={d}", f"--mirror={url}"]
+    assert download.main(args) == 1  # cut halfway: resumable
+    assert "run the command again to resume" in capsys.readouterr().err
+    assert os.path.getsize(os.path.join(d, "emnist_all.sqlite.lzma.partial")) == len(packed) // 2
+    assert download.main(args + [f"--sha256={hashlib.sha256(packed).hexdigest()}"]) == 0
+    assert seen[-1] == ("emnist_all.sqlite.lzma", f"bytes={len(packed) // 2}-")
+    assert open(os.path.join(d, "emnist_all.sqlite"), "rb").read() == raw
+    err = capsys.readouterr().err
+    assert "resuming at" in err and "100.0%" in err and "tff_emnist: ready" in err
+    fa.data.load("tff_emnist", data_dir=d)
+    # fedjax's published checksum of TFF's cifar100.sqlite.lzma does not match this file
+    seen.clear()
+    proc = __import__("subprocess").run(
+        [__import__("sys").executable, "-m", "fedjax_async.cli.data", "download",
+         "tff_cifar100", f"--data_dir={d}", f"--mirror={url}"], env=run_script.env(),
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "interrupted" in proc.stderr  # the server's cut, then the mismatch on resuming
+    assert download.main(["tff_cifar100", f"--data_dir={d}", f"--mirror={url}"]) == 1
+    assert "checksum mismatch, removed" in capsys.readouterr().err
+    assert not any(f.startswith("cifar100") for f in os.listdir(d))
+    assert download.main(["leaf_femnist"]) == 1
+    assert "preprocess.sh" in capsys.readouterr().err
+  finally:
+    server.shutdown()

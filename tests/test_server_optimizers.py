@@ -37,7 +37,7 @@ def run(name, eta=0.5, **kw):
 
 
 def reference(name, eta=0.5, beta1=0.9, beta2=0.99, tau=1e-3, eps_root=0.0,
-              accumulator=None, bias_correction=True):
+              accumulator=None, bias_correction="moments"):
   """Reddi et al.'s Alg. 2 (with optax's bias correction and Yogi's m_0 = v_0) in numpy."""
   w = np.array([1.0, 2.0, 3.0])
   v0 = {"yogi": 1e-6}.get(name, 0.0) if accumulator is None else accumulator
@@ -58,10 +58,12 @@ def reference(name, eta=0.5, beta1=0.9, beta2=0.99, tau=1e-3, eps_root=0.0,
         v = v - (1 - beta2) * np.sign(v - g ** 2) * g ** 2
       else:  # adagrad: v + g^2, never bias-corrected
         v = v + g ** 2
-      mh, vh = m, v
-      if bias_correction and name != "adagrad":
+      mh, vh, scale = m, v, 1.0
+      if name != "adagrad" and bias_correction == "moments":
         mh, vh = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
-      w = w - eta * mh / (np.sqrt(vh + eps_root) + tau)
+      elif name != "adagrad" and bias_correction == "step":  # TFF's, Flower's
+        scale = np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+      w = w - eta * scale * mh / (np.sqrt(vh + eps_root) + tau)
     out.append(w.copy())
   return np.array(out)
 
@@ -76,8 +78,10 @@ def test_server_optimizer_against_its_recurrence(name):
     ("adagrad", dict(beta1=0.5, tau=1e-2)),
     ("yogi", dict(accumulator=0.0)),
     ("adam", dict(accumulator=0.3, eps_root=1e-4)),
-    ("adam", dict(bias_correction=False)),  # Alg. 2 as printed
-    ("yogi", dict(bias_correction=False, tau=1e-2)),
+    ("adam", dict(bias_correction="none")),  # Alg. 2 as printed
+    ("yogi", dict(bias_correction="none", tau=1e-2)),
+    ("adam", dict(bias_correction="step", tau=1e-2)),
+    ("yogi", dict(bias_correction="step")),
 ])
 def test_adaptive_options_against_the_recurrence(name, kw):
   np.testing.assert_allclose(run(name, **kw), reference(name, **kw), rtol=1e-5, atol=1e-5)

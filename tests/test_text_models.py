@@ -202,3 +202,111 @@ def test_the_character_lstm_runs_on_the_virtual_clock(tmp_path):
   run = result.runs["fedasync"]
   assert run.model[0] == "shakespeare_lstm" and len(run.rows) >= 1
   assert np.isfinite(run.summary["final_accuracy"])
+
+
+# ------------------------------------------------- the loss conventions (--token_loss)
+
+def numpy_fedjax_losses(logits, labels, rows):
+  """fedjax's reductions of ``metrics.unreduced_cross_entropy_loss`` times ``targets !=
+  pad`` (``core/metrics.py``, ``models/shakespeare.py``, ``models/stackoverflow.py``), in
+  float64: {setting: value}."""
+  z = logits.astype(np.float64)
+  zmax = z.max(-1)
+  lse = np.log(np.exp(z - zmax[..., None]).sum(-1)) + zmax
+  ce = lse - np.take_along_axis(z, labels[..., None], -1)[..., 0]
+  w = (labels != 0) & rows[:, None]
+  counted = w.any(1)  # SequenceCrossEntropyLoss's weight: jnp.any(target_weight)
+  per_seq = (ce * w).sum(1)
+  return {"per_token": (ce * w).sum() / w.sum(),  # SequenceTokenCrossEntropyLoss
+          "per_sequence": per_seq[counted].mean(),  # SequenceCrossEntropyLoss; SO train_loss
+          # Shakespeare's train_loss: jnp.mean(per_token_loss, axis=-1), mean over the batch
+          "per_position": np.mean(ce * w, axis=1)[counted].mean()}
+
+
+def test_each_token_loss_setting_is_fedjaxs_formula():
+  logits, labels, rows = hand_batch()
+  # a fourth row, real but all PAD: SequenceCrossEntropyLoss gives it no weight
+  logits = np.concatenate([logits, logits[:1] * 2.0])
+  labels = np.concatenate([labels, np.zeros((1, 4), np.int32)])
+  rows = np.concatenate([rows, [True]])
+  want = numpy_fedjax_losses(logits, labels, rows)
+  assert set(want) == set(tokens.TOKEN_LOSSES)
+  from fedjax_async import config as config_lib
+  field = config_lib.DataConfig.__dataclass_fields__["token_loss"]
+  assert field.metadata["choices"] == tokens.TOKEN_LOSSES and field.default == "per_token"
+  test_x = np.repeat(np.array([0, 1, 3])[:, None], 4, 1).astype(np.int32)
+  for kind, value in want.items():
+    total, count = tokens.loss_sum(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(rows),
+                                   kind)
+    np.testing.assert_allclose(float(total / count), value, rtol=1e-6, err_msg=kind)
+    mean = client_lib.masked_cross_entropy(jnp.asarray(logits), jnp.asarray(labels),
+                                           jnp.asarray(rows), kind)
+    np.testing.assert_allclose(float(mean), value, rtol=1e-6, err_msg=kind)
+    fixed = _Fixed(logits)
+    fixed.model = type("model", (), {"masked_targets": SPECIAL, "token_loss": kind})
+    _, loss = device.evaluate(fixed, None, jnp.asarray(test_x), jnp.asarray(labels[[0, 1, 3]]),
+                              batch=8)  # 2 sequences a batch: 2 batches
+    np.testing.assert_allclose(float(loss), value, rtol=1e-6, err_msg=kind)
+    # [B] labels (images, LEAF's last-character models): unchanged
+    flat = client_lib.masked_cross_entropy(jnp.asarray(logits[:, 0]),
+                                           jnp.asarray(labels[:, 0]), jnp.asarray(rows), kind)
+    z = logits[rows, 0].astype(np.float64)
+    np.testing.assert_allclose(float(flat), np.mean(np.log(np.exp(z).sum(1))
+                                                    - z[np.arange(3), labels[rows, 0]]),
+                               rtol=1e-6)
+  with pytest.raises(ValueError, match="token_loss"):
+    fa.simulate(algorithm="fedavg", dataset="synthetic", rounds=1, token_loss="per_word")
+
+
+PEER_FEDJAX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "peers",
+                           "fedjax")
+
+
+def test_token_loss_reaches_training_and_test_loss_on_both_engines(tmp_path):
+  """fedjax's own Shakespeare file (tests/fixtures/peers): run.py (round engine) with
+  fedjax Shakespeare's per_position, fa.simulate on the virtual clock with per_sequence;
+  lr 1e-30 keeps the model at w0, whose losses numpy reduces as fedjax does."""
+  import subprocess
+  import sys
+  import run_script
+  out = str(tmp_path / "out")
+  proc = subprocess.Popen(
+      [sys.executable, os.path.join(os.path.dirname(PEER_FEDJAX), "..", "..", "..",
+                                    "experiments", "run.py"),
+       "--algorithm=fedavg", "--dataset=fedjax_shakespeare", f"--data_dir={PEER_FEDJAX}",
+       "--rounds=1", "--participation=1.0", "--delay_fraction=0", "--batch_size=8",
+       "--local_epochs=1", "--lr=1e-30", "--momentum=0", "--token_loss=per_position",
+       f"--output_dir={out}", "--quiet"], env=run_script.env(), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    result = fa.simulate(algorithm="fedasync", dataset="fedjax_shakespeare",
+                         data_dir=PEER_FEDJAX, num_updates=2, concurrency=2, batch_size=8,
+                         local_epochs=1, lr=1e-30, token_loss="per_sequence")
+  finally:
+    _, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err[-3000:]
+  run = result.runs["fedasync"]
+  with np.load(os.path.join(os.path.dirname(PEER_FEDJAX), "expected",
+                            "fedjax_shakespeare.npz")) as e:  # fedjax's own arrays
+    e = {k: e[k] for k in e.files}
+  apply = run.model[2]
+  logit = lambda x: np.asarray(apply(run.state.w, jnp.asarray(x)), np.float64)
+  kept = e["counts"] > 0
+  offsets = np.concatenate([[0], np.cumsum(e["counts"][kept])])
+  clients = [numpy_fedjax_losses(logit(e["x"][a:b]), e["y"][a:b], np.ones(b - a, bool))
+             for a, b in zip(offsets[:-1], offsets[1:])]
+  test = numpy_fedjax_losses(logit(e["test_x"]), e["test_y"], np.ones(len(e["test_y"]), bool))
+  # the virtual clock: each task one step on its client's data; the final evaluation
+  for row in run.rows:
+    np.testing.assert_allclose(row["train_loss"], clients[row["client"]]["per_sequence"],
+                               rtol=1e-5)
+  np.testing.assert_allclose(run.rows[-1]["test_loss"], test["per_sequence"], rtol=1e-5)
+  # run.py: the round's clients' mean (uniform) and the test loss after it
+  (row,) = run_script.read_rows(os.path.join(out, "metrics.jsonl"))
+  np.testing.assert_allclose(row["train_loss_uniform"],
+                             np.mean([c["per_position"] for c in clients]), rtol=1e-5)
+  np.testing.assert_allclose(row["test_loss"], test["per_position"], rtol=1e-5)
+  # fedjax's Shakespeare test split here is 92% non-PAD targets (fedjax's whole one: the
+  # 0.92x of per_position against per_token); the two differ by the rows' fill
+  fill = (e["test_y"] != 0).mean(1)
+  assert 0.9 < fill.mean() < 0.93 and test["per_position"] < test["per_token"]

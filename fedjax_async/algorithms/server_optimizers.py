@@ -15,9 +15,11 @@ pseudo-gradient g_t = -Delta_t of an optax ``GradientTransformation``, and
 
 with m = beta1 m + (1 - beta1) g and the step m / (sqrt(v + eps_root) + tau) (Reddi et
 al.'s Alg. 2; eps_root = 0 there). Options beside the paper's, each set to reach a peer's
-form (docs/api.md, "Conventions beside the peers'"): ``bias_correction`` (adam, yogi:
-m / (1 - beta1^t), v / (1 - beta2^t), optax's default and ours; Alg. 2 leaves it out "for
-ease of exposition"), ``eps_root`` (TFF's and optax's Adagrad add their epsilon inside the
+form (docs/api.md, "Conventions beside the peers'"): ``bias_correction`` (adam, yogi):
+``moments``, m / (1 - beta1^t) and v / (1 - beta2^t) (optax's, the default), ``step``,
+the step times sqrt(1 - beta2^t) / (1 - beta1^t) with tau beside the uncorrected root
+(TFF's and Flower's), or ``none`` (Alg. 2 leaves it out "for ease of exposition");
+``eps_root`` (TFF's and optax's Adagrad add their epsilon inside the
 root), ``accumulator`` v_0 (None: yogi's 1e-6 as optax, 0 for adam and adagrad; TFF's
 Adagrad starts at 0.1). Yogi's m starts at v_0 too, as optax's does.
 """
@@ -37,6 +39,7 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 # v_0 when none is given (optax's Yogi starts its moments at 1e-6).
 DEFAULT_ACCUMULATOR = {"adam": 0.0, "yogi": 1e-6, "adagrad": 0.0}
+BIAS_CORRECTIONS = ("moments", "step", "none")
 
 
 class AdaptiveState(NamedTuple):
@@ -48,7 +51,7 @@ class AdaptiveState(NamedTuple):
 def scale_by_adaptive(kind: str, beta1: float = 0.9, beta2: float = 0.99,
                       tau: float = 1e-3, eps_root: float = 0.0,
                       accumulator: Optional[float] = None,
-                      bias_correction: bool = True) -> optax.GradientTransformation:
+                      bias_correction="moments") -> optax.GradientTransformation:
   """Reddi et al.'s Alg. 2 second-moment rules as an optax ``GradientTransformation``.
 
   Args:
@@ -58,13 +61,18 @@ def scale_by_adaptive(kind: str, beta1: float = 0.9, beta2: float = 0.99,
     tau: the adaptivity, added outside the square root.
     eps_root: added inside the square root.
     accumulator: v_0 (None: ``DEFAULT_ACCUMULATOR[kind]``).
-    bias_correction: adam and yogi divide m and v by 1 - beta^t (adagrad never does).
+    bias_correction: adam's and yogi's (``BIAS_CORRECTIONS``; True: ``moments``, False:
+      ``none``); adagrad is never corrected.
   """
   if kind not in ADAPTIVE:
     raise ValueError(f"scale_by_adaptive: kind is one of {', '.join(ADAPTIVE)}, got {kind!r}")
   v0 = DEFAULT_ACCUMULATOR[kind] if accumulator is None else float(accumulator)
   m0 = v0 if kind == "yogi" else 0.0
-  correct = bias_correction and kind != "adagrad"
+  mode = {True: "moments", False: "none"}.get(bias_correction, bias_correction)
+  if mode not in BIAS_CORRECTIONS:
+    raise ValueError(f"algorithm.server_bias_correction: one of {', '.join(BIAS_CORRECTIONS)}, "
+                     f"got {bias_correction!r}")
+  mode = "none" if kind == "adagrad" else mode
 
   def init(params):
     return AdaptiveState(jnp.zeros([], jnp.int32), jnp.full_like(params, m0),
@@ -81,11 +89,14 @@ def scale_by_adaptive(kind: str, beta1: float = 0.9, beta2: float = 0.99,
     else:  # adagrad
       nu = state.nu + g2
     count = state.count + 1
-    mu_hat, nu_hat = mu, nu
-    if correct:
-      t = count.astype(jnp.float32)
+    t = count.astype(jnp.float32)
+    mu_hat, nu_hat, scale = mu, nu, 1.0
+    if mode == "moments":
       mu_hat, nu_hat = mu / (1.0 - beta1 ** t), nu / (1.0 - beta2 ** t)
-    return mu_hat / (jnp.sqrt(nu_hat + eps_root) + tau), AdaptiveState(count, mu, nu)
+    elif mode == "step":
+      scale = jnp.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+    step = scale * mu_hat / (jnp.sqrt(nu_hat + eps_root) + tau)
+    return step, AdaptiveState(count, mu, nu)
 
   return optax.GradientTransformation(init, update)
 
@@ -93,7 +104,7 @@ def scale_by_adaptive(kind: str, beta1: float = 0.9, beta2: float = 0.99,
 def transformation(name: str, beta1: float = 0.9, beta2: float = 0.99,
                    tau: float = 1e-3, eps_root: float = 0.0,
                    accumulator: Optional[float] = None,
-                   bias_correction: bool = True) -> optax.GradientTransformation:
+                   bias_correction="moments") -> optax.GradientTransformation:
   """The optax transformation of the server optimiser ``name`` (``SERVER_OPTIMIZERS``).
 
   Args:
@@ -103,7 +114,7 @@ def transformation(name: str, beta1: float = 0.9, beta2: float = 0.99,
     tau: the adaptive rules' adaptivity (outside the root).
     eps_root: the adaptive rules' term inside the root.
     accumulator: the adaptive rules' v_0 (None: each one's default).
-    bias_correction: adam's and yogi's bias correction.
+    bias_correction: adam's and yogi's bias correction (``BIAS_CORRECTIONS``).
   """
   if name == "sgd":
     return optax.identity()

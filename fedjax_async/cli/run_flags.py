@@ -107,8 +107,10 @@ def did_you_mean(value: str, known) -> str:
 
 
 def _known_names(flag: str):
-  """The names ``--flag`` takes (every engine's algorithms), or None."""
-  return {"algorithm": algorithms.names(), "dataset": data.DATASETS,
+  """The names ``--flag`` takes (every engine's algorithms; the built-in data sets and the
+  natural ones, ``data.NATURAL_DATASETS``), or None."""
+  return {"algorithm": algorithms.names(),
+          "dataset": tuple(data.DATASETS) + tuple(data.NATURAL_DATASETS),
           "model": ("auto",) + tuple(models.MODEL_NAMES)}.get(flag)
 
 

@@ -7,6 +7,7 @@ import jax
 from fedjax_async import data as data_lib
 from fedjax_async import models
 from fedjax_async.core import augment as augment_lib
+from fedjax_async.core import tokens
 from fedjax_async.data import loader
 
 
@@ -45,6 +46,15 @@ def build_model(cfg, fed_data):
     model = models.get_model(name, fed_data.num_classes, input_shape, input_vocab=vocab)
   except ValueError as e:
     raise ValueError(f"model.name: {e} (data.dataset={cfg.data.dataset})") from None
+  token_loss = getattr(cfg.data, "token_loss", "per_token")
+  if token_loss not in tokens.TOKEN_LOSSES:
+    raise ValueError(f"data.token_loss: must be one of {', '.join(tokens.TOKEN_LOSSES)}, "
+                     f"got {token_loss!r}")
+  if label_shape and hasattr(model, "token_loss"):  # sequence labels (else a no-op)
+    model = model.clone(token_loss=token_loss)
+  elif label_shape and token_loss != "per_token":
+    raise ValueError(f"data.token_loss={token_loss}: model {name} has no token_loss "
+                     "field; use --token_loss=per_token")
   what = f"model.name={name}"
   try:  # (init is a forward pass on the data's example shape)
     w0, apply_flat = models.flat_model(model, input_shape, jax.random.PRNGKey(cfg.run.seed))
@@ -53,7 +63,7 @@ def build_model(cfg, fed_data):
               "too small for it" if isinstance(e, ZeroDivisionError) else models.one_line(e))
     raise ValueError(f"{what}: does not take the examples of data.dataset={cfg.data.dataset}"
                      f" (shape {input_shape}): {detail}") from None
-  key = (name, fed_data.num_classes, input_shape, vocab, label_shape)
+  key = (name, fed_data.num_classes, input_shape, vocab, label_shape, token_loss)
   if key not in _APPLY:  # its output against the data's classes, once per model
     models.check_output(lambda w, x: apply_flat(w, x, train=False), w0, input_shape,
                         fed_data.num_classes, name, what=what, shapes=apply_flat.shapes,

@@ -103,17 +103,20 @@ def local_optimizer(hp, cfg: LocalConfig) -> optax.GradientTransformation:
   return optax.sgd(hp["lr"])
 
 
-def masked_cross_entropy(logits, labels, mask):
+def masked_cross_entropy(logits, labels, mask, token_loss: str = "per_token"):
   """Mean softmax cross-entropy over the rows where ``mask`` is set (0 if none); for
   sequence labels (``labels [B, T]``, logits ``[B, T, V]``) over the tokens of those rows
-  that are not padding (``tokens.PAD``)."""
+  that are not padding (``tokens.PAD``), reduced as ``token_loss`` says
+  (``tokens.reduce_loss``: per token, or per sequence)."""
   # One-hot form: its gradient is dense arithmetic; optax's integer-label form gathers
   # with take_along_axis, whose transpose is a scatter-add (slow on XLA:CPU, and one more
   # kernel per local step).
   logp = jax.nn.log_softmax(logits)
   losses = -jnp.sum(logp * jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype), -1)
   if labels.ndim > 1:  # (static: the [B] image path is unchanged)
-    mask = tokens.token_weights(labels, mask)
+    total, count = tokens.reduce_loss(
+        losses, tokens.token_weights(labels, mask).astype(losses.dtype), token_loss)
+    return total / jnp.maximum(count, 1.0)
   mask = mask.astype(losses.dtype)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
@@ -305,7 +308,8 @@ def _clipped_mean_grad(apply_flat, w, xb, yb, m, rng, mask, clip: float, precisi
   def one(xi, yi, i):
     r = jax.random.fold_in(rng, i)
     f = lambda w: masked_cross_entropy(forward(apply_flat, w, xi[None], r, precision)[0],
-                                       yi[None], jnp.ones((1,), bool))
+                                       yi[None], jnp.ones((1,), bool),
+                                       tokens.token_loss(apply_flat))
     return clip_by_norm(jax.grad(f)(w) * mask, clip)
 
   gs = jax.vmap(one)(xb, yb, jnp.arange(xb.shape[0]))
@@ -333,6 +337,7 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   statistics has them replaced by the pass's new values after each step (no gradient reaches them).
   """
   opt = local_optimizer(hp, cfg)
+  token_loss = tokens.token_loss(apply_flat)  # sequence labels' reduction (a no-op else)
   pieces = None
   if algorithm.separable_penalty and mask is None and privatize is None:
     pieces = _penalty_pieces(apply_flat, w_start, client_state)
@@ -344,7 +349,7 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
 
   def loss_fn(w, xb, yb, m, rng):
     logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
-    data_loss = masked_cross_entropy(logits, yb, m)
+    data_loss = masked_cross_entropy(logits, yb, m, token_loss)
     return data_loss + penalty(w), (data_loss, state)
 
   # The step reports the data loss: the penalty's value is never needed (only its
@@ -355,7 +360,7 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
     """(objective, data loss, gradient, new model state) of the step's minibatch."""
     if privatize is not None and privatize.per_example:
       logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
-      loss = masked_cross_entropy(logits, yb, m)
+      loss = masked_cross_entropy(logits, yb, m, token_loss)
       g = _clipped_mean_grad(apply_flat, w, xb, yb, m, rng, mask, privatize.clip,
                              cfg.precision)
       return loss + penalty(w), loss, g + jax.grad(penalty)(w), state

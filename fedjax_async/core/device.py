@@ -37,8 +37,9 @@ def scan_chunks(fn: Callable, chunk: int, carry, *args):
 
 def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
   """(accuracy, mean cross-entropy) of ``w`` on the central test set; for sequence labels
-  (``test_y [n, T]``) the token accuracy and per-token loss of ``core.tokens``, ``batch``
-  then counting tokens (``batch // T`` sequences at a time)."""
+  (``test_y [n, T]``) the token accuracy and the loss of ``core.tokens`` (per token, or
+  per sequence: the model's ``token_loss``), ``batch`` then counting tokens
+  (``batch // T`` sequences at a time)."""
   if test_y.ndim > 1:
     return _evaluate_tokens(apply_flat, w, test_x, test_y, batch)
   n = test_x.shape[0]
@@ -63,7 +64,8 @@ def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
 
 
 def _evaluate_tokens(apply_flat: Callable, w, test_x, test_y, batch: int):
-  """``evaluate`` of sequence labels: (right / counted tokens, loss per non-PAD token)."""
+  """``evaluate`` of sequence labels: (right / counted tokens, the ``token_loss``'s sum over
+  the test set / its count: non-PAD tokens or sequences)."""
   n = test_x.shape[0]
   batch = max(1, min(batch // max(int(test_y[0].size), 1), n))
   nb = -(-n // batch)
@@ -74,14 +76,16 @@ def _evaluate_tokens(apply_flat: Callable, w, test_x, test_y, batch: int):
   xs = xs.reshape((nb, batch) + test_x.shape[1:])
   ys = ys.reshape((nb, batch) + test_y.shape[1:])
   masked = tokens.masked_targets(apply_flat)
+  kind = tokens.token_loss(apply_flat)
 
   def one(args):
     xb, yb, mb = args
     logits = apply_flat(w, xb, train=False)
-    return tokens.accuracy_counts(logits, yb, mb, masked) + tokens.loss_sum(logits, yb, mb)
+    return (tokens.accuracy_counts(logits, yb, mb, masked)
+            + tokens.loss_sum(logits, yb, mb, kind))
 
-  right, counted, loss, nonpad = (jnp.sum(v) for v in jax.lax.map(one, (xs, ys, mask)))
-  return right / jnp.maximum(counted, 1), loss / jnp.maximum(nonpad, 1.0)
+  right, counted, loss, weight = (jnp.sum(v) for v in jax.lax.map(one, (xs, ys, mask)))
+  return right / jnp.maximum(counted, 1), loss / jnp.maximum(weight, 1.0)
 
 
 def materialized(tree, always_true):

@@ -5,9 +5,14 @@ model's logits ``[B, T, V]``). The reserved ids are fedjax's and TFF's (fedjax
 ``datasets/shakespeare.py`` and ``datasets/stackoverflow.py``: PAD 0, BOS 1, EOS 2; the
 out-of-vocabulary id is the last, ``V - 1``, with one OOV bucket).
 
-* loss (local training and ``test_loss``): mean softmax cross-entropy over the tokens
-  that are not PAD, in rows that are real (fedjax ``core/metrics.py``
-  ``SequenceTokenCrossEntropyLoss(masked_target_values=(PAD,))``, summed over the batch);
+* loss (local training and ``test_loss``), by ``token_loss`` (``TOKEN_LOSSES``; the
+  model's attribute, ``--token_loss``): the softmax cross-entropy of the non-PAD targets
+  of the real rows, ``per_token``: their mean (fedjax ``core/metrics.py``
+  ``SequenceTokenCrossEntropyLoss(masked_target_values=(PAD,))``); ``per_sequence``: its
+  sum over a sequence, mean over the sequences with a non-PAD target (fedjax
+  ``SequenceCrossEntropyLoss``, its ``models/stackoverflow.py`` ``train_loss``);
+  ``per_position``: that sum over the ``T`` positions (PAD counting 0), the same mean
+  (fedjax ``models/shakespeare.py`` ``train_loss``: ``jnp.mean(per_token_loss, -1)``);
 * accuracy (``test_accuracy``): fedjax's ``SequenceTokenAccuracy`` with
   ``masked_target_values`` = the model's ``masked_targets`` (the text models': PAD, BOS,
   EOS and OOV; PAD alone for a model without them) and ``logits_mask`` -inf at the same
@@ -24,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 PAD, BOS, EOS = 0, 1, 2
+TOKEN_LOSSES = ("per_token", "per_sequence", "per_position")
 
 
 def special_tokens(num_classes: int) -> Tuple[int, ...]:
@@ -37,6 +43,15 @@ def masked_targets(apply_flat: Callable) -> Tuple[int, ...]:
   model = getattr(apply_flat, "model", None)
   values = getattr(model, "masked_targets", None)
   return tuple(int(v) for v in values) if values is not None else (PAD,)
+
+
+def token_loss(apply_flat: Callable) -> str:
+  """``apply_flat``'s model's ``token_loss`` (``TOKEN_LOSSES``), else ``per_token``."""
+  value = getattr(getattr(apply_flat, "model", None), "token_loss", None) or "per_token"
+  if value not in TOKEN_LOSSES:
+    raise ValueError(f"data.token_loss: unknown {value!r}; use one of "
+                     f"{', '.join(TOKEN_LOSSES)} (--token_loss)")
+  return value
 
 
 def token_weights(labels, rows, masked: Sequence[int] = (PAD,)):
@@ -54,10 +69,25 @@ def cross_entropy(logits, labels):
   return -jnp.sum(logp * jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype), -1)
 
 
-def loss_sum(logits, labels, rows):
-  """(sum of the cross-entropy over the non-PAD tokens of real rows, their count)."""
+def reduce_loss(losses, w, kind: str = "per_token"):
+  """(numerator, denominator) of the ``kind`` loss (``TOKEN_LOSSES``) of the per-token
+  ``losses [B, T]`` under the weights ``w [B, T]`` (1: a non-PAD target of a real row):
+  per_token (sum, tokens); per_sequence (sum, sequences with a weight); per_position
+  (sum / T, the same sequences)."""
+  if kind == "per_token":
+    return jnp.sum(losses * w), jnp.sum(w)
+  rows = w.reshape(w.shape[0], -1)
+  per_row = jnp.sum((losses * w).reshape(rows.shape), -1)
+  if kind == "per_position":
+    per_row = per_row / rows.shape[1]
+  return jnp.sum(per_row), jnp.sum(jnp.any(rows > 0, -1).astype(w.dtype))
+
+
+def loss_sum(logits, labels, rows, kind: str = "per_token"):
+  """(numerator, denominator) of the ``kind`` loss over the non-PAD tokens of real rows
+  (``reduce_loss``): per_token (cross-entropy sum, token count)."""
   w = token_weights(labels, rows).astype(jnp.float32)
-  return jnp.sum(cross_entropy(logits.astype(jnp.float32), labels) * w), jnp.sum(w)
+  return reduce_loss(cross_entropy(logits.astype(jnp.float32), labels), w, kind)
 
 
 def accuracy_counts(logits, labels, rows, masked: Sequence[int] = (PAD,)):

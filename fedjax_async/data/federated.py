@@ -230,7 +230,8 @@ def check_pool(train_x, train_y, test_x, test_y, num_classes: int,
                names: Optional[dict] = None, sequence: bool = False) -> None:
   """The checks at the boundary of every data set (``federate`` runs them): finite
   features, integer labels in [0, num_classes) (``sequence``: a ``[T]`` row of token ids
-  per example, T the same in both sets), one label per example in the training and
+  per example, T of the test set's own features, which may be longer than the training
+  ones: fedjax's Stack Overflow), one label per example in the training and
   the test set, test examples shaped like the training ones, a non-empty test set.
   ``names``: what each message names (keys x, y, train (both), test_x, test_y, test);
   ValueError otherwise."""
@@ -247,14 +248,16 @@ def check_pool(train_x, train_y, test_x, test_y, num_classes: int,
                        "per example")
     if not len(y):
       raise ValueError(f"{pair}: no examples")
-  if test_x.shape[1:] != train_x.shape[1:]:
+  if test_x.shape[1:] != train_x.shape[1:] and not (
+      sequence and test_x.ndim == train_x.ndim == 2):  # (test sequences may be longer)
     raise ValueError(f"{ntx}: examples of shape {test_x.shape[1:]}, the training ones "
                      f"{train_x.shape[1:]}")
-  for y, wy in ((train_y, ny), (test_y, nty)):
+  for x, y, wy in ((train_x, train_y, ny), (test_x, test_y, nty)):
+    length = x.shape[-1] if x.ndim == 2 else train_y.shape[-1]
     if y.ndim != 1 + sequence or y.dtype.kind not in "iuf" or (
         y.dtype.kind == "f" and not np.array_equal(y, np.floor(y))) or (
-            sequence and y.shape[1:] != train_y.shape[1:]):
-      kind = f"[n, {train_y.shape[-1]}] array of token ids" if sequence else (
+            sequence and y.shape[1:] != (length,)):
+      kind = f"[n, {length}] array of token ids" if sequence else (
           "1-D array of integer labels")
       raise ValueError(f"{wy}: expected a {kind}, got shape {y.shape} dtype {y.dtype}")
     _label_range(y.reshape(-1), int(num_classes), wy)

@@ -21,10 +21,19 @@ needs it. The data sets (fedjax ``datasets/*.py``; file names as fedjax download
   number of its sequences;
 * ``fedjax_stackoverflow``: ``stackoverflow_{train,test}.sqlite`` (the ``held_out``
   split unused), ``tokens`` [n] bytes, and the vocabulary file
-  ``stackoverflow.word_count``: one sequence of 20 word ids per sentence
-  (``text.WordTokenizer``);
+  ``stackoverflow.word_count`` (``text.WordTokenizer``):
+  one sequence of 20 word ids per training sentence, 30 per test sentence (fedjax
+  ``stackoverflow.load_data``'s ``train_max_length, eval_max_length = 20, 30``);
 * ``fedjax_cifar100``: ``federated_cifar100_{train,test}.sqlite`` (fedjax converts TFF's
-  file to these): ``x`` [n, 32, 32, 3] uint8 -> /255 float32, ``y`` [n]; 100 classes.
+  file to these, ``cifar100.load_split``): ``image`` [n, 32, 32, 3] uint8 -> /255
+  float32, ``label`` [n] (``coarse_label`` unused; ``x`` / ``y`` too, the names after
+  fedjax's ``preprocess_client``); 100 classes.
+
+Each file is checked when loaded (``check_file``): ``integrity.sqlite_file`` (header,
+size, ``PRAGMA quick_check``), the table, then every client's blob decompressed and
+decoded (zlib's checksum covers every byte), its features present and as long as its
+``num_examples``; a damaged file is refused in one line naming it and the fix. A client
+with no examples is left out, counted on the console.
 """
 
 from __future__ import annotations
@@ -37,10 +46,20 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from fedjax_async.data import natural, text
+from fedjax_async.data import integrity, natural, text
 from fedjax_async.data.federated import FederatedData
 
 TABLE = "federated_data"
+COLUMNS = ("client_id", "data", "num_examples")
+# a file up to this size has every client's blob decoded at load (zlib verifies each
+# byte); a larger one the first 64 KiB of each (every client read decodes its own whole)
+FULL_DECODE_MAX_BYTES = 4 << 30
+
+
+def fix(name: str) -> str:
+  """What to do about a damaged file of data set ``name``."""
+  return (f"delete it and download it again (python -m fedjax_async.cli.data download "
+          f"{name}, or fedjax's load_data into ~/.cache/fedjax)")
 
 
 def decode(blob: bytes) -> Dict[str, np.ndarray]:
@@ -69,11 +88,13 @@ def decode(blob: bytes) -> Dict[str, np.ndarray]:
 
 class SQLiteStore(natural.ClientStore):
   """The clients of a fedjax SQLite file, each preprocessed by ``prepare(examples) -> (x,
-  y)`` when read; at most ``limit`` examples each (0: all)."""
+  y)`` when read; at most ``limit`` examples each (0: all). Clients with no examples are
+  left out (counted on the console)."""
 
   def __init__(self, path: str, prepare: Callable, item_shape, dtype, label_shape,
-               limit: int = 0, counts_of: Optional[Callable] = None):
+               limit: int = 0, counts_of: Optional[Callable] = None, fix_text: str = ""):
     self.path, self.prepare, self.limit = path, prepare, int(limit)
+    self.fix = fix_text or fix("fedjax_emnist")
     self.connection = connect(path)
     self._lock = threading.Lock()
     try:
@@ -89,23 +110,86 @@ class SQLiteStore(natural.ClientStore):
     if self.limit:
       counts = np.minimum(counts, self.limit)
     keep = counts > 0
+    ids = [_id(k) for k in self.keys]
+    self.empty = [i for i, kept in zip(ids, keep) if not kept]
+    natural.note_empty(path, ids, self.empty)
     self.keys = [k for k, kept in zip(self.keys, keep) if kept]
-    ids = [k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k) for k in self.keys]
-    super().__init__(ids, counts[keep], item_shape, dtype, label_shape, path)
+    super().__init__([i for i, kept in zip(ids, keep) if kept], counts[keep], item_shape,
+                     dtype, label_shape, path)
 
   def _examples(self, key) -> Dict[str, np.ndarray]:
-    with self._lock:
-      row = self.connection.execute(f"SELECT data FROM {TABLE} WHERE client_id = ?",
-                                    (key,)).fetchone()
+    try:
+      with self._lock:
+        row = self.connection.execute(f"SELECT data FROM {TABLE} WHERE client_id = ?",
+                                      (key,)).fetchone()
+    except sqlite3.DatabaseError as e:
+      raise integrity.database_error(self.path, e, self.fix) from None
+    if row is None:
+      raise integrity.DamagedFile(f"{self.path}: client {_id(key)!r} is gone from the file; "
+                                  f"{self.fix}")
     try:
       return decode(row[0])
     except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f"{self.path}: client {key!r}: its data blob is not fedjax's "
-                       f"zlib-compressed msgpack ({type(e).__name__}: {e})") from None
+      raise integrity.DamagedFile(
+          f"{self.path}: client {_id(key)!r}: its data blob is not fedjax's zlib-compressed "
+          f"msgpack ({type(e).__name__}: {e}); {self.fix}") from None
 
   def read(self, i: int):
     x, y = self.prepare(self._examples(self.keys[i]))
     return (x[:self.limit], y[:self.limit]) if self.limit else (x, y)
+
+
+def _id(key) -> str:
+  return key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+
+
+def check_file(path: str, features, fix_text: str) -> None:
+  """The load-time check of fedjax's SQLite file ``path`` (module docstring): DamagedFile
+  naming the file and ``fix_text`` unless it is whole; ``features``: the names a client
+  must have (a tuple of alternatives: any one of them, e.g. ``image`` or ``x``)."""
+  integrity.sqlite_file(path, fix_text)
+  full = os.path.getsize(path) <= FULL_DECODE_MAX_BYTES
+  con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+  try:
+    have = [r[1] for r in con.execute(f"PRAGMA table_info({TABLE})")]
+    if not set(COLUMNS) <= set(have):
+      tables = sorted(r[0] for r in con.execute(
+          "SELECT name FROM sqlite_master WHERE type = 'table'"))
+      raise integrity.DamagedFile(
+          f"{path}: not fedjax's SQLite federated data: no table {TABLE}({', '.join(COLUMNS)})"
+          f" (tables: {tables}; a TFF file is read as tff_*)")
+    for key, blob, n in con.execute(f"SELECT client_id, data, num_examples FROM {TABLE} "
+                                    "ORDER BY rowid"):
+      what = f"{path}: client {_id(key)!r}"
+      try:
+        if full:
+          examples = decode(blob)
+        else:
+          head = zlib.decompressobj().decompress(blob, 1 << 16)
+          if not head or head[0] >> 4 not in (0x8,) and head[0] not in (0xde, 0xdf):
+            raise ValueError("no msgpack map")
+          examples = None
+      except Exception as e:  # pylint: disable=broad-except
+        raise integrity.DamagedFile(f"{what}: its data blob does not decode ("
+                                    f"{type(e).__name__}: {e}); {fix_text}") from None
+      if examples is None:
+        continue
+      if not isinstance(examples, dict):
+        raise integrity.DamagedFile(f"{what}: its data blob is no map of features; {fix_text}")
+      for alternatives in features:
+        alternatives = (alternatives,) if isinstance(alternatives, str) else alternatives
+        if not any(a in examples for a in alternatives):
+          raise integrity.DamagedFile(
+              f"{what}: no feature {' or '.join(map(repr, alternatives))} (has "
+              f"{sorted(examples)}): not this data set's file")
+      for fname, v in examples.items():
+        if np.ndim(v) and len(v) != n:
+          raise integrity.DamagedFile(f"{what}: feature {fname!r} has {len(v)} examples, "
+                                      f"num_examples says {n}; {fix_text}")
+  except sqlite3.DatabaseError as e:
+    raise integrity.database_error(path, e, fix_text) from None
+  finally:
+    con.close()
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -121,7 +205,10 @@ def _emnist(ex):
 
 
 def _cifar(ex):
-  return np.asarray(ex["x"], np.float32) / np.float32(255.0), np.asarray(ex["y"], np.int32)
+  """fedjax's stored ``image`` / ``label`` (or ``x`` / ``y``, its names after
+  ``cifar100.preprocess_client``)."""
+  x, y = ("image", "label") if "image" in ex else ("x", "y")
+  return np.asarray(ex[x], np.float32) / np.float32(255.0), np.asarray(ex[y], np.int32)
 
 
 def _images(features: Callable, transform: Callable) -> Callable:
@@ -168,29 +255,42 @@ def load(name: str, data_dir: str, *, max_client_examples: int = 0,
                               f"{os.path.basename(train_path)} and "
                               f"{os.path.basename(test_path)} from data.data_dir (fedjax "
                               "downloads them to ~/.cache/fedjax)")
-  counts_of, vocab = None, 0
+  counts_of, vocab, test_prepare = None, 0, None
   if name.startswith("fedjax_emnist"):
     prepare = _images(_emnist, transform)
     shape, dtype, label, classes = (28, 28, 1), np.float32, (), 10 if "digits" in name else 62
+    features = ("pixels", "label")
   elif name == "fedjax_cifar100":
     prepare = _images(_cifar, transform)
     shape, dtype, label, classes = (32, 32, 3), np.float32, (), 100
+    features = (("image", "x"), ("label", "y"))
   elif name == "fedjax_shakespeare":
     length = text.SHAKESPEARE_SEQUENCE_LENGTH
     prepare = lambda ex: text.shakespeare_sequences(_field(ex, "snippets", train_path), length)
     counts_of = lambda ex: text.shakespeare_count(_field(ex, "snippets", train_path), length)
     shape, dtype, label = (length,), np.int32, (length,)
     classes = vocab = text.SHAKESPEARE_NUM_CLASSES
+    features = ("snippets",)
   elif name == "fedjax_stackoverflow":
-    tokenize = text.WordTokenizer(text.read_vocabulary(data_dir))
+    words = text.read_vocabulary(data_dir)
+    tokenize = text.WordTokenizer(words)
+    test_tokenize = text.WordTokenizer(words, text.STACKOVERFLOW_EVAL_MAX_LENGTH)
     prepare = lambda ex: tokenize(_field(ex, "tokens", train_path))
+    test_prepare = lambda ex: test_tokenize(_field(ex, "tokens", test_path))
     shape, dtype, label = (tokenize.max_length,), np.int32, (tokenize.max_length,)
     classes = vocab = tokenize.num_classes
+    features = ("tokens",)
   else:
     raise ValueError(f"data.dataset: unknown fedjax data set {name!r}; choose from "
                      f"{list(DATASETS)}")
-  store = SQLiteStore(train_path, prepare, shape, dtype, label, max_client_examples, counts_of)
-  test = SQLiteStore(test_path, prepare, shape, dtype, label)
+  for p in (train_path, test_path):
+    integrity.checked_once(p, name, lambda p=p: check_file(p, features, fix(name)))
+  store = SQLiteStore(train_path, prepare, shape, dtype, label, max_client_examples, counts_of,
+                      fix(name))
+  test_shape = shape if test_prepare is None else (text.STACKOVERFLOW_EVAL_MAX_LENGTH,)
+  test = SQLiteStore(test_path, test_prepare or prepare, test_shape, dtype,
+                     test_shape if label else label, fix_text=fix(name))
   parts = natural.read_until(test.read, len(test.keys), max_test_examples)
-  test_x, test_y = natural.concatenated(parts, shape, dtype, label, max_test_examples)
+  test_x, test_y = natural.concatenated(parts, test_shape, dtype,
+                                        test_shape if label else label, max_test_examples)
   return natural.natural_data(store, np.asarray(test_x, dtype), test_y, classes, name, vocab)

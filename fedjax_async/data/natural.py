@@ -18,6 +18,7 @@ finite features): a ValueError names the file and the client.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -177,6 +178,21 @@ def natural_data(store: ClientStore, test_x: np.ndarray, test_y: np.ndarray,
   return FederatedData(PaddedClients(lazy, 0), PaddedClients(lazy, 1),
                        store.counts.astype(np.int32), test_x, test_y.astype(np.int32),
                        int(num_classes), name, input_vocab=int(input_vocab))
+
+
+def note(message: str) -> None:
+  """A line on the console (stderr) while a data set loads."""
+  print(message, file=sys.stderr, flush=True)
+
+
+def note_empty(where: str, ids: Sequence[str], empty: Sequence[str]) -> None:
+  """Says how many of the ``ids`` clients of ``where`` have no examples and are left out
+  (a client with nothing to train on is no client of the run)."""
+  if len(empty):
+    shown = ", ".join(repr(str(e)) for e in list(empty)[:3]) + (", ..." if len(empty) > 3
+                                                              else "")
+    note(f"{where}: {len(empty)} of {len(ids)} clients have no examples and are left out "
+         f"({shown}); the run has {len(ids) - len(empty)}")
 
 
 def is_lazy(fed) -> bool:

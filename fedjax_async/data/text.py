@@ -12,7 +12,9 @@ BOS 1, EOS 2; ``core.tokens``).
   (``word count`` per line, most frequent first); a sentence's ``tokens`` split on ' ',
   word j -> 3 + j, other words -> OOV = 3 + len(vocab) (one OOV bucket); BOS + ids + EOS,
   input = all but the last, target = all but the first, each padded with PAD or cut to
-  ``max_length`` (20); ``len(vocab) + 4`` ids (:class:`WordTokenizer`).
+  ``max_length``: 20 for training, 30 for the test set (fedjax ``stackoverflow.load_data``:
+  ``train_max_length, eval_max_length = 20, 30``); ``len(vocab) + 4`` ids
+  (:class:`WordTokenizer`).
 * LEAF Shakespeare (``models/utils/language_utils.py``): an 80-character string ->
   the positions of its characters in ``ALL_LETTERS`` (an unknown character: 80, an id of
   its own here; LEAF's -1), the next character -> its position (unknown: 79, where LEAF's
@@ -39,7 +41,8 @@ SHAKESPEARE_VOCAB = (b'dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#\'/37;?bfjnrvzBFJNRVZ"
                      b'aeimquyAEIMQUY]!%)-159\r')
 SHAKESPEARE_SEQUENCE_LENGTH = 80
 STACKOVERFLOW_VOCAB_SIZE = 10_000
-STACKOVERFLOW_MAX_LENGTH = 20
+STACKOVERFLOW_MAX_LENGTH = 20  # training sequences (fedjax's train_max_length)
+STACKOVERFLOW_EVAL_MAX_LENGTH = 30  # test sequences (fedjax's eval_max_length)
 STACKOVERFLOW_WORD_COUNT = "stackoverflow.word_count"
 
 
