@@ -46,8 +46,10 @@ ZERO_EPS = 1e-12
 
 def replicated_value(slots: np.ndarray) -> float:
   """The number a decryption holds in every slot (an EvalSum, S0's masked scalars): the
-  slots' mean. S0's noise flood (``secure_ducc.AggregationServer.flood``) sums to zero
-  over the slots, so the mean carries none of it, and averages OpenFHE's decoding noise."""
+  real parts' mean. The real parts of S0's noise flood
+  (``secure_ducc.AggregationServer.flood``) sum to zero over the slots, so the mean
+  carries none of it, and averages OpenFHE's decoding noise (the flood's imaginary
+  parts have a fresh mean of their own: ``decrypt_vector`` reads the real parts)."""
   return float(np.mean(slots))
 
 

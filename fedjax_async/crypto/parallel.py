@@ -121,11 +121,22 @@ def _timed(fn):
 
 
 @_timed
-def _s0_mask(w_bytes: bytes, r: np.ndarray) -> bytes:
-  """Alg. 5 lines 2-5 for one chunk: Enc(w_c) + Enc_pk_s(r_c), serialised for S1."""
+def _s0_mask(w_bytes: bytes, r: np.ndarray, bound: float) -> bytes:
+  """Alg. 5 lines 2-5 for one chunk: Enc(w_c) + Enc_pk_s(r_c + i r'_c), serialised for
+  S1; r' (uniform on [-bound, bound], fresh: ``imaginary_mask``) masks the imaginary
+  parts, where S1 would read the CKKS error of w_c."""
   cc = _MATERIAL["cc"]
   w = wire_lib.ciphertext_from_bytes(w_bytes)
-  return wire_lib.ciphertext_bytes(cc.EvalAdd(w, cc.Encrypt(_MATERIAL["pk_s"], _encode(r))))
+  masked = cc.MakeCKKSPackedPlaintext(imaginary_mask(r, bound))
+  return wire_lib.ciphertext_bytes(cc.EvalAdd(w, cc.Encrypt(_MATERIAL["pk_s"], masked)))
+
+
+def imaginary_mask(r: np.ndarray, bound: float) -> np.ndarray:
+  """r + i r', r' uniform on [-bound, bound] per slot from ``csprng`` (fresh): Alg. 5's
+  mask with imaginary parts of its own. S1 decrypts w + r + i (Im e + r') and
+  re-encrypts the real parts only, so S0 subtracts r alone (``_s0_unmask``)."""
+  r = np.asarray(r, np.float64).reshape(-1)
+  return r + 1j * csprng.uniform(-bound, bound, r.size)
 
 
 @_timed
@@ -282,7 +293,7 @@ def key_transform(s0_pool: PartyPool, s1_pool: PartyPool, w_ct: Sequence[object]
     while todo and len(running) < limit:
       c = todo.pop(0)
       data = wire_lib.ciphertext_bytes(w_ct[c])
-      running[s0_pool.submit("_s0_mask", data, r[c])] = ("mask", c)
+      running[s0_pool.submit("_s0_mask", data, r[c], mask_bound)] = ("mask", c)
 
   try:
     start_mask()

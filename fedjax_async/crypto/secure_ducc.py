@@ -52,6 +52,12 @@ EMPTY_EPS = 1e-6
 # over the largest spread S1 could otherwise see (blind range x ckks.error_bound); 0: no
 # flood (the tests' plant). docs/crypto.md, "Noise flooding".
 FLOOD_RATIO = 64.0
+# The standard deviation of the mean of the flood's imaginary parts, over sigma (the
+# flood's per-slot one): a fresh Gaussian per message, so that S1's imaginary mean is the
+# flood's and not the blind times the value's own CKKS error (its real mean, the value,
+# stays exact); 0: an imaginary mean of zero (the tests' plant). docs/crypto.md, "Noise
+# flooding".
+FLOOD_IMAG_MEAN = 1.0
 # Clock of the timings. OpenFHE runs single-threaded here (OMP_NUM_THREADS=1), so
 # benchmarks on a shared machine may set ``time.process_time`` (CPU seconds of this
 # process, i.e. the uncontended wall time) instead of wall-clock time.
@@ -91,21 +97,27 @@ class AggregationServer(parallel.PoolHolder):
 
   def flood(self, ct, blind_log2: float, magnitude: float, ev=None, pk=None):
     """``ct`` + Enc_pk(f) before S1 decrypts it: noise flooding of a value replicated in
-    every slot (an EvalSum). OpenFHE's decoder shows S1 the CKKS error of what it
-    decrypts, times the blind, as the slot-to-slot spread; f is fresh Gaussian noise per
-    slot (``csprng.normal``), independent of the blind, with standard deviation
-    FLOOD_RATIO x 2^blind_log2 x ``ckks.error_bound(magnitude)`` in its real and its
-    imaginary part (the decoder estimates the error, ``GetLogError``, from the imaginary
-    parts), so the spread and the estimate are f's whatever the blind. f sums to zero
-    over the slots and S1 reads the real parts' mean (``entities.replicated_value``): the
-    value it reads is unchanged. No level. ``ev``, ``pk``: the context's evaluator and
-    pk_s (default: this server's)."""
+    every slot (an EvalSum). S1's decryption of a blinded b (x + e) holds b e, the
+    blinded value's own CKKS error, in every direction of its slots but the real parts'
+    mean (the value): as the slot-to-slot spread of the real and the imaginary parts
+    (OpenFHE's decoder estimates the error, ``GetLogError``, from the latter) and as the
+    imaginary parts' mean b Im(e), where e is the same for a class's total and its two
+    tests (each value's real mean over its imaginary mean cancels its blind). f is fresh
+    Gaussian noise (``csprng.normal``), independent of the blind, with standard deviation
+    sigma = FLOOD_RATIO x 2^blind_log2 x ``ckks.error_bound(magnitude)`` per slot in its
+    real and its imaginary part, and an imaginary mean of its own, Gaussian of standard
+    deviation FLOOD_IMAG_MEAN x sigma: every direction but the value's carries f's noise
+    of at least sigma, whatever the blind. f's real parts sum to zero over the slots and
+    S1 reads their mean (``entities.replicated_value``): the value it reads is unchanged.
+    One encryption, no level. ``ev``, ``pk``: the context's evaluator and pk_s (default:
+    this server's)."""
     if FLOOD_RATIO <= 0.0:
       return ct
     ev, pk = ev or self.ev, pk or self.public.pk_s
     sigma = FLOOD_RATIO * 2.0 ** blind_log2 * ckks.error_bound(ev.cc, magnitude)
     re, im = sigma * csprng.normal(ev.slots), sigma * csprng.normal(ev.slots)
-    f = (re - re.mean()) + 1j * (im - im.mean())
+    mean = FLOOD_IMAG_MEAN * sigma * float(csprng.normal(1)[0])
+    f = (re - re.mean()) + 1j * (im - im.mean() + mean)
     return ev.add(ct, ev.cc.Encrypt(pk, ev.cc.MakeCKKSPackedPlaintext(f)))
 
   def worker_material(self) -> Dict[str, object]:
@@ -351,13 +363,18 @@ class AggregationServer(parallel.PoolHolder):
     """Alg. 5 lines 2-5: Enc(w) + Enc_pk_s(r) with a fresh uniform mask r (CSPRNG).
 
     r covers every slot: the slots past the model (zero in w) get values of their own,
-    independent of the model's, so S1 reads no known-plaintext slot."""
+    independent of the model's, so S1 reads no known-plaintext slot; and the imaginary
+    parts, where S1 would read w's CKKS error (that of the round's class weights times
+    the delayed updates), get a fresh mask on the same range
+    (``parallel.imaginary_mask``), which ``kt_unmask`` need not remove: S1 re-encrypts
+    the real parts only."""
     r = csprng.uniform(-KT_MASK_BOUND, KT_MASK_BOUND, len(w_ct) * self.ev.slots)
     self._state = {"kt_r": list(r.reshape(len(w_ct), self.ev.slots))}
-    out = []
+    cc, out = self.ev.cc, []
     for c, rb in zip(w_ct, self._state["kt_r"]):
       stopping.between_chunks()
-      out.append(self.ev.add(c, self.ev.encrypt(self.public.pk_s, rb)))
+      masked = cc.MakeCKKSPackedPlaintext(parallel.imaginary_mask(rb, KT_MASK_BOUND))
+      out.append(self.ev.add(c, cc.Encrypt(self.public.pk_s, masked)))
     return out
 
   def kt_unmask(self, per_client: Dict[int, List[object]], under_s: List[object]):

@@ -299,10 +299,13 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
     b = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, len(self._delayed) + 1)
     st["coef_mask"] = b
     # The slots past the k coefficients (beta = 0 there, but for S0's CKKS noise) get
-    # masks of their own, so S1 reads no unmasked slot.
+    # masks of their own, so S1 reads no unmasked slot; the imaginary parts, where S1
+    # would read beta's own CKKS error (that of w1 / n1 and w2 / n2), get a mask too.
     b_packed = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, slots)
     b_packed[:len(self._delayed)] = b[:-1]
-    masked_beta = self.ev.cc.EvalAdd(beta, self.ev.encode(b_packed))
+    b_imag = csprng.uniform(-REFRESH_MASK_BOUND, REFRESH_MASK_BOUND, slots)
+    masked_beta = self.ev.cc.EvalAdd(
+        beta, self.ev.cc.MakeCKKSPackedPlaintext(b_packed + 1j * b_imag))
     masked_gamma = self.ev.add_const(self.ev.cc.EvalNegate(proj), a0 / self._n + b[-1])
     # gamma's error carries r2's (S1's 1 / (r2 n2) is a fresh encryption): flooded as if
     # |gamma| were the mask's bound B (a larger one the mask would not hide anyway)
@@ -354,10 +357,13 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
     r = csprng.uniform(-secure_ducc.KT_MASK_BOUND, secure_ducc.KT_MASK_BOUND,
                        len(w_ct) * slots).reshape(len(w_ct), slots)
     self._state = {"kt_r": r}
-    out = []
+    cc, out = self.vev.cc, []
     for c, rb in zip(w_ct, r):
       stopping.between_chunks()
-      out.append(self.vev.add(c, self.vev.encrypt(self.vector_public.pk_s, rb)))
+      # imaginary parts masked too (``secure_ducc.AggregationServer.kt_mask``)
+      masked = cc.MakeCKKSPackedPlaintext(
+          parallel.imaginary_mask(rb, secure_ducc.KT_MASK_BOUND))
+      out.append(self.vev.add(c, cc.Encrypt(self.vector_public.pk_s, masked)))
     return out
 
   def kt_unmask(self, cts: List[object], recipient: Optional[int]) -> List[object]:
