@@ -134,16 +134,16 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
                                   if v is not None])
         color = f"C{j % 10}"
         n = kept(pts)
-        label = name if n == "1" else f"{name} (mean ± std over {n} seeds)"
+        line_label = name if n == "1" else f"{name} (mean ± std over {n} seeds)"
         if pts[0][x_name] is None:  # the algorithm does not use x: one level across
           ax.axhline(mean(pts[0]), color=color, linestyle="--",
-                     label=f"{label}, no {x_name}")
+                     label=f"{line_label}, no {x_name}")
           continue
         pts = sorted(pts, key=lambda r: r[x_name])
         x = np.array([r[x_name] for r in pts], float)
         y = np.array([mean(r) for r in pts], float)
         sd = np.array([std(r) for r in pts], float)
-        ax.plot(x, y, marker="o", color=color, label=label)
+        ax.plot(x, y, marker="o", color=color, label=line_label)
         if n != "1":
           ax.fill_between(x, y - sd, y + sd, color=color, alpha=outputs.BAND_ALPHA,
                           linewidth=0)
