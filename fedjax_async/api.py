@@ -37,7 +37,7 @@ from fedjax_async.algorithms import base
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import experiment as async_experiment
 from fedjax_async.core import timeline as timeline_lib
-from fedjax_async.data import FederatedData
+from fedjax_async.data import FederatedData, federated
 from fedjax_async.fededs import config as fededs_config
 from fedjax_async.fededs import experiment as fededs
 from fedjax_async.rounds import experiment
@@ -164,7 +164,8 @@ def _own_data_and_model(fields: dict):
                                    f"shape), got {input_shape!r}") from None
   if module is not None and fed_data is not None:  # one abstract forward pass, at build time
     _checked(lambda: models.check_module(module, input_shape or fed_data.feature_shape,
-                                         fed_data.num_classes, fed_data.feature_shape))
+                                         fed_data.num_classes, fed_data.feature_shape,
+                                         labels=lambda: federated.largest_label(fed_data)))
   return fed_data, module, input_shape
 
 

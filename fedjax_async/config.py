@@ -237,18 +237,20 @@ AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
     ("server_beta2", "float", option(0.99, "beta_2 of the adam / yogi server optimisers.")),
     ("server_tau", "float", option(1e-3, "tau, adam / yogi / adagrad's adaptivity, outside "
                                    "the square root (optax's eps).")),
-    ("server_eps_root", "float", option(0.0, "Added inside the square root of adam / yogi / "
-                                        "adagrad (optax's eps_root; TFF's Adagrad epsilon).")),
+    ("server_eps_root", "float", option(0.0, "Added inside adam / yogi / adagrad's square "
+                                        "root (TFF's Adagrad epsilon).")),
     ("server_accumulator", "Optional[float]", option(
         None, "v_0 of adam / yogi / adagrad (default: yogi 1e-6, adam and adagrad 0).")),
     ("server_bias_correction", "str", option(
-        "moments", "adam / yogi: moments (m, v / (1 - beta^t), optax) | step (the step times "
-        "sqrt(1 - beta2^t) / (1 - beta1^t), TFF and Flower) | none (Reddi et al.'s Alg. 2).",
+        "moments", "adam / yogi: moments (optax) | step (TFF, Flower) | none (Reddi et al.).",
         choices=BIAS_CORRECTIONS)),
+    ("drop_nonfinite_uploads", "bool", option(
+        False, "The server drops an arrival whose upload, client state or local loss is "
+        "NaN/Inf (rows' dropped_nonfinite), the client's state kept (no paper's server "
+        "does: experiments/results/README.md, Client health).")),
     ("client_weighting", "str", option(
-        "auto", "Arrivals' weights in the round's mean: auto (each rule's: n_k for FedAvg, "
-        "FedProx, FedNova; 1 for FedADMM and PAFed, Eqs. 11-12) | examples (n_k) | uniform "
-        "(1).", choices=CLIENT_WEIGHTINGS)),
+        "auto", "Arrivals' weights: auto (FedADMM, PAFed 1; else n_k) | examples | uniform.",
+        choices=CLIENT_WEIGHTINGS)),
     ("hp", "tuple", option((), HP_HELP)),
     *hparam_fields("rounds"),
 ], frozen=True, namespace={"name_list": _name_list, "__doc__": (
@@ -278,9 +280,8 @@ class DataConfig:
   max_test_examples: int = option(0, "Natural data sets: the first k test examples at most "
                                   "(0: all).")
   token_loss: str = option(
-      "per_token", "Sequence labels' loss (training and test_loss): per_token (mean over the "
-      "non-PAD targets) | per_sequence (their sum per sequence, mean over sequences: fedjax "
-      "Stack Overflow's) | per_position (that sum / T: fedjax Shakespeare's).",
+      "per_token", "Sequence loss: per_token | per_sequence (fedjax Stack Overflow's) | "
+      "per_position (fedjax Shakespeare's; docs/api.md).",
       choices=("per_token", "per_sequence", "per_position"))
 
 
@@ -311,6 +312,10 @@ class LocalTraining:
                         "crop_flip (random crop of the 4-pixel-padded image and horizontal "
                         "flip, per example, from per-client keys).",
                         choices=("none", "crop_flip"))
+  client_grad_clip: float = option(
+      0.0, "> 0: each local step's gradient (penalty included) clipped to this global L2 "
+      "norm (optax.clip_by_global_norm; no paper's client does: experiments/results/README.md, "
+      "Client health); 0: off.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,6 +451,8 @@ def validate_local(c, check_fn=check, prefix: str = "local."):
   check_fn(c.batch_size >= 1, p + "batch_size", f"must be >= 1, got {c.batch_size}")
   check_fn(c.lr > 0, p + "lr", f"must be > 0, got {c.lr}")
   check_fn(0.0 <= c.momentum < 1.0, p + "momentum", f"must be in [0, 1), got {c.momentum}")
+  check_fn(c.client_grad_clip >= 0, p + "client_grad_clip",
+           f"must be >= 0 (0: off), got {c.client_grad_clip}")
 
 
 def check_finite(cfg, allow=()):

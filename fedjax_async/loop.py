@@ -394,7 +394,8 @@ class StopOnSignal(Callback):
 
 
 class HostLoop:
-  """``on_chunk(state, rows)`` of every driver: each callback in order: the divergence
+  """``on_chunk(state, rows)`` of every driver: each callback in order: the clients'
+  health lines (``progress.health``, a ``progress.HealthWatch``), the divergence
   check (``StopOnDivergence``, unless ``stop_on_divergence`` is False), the rows to
   ``metrics`` (metrics.jsonl, TensorBoard), the signal check of every process
   (``CheckSignals``), the caller's ``callbacks``, a checkpoint when
@@ -407,8 +408,10 @@ class HostLoop:
                stop_on_divergence: bool = True):
     self.metrics, self.checkpoints, self.position = metrics, checkpoints, position
     self.wall_before = wall_before
+    health = getattr(progress, "health", None)  # progress.HealthWatch: before the check
     self.callbacks: List[Callback] = (
-        ([StopOnDivergence()] if stop_on_divergence else [])
+        ([Report(health)] if health is not None else [])
+        + ([StopOnDivergence()] if stop_on_divergence else [])
         + ([WriteMetrics()] if metrics is not None else []) + [CheckSignals()]
         + list(callbacks) + ([CheckSignals()] if callbacks else [])
         + ([SaveCheckpoints(checkpoints)] if checkpoints is not None else [])

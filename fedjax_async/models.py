@@ -423,8 +423,8 @@ def one_line(e: Exception) -> str:
 
 def check_output(apply, params, data_shape: Sequence[int], num_classes: int, name: str,
                  input_shape: Optional[Sequence[int]] = None, what: str = "model",
-                 shapes: Sequence[Sequence[int]] = (), label_shape: Sequence[int] = ()
-                 ) -> None:
+                 shapes: Sequence[Sequence[int]] = (), label_shape: Sequence[int] = (),
+                 labels: Optional[Callable[[], str]] = None) -> None:
   """One forward pass of ``apply(params, x)`` on two examples of the data's shape,
   abstract (``jax.eval_shape``: traced, not run): ValueError naming ``what`` (or
   ``input_shape`` when the model was built for another shape) when the model does not take
@@ -461,9 +461,12 @@ def check_output(apply, params, data_shape: Sequence[int], num_classes: int, nam
       got = f"outputs of shape {tuple(shape[1:])} per example"
     else:
       got = f"{type(out).__name__} {shape or ''} for a batch of 2".replace("  ", " ")
+    found = labels() if labels is not None else ""
+    where = (f"; {found}: fix it if it is wrong (fa.data.from_clients / from_arrays "
+             "with num_classes= refuse a larger label)") if found else ""
     raise ValueError(f"{what}: {name} gives {got}, but the data have num_classes="
-                     f"{num_classes} (labels 0..{int(num_classes) - 1}); give its last layer "
-                     f"{num_classes} outputs ([batch, {num_classes}] logits)")
+                     f"{num_classes} (labels 0..{int(num_classes) - 1}){where}; give its last "
+                     f"layer {num_classes} outputs ([batch, {num_classes}] logits)")
 
 
 def _with_train_argument(module: nn.Module) -> nn.Module:
@@ -482,9 +485,11 @@ def _with_train_argument(module: nn.Module) -> nn.Module:
 
 
 def check_module(module: nn.Module, input_shape: Sequence[int], num_classes: int,
-                 data_shape: Optional[Sequence[int]] = None) -> None:
+                 data_shape: Optional[Sequence[int]] = None,
+                 labels: Optional[Callable[[], str]] = None) -> None:
   """:func:`check_output` of a user's flax module, built abstractly for ``input_shape``
-  (nothing is compiled or run); ValueError naming ``model`` or ``input_shape``."""
+  (nothing is compiled or run); ValueError naming ``model`` or ``input_shape``
+  (``labels()``: where the data's largest label is, for that error)."""
   name, module = type(module).__name__, _with_train_argument(module)
   x = jnp.zeros((1, *tuple(input_shape)), jnp.float32)
   try:
@@ -494,7 +499,8 @@ def check_module(module: nn.Module, input_shape: Sequence[int], num_classes: int
     raise ValueError(f"model: {name}: {one_line(e)}") from None
   check_output(lambda v, x: module.apply(v, x, train=False), variables,
                input_shape if data_shape is None else data_shape, num_classes, name,
-               input_shape, shapes=[leaf.shape for leaf in jax.tree.leaves(variables)])
+               input_shape, shapes=[leaf.shape for leaf in jax.tree.leaves(variables)],
+               labels=labels)
 
 
 def user_model(module: nn.Module, input_shape: Sequence[int], seed: int,

@@ -34,7 +34,9 @@ pytestmark = pytest.mark.xdist_group("algorithm_contract")  # one worker: the ru
 ROW_KEYS = {
     "rounds": {"round", "online", "delayed", "dropped", "mean_staleness", "max_staleness",
                "train_loss", "client_steps", "nonfinite", "model_norm", "server_step_norm",
-               "test_accuracy", "test_loss", "wall_time"},
+               "test_accuracy", "test_loss", "wall_time", "client_loss_max",
+               "client_loss_median", "delta_norm_max", "delta_norm_median", "worst_client",
+               "worst_client_loss", "client_nonfinite_share", "dropped_nonfinite"},
     "virtual_clock": {"event", "virtual_time", "arrival_version", "train_loss",
                       "test_accuracy", "test_loss", "wall_time"},
 }

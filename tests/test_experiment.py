@@ -34,7 +34,9 @@ TINY = ["--dataset=synthetic", "--num_clients=30", "--participation=0.34",
 # The keys every metrics.jsonl row has (documented in docs/experiments.md).
 ROW_KEYS = {"round", "online", "delayed", "dropped", "mean_staleness", "max_staleness",
             "train_loss", "client_steps", "nonfinite", "test_accuracy", "test_loss",
-            "wall_time"}
+            "wall_time", "client_loss_max", "client_loss_median", "delta_norm_max",
+            "delta_norm_median", "worst_client", "worst_client_loss",
+            "client_nonfinite_share", "dropped_nonfinite"}
 
 
 @pytest.fixture(scope="module")

@@ -50,21 +50,26 @@ def full_batch(apply_flat, w, x, y):
   return float(value), np.asarray(grad)
 
 
-# (rule, client_weighting) -> the client weights p_k and the upload's multiple of the delta
-# (FedADMM's first upload, y = 0: Delta + (y+ - y) / rho = 2 Delta, Eq. 16).
+# (rule, client_weighting) -> the client weights p_k and the step's multiple of the mean
+# upload (FedADMM's first upload, y = 0: Delta + (y+ - y) / rho = 2 Delta, Eq. 16; PAFed's
+# is that upload made a unit vector, Alg. 3 line 8, and its step alpha_0 m, Eq. 17).
 CASES = [
     ("fedavg", "auto", "n", 1.0), ("fedavg", "uniform", "1", 1.0),
     ("fedprox", "uniform", "1", 1.0), ("fednova", "auto", "n", 1.0),
     ("fednova", "uniform", "1", 1.0), ("fedadmm", "auto", "1", 2.0),
-    ("fedadmm", "examples", "n", 2.0),
+    ("fedadmm", "examples", "n", 2.0), ("pafed", "auto", "1", "unit"),
+    ("pafed", "examples", "n", "unit"),
 ]
 
 
 @pytest.mark.parametrize("algorithm,weighting,p,multiple", CASES)
 def test_round_step_is_the_weighted_mean_of_the_clients_deltas(algorithm, weighting, p,
                                                                multiple):
-  clients, w0, apply_flat, run = one_round(algorithm, client_weighting=weighting)
+  clients, w0, apply_flat, run = one_round(algorithm, client_weighting=weighting,
+                                           alpha0=0.3)
   deltas = np.stack([-0.5 * full_batch(apply_flat, w0, x, y)[1] for x, y in clients])
+  if multiple == "unit":
+    deltas, multiple = deltas / np.linalg.norm(deltas, axis=1, keepdims=True), 0.3
   weights = np.asarray(SIZES, np.float64) if p == "n" else np.ones(len(SIZES))
   want = w0 + multiple * (weights @ deltas) / weights.sum()
   np.testing.assert_allclose(np.asarray(run.state.w), want, rtol=1e-5, atol=1e-6)
@@ -106,3 +111,23 @@ def test_the_new_options_from_the_cli_give_what_python_gives(tmp_path, algorithm
   assert summary["final_accuracy"] == pytest.approx(run.summary["final_accuracy"], abs=1e-6)
   key = "train_loss"
   assert [r[key] for r in rows] == pytest.approx([r[key] for r in run.rows], rel=1e-5)
+
+
+@pytest.mark.parametrize("split", ["test", "clients"])
+def test_a_label_the_model_cannot_output_names_its_split_index_and_num_classes(split):
+  """A label past the model's outputs: the error names where the largest label is."""
+  clients, _ = three_clients()
+  test = (clients[2][0], np.zeros(len(clients[2][1]), np.int64))
+  if split == "test":
+    test[1][3] = 7
+  else:
+    clients[1][1][4] = 7
+  data = fa.data.from_clients(clients, test)
+  want = ("the largest label, 7, is test example 3 (the clients' labels go up to 2, the "
+          "test set's to 7)" if split == "test" else
+          "the largest label, 7, is client 1's example 4 (the clients' labels go up to 7, "
+          "the test set's to 0)")
+  with pytest.raises(ValueError) as e:
+    fa.simulate(algorithm="fedavg", data=data, model=Linear(), rounds=1, quiet=True)
+  assert want in str(e.value) and "num_classes=8" in str(e.value)
+  assert "\n" not in str(e.value)

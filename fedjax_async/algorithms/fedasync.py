@@ -46,14 +46,13 @@ HINGE_A = base.HParam("hinge_a", 10.0, "a, the hinge staleness s's slope.",
 HINGE_B = base.HParam("hinge_b", 4.0, "b, the staleness where the hinge bends.", bounds="[0, inf)")
 
 
-THRESHOLD_CUTOFF = base.HParam("threshold_cutoff", 4.0, "c, the last staleness the "
-                               "threshold s weighs 1.", bounds="[0, inf)")
-THRESHOLD_VALUE = base.HParam("threshold_value", 0.5, "v, the threshold s past its cutoff.",
+THRESHOLD_CUTOFF = base.HParam("threshold_cutoff", 4.0, "c: threshold s is 1 up to c.",
+                               bounds="[0, inf)")
+THRESHOLD_VALUE = base.HParam("threshold_value", 0.5, "v: threshold s past c.",
                               bounds="[0, inf)")
-AVG_STALENESS = base.HParam("avg_staleness", 0.0, "s is divided by s(this) (FLSim's "
-                            "normalisation; 0: none).", bounds="[0, inf)")
-AVG_NUM_EXAMPLES = base.HParam("avg_num_examples", 1.0, "n of the example weight's "
-                               "f(n) / f(this) (FLSim's avg_num_examples).",
+AVG_STALENESS = base.HParam("avg_staleness", 0.0, "s / s(this) (FLSim's; 0: s).",
+                            bounds="[0, inf)")
+AVG_NUM_EXAMPLES = base.HParam("avg_num_examples", 1.0, "f(n) / f(this).",
                                bounds="(0, inf)")
 # Example weights' f (``hp["example_weight"]``'s index; FLSim's AsyncExampleWeight).
 EXAMPLE_WEIGHTS = ("none", "linear", "sqrt", "log10")

@@ -30,9 +30,8 @@ AsyncAlgorithmConfig = dataclasses.make_dataclass("AsyncAlgorithmConfig", [
     ("mix_alpha", "str", option("0.6", "FedAsync's a (comma list: one run each).")),
     ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge | threshold "
                                    "(FedAsync; threshold: FLSim's).")),
-    ("example_weight", "str", option("none", "Arrivals weighted by their example count n "
-                                     "(FedAsync's a_t, FedBuff's buffer): none | linear | "
-                                     "sqrt | log10 (FLSim's f(n) / f(--avg_num_examples)).")),
+    ("example_weight", "str", option("none", "FedAsync / FedBuff arrivals weighted by "
+                                     "f(n): none | linear | sqrt | log10 (FLSim's).")),
     ("server_lr", "float", option(1.0, config_lib.SHARED_HELP["server_lr"])),
     *config_lib.hparam_fields("virtual_clock"),
 ], frozen=True, namespace={"__doc__": (
@@ -73,7 +72,8 @@ class ClockOptions:
 # clipped steps do not follow.
 ClockLocalTraining = config_lib.part_of(
     "ClockLocalTraining", config_lib.LocalTraining,
-    ("local_epochs", "local_steps", "batch_size", "lr", "momentum", "augment"),
+    ("local_epochs", "local_steps", "batch_size", "lr", "momentum", "augment",
+     "client_grad_clip"),
     doc="A task's local training (``client.LocalConfig`` is its static part).",
     module=__name__)
 

@@ -208,6 +208,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   loc = cfg.local
   local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
                                  momentum=loc.momentum > 0, local_steps=loc.local_steps,
+                                 grad_clip=loc.client_grad_clip,
                                  **building.augmentation(cfg, fed))
   ecfg, mesh = _engine_config(cfg, local, schedule.ring_size)
   if algorithm.pruned:

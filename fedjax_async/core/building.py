@@ -8,7 +8,7 @@ from fedjax_async import data as data_lib
 from fedjax_async import models
 from fedjax_async.core import augment as augment_lib
 from fedjax_async.core import tokens
-from fedjax_async.data import loader
+from fedjax_async.data import federated, loader
 
 
 def load_data(cfg):
@@ -67,7 +67,8 @@ def build_model(cfg, fed_data):
   if key not in _APPLY:  # its output against the data's classes, once per model
     models.check_output(lambda w, x: apply_flat(w, x, train=False), w0, input_shape,
                         fed_data.num_classes, name, what=what, shapes=apply_flat.shapes,
-                        label_shape=label_shape)
+                        label_shape=label_shape,
+                        labels=lambda: federated.largest_label(fed_data))
   # the same apply for the same model: later runs reuse its compiled rounds (make_runner)
   apply_flat = _APPLY.setdefault(key, apply_flat)
   return name, w0, apply_flat

@@ -65,6 +65,9 @@ class LocalConfig:
   # per-channel value of crop_flip's padding (() = 0).
   augment: str = "none"
   augment_fill: tuple = ()
+  # > 0: each step's gradient (data loss and penalty) clipped to this global L2 norm
+  # before the SGD update (``optax.clip_by_global_norm``); 0: unclipped, as the papers.
+  grad_clip: float = 0.0
 
   def __post_init__(self):
     if self.augment not in augment.AUGMENTATIONS:
@@ -72,6 +75,8 @@ class LocalConfig:
                        f"got {self.augment!r}")
     if self.local_steps < 0:
       raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
+    if not self.grad_clip >= 0:
+      raise ValueError(f"local.client_grad_clip: must be >= 0 (0: off), got {self.grad_clip}")
     if self.precision not in PRECISIONS:
       raise ValueError(f"local.precision: must be one of {', '.join(PRECISIONS)}, got "
                        f"{self.precision!r}")
@@ -93,14 +98,17 @@ class ClientResult(NamedTuple):
 
 
 def local_optimizer(hp, cfg: LocalConfig) -> optax.GradientTransformation:
-  """The clients' optax SGD: with momentum ``hp['momentum']``, or plain if not cfg.momentum."""
+  """The clients' optax SGD: with momentum ``hp['momentum']``, or plain if not cfg.momentum;
+  after ``optax.clip_by_global_norm(cfg.grad_clip)`` when that is > 0."""
   if cfg.momentum:
-    return optax.sgd(hp["lr"], momentum=hp["momentum"])
-  m = hp.get("momentum", 0.0)
-  if not isinstance(m, jax.core.Tracer) and float(m) != 0.0:
-    raise ValueError(f"LocalConfig(momentum=False) runs plain SGD but hp['momentum'] is {m}; "
-                     "set LocalConfig.momentum=True to use momentum")
-  return optax.sgd(hp["lr"])
+    sgd = optax.sgd(hp["lr"], momentum=hp["momentum"])
+  else:
+    m = hp.get("momentum", 0.0)
+    if not isinstance(m, jax.core.Tracer) and float(m) != 0.0:
+      raise ValueError(f"LocalConfig(momentum=False) runs plain SGD but hp['momentum'] is "
+                       f"{m}; set LocalConfig.momentum=True to use momentum")
+    sgd = optax.sgd(hp["lr"])
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), sgd) if cfg.grad_clip else sgd
 
 
 def masked_cross_entropy(logits, labels, mask, token_loss: str = "per_token"):

@@ -1,5 +1,6 @@
 """A run that diverged: the first non-finite row of a chunk and the error naming its round
-(or the virtual clock's group), with the finite rows before it."""
+(or the virtual clock's group), with the finite rows before it; the clients' health in the
+rows (``outlier``, ``cause``): which client blew up first, and the advice that fits."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ class Diverged(RuntimeError):
   loss is not)."""
 
   def __init__(self, message: str, round_number: Optional[int] = None,
-               rows: Optional[List[dict]] = None, kind: str = "model"):
+               rows: Optional[List[dict]] = None, kind: str = "model",
+               row: Optional[dict] = None):
     super().__init__(message)
     self.round = round_number
     self.rows = rows or []  # the finite rounds of the chunk that diverged
     self.kind = kind
+    self.row = row  # the non-finite row itself
 
 
 def first_nonfinite(rows: List[dict]) -> Optional[int]:
@@ -45,8 +48,80 @@ def diverged(rows: List[dict], i: int) -> Diverged:
   what = ("the global model is not finite (NaN/Inf)" if kind == "model" else
           f"the test loss is {r.get('test_loss')} (the global model is finite)")
   if "round" in r:
-    return Diverged(f"round {r['round']}: {what}", r["round"], rows[:i], kind)
-  return Diverged(f"group {r['group']}: {what}", None, rows[:i], kind)
+    return Diverged(f"round {r['round']}: {what}", r["round"], rows[:i], kind, r)
+  return Diverged(f"group {r['group']}: {what}", None, rows[:i], kind, r)
+
+
+# A client is far outside its round when its local loss or ||Delta|| is more than
+# OUTLIER_RATIO times the round's median (the loss's median taken as at least LOSS_FLOOR,
+# ||Delta||'s as at least DELTA_FLOOR: a converged round's tiny median names no one), or
+# when its result is not finite.
+OUTLIER_RATIO = 100.0
+LOSS_FLOOR = 1.0
+DELTA_FLOOR = 0.01
+
+
+def _num(x) -> float:
+  return float("nan") if x is None else float(x)
+
+
+def outlier(row: dict) -> Optional[str]:
+  """"nonfinite", "outlier" (``worst_client``'s loss or the round's largest ||Delta||
+  beyond ``OUTLIER_RATIO`` x the median) or None, from a round's health fields (None
+  for a row without them)."""
+  if row.get("worst_client", -1) is None or row.get("worst_client", -1) < 0:
+    return None
+  if row.get("client_nonfinite_share"):
+    return "nonfinite"
+  loss, delta = _num(row.get("worst_client_loss")), _num(row.get("delta_norm_max"))
+  loss_mid = max(_num(row.get("client_loss_median")), LOSS_FLOOR)
+  delta_mid = max(_num(row.get("delta_norm_median")), DELTA_FLOOR)
+  if loss > OUTLIER_RATIO * loss_mid or delta > OUTLIER_RATIO * delta_mid:
+    return "outlier"
+  return None
+
+
+def describe(row: dict, dual: bool = True) -> str:
+  """``client c (local loss x, ||Delta|| y[, its dual ||y|| z])`` of a round's worst client."""
+  state = row.get("worst_client_state_norm")
+  dual = f", its dual ||y|| {_num(state):.4g}" if dual and state is not None else ""
+  return (f"client {row['worst_client']} (local loss {_num(row.get('worst_client_loss')):.4g}"
+          f", ||Delta|| {_num(row.get('delta_norm_max')):.4g}{dual})")
+
+
+LOCAL_ADVICE = ("the cause is local training: a smaller local.lr or local.momentum, or "
+                "local.client_grad_clip (e.g. 10), usually avoids it "
+                "(algorithm.drop_nonfinite_uploads keeps the global model finite)")
+SERVER_ADVICE = ("a smaller local.lr or algorithm.server_lr (PAFed: algorithm.alpha0/1/2) "
+                 "usually avoids it")
+
+
+def cause(rows: List[dict]) -> Optional[tuple]:
+  """(what the clients' health in ``rows``, a run's rows up to and including the
+  non-finite one, says went wrong first, whether the cause is local), or None for rows
+  without health fields."""
+  if not rows or "worst_client" not in rows[-1]:
+    return None
+  where = lambda r: f"round {r['round']}" if "round" in r else f"group {r.get('group')}"
+  first_bad = next((r for r in rows if outlier(r) == "nonfinite"), None)
+  first_out = next((r for r in rows if outlier(r) is not None), None)
+  earlier = ""
+  if first_bad is not None:
+    same = next((r for r in rows if outlier(r) is not None
+                 and r["worst_client"] == first_bad["worst_client"]), first_bad)
+    if same is not first_bad:
+      earlier = f"; it was first far outside its round in {where(same)}: {describe(same)}"
+    if first_out is not same:
+      earlier += (f"; the first client far outside its round: {describe(first_out)} in "
+                  f"{where(first_out)}")
+  if first_bad is not None:
+    return (f"the first non-finite client result: {describe(first_bad)} in "
+            f"{where(first_bad)}{earlier}", True)
+  if first_out is not None:
+    return (f"every client's result was finite; the first client far outside its round: "
+            f"{describe(first_out)} in {where(first_out)}", True)
+  return ("every client's result was finite and none far outside its round: the server "
+          "step made the model non-finite", False)
 
 
 def _finite(x) -> bool:
@@ -56,12 +131,17 @@ def _finite(x) -> bool:
     return True
 
 
-def advice(data) -> str:
-  """What to change after a ``Diverged``: the step sizes when ``data``'s features (a
-  ``FederatedData`` or the engine's ``DeviceData``) are finite, else which are not."""
+def advice(data, rows: Optional[List[dict]] = None) -> str:
+  """What to change after a ``Diverged``: which features are not finite, if ``data``'s (a
+  ``FederatedData`` or the engine's ``DeviceData``) are not; else what the clients' health
+  in ``rows`` (the run's rows up to the non-finite one) found (``cause``) and the advice
+  that fits it: the local step for a local blow-up, the server step otherwise."""
   bad = [what for what, x in (("training", data.x), ("test", data.test_x)) if not _finite(x)]
   if bad:
     return (f"the {' and '.join(bad)} features hold NaN/Inf: drop or impute those examples "
             "(fa.data.from_arrays and from_clients refuse them)")
-  return ("a smaller local.lr or algorithm.server_lr (PAFed: algorithm.alpha0/1/2) usually "
-          "avoids it")
+  found = cause(rows or [])
+  if found is None:
+    return SERVER_ADVICE
+  text, local = found
+  return f"{text}; {LOCAL_ADVICE if local else SERVER_ADVICE}"

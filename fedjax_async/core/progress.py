@@ -1,6 +1,6 @@
 """The progress lines every engine prints: a run's rounds, rates and ETA from its steady
-chunks (``Progress``), all algorithms' ETA (``Overall``), and the compilation's own line
-(``CompileTimer``)."""
+chunks (``Progress``), all algorithms' ETA (``Overall``), a client far outside its round
+(``HealthWatch``), and the compilation's own line (``CompileTimer``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,61 @@ from typing import Callable, List, Optional
 
 import jax
 import numpy as np
+
+from fedjax_async.core import divergence
+
+# What a rule does with a client's upload however large it is (``HealthWatch``' lines).
+UPLOAD_FATES = {
+    "pafed": "normalised by PAFed (Alg. 3 line 8): the server does not see it",
+    "fedavg": "averaged into the global model at its size",
+    "fedprox": "averaged into the global model at its size",
+    "fedadmm": "averaged into the global model at its size (Eq. 11)",
+    "fednova": "averaged into the global model, divided by its step count (FedNova)",
+}
+
+
+class HealthWatch:
+  """A console line for each round whose worst client is far outside it
+  (``divergence.outlier``: local loss or ||Delta|| over ``divergence.OUTLIER_RATIO`` x the
+  round's median, or a non-finite result), naming the client once per kind (an outlier,
+  a non-finite result), with what the algorithm does with its upload; at most ``limit``
+  lines a run (the rows' health fields hold every round)."""
+
+  def __init__(self, name: str, algorithm: Optional[str] = None, stream=None,
+               limit: int = 10):
+    self.name, self.algorithm, self.stream, self.limit = name, algorithm or name, stream, limit
+    self.named, self.lines = set(), 0
+
+  def fate(self, row: dict, kind: str) -> str:
+    if kind == "nonfinite" and row.get("dropped_nonfinite"):
+      what = "dropped by the server (drop_nonfinite_uploads): its state is kept"
+    elif kind == "nonfinite":
+      what = ("taken in by the server: the global model is "
+              f"{'not finite' if row.get('nonfinite') else 'still finite'}")
+    else:
+      what = UPLOAD_FATES.get(self.algorithm, "taken in by the server")
+    state = row.get("worst_client_state_norm")
+    if state is not None and not (kind == "nonfinite" and row.get("dropped_nonfinite")):
+      what += f"; its dual now holds ||y|| = {float(state):.4g}"
+    return what
+
+  def __call__(self, rows: List[dict]):
+    for r in rows:
+      kind = divergence.outlier(r)
+      if kind is None or (r["worst_client"], kind) in self.named or self.lines > self.limit:
+        continue
+      self.named.add((r["worst_client"], kind))
+      self.lines += 1
+      if self.lines > self.limit:
+        print(f"[{self.name}] more clients far outside their rounds: see the rows' "
+              "client_loss_max, delta_norm_max and worst_client", file=self.stream or sys.stdout)
+        continue
+      where = f"round {r['round']}" if "round" in r else f"group {r.get('group')}"
+      what = ("a non-finite result" if kind == "nonfinite" else
+              f"far outside the round (median loss {r['client_loss_median']:.4g}, median "
+              f"||Delta|| {r['delta_norm_median']:.4g})")
+      print(f"[{self.name}] {where}: {divergence.describe(r, dual=False)}: {what}; "
+            f"{self.fate(r, kind)}", file=self.stream or sys.stdout)
 
 class Overall:
   """The rounds still to run over the algorithms of one invocation, for an ETA over all of
@@ -52,7 +107,9 @@ class Progress:
   the first chunk on (remaining rounds x seconds per round of the chunks since); until a
   second chunk is back the line says "ETA after the first steady chunk". With
   ``position`` = (i, n), i.e. algorithm i of n in one invocation, the lines say so and,
-  with ``overall``, the ETA of all n runs follows this run's. ``clock``: the time in
+  with ``overall``, the ETA of all n runs follows this run's. ``health``: a
+  ``HealthWatch`` that ``loop.HostLoop`` calls first with every chunk's rows (before the
+  divergence check: the blow-up that led to it is said). ``clock``: the time in
   seconds (tests pass a fake one)."""
 
   MAX_SILENCE = 10.0  # seconds without a line before one from inside a chunk
@@ -60,8 +117,10 @@ class Progress:
   def __init__(self, name: str, total: int, start: int = 0, stream=None,
                position: Optional[tuple] = None, overall: Optional[Overall] = None,
                every: int = 1, max_silence: Optional[float] = None,
-               clock: Optional[Callable[[], float]] = None):
+               clock: Optional[Callable[[], float]] = None,
+               health: Optional[HealthWatch] = None):
     self.name, self.total, self.stream = name, total, stream
+    self.health = health
     self.clock = clock or time.perf_counter
     self.t0, self.start = self.clock(), start
     self.position, self.overall = position, overall

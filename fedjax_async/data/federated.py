@@ -54,6 +54,29 @@ class FederatedData:
     return tuple(int(d) for d in self.x.shape[2:])
 
 
+def largest_label(fed: "FederatedData") -> str:
+  """Where ``fed``'s largest class label is (the split, the client and example or the test
+  index, and each split's largest), for an error about ``num_classes``; '' for sequence
+  labels or where the labels cannot be read."""
+  try:
+    if np.ndim(fed.test_y) != 1:
+      return ""
+    counts = np.asarray(fed.counts)
+    real = np.arange(fed.y.shape[1])[None, :] < counts[:, None]
+    train = np.where(real, np.asarray(fed.y), -1)
+    test = np.asarray(fed.test_y)
+    a, b = int(train.max(initial=-1)), int(test.max(initial=-1))
+  except Exception:  # pylint: disable=broad-except  (a lazy view that cannot be read whole)
+    return ""
+  if b > a:
+    where = f"test example {int(np.argmax(test))}"
+  else:
+    c, j = np.unravel_index(int(np.argmax(train)), train.shape)
+    where = f"client {int(c)}'s example {int(j)}"
+  return (f"the largest label, {max(a, b)}, is {where} (the clients' labels go up to {a}, "
+          f"the test set's to {b})")
+
+
 # ------------------------------------------------------------------------ memory
 
 MAX_DATA_ENV = "FEDJAX_ASYNC_MAX_DATA_GIB"  # overrides the limit of check_padded_size

@@ -84,6 +84,11 @@ class EngineConfig:
   so the round's ``[K, d]`` uploads never exist (the same sums in a different order of
   additions). False keeps the ``[K, d]`` block.
 
+  ``drop_nonfinite`` (default False, a deviation from every paper's server): an arrival
+  whose upload, new client state or local loss is not finite is no arrival (the server
+  never sees it, ``dropped_nonfinite`` in the round's metrics) and its client keeps the
+  state it had (``client_health``).
+
   ``progress`` (optional): called on the host with the number of rounds done at the end
   of every round, from inside a compiled chunk of rounds (``jax.debug.callback``), so a
   console can report a long chunk while it runs. It changes no result.
@@ -95,6 +100,7 @@ class EngineConfig:
   client_sharding: Optional[Any] = None
   client_chunk: Optional[int] = None
   stream_uploads: bool = True
+  drop_nonfinite: bool = False
   progress: Optional[Callable[[Any], None]] = None
 
   def __post_init__(self):
@@ -143,6 +149,85 @@ class ClientPhase(NamedTuple):
   client_state: Dict[str, jax.Array]  # [N, d] each, already scattered
   mean_loss: jax.Array  # [K]
   upload_carry: Any = None  # the streamed server rule's carry after all K uploads
+  health: Optional[Dict[str, jax.Array]] = None  # [K] each: ``client_health``'s scalars
+  arrived: Optional[jax.Array] = None  # [K] bool: the round's arrivals before any drop
+
+
+def client_health(w_start, res: client_lib.ClientResult, out: base.ClientOutput,
+                  state_key: Optional[str]) -> Dict[str, jax.Array]:
+  """One client's health scalars, reduced where it trained: ``loss`` (its mean local
+  loss), ``delta_norm`` (||w_end - w_start||, before any rule normalises it; inf where it
+  overflows float32), ``finite`` (its loss, upload and new state all finite) and, for a
+  rule with client state, ``state_norm`` (the norm of its new ``state_key`` vector: the
+  ADMM dual)."""
+  leaves = jax.tree.leaves((out.upload, out.state))
+  finite = jnp.isfinite(res.mean_loss)
+  for leaf in leaves:
+    finite = finite & jnp.all(jnp.isfinite(leaf))
+  health = {"loss": res.mean_loss, "delta_norm": _norm(res.w_end - w_start),
+            "finite": finite}
+  if state_key is not None:
+    health["state_norm"] = _norm(out.state[state_key])
+  return health
+
+
+def _norm(x):
+  """||x||, scaled by max |x| first: finite up to float32's largest value (a plain sum of
+  squares overflows past 1.8e19)."""
+  m = jnp.max(jnp.abs(x))
+  return m * jnp.linalg.norm(jnp.where(m > 0, x / jnp.where(m > 0, m, 1.0), 0.0))
+
+
+def health_state_key(algorithm: base.Algorithm) -> Optional[str]:
+  """The client-state vector whose norm the round's health reports: the ADMM dual, else
+  the rule's first state vector; None for a rule without client state."""
+  keys = algorithm.client_state_keys
+  return ("dual" if "dual" in keys else keys[0]) if keys else None
+
+
+def _nonfinite_as_inf(x):
+  return jnp.where(jnp.isnan(x), jnp.inf, x)
+
+
+def _masked_median(x, mask):
+  """The median of ``x`` over ``mask`` (NaN where the mask is empty); +inf sorts last."""
+  n = jnp.sum(mask)
+  s = jnp.sort(jnp.where(mask, x, jnp.inf))
+  mid = (s[jnp.maximum(n - 1, 0) // 2] + s[n // 2]) / 2
+  return jnp.where(n > 0, mid, jnp.nan)
+
+
+def health_metrics(health: Dict[str, jax.Array], arrived) -> Dict[str, jax.Array]:
+  """The round's client health (docs/experiments.md, "metrics.jsonl"), reduced over its
+  arrivals (``arrived`` [K], before ``drop_nonfinite``): the largest and median local loss
+  and ||Delta||, a non-finite value counting as +inf; ``worst_client``, the client of the
+  largest ||Delta|| (-1 in a round without arrivals), its loss and state norm; the share of
+  arrivals with a non-finite result; for a rule with client state the largest state norm.
+  NaN (a row's null) where the round has no arrivals."""
+  n = jnp.sum(arrived)
+  loss = _nonfinite_as_inf(health["loss"])
+  delta = _nonfinite_as_inf(health["delta_norm"])
+  largest = lambda x: jnp.where(n > 0, jnp.max(jnp.where(arrived, x, -jnp.inf)), jnp.nan)
+  worst = jnp.argmax(jnp.where(arrived, delta, -1.0))  # the first of the largest
+  out = {
+      "client_loss_max": largest(loss),
+      "client_loss_median": _masked_median(loss, arrived),
+      "delta_norm_max": largest(delta),
+      "delta_norm_median": _masked_median(delta, arrived),
+      "worst_client": jnp.where(n > 0, health["client"][worst], -1).astype(jnp.int32),
+      "worst_client_loss": jnp.where(n > 0, health["loss"][worst], jnp.nan),
+      "client_nonfinite_share": jnp.sum(arrived & ~health["finite"]) / jnp.maximum(n, 1),
+  }
+  if "state_norm" in health:
+    out["client_state_norm_max"] = largest(_nonfinite_as_inf(health["state_norm"]))
+    out["worst_client_state_norm"] = jnp.where(n > 0, health["state_norm"][worst], jnp.nan)
+  return out
+
+
+def _finite_rows(tree, ok):
+  """``tree``'s rows where ``ok`` [G], zeros elsewhere (a dropped upload enters no sum)."""
+  return jax.tree.map(
+      lambda a: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, 0), tree)
 
 
 def trains_in_chunks(cfg: EngineConfig, k: int) -> bool:
@@ -179,8 +264,8 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   back (the arrays are the scan's carry, updated in place), so no ``[K, d]`` block of
   gathered or new state exists; with a streamed server rule (``streams_uploads``) its
   uploads are folded into the rule's carry, else they are stacked ``[K, d]``.
-  Returns (training results [K], uploads [K, d] or None, the rule's carry or None, the
-  new client state).
+  Returns (training results [K], health scalars [K], uploads [K, d] or None, the rule's
+  carry or None, the new client state).
   """
   num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
   stream = streams_uploads(algorithm, cfg, valid.shape[0])
@@ -189,23 +274,25 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   def body(carry, real, ri, si, ci, ni, ki, v, on, st):
     cstate, total = carry
     cs = materialized({k: a[ci] for k, a in cstate.items()}, always_true)
-    res, out = _vmap_rows(train_and_final)(ri, cs, ci, ni, ki)
-    si = jnp.where(real, si, num_clients)  # padding rows scatter out of bounds
+    res, out, health = _vmap_rows(train_and_final)(ri, cs, ci, ni, ki)
+    keep = real & health["finite"] if cfg.drop_nonfinite else real
+    si = jnp.where(keep, si, num_clients)  # padding rows scatter out of bounds
     cstate = {k: a.at[si].set(out.state[k], mode="drop") for k, a in cstate.items()}
+    upload = _finite_rows(out.upload, keep) if cfg.drop_nonfinite else out.upload
     if stream:  # the chunk's uploads folded in here (e.g. a [d] sum), not kept [K, d]
-      v = v & real
+      v = v & keep
       rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
                            num_examples=ni.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32), start_params=None)
-      total = rule.add(total, out.upload, rows, hp)
-      return (cstate, total), (res, ())
-    return (cstate, total), (res, out.upload)
+      total = rule.add(total, upload, rows, hp)
+      return (cstate, total), (res, health, ())
+    return (cstate, total), (res, health, upload)
 
   zero = rule.init(upload_like) if stream else None  # an upload is shaped like w
-  (new_state, total), (res, uploads) = scan_chunks(
+  (new_state, total), (res, health, uploads) = scan_chunks(
       body, cfg.client_chunk, (client_state, zero), ring_row, ids, client_ids, n_local, keys,
       valid, online, staleness)
-  return res, (None if stream else uploads), total, new_state
+  return res, health, (None if stream else uploads), total, new_state
 
 
 _SLOT_FIELDS = ("valid", "client", "dispatch", "online", "lost")  # a round's [K] slot arrays
@@ -246,6 +333,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
         (ring_row, client_ids, n, keys), cfg.client_sharding)
 
   train = functools.partial(client_lib.train, apply_flat, algorithm, hp=hp, cfg=cfg.local)
+  state_key = health_state_key(algorithm)
   def train_and_final(ri, cs, ci, ni, ki):
     # The start model is read from its ring slot here, not gathered into a [K, d] block
     # first (with client_chunk, one write and one read of d floats less per client).
@@ -256,23 +344,32 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     res = train(w0, cs, data.x, data.y, ni, ki,
                 client_index=ci if data.rows is None else data.rows[ci])
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
-    return res._replace(w_end=()), out  # w_end is not kept: no [K, d] copy of it
+    health = client_health(w0, res, out, state_key)
+    return res._replace(w_end=()), out, health  # w_end is not kept: no [K, d] copy of it
 
   online = valid & slots["online"]
   staleness = jnp.where(valid, t - dispatch, 0)
   upload_carry = None
   if trains_in_chunks(cfg, k):
-    res, uploads, upload_carry, new_cstate = _train_in_chunks(
+    res, health, uploads, upload_carry, new_cstate = _train_in_chunks(
         train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
         ids, client_ids, n_local, keys, valid, online, staleness)
   else:
     cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
     if cfg.client_sharding is not None:
       cstate = jax.lax.with_sharding_constraint(cstate, cfg.client_sharding)
-    res, out = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
+    res, out, health = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
     uploads = out.upload
-    new_cstate = {k: state.client_state[k].at[ids].set(out.state[k], mode="drop")
+    scatter_ids = ids
+    if cfg.drop_nonfinite:  # a non-finite result: no upload, the client's state kept
+      uploads = _finite_rows(uploads, health["finite"])
+      scatter_ids = jnp.where(health["finite"], ids, num_clients)
+    new_cstate = {k: state.client_state[k].at[scatter_ids].set(out.state[k], mode="drop")
                   for k in state.client_state}
+  if cfg.drop_nonfinite:  # (the streamed rule's carry already left them out)
+    valid = valid & health["finite"]
+    online = online & valid
+    staleness = jnp.where(valid, staleness, 0)
   arrivals = base.Arrivals(valid=valid, online=online, delayed=valid & ~slots["online"],
                            staleness=staleness,
                            num_examples=n.astype(jnp.float32),
@@ -284,10 +381,11 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     # metrics and the server's weights then sum them on every device instead of one
     # cross-device rendezvous per sum (FedAvg: 4 collectives per round instead of 10).
     fields = ("valid", "online", "delayed", "staleness", "num_steps")
-    small, mean_loss = jax.lax.with_sharding_constraint(
-        ({f: getattr(arrivals, f) for f in fields}, mean_loss), rep)
+    small, mean_loss, health = jax.lax.with_sharding_constraint(
+        ({f: getattr(arrivals, f) for f in fields}, mean_loss, health), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_carry)
+  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_carry,
+                     dict(health, client=gather_ids), slots["valid"])
 
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
@@ -317,6 +415,10 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
       "model_norm": jnp.linalg.norm(new_w),  # ||w||: a diverging scale shows here first
       "server_step_norm": jnp.linalg.norm(new_w - state.w),  # ||w_{t+1} - w_t||
   }
+  if phase.health is not None:
+    metrics.update(health_metrics(phase.health, phase.arrived))
+    # arrivals that EngineConfig.drop_nonfinite kept from the server (0 without it)
+    metrics["dropped_nonfinite"] = jnp.sum(phase.arrived & ~a.valid).astype(jnp.int32)
   metrics.update(alg_metrics)
   return new_state, metrics
 

@@ -39,7 +39,8 @@ from fedjax_async.core import divergence
 from fedjax_async.core import streaming
 from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.core.building import augmentation, build_model, load_data
-from fedjax_async.core.progress import CompileTimer, Overall, Progress, log_interval
+from fedjax_async.core.progress import (CompileTimer, HealthWatch, Overall, Progress,
+                                        log_interval)
 from fedjax_async.interrupts import Interrupted
 from fedjax_async.outputs import TensorBoard, ckks_security, prepare_output_dir
 from fedjax_async.rounds import engine
@@ -132,7 +133,8 @@ def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: 
   """(engine config with the progress tick, metrics file, ``loop.HostLoop``) of a run
   whose files go to ``out_dir`` (None: written nowhere)."""
   progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
-                      every=log_interval(cfg.output.log_every, cfg.run.rounds))
+                      every=log_interval(cfg.output.log_every, cfg.run.rounds),
+                      health=HealthWatch(name, setup.algorithm.name))
   ecfg = setup.run_ecfg
   if not quiet:  # a line from inside a long compiled chunk of rounds
     ecfg = dataclasses.replace(ecfg, progress=progress.tick)
@@ -222,8 +224,10 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
                              cfg.local.random_local_epochs, momentum=cfg.local.momentum > 0,
                              local_steps=cfg.local.local_steps,
                              precision=cfg.local.precision,
+                             grad_clip=cfg.local.client_grad_clip,
                              **augmentation(cfg, fed_data)),
       cfg.delay.ring_size,
+      drop_nonfinite=cfg.algorithm.drop_nonfinite_uploads,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.run.client_chunk < 0
                     else cfg.run.client_chunk or None))
   # The engine's view: clients split over the devices (K padded to a multiple of their
@@ -285,8 +289,10 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
   where = f"; metrics.jsonl holds rounds 1-{len(rows)}" if rows else ""
   where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
             if last is not None else "; no checkpoint was written")
-  raise engine.Diverged(f"algorithm {name}: {e}{where}; {divergence.advice(setup.data)}",
-                        e.round, kind=e.kind) from None
+  history = list(rows) + ([e.row] if e.row is not None else [])
+  raise engine.Diverged(f"algorithm {name}: {e}{where}; "
+                        f"{divergence.advice(setup.data, history)}",
+                        e.round, kind=e.kind, row=e.row) from None
 
 
 def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: int,
