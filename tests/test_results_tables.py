@@ -296,3 +296,22 @@ def test_a_runs_jsonl_that_is_no_packed_table_is_named_in_one_line(tmp_path):
   (tmp_path / results_table.FILE).write_text('{"x": 1}\n')
   with pytest.raises(ValueError, match=rf"^{tmp_path}/runs.jsonl: line 1 is no packed file"):
     results_table.unpack_missing(str(tmp_path / "run"))
+
+
+def test_pafed_remedies_table_is_its_runs_and_counts_the_diverged_one():
+  """experiments/results/pafed_remedies_cpu/table.md: every finished run's final and
+  last-10 accuracy from runs.jsonl, the diverged run a row with the round its log names."""
+  folder = os.path.join(RESULTS, "pafed_remedies_cpu")
+  stored = {r["path"]: r["summary"] for r in results_table.runs(folder)}
+  lines = open(os.path.join(folder, "table.md")).read().splitlines()[2:]
+  cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+  assert len(cells) == 9 and len(stored) == 8
+  for remedy, seed, final, last10, diverged, _ in cells:
+    run = f"{remedy}_s{seed}"
+    if run in stored:
+      assert (final, last10, diverged) == (f"{stored[run]['final_accuracy']:.3f}",
+                                           f"{stored[run]['last10_mean_accuracy']:.3f}", "no")
+    else:
+      log = open(os.path.join(folder, run + ".log")).read()
+      assert (final, last10) == ("—", "—")
+      assert f"error: diverged: algorithm pafed: {diverged}:" in log
