@@ -80,7 +80,8 @@ def test_helpfull_of_run_py_lists_every_engines_flags_once_grouped_by_part():
   out = script(RUN, ["--helpfull"])
   assert out.returncode == 0, out.stderr[-2000:]
   text = out.stdout
-  assert len(text.splitlines()) <= 250, len(text.splitlines())
+  # one or two lines a flag (the three engines' 130-odd flags, each defined once)
+  assert len(text.splitlines()) <= 275, len(text.splitlines())
   assert not any(f in text for f in LIBRARY_FLAGS), [f for f in LIBRARY_FLAGS if f in text]
   assert "orbax" not in text and "absl" not in text
   sections = text.split("\n==== ")[1:]
