@@ -309,11 +309,13 @@ def client_weights(arrivals, hp: HParams, own: str = "examples") -> Array:
   """p_k [K] of each valid arrival (0 for padding slots) by ``hp["client_weighting"]``
   (``CLIENT_WEIGHTINGS``' index; absent: auto); ``own``, the rule's auto weighting:
   ``examples`` (n_k) or ``uniform`` (1)."""
-  n = jnp.asarray(arrivals.num_examples, jnp.float32)
+  valid = jnp.asarray(arrivals.valid)
+  n = (jnp.ones(valid.shape, jnp.float32) if arrivals.num_examples is None  # none given
+       else jnp.asarray(arrivals.num_examples, jnp.float32))
   ones = jnp.ones_like(n)
   code = jnp.asarray(hp.get("client_weighting", 0.0))
   p = jnp.select([code == 1, code == 2], [n, ones], n if own == "examples" else ones)
-  return jnp.where(arrivals.valid, p, 0.0)
+  return jnp.where(valid, p, 0.0)
 
 
 def server_lr(hp: HParams, round_index) -> Array:

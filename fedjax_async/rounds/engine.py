@@ -298,6 +298,25 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
 _SLOT_FIELDS = ("valid", "client", "dispatch", "online", "lost")  # a round's [K] slot arrays
 
 
+def _train_in_one_vmap(train_and_final, client_state, cfg, always_true, ring_row, ids,
+                       gather_ids, client_ids, n_local, keys):
+  """The round's K clients in one vmap: (training results, health, uploads [K, d], the new
+  client state scattered back by ``ids``; padding and, with ``cfg.drop_nonfinite``,
+  non-finite results are dropped)."""
+  num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
+  cstate = materialized({k: v[gather_ids] for k, v in client_state.items()}, always_true)
+  if cfg.client_sharding is not None:
+    cstate = jax.lax.with_sharding_constraint(cstate, cfg.client_sharding)
+  res, out, health = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
+  uploads, scatter_ids = out.upload, ids
+  if cfg.drop_nonfinite:  # a non-finite result: no upload, the client's state kept
+    uploads = _finite_rows(uploads, health["finite"])
+    scatter_ids = jnp.where(health["finite"], ids, num_clients)
+  new_cstate = {k: client_state[k].at[scatter_ids].set(out.state[k], mode="drop")
+                for k in client_state}
+  return res, health, uploads, new_cstate
+
+
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
                  algorithm: base.Algorithm, cfg: EngineConfig) -> ClientPhase:
   """Gather (ring buffer, client state), vmapped local training, scatter."""
@@ -355,17 +374,9 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
         train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
         ids, client_ids, n_local, keys, valid, online, staleness)
   else:
-    cstate = materialized({k: v[gather_ids] for k, v in state.client_state.items()}, t >= 0)
-    if cfg.client_sharding is not None:
-      cstate = jax.lax.with_sharding_constraint(cstate, cfg.client_sharding)
-    res, out, health = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
-    uploads = out.upload
-    scatter_ids = ids
-    if cfg.drop_nonfinite:  # a non-finite result: no upload, the client's state kept
-      uploads = _finite_rows(uploads, health["finite"])
-      scatter_ids = jnp.where(health["finite"], ids, num_clients)
-    new_cstate = {k: state.client_state[k].at[scatter_ids].set(out.state[k], mode="drop")
-                  for k in state.client_state}
+    res, health, uploads, new_cstate = _train_in_one_vmap(
+        train_and_final, state.client_state, cfg, t >= 0, ring_row, ids, gather_ids,
+        client_ids, n_local, keys)
   if cfg.drop_nonfinite:  # (the streamed rule's carry already left them out)
     valid = valid & health["finite"]
     online = online & valid
