@@ -88,8 +88,7 @@ def openfhe_error():
 
 
 # The second leg of ./test.sh (Python 3.12, the newest JAX setup.cfg allows) runs the tests
-# marked py312: about a minute on 2 cores, so that both legs fit CI's 20 minutes (BUILD.md
-# "Tests"). They cover what differs between JAX versions: the engine against its plain
+# marked py312: about a minute on 2 cores (BUILD.md "Tests"). They cover what differs between JAX versions: the engine against its plain
 # references, the virtual clock, checkpoints (orbax), the public API's main job end to end,
 # the device suite's plan, flags and time budget (its CPU dry run is marked slow), and the
 # Table V job's toy run (the accelerator runs Python 3.12).
