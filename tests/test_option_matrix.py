@@ -4,7 +4,8 @@ model of the plain run (one vmap over the round's clients, one device, one round
 The execution options change how a round is computed, never what it computes:
 ``client_chunk`` (None: one vmap; 1; a non-divisor of K; K), ``rounds_per_call`` (1, 3),
 devices (1, 2 forced host devices) and delays (on, off; the plain run has the same
-timeline). The rules and optimisers are read from the registries (``algorithms.names``,
+timeline), with the options of what is computed (client weighting, local gradient clipping,
+dropping non-finite uploads) set alike in a case and its plain run. The rules and optimisers are read from the registries (``algorithms.names``,
 ``server_optimizers.SERVER_OPTIMIZERS``), with a user-registered rule that has no streamed
 server (its chunked path stacks the ``[K, d]`` uploads), so a new one joins the matrix by
 being registered. Each rule x optimiser pair runs once; the other options are a pairwise
@@ -64,16 +65,18 @@ CHILD = textwrap.dedent("""
   w0 = rng.normal(scale=0.1, size=D * C + C).astype(np.float32)
   timelines = {d: timeline_lib.build(N, ROUNDS, 0.5, timeline_lib.DelayConfig(
       0.4 if d else 0.0, "uniform", 2), seed=3) for d in (True, False)}
-  local = client_lib.LocalConfig(2, 4, M)
   mesh = sharding.client_mesh(jax.devices()[:2])
 
-  def run(rule, opt, chunk, rpc, devices, delays):
-    cfg = config.RunConfig().replace(algorithm=rule, server_optimizer=opt, server_lr=(
+  def run(rule, opt, chunk, rpc, devices, delays, weighting, clip, drop):
+    local = client_lib.LocalConfig(2, 4, M, grad_clip=clip)
+    cfg = config.RunConfig().replace(client_weighting=weighting, algorithm=rule,
+                                     server_optimizer=opt, server_lr=(
         1.0 if opt == "sgd" else 0.05), rho=0.3, mu=0.1, alpha0=0.5, alpha1=0.4, alpha2=0.3)
     alg = so.configured(algorithms.get(rule), cfg.algorithm)
     hp = cfg.hparams(alg)
     tl = timelines[delays]
-    ecfg = engine.EngineConfig(local, ring_size=3, eval_batch=24, client_chunk=chunk)
+    ecfg = engine.EngineConfig(local, ring_size=3, eval_batch=24, client_chunk=chunk,
+                               drop_nonfinite=drop)
     state = engine.init_state(alg, w0, N, 3, 0)
     d = data
     if devices > 1:
@@ -91,10 +94,10 @@ CHILD = textwrap.dedent("""
                                "optimizers": list(so.SERVER_OPTIMIZERS), "cases": cases}),
         flush=True)
   for case in cases:
-    rule, opt, chunk, rpc, devices, delays = case
+    rule, opt, chunk, rpc, devices, delays, *semantic = case
     try:
-      got = run(rule, opt, chunk, rpc, devices, delays)
-      want = run(rule, opt, None, 1, 1, delays)
+      got = run(rule, opt, chunk, rpc, devices, delays, *semantic)
+      want = run(rule, opt, None, 1, 1, delays, *semantic)
       out = {"case": case, "got": got.tolist(), "want": want.tolist()}
     except Exception as e:  # reported per case
       out = {"case": case, "error": f"{type(e).__name__}: {e}"}
@@ -107,13 +110,17 @@ OPTIONS = {  # the execution options and their values; the first of each is the 
     "rounds_per_call": (1, 3),
     "devices": (1, 2),
     "delays": (True, False),
+    # options of what is computed, the same in a case and its plain run
+    "client_weighting": ("auto", "examples", "uniform"),
+    "client_grad_clip": (0.0, 1.0),
+    "drop_nonfinite_uploads": (False, True),
 }
 
 
 def covering_cases(rules, optimizers):
-  """(rule, optimiser, chunk, rounds_per_call, devices, delays) cases: every rule x
-  optimiser pair once, and every value pair of any two of the six dimensions in some case
-  (greedy pairwise cover). No case is the plain run itself."""
+  """(rule, optimiser, chunk, rounds_per_call, devices, delays, weighting, clip, drop)
+  cases: every rule x optimiser pair once, and every value pair of any two dimensions in
+  some case (greedy pairwise cover). No case is run the plain way."""
   dims = [rules, optimizers] + [list(v) for v in OPTIONS.values()]
   needed = {(i, a, j, b) for i, j in itertools.combinations(range(len(dims)), 2)
             for a in dims[i] for b in dims[j]}
@@ -157,7 +164,7 @@ def test_covering_set_covers_every_pair_and_every_rule_optimizer():
   cases = covering_cases(rules, optimizers)
   dims = [rules, optimizers] + [list(v) for v in OPTIONS.values()]
   assert {(c[0], c[1]) for c in cases} == set(itertools.product(rules, optimizers))
-  for i, j in itertools.combinations(range(6), 2):
+  for i, j in itertools.combinations(range(len(dims)), 2):
     assert {(c[i], c[j]) for c in cases} == set(itertools.product(dims[i], dims[j]))
   plain = tuple(v[0] for v in OPTIONS.values())
   assert all(c[2:5] != plain[:3] for c in cases)
