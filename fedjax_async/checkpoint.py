@@ -130,7 +130,15 @@ class Checkpointer:
            extra: Optional[dict] = None):
     """Checkpoints ``state`` (the state *before* round ``round_index``) and the rows. A
     SIGINT / SIGTERM during the write waits for its end (``interrupts.deferred``): the
-    checkpoint is complete when the ``Interrupted`` is raised."""
+    checkpoint is complete when the ``Interrupted`` is raised.
+
+    Args:
+      round_index: the step the checkpoint is saved as (the next round to run).
+      state: the state before round ``round_index``.
+      rows: the metrics rows of the rounds before it.
+      config: the run's config, as a dict (compared on restore).
+      extra: any other JSON-ready metadata (the wall time so far).
+    """
     meta = {"round": int(round_index), "rows": to_json_ready(rows),
             "config": to_json_ready(config), "extra": to_json_ready(extra or {})}
     with interrupts.deferred():

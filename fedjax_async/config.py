@@ -373,7 +373,16 @@ class OutputConfig:
 def part_of(name: str, source, keep, own=(), doc: str = "", module: str = __name__):
   """A frozen dataclass ``name`` of ``module``: the fields ``keep`` of the part ``source``
   (the same flags, defaults and help: defined once), then ``own`` (``(name, type,
-  option)``)."""
+  option)``).
+
+  Args:
+    name: the class's name.
+    source: the part (a config dataclass) the fields come from.
+    keep: the names of ``source``'s fields to keep.
+    own: extra fields, ``(name, type, option)`` each.
+    doc: the class's docstring.
+    module: the module the class is filed under.
+  """
   fields = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
             for f in dataclasses.fields(source) if f.name in keep]
   cls = dataclasses.make_dataclass(name, fields + list(own), frozen=True,

@@ -165,7 +165,22 @@ def estimate(*, forward_flops: float, activations: float, num_params: int,
              runs: int = 1, device: Optional[Device] = None) -> Cost:
   """The cost of ``runs`` runs, each training on ``examples_trained`` examples and
   evaluating ``examples_evaluated`` in ``steps`` server steps (see the module
-  docstring)."""
+  docstring).
+
+  Args:
+    forward_flops: one example's forward-pass FLOPs.
+    activations: one example's activation elements (the matrix products' outputs).
+    num_params: the model's parameter count.
+    examples_trained: the examples trained on by one run.
+    examples_evaluated: the test examples evaluated by one run.
+    data_bytes: the bytes of data on the device.
+    clients_at_once: the clients trained in one vmap.
+    batch_size: the local minibatch size.
+    model_copies: the copies of the model held (the ring of past models).
+    steps: one run's server steps.
+    runs: the number of runs.
+    device: the device (None: ``detect()``).
+  """
   device = device or detect()
   flops = runs * (3.0 * forward_flops * examples_trained
                   + forward_flops * examples_evaluated)
@@ -188,7 +203,15 @@ def round_engine(cfg, fed, model, runs: int = 1, device: Optional[Device] = None
   """A round-engine run (``rounds.experiment.run``) of ``cfg`` (a ``RunConfig``) on
   ``fed`` with ``model`` (name, w0, apply_flat), ``runs`` times: participation x
   num_clients clients a round, each local_steps x batch_size examples or local_epochs
-  passes over its data (the mean of 1..E with random_local_epochs)."""
+  passes over its data (the mean of 1..E with random_local_epochs).
+
+  Args:
+    cfg: the ``RunConfig``.
+    fed: the federated data set.
+    model: ``(name, w0, apply_flat)``.
+    runs: the number of runs.
+    device: the device (None: ``detect()``).
+  """
   _, w0, apply_flat = model
   counts = np.asarray(fed.counts, np.float64)
   loc, r = cfg.local, cfg.run
@@ -222,7 +245,18 @@ def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_on
   """A virtual-clock run (``asynchronous.experiment.run_one``) of ``cfg`` (an
   ``AsyncRunConfig``): ``client_steps`` the local steps of every kept task (per client,
   ``engine.client_steps``), of local.batch_size examples, ``clients_at_once`` trained in
-  one vmap."""
+  one vmap.
+
+  Args:
+    cfg: the ``AsyncRunConfig``.
+    fed: the federated data set.
+    model: ``(name, w0, apply_flat)``.
+    client_steps: the local steps of every kept task.
+    num_updates: the server updates (steps) of the run.
+    clients_at_once: the clients trained in one vmap.
+    ring_size: the copies of the model held (the ring of past models).
+    device: the device (None: ``detect()``).
+  """
   _, w0, apply_flat = model
   b = cfg.local.batch_size
   fwd, act = model_counts(apply_flat, w0, fed.x.shape[2:])

@@ -22,7 +22,15 @@ import numpy as np
 def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=None,
            choices: Optional[Tuple[str, ...]] = None):
   """A config field with what its flag needs: the help text, the flag's name when it is not
-  the field's, a CLI default when it differs (``output_dir``), an enum's choices."""
+  the field's, a CLI default when it differs (``output_dir``), an enum's choices.
+
+  Args:
+    default: the field's default.
+    help_text: the flag's help.
+    flag: the flag's name (None: the field's).
+    cli_default: the flag's default where it differs from ``default``.
+    choices: an enum's allowed values.
+  """
   meta = {"help": help_text}
   if flag is not None:
     meta["flag"] = flag

@@ -132,6 +132,13 @@ def patch_conv(x: Array, kernel: Array, strides=(1, 1), padding: Padding = "SAME
   from kh*kw shifted slices (features (kh, kw, cin), the kernel's own HWIO order);
   ``extract="vjp"`` is no patches at all: :func:`canonical_conv` (strided convolutions
   take the "slices" route).
+
+  Args:
+    x: the input, NHWC.
+    kernel: the HWIO kernel ``[kh, kw, cin, cout]``.
+    strides: the (row, column) strides.
+    padding: ``"SAME"``, ``"VALID"`` or explicit ``((lo, hi), (lo, hi))`` pads.
+    extract: ``"xla"``, ``"slices"`` or ``"vjp"`` (``PATCH_EXTRACTORS``).
   """
   kh, kw, cin, cout = kernel.shape
   if extract == "vjp" and tuple(strides) == (1, 1):
@@ -181,7 +188,18 @@ class PatchConv(nn.Module):
 
 def make_conv(impl: str, features: int, kernel_size, strides=(1, 1), padding="SAME",
               use_bias=True, name=None, **kw) -> nn.Module:
-  """``PatchConv`` (impl "patches" / "slices" / "vjp") or ``nn.Conv`` ("lax"), same params."""
+  """``PatchConv`` (impl "patches" / "slices" / "vjp") or ``nn.Conv`` ("lax"), same params.
+
+  Args:
+    impl: ``"patches"``, ``"slices"``, ``"vjp"`` or ``"lax"`` (``CONV_IMPLS``).
+    features: the output channels.
+    kernel_size: the (height, width) of the kernel.
+    strides: the (row, column) strides.
+    padding: as ``nn.Conv``'s.
+    use_bias: whether to add a bias.
+    name: the module's name.
+    **kw: passed on to the module (initialisers).
+  """
   kernel_size, strides = tuple(kernel_size), tuple(strides)
   if impl in ("patches", "slices", "vjp"):
     extract = {"patches": "xla", "slices": "slices", "vjp": "vjp"}[impl]

@@ -113,8 +113,7 @@ class CNNFedADMM(nn.Module):
 class CIFAR10CNN(CNN):
   """PAFed's CIFAR-10 CNN (Table II): :class:`CNN`'s layers on 32x32x3 inputs with FC_1
   4096 -> 256 (conv 5x5x32 pad 2, pool, conv 5x5x64 pad 2, pool, flatten 8*8*64 = 4096,
-  Dense 256, Dense 10): 1,105,098 parameters. (Until 2026-11-25 FC_1 had 512 outputs,
-  McMahan et al.'s width: 2,156,490 parameters.)"""
+  Dense 256, Dense 10): 1,105,098 parameters."""
 
   hidden: int = 256
 
@@ -139,8 +138,7 @@ class CIFAR100CNN(nn.Module):
   ``'params'`` collection and every client is a pure function of one flat parameter
   vector. Consequences: evaluation outputs depend on the composition of the evaluation
   batch (use reasonably large batches), and every row fed in (including rows masked
-  out of the loss) contributes to the statistics. (Until 2026-11-25 this was a VGG-style
-  network, convs 64/64/128/128 SAME, Dense 256, dropout 0.25 / 0.5, not Table IV's.)
+  out of the loss) contributes to the statistics.
   """
 
   num_classes: int = 100
@@ -277,6 +275,14 @@ def get_model(name: str, num_classes: int, input_shape: Sequence[int] = (),
   ``impl`` ("patches", "slices", "lax" or "vjp") selects the convolution of conv models,
   ``dense`` ("fast" or "flax") their dense layers. Raises ValueError for an unknown name,
   impl or dense, or a non-HWC shape for a conv model.
+
+  Args:
+    name: one of ``MODEL_NAMES``.
+    num_classes: the output classes.
+    input_shape: one example's shape (conv models: [H, W, C]; () skips the check).
+    impl: the convolution: ``patches``, ``slices``, ``lax`` or ``vjp``.
+    dense: the dense layers: ``fast`` or ``flax``.
+    input_vocab: the text models' input vocabulary (0: ``num_classes``).
   """
   if impl not in layers.CONV_IMPLS:
     raise ValueError(f"unknown conv impl {impl!r}; choose from {layers.CONV_IMPLS}")
@@ -430,7 +436,20 @@ def check_output(apply, params, data_shape: Sequence[int], num_classes: int, nam
   ``input_shape`` when the model was built for another shape) when the model does not take
   the data's examples or its output is not ``[2, *label_shape, num_classes]`` (sequence
   labels ``[T]``: logits at every position), or when one of its
-  parameters' ``shapes`` is empty (a layer the examples are too small for)."""
+  parameters' ``shapes`` is empty (a layer the examples are too small for).
+
+  Args:
+    apply: ``apply(params, x)``, the model's forward pass.
+    params: its parameters (arrays or ``ShapeDtypeStruct``s).
+    data_shape: one example's shape in the data.
+    num_classes: the classes of the data's labels.
+    name: the model's name, for the errors.
+    input_shape: the shape the model was built for (None: ``data_shape``).
+    what: the setting the errors name.
+    shapes: the model's parameters' shapes (an empty one is an error).
+    label_shape: a label's shape (``[T]``: sequence labels; (): one class per example).
+    labels: where the data's largest label is, for the error (called only on one).
+  """
   data_shape = tuple(int(d) for d in data_shape)
   empty = [tuple(s) for s in shapes if 0 in tuple(s)]
   if empty:
@@ -489,7 +508,15 @@ def check_module(module: nn.Module, input_shape: Sequence[int], num_classes: int
                  labels: Optional[Callable[[], str]] = None) -> None:
   """:func:`check_output` of a user's flax module, built abstractly for ``input_shape``
   (nothing is compiled or run); ValueError naming ``model`` or ``input_shape``
-  (``labels()``: where the data's largest label is, for that error)."""
+  (``labels()``: where the data's largest label is, for that error).
+
+  Args:
+    module: the user's flax module.
+    input_shape: one example's shape the module is built for.
+    num_classes: the classes of the data's labels.
+    data_shape: one example's shape in the data (None: ``input_shape``).
+    labels: where the data's largest label is, for the error.
+  """
   name, module = type(module).__name__, _with_train_argument(module)
   x = jnp.zeros((1, *tuple(input_shape)), jnp.float32)
   try:
@@ -510,7 +537,15 @@ def user_model(module: nn.Module, input_shape: Sequence[int], seed: int,
   ``__call__`` takes no ``train`` argument is wrapped to ignore it); ValueError naming
   the module when it cannot be federated, and (given ``num_classes``) when it does not
   map the data's examples (``data_shape``, default ``input_shape``) to ``num_classes``
-  logits (:func:`check_output`)."""
+  logits (:func:`check_output`).
+
+  Args:
+    module: the user's flax module.
+    input_shape: one example's shape the module is built for.
+    seed: the seed of its initialisation.
+    num_classes: the classes of the data's labels (None: no check).
+    data_shape: one example's shape in the data (None: ``input_shape``).
+  """
   name, module = type(module).__name__, _with_train_argument(module)
   try:
     w0, apply_flat = flat_model(module, tuple(input_shape), jax.random.PRNGKey(seed))

@@ -335,7 +335,16 @@ def plot_curves(runs: Dict[str, list], path: str, x_key: str = "round", title: s
   shaded +-1 std band of ``ddof``, "mean ± std over N seeds" in the legend). The loss is
   smoothed, an EMA of weight ``loss_ema`` (None: ``ema_weight`` of the longest run), the
   raw loss faint behind it. Returns the number of curves drawn (faint raw losses not
-  counted)."""
+  counted).
+
+  Args:
+    runs: a run's name -> its metrics rows, or a list of several seeds' rows.
+    path: the PNG to write.
+    x_key: the x axis: ``round`` or ``virtual_time``.
+    title: the figure's title.
+    loss_ema: the train loss's EMA weight (None: ``ema_weight`` of the longest run).
+    ddof: the seeds' std's delta degrees of freedom.
+  """
   fig = figures.new_figure((10.0, 3.8))
   per_run = {n: v if v and isinstance(v[0], list) else [v] for n, v in runs.items()}
   if loss_ema is None:
@@ -421,7 +430,15 @@ def figure_title(cfg, dataset: str, model: str, names: List[str],
                  swept=()) -> str:
   """The data set, partition, model, delays and algorithms of a figure. ``swept``: the
   swept fields (names, or name -> values): each is named as swept, with its values when
-  given, never by its base value."""
+  given, never by its base value.
+
+  Args:
+    cfg: the run's config (its ``data`` and ``delay``).
+    dataset: the data set's name.
+    model: the model's name.
+    names: the algorithms drawn.
+    swept: the swept fields: names, or name -> values.
+  """
   swept = swept if isinstance(swept, dict) else {n: () for n in swept}
   d = cfg.delay
   law = f"mean {d.mean:g}" if d.distribution == "geometric" else f"max {d.max_delay}"

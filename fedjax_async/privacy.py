@@ -50,7 +50,15 @@ def alg1_sigma(lr, clip, num_examples, epsilon):
 
 
 def eq25_sigma(lr, clip, num_examples, epsilon, delta):
-  """Eq. 25: sigma = Delta f sqrt(2 ln(1.25 / delta)) / epsilon (one Gaussian mechanism)."""
+  """Eq. 25: sigma = Delta f sqrt(2 ln(1.25 / delta)) / epsilon (one Gaussian mechanism).
+
+  Args:
+    lr: the local learning rate mu.
+    clip: the clipping norm C.
+    num_examples: |D_k|, the client's example count.
+    epsilon: the per-step budget.
+    delta: the per-step failure probability.
+  """
   return alg1_sensitivity(lr, clip, num_examples) * jnp.sqrt(2.0 * jnp.log(1.25 / delta)
                                                              ) / epsilon
 
@@ -89,7 +97,15 @@ def spent_epsilon(noise_multiplier: float, steps: int, delta: float) -> float:
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, steps: int,
                                tol: float = 1e-4, hi: float = 1e4) -> float:
-  """Smallest z (bisection, relative tolerance ``tol``) with spent_epsilon(z) <= target."""
+  """Smallest z (bisection, relative tolerance ``tol``) with spent_epsilon(z) <= target.
+
+  Args:
+    target_epsilon: the total epsilon to spend (inf: 0, no noise).
+    delta: the target delta.
+    steps: the number of noisy steps composed.
+    tol: the bisection's relative tolerance.
+    hi: the largest z tried (ValueError if even it spends more).
+  """
   validate(target_epsilon, delta, 1.0)
   if not math.isfinite(target_epsilon):
     return 0.0
@@ -110,7 +126,15 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, steps: int,
 def calibrate_sigma(target_epsilon: float, delta: float, steps: int,
                     sensitivity: float = 1.0, tol: float = 1e-4) -> float:
   """Noise std so that ``steps`` steps of L2 sensitivity ``sensitivity`` spend at most
-  (target_epsilon, delta): sigma = z * sensitivity."""
+  (target_epsilon, delta): sigma = z * sensitivity.
+
+  Args:
+    target_epsilon: the total epsilon to spend.
+    delta: the target delta.
+    steps: the number of noisy steps composed.
+    sensitivity: one step's L2 sensitivity.
+    tol: the bisection's relative tolerance.
+  """
   return calibrate_noise_multiplier(target_epsilon, delta, steps, tol) * sensitivity
 
 
@@ -132,7 +156,19 @@ def account_clients(steps: Sequence[int], sigmas: Sequence[float],
 def report(steps, counts, *, lr: float, clip: float, epsilon: float, delta: float,
            batch_size: int, clip_mode: str, noise_multiplier: float = 0.0) -> dict:
   """The privacy block of a run summary: the seed's per-step epsilon beside the (epsilon,
-  delta) every client actually spent over all its steps."""
+  delta) every client actually spent over all its steps.
+
+  Args:
+    steps: the local steps each client took.
+    counts: each client's example count.
+    lr: the local learning rate.
+    clip: the clipping norm C.
+    epsilon: the seed's per-step epsilon (Alg. 1's noise when ``noise_multiplier`` is 0).
+    delta: the delta the spent epsilons are reported at.
+    batch_size: the local minibatch size (a client's smallest batch sets its sensitivity).
+    clip_mode: ``example`` or ``batch`` (``step_sensitivity``).
+    noise_multiplier: z of calibrated noise (0: the seed's Alg. 1 sigma).
+  """
   counts = np.asarray(counts, np.float64)
   rows = np.asarray(smallest_batch(counts, batch_size), np.float64)
   sens = np.asarray(step_sensitivity(lr, clip, rows, clip_mode), np.float64)

@@ -126,6 +126,14 @@ def shard_clients(cfg, tl: timeline_lib.Timeline, state, data, devices: Sequence
   multiple of the device count); the rest is replicated. Across processes every process
   places only the slices its devices hold (``distributed.place``). One device: returned
   unchanged (the unsharded engine, bit for bit).
+
+  Args:
+    cfg: the ``engine.EngineConfig`` to run.
+    tl: the timeline; its slot axis is padded to a multiple of the device count.
+    state: the engine state (per-client state ``[N, d]`` under ``client_state``).
+    data: the device data ``(x, y, counts, test_x, test_y)``.
+    devices: the devices to split the clients over (one: nothing changes).
+    client_data: ``auto``, ``replicated`` or ``sharded`` (``data_placement``).
   """
   if len(devices) <= 1:
     return cfg, tl, state, data

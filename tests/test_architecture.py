@@ -24,6 +24,7 @@ round engine (FedEDS, the sweeps).
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -306,20 +307,93 @@ def test_the_lazy_import_check_sees_a_planted_one(tmp_path, monkeypatch):
     test_only_optional_dependencies_are_imported_inside_functions()
 
 
+def body_lines(node) -> int:
+  """The lines of a function's body without its docstring: from the first statement after
+  the docstring to the function's last line (0 for a body that is only a docstring)."""
+  body = node.body
+  if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)):
+    body = body[1:]
+  if not body:
+    return 0
+  first = min([body[0].lineno] + [d.lineno for d in getattr(body[0], "decorator_list", [])])
+  return node.end_lineno - first + 1
+
+
 def long_functions(path: str, limit: int = 80):
-  """(name, lines) of each function of ``path`` longer than ``limit`` lines."""
-  return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(open(path).read()))
-          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-          and n.end_lineno - n.lineno + 1 > limit]
+  """(name, lines) of each function of ``path`` whose body, its docstring excluded, is
+  longer than ``limit`` lines."""
+  return [(n.name, body_lines(n)) for n in ast.walk(ast.parse(open(path).read()))
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and body_lines(n) > limit]
 
 
-def test_no_function_is_longer_than_80_lines():
-  long = [f"{os.path.relpath(p, ROOT)}: {name} ({lines} lines)" for p in MODULES.values()
-          for name, lines in long_functions(p)]
+def test_no_function_body_is_longer_than_80_lines_its_docstring_excluded():
+  long = [f"{os.path.relpath(p, ROOT)}: {name} ({lines} lines of body, its docstring "
+          "excluded)" for p in MODULES.values() for name, lines in long_functions(p)]
   assert not long, "\n".join(long)
 
 
 def test_the_length_check_sees_a_planted_long_function(tmp_path):
+  """An 81-line body is caught; a short body under a long docstring is not."""
   path = tmp_path / "planted.py"
-  path.write_text("def f():\n" + "  x = 1\n" * 80 + "\ndef g():\n  return 1\n")
+  path.write_text("def f():\n" + "  x = 1\n" * 81 + "\ndef g():\n  return 1\n"
+                  + "\ndef h():\n  \"\"\"A long docstring.\n" + "  more words\n" * 100
+                  + "  \"\"\"\n  return 1\n")
   assert long_functions(str(path)) == [("f", 81)]
+  path.write_text("def f():\n" + "  x = 1\n" * 80)
+  assert long_functions(str(path)) == []
+
+
+def parameters(node):
+  """The parameters of a function (``self``/``cls`` not counted; ``*args``, ``**kw`` not)."""
+  a = node.args
+  names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+  return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def parameter_docs(path: str, more_than: int = 4):
+  """(line, name, documented, unnamed) of each public function of ``path`` (methods and
+  nested ones included) with more than ``more_than`` parameters: whether its docstring has
+  an ``Args:`` section, and the parameters that section does not name."""
+  out = []
+  for n in ast.walk(ast.parse(open(path).read())):
+    if (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not n.name.startswith("_")
+        and len(parameters(n)) > more_than):
+      doc = ast.get_docstring(n) or ""
+      args = doc.partition("Args:")[2]
+      unnamed = [p for p in parameters(n) if not re.search(rf"\b{re.escape(p)}\b", args)]
+      out.append((n.lineno, n.name, "Args:" in doc, unnamed))
+  return sorted(out)
+
+
+def test_public_functions_with_more_than_four_parameters_document_them():
+  """At least 90 % of the public functions with more than four parameters have an
+  ``Args:`` section, and each such section names every parameter."""
+  rows = [(os.path.relpath(p, ROOT), *row) for p in MODULES.values()
+          for row in parameter_docs(p)]
+  documented = [r for r in rows if r[3]]
+  assert len(documented) >= 0.9 * len(rows), (
+      f"{len(documented)} of {len(rows)} public functions with more than four parameters "
+      "have Args: (at least 90 %); without: "
+      + ", ".join(f"{f}:{line} {name}" for f, line, name, doc, _ in rows if not doc))
+  unnamed = [f"{f}:{line} {name}: Args: does not name {', '.join(u)}"
+             for f, line, name, doc, u in documented if u]
+  assert not unnamed, "\n".join(unnamed)
+
+
+def test_the_parameter_check_sees_a_planted_undocumented_function(tmp_path, monkeypatch):
+  """A function without Args: lowers the share; a parameter its Args: leaves out is named."""
+  path = tmp_path / "planted.py"
+  path.write_text('def f(a, b, c, d, e):\n  """Sums.\n\n  Args:\n    a, b: the first two.\n'
+                  '    c: the third.\n    d: the fourth.\n  """\n\n'
+                  'def g(a, b, c, d, e):\n  """Sums, undocumented."""\n\n'
+                  'class K:\n  def m(self, a, b, c, d):\n    pass\n\n'
+                  'def _h(a, b, c, d, e):\n  pass\n')
+  assert parameter_docs(str(path)) == [(1, "f", True, ["e"]), (10, "g", False, list("abcde"))]
+  monkeypatch.setitem(globals(), "MODULES", {"fedjax_async.planted": str(path)})
+  with pytest.raises(AssertionError, match=r"1 of 2 public .* without: \S*planted.py:10 g"):
+    test_public_functions_with_more_than_four_parameters_document_them()
+  path.write_text(path.read_text().replace('"""Sums, undocumented."""',
+                                           '"""Sums.\n\n  Args:\n    a, b, c, d, e: terms.\n  """'))
+  with pytest.raises(AssertionError, match="planted.py:1 f: Args: does not name e"):
+    test_public_functions_with_more_than_four_parameters_document_them()

@@ -156,6 +156,16 @@ def streamed_server_update(rule: StreamedServer) -> Callable[..., Any]:
   """The ``server_update`` of a streamed rule: the K uploads folded in as one chunk."""
 
   def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    """The rule's carry from all K uploads at once, then its ``finish``.
+
+    Args:
+      w: [d] the global model.
+      server_state: the server's state.
+      uploads: [K, d] the round's uploads.
+      arrivals: their ``Arrivals``.
+      round_index: the round (0-based).
+      hp: the hyper-parameters.
+    """
     carry = rule.add(rule.init(w), uploads, arrivals, hp)
     return rule.finish(w, server_state, carry, arrivals, round_index, hp)
 
@@ -183,6 +193,16 @@ def streamed_linear(rule: LinearServer) -> StreamedServer:
     return upload_sum + jnp.einsum("g,gd->d", rule.weight(rows, hp), uploads)
 
   def finish(w, server_state, upload_sum, arrivals, round_index, hp):
+    """``rule.apply`` of the running sum S with the round's weights.
+
+    Args:
+      w: [d] the global model.
+      server_state: the server's state.
+      upload_sum: [d] the running sum S.
+      arrivals: the round's ``Arrivals`` [K].
+      round_index: the round (0-based).
+      hp: the hyper-parameters.
+    """
     return rule.apply(w, server_state, upload_sum, rule.weight(arrivals, hp), arrivals,
                       round_index, hp)
 
@@ -275,13 +295,29 @@ def no_penalty(w, w_start, client_state, hp):
 
 
 def delta_upload(w_start, w_end, client_state, num_steps, hp):
-  """FedAvg-style upload: the model delta w_end - w_start."""
+  """FedAvg-style upload: the model delta w_end - w_start.
+
+  Args:
+    w_start: [d] the model the client started from.
+    w_end: [d] its model after local training.
+    client_state: its persistent state.
+    num_steps: the local steps it took.
+    hp: the hyper-parameters.
+  """
   del num_steps, hp
   return ClientOutput(upload=w_end - w_start, state=client_state)
 
 
 def model_upload(w_start, w_end, client_state, num_steps, hp):
-  """FedAsync-style upload: the trained model w_end itself."""
+  """FedAsync-style upload: the trained model w_end itself.
+
+  Args:
+    w_start: [d] the model the client started from.
+    w_end: [d] its model after local training.
+    client_state: its persistent state.
+    num_steps: the local steps it took.
+    hp: the hyper-parameters.
+  """
   del w_start, num_steps, hp
   return ClientOutput(upload=w_end, state=client_state)
 

@@ -37,13 +37,30 @@ def fedprox_penalty(w, w_start, client_state, hp):
 
 def compensated_gradient(w_prev, w_tau, w_star, rho, lam, lam_t):
   """Alg. 1 line 7 / Eq. 10:
-  rho (w_tau - w*) - lam_t lam rho^2 (w_tau - w*) (.) (w_tau - w*) (.) (w_prev - w_tau)."""
+  rho (w_tau - w*) - lam_t lam rho^2 (w_tau - w*) (.) (w_tau - w*) (.) (w_prev - w_tau).
+
+  Args:
+    w_prev: [d] the current global model w_{t-1}.
+    w_tau: [d] the model the client trained from.
+    w_star: [d] its trained model w*.
+    rho: the proximal coefficient rho.
+    lam: the compensation's lambda.
+    lam_t: lambda_t, in [0, 1] (Table 2).
+  """
   d = w_tau - w_star
   return rho * d - lam_t * lam * rho ** 2 * d * d * (w_prev - w_tau)
 
 
 def server_step(w, server_state, upload, arrival, hp):
-  """w_t = w_{t-1} - eta g (Alg. 1 line 8, Eq. 11); ``upload`` is w_k*."""
+  """w_t = w_{t-1} - eta g (Alg. 1 line 8, Eq. 11); ``upload`` is w_k*.
+
+  Args:
+    w: [d] the model current at the arrival.
+    server_state: the server's state.
+    upload: [d] the client's trained model w_k*.
+    arrival: the ``Arrival``.
+    hp: the hyper-parameters.
+  """
   g = compensated_gradient(w, arrival.w_start, upload, hp["dc_rho"], hp.get("dc_lambda", 1.0),
                            hp.get("dc_lambda_t", 1.0))
   return w - hp["server_lr"] * g, server_state

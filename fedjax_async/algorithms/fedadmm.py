@@ -51,7 +51,15 @@ def admm_client_final(w_start, w_end, client_state, num_steps, hp):
   """Dual update (Eq. 10) and the augmented upload (Eq. 16), from the model received.
 
   With a stored ``last_local`` in ``client_state`` (``upload="last_local"``) the upload
-  subtracts that instead, and the new local model is stored."""
+  subtracts that instead, and the new local model is stored.
+
+  Args:
+    w_start: [d] the model the client started from.
+    w_end: [d] its model after local training.
+    client_state: its persistent state.
+    num_steps: the local steps it took.
+    hp: the hyper-parameters.
+  """
   del num_steps
   rho = hp["rho"]
   dual = client_state["dual"]
@@ -70,7 +78,17 @@ def arrival_weights(arrivals, hp):
 
 
 def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
-  """w + eta * mean_k(upload_k) (Eq. 11)."""
+  """w + eta * mean_k(upload_k) (Eq. 11).
+
+  Args:
+    w: [d] the global model.
+    server_state: the server's state.
+    upload_sum: [d] S = sum_k weight_k upload_k.
+    weights: [K] the arrivals' weights.
+    arrivals: the round's ``Arrivals``.
+    round_index: the round (0-based).
+    hp: the hyper-parameters.
+  """
   del arrivals
   eta = base.server_lr(hp, round_index)
   return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {"server_lr": eta}

@@ -120,7 +120,15 @@ def mix(w, w_new, alpha):
 
 
 def server_step(w, server_state, upload, arrival, hp):
-  """w_t = (1 - a_t) w_{t-1} + a_t w_new, a_t = a s(t - tau) (Alg. 1), t - tau = staleness."""
+  """w_t = (1 - a_t) w_{t-1} + a_t w_new, a_t = a s(t - tau) (Alg. 1), t - tau = staleness.
+
+  Args:
+    w: [d] the model current at the arrival.
+    server_state: the server's state.
+    upload: [d] the client's trained model.
+    arrival: the ``Arrival``.
+    hp: the hyper-parameters.
+  """
   alpha = hp["mix_alpha"] * staleness_weight(arrival.staleness, hp)
   alpha = jnp.minimum(alpha * example_weight(arrival.num_examples, hp), 1.0)
   return mix(w, upload, alpha), server_state

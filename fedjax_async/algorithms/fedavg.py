@@ -19,7 +19,17 @@ def example_weights(arrivals, hp):
 
 
 def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
-  """w + eta * sum_k n_k upload_k / sum_k n_k over valid arrivals."""
+  """w + eta * sum_k n_k upload_k / sum_k n_k over valid arrivals.
+
+  Args:
+    w: [d] the global model.
+    server_state: the server's state.
+    upload_sum: [d] S = sum_k weight_k upload_k.
+    weights: [K] the arrivals' weights.
+    arrivals: the round's ``Arrivals``.
+    round_index: the round (0-based).
+    hp: the hyper-parameters.
+  """
   del arrivals
   eta = base.server_lr(hp, round_index)
   return w + eta * base.mean_from_sum(upload_sum, weights), server_state, {}

@@ -58,7 +58,15 @@ def sqrt_staleness(staleness):
 
 
 def server_step(w, state: BufferState, upload, arrival, hp):
-  """Buffer the weighted delta; on ``arrival.flush`` take one server optimiser step."""
+  """Buffer the weighted delta; on ``arrival.flush`` take one server optimiser step.
+
+  Args:
+    w: [d] the model current at the arrival.
+    state: the ``BufferState``: the buffered sum, its count, the server momentum.
+    upload: [d] the arrival's upload.
+    arrival: the ``Arrival``.
+    hp: the hyper-parameters.
+  """
   use = hp.get("fedbuff_staleness", 1.0)
   weight = jnp.where(use > 0, sqrt_staleness(arrival.staleness), 1.0)
   weight = weight * fedasync.example_weight(arrival.num_examples, hp)  # 1 by default

@@ -28,12 +28,31 @@ def momentum_a_norm(num_steps, rho):
 
 
 def client_final(w_start, w_end, client_state, num_steps, hp):
+  """FedNova's normalised update (w_start - w_end) / ||a_i||_1.
+
+  Args:
+    w_start: [d] the model the client started from.
+    w_end: [d] its model after local training.
+    client_state: its persistent state.
+    num_steps: the local steps it took.
+    hp: the hyper-parameters.
+  """
   a = jnp.maximum(momentum_a_norm(num_steps, hp["momentum"]), 1e-12)
   return base.ClientOutput(upload=(w_start - w_end) / a, state=client_state)
 
 
 def apply_sum(w, server_state, upload_sum, weights, arrivals, round_index, hp):
-  """Eq. 6 from S = sum_i n_i d_i: p_i = n_i / n, sum_i p_i d_i = S / n."""
+  """Eq. 6 from S = sum_i n_i d_i: p_i = n_i / n, sum_i p_i d_i = S / n.
+
+  Args:
+    w: [d] the global model.
+    server_state: the server's state.
+    upload_sum: [d] S = sum_k weight_k upload_k.
+    weights: [K] the arrivals' weights.
+    arrivals: the round's ``Arrivals``.
+    round_index: the round (0-based).
+    hp: the hyper-parameters.
+  """
   n = jnp.maximum(jnp.sum(weights), 1e-12)
   a = momentum_a_norm(arrivals.num_steps, hp["momentum"])
   tau_eff = jnp.sum(weights * a) / n

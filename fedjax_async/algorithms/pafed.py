@@ -94,7 +94,16 @@ def ducc_add(sums: DuccSums, updates, online_mask, delayed_mask,
   carry of the engine's scan over chunks, updated in place).
 
   ``weights`` (optional, [G]): each row's client weight p_k (``client_weighting``), a
-  factor of its term in every sum and count (None: 1, Alg. 4 as printed)."""
+  factor of its term in every sum and count (None: 1, Alg. 4 as printed).
+
+  Args:
+    sums: the sums so far.
+    updates: [G, d] the chunk's unit-vector uploads.
+    online_mask: [G] bool, its online rows.
+    delayed_mask: [G] bool, its delayed rows.
+    min_fn: Min(a, b) on [0, 1] (``jnp.minimum`` or the Cheon polynomial).
+    weights: [G] the rows' client weights (None: 1).
+  """
   updates = jnp.asarray(updates, jnp.float32)
   om, dm = jnp.asarray(online_mask, bool), jnp.asarray(delayed_mask, bool)
   p = jnp.ones(om.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
@@ -180,6 +189,15 @@ def ducc(online_updates, delayed_updates, min_fn: MinFn = jnp.minimum,
 
 
 def client_final(w_start, w_end, client_state, num_steps, hp):
+  """FedADMM's upload (Eq. 16) as a unit vector (Alg. 3 line 8).
+
+  Args:
+    w_start: [d] the model the client started from.
+    w_end: [d] its model after local training.
+    client_state: its persistent state.
+    num_steps: the local steps it took.
+    hp: the hyper-parameters.
+  """
   out = fedadmm.admm_client_final(w_start, w_end, client_state, num_steps, hp)
   return base.ClientOutput(upload=normalise(out.upload), state=out.state)
 
@@ -197,6 +215,16 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
                     base.client_weights(rows, hp, "uniform"))
 
   def finish(w, server_state, sums, arrivals, round_index, hp):
+    """DUCC's result (Alg. 4) applied with Eq. 17's alphas.
+
+    Args:
+      w: [d] the global model.
+      server_state: the server's state.
+      sums: the round's ``DuccSums``.
+      arrivals: the round's ``Arrivals`` [K].
+      round_index: the round (0-based).
+      hp: the hyper-parameters.
+    """
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
     m, m1, m2 = ducc_result(sums, tol, hp.get("ducc_project_conflicting", True))
     # alpha_t = alpha * gamma^t (hp alpha_decay; 1 = Eq. 17's constant weights)

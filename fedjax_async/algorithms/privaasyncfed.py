@@ -159,7 +159,15 @@ def server_step(w, server_state, upload, arrival, hp):
   """Eqs. 12-15: mix only the held parameters with alpha = beta S_hinge(t - tau).
 
   t - tau = staleness (0 for an update trained from the current model): Eq. 15 requires
-  S(0) = 1 and Fig. 2 gives a client with t - tau ~ 0 the weight alpha_k = beta."""
+  S(0) = 1 and Fig. 2 gives a client with t - tau ~ 0 the weight alpha_k = beta.
+
+  Args:
+    w: [d] the model current at the arrival.
+    server_state: the server's state.
+    upload: [d] the client's trained model (zero where pruned).
+    arrival: the ``Arrival``.
+    hp: the hyper-parameters.
+  """
   alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness,
                                                 hp.get("hinge_a", 10.0),
                                                 hp.get("hinge_b", 4.0))

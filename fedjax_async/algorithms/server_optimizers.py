@@ -146,6 +146,16 @@ def with_server_optimizer(algorithm: base.Algorithm,
   inner_update = algorithm.server_update
 
   def server_update(w, server_state, uploads, arrivals, round_index, hp):
+    """The rule's step (at server lr 1) as the optimiser's pseudo-gradient.
+
+    Args:
+      w: [d] the global model.
+      server_state: the server's state.
+      uploads: [K, d] the round's uploads.
+      arrivals: their ``Arrivals``.
+      round_index: the round (0-based).
+      hp: the hyper-parameters.
+    """
     own, opt_state = server_state
     plain, own, metrics = inner_update(w, own, uploads, arrivals, round_index, _unit_lr(hp))
     new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
@@ -157,6 +167,16 @@ def with_server_optimizer(algorithm: base.Algorithm,
     inner_finish = inner_streamed.finish
 
     def finish(w, server_state, carry, arrivals, round_index, hp):
+      """The streamed rule's ``finish`` (at server lr 1), then the optimiser's step.
+
+      Args:
+        w: [d] the global model.
+        server_state: the server's state.
+        carry: the streamed rule's carry.
+        arrivals: the round's ``Arrivals`` [K].
+        round_index: the round (0-based).
+        hp: the hyper-parameters.
+      """
       own, opt_state = server_state
       plain, own, metrics = inner_finish(w, own, carry, arrivals, round_index, _unit_lr(hp))
       new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)

@@ -78,6 +78,15 @@ def server_rule(algorithm: base.Algorithm):
                      "clients keep none")
 
   def server_step(w, server_state, upload, arrival, hp):
+    """A round rule's ``server_update`` on one arrival (a round of K = 1).
+
+    Args:
+      w: the model current at the arrival.
+      server_state: (the rule's state, the number of updates applied).
+      upload: the arrival's upload.
+      arrival: the arrival (``base.Arrival``).
+      hp: the hyper-parameters.
+    """
     inner, version = server_state
     fresh = arrival.valid & (arrival.staleness == 0)
     one = base.Arrivals(
@@ -137,7 +146,22 @@ def train_local(apply_flat: Callable, algorithm: base.Algorithm, w_start, mask, 
                 client_index=None) -> client_lib.ClientResult:
   """One client's local training (vmap over clients): ``client.train`` from
   ``w_start * mask``, with the algorithm's client hooks (DP clipping and noise, the early
-  stop at ``hp['loss_threshold']``) as its options."""
+  stop at ``hp['loss_threshold']``) as its options.
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm (its DP and early-stop flags).
+    w_start: the model the client starts from.
+    mask: its parameter mask (ones for a full model).
+    x: the data's features (``[N, M, ...]``, read in place at ``client_index``), or the
+      client's own.
+    y: the labels, as ``x``.
+    num_examples: the client's examples.
+    key: the task's PRNG key.
+    hp: the hyper-parameters.
+    cfg: the engine's static configuration.
+    client_index: the client's row of ``x`` and ``y`` (None: they are its own).
+  """
   privatize = None
   if algorithm.dp:
     privatize = client_lib.Privatize(hp["dp_clip"], noise_std(hp, num_examples, cfg),
@@ -182,7 +206,22 @@ def group_arrays(schedule: virtual_clock.Schedule, group_size: int) -> Dict[str,
 
 def group_step(state: AsyncState, grp, hp, data: device.DeviceData, masks, scale_index, *,
                apply_flat, algorithm: base.Algorithm, cfg: AsyncConfig):
-  """Steps 1-3 of the module docstring for one padded group."""
+  """Steps 1-3 of the module docstring for one padded group.
+
+  Args:
+    state: the state before the group.
+    grp: the group's ``[G]`` fields (``GROUP_FIELDS``).
+    hp: the hyper-parameters.
+    data: the device data.
+    masks: [S, d] the parameter masks of the S pruning scales.
+    scale_index: [N] each client's scale.
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm.
+    cfg: the engine's static configuration.
+
+  Returns:
+    (the state after the group, its ``[G]`` metrics).
+  """
   ring_size = state.ring.shape[0]
   valid = grp["valid"]
   ids = jnp.where(valid, grp["client"], 0)
@@ -230,7 +269,20 @@ def group_step(state: AsyncState, grp, hp, data: device.DeviceData, masks, scale
 
 def run_groups(state: AsyncState, groups, eval_mask, hp, data: device.DeviceData, masks,
                scale_index, *, apply_flat, algorithm, cfg: AsyncConfig):
-  """Several groups in one ``lax.scan``; evaluates after groups where ``eval_mask``."""
+  """Several groups in one ``lax.scan``; evaluates after groups where ``eval_mask``.
+
+  Args:
+    state: the state before the first group.
+    groups: the groups' fields, ``[L, G]`` each.
+    eval_mask: [L] bool, the groups evaluated after.
+    hp: the hyper-parameters.
+    data: the device data.
+    masks: [S, d] the parameter masks of the S pruning scales.
+    scale_index: [N] each client's scale.
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm.
+    cfg: the engine's static configuration.
+  """
 
   def body(s, inputs):
     grp, do_eval = inputs
@@ -276,7 +328,23 @@ def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, gr
   ``groups_per_call`` groups (or of the lengths ``lengths`` chooses). ``Diverged`` at a
   group whose model is non-finite; a ``loop.HostLoop`` as ``on_chunk`` gets the chunk
   (that group's rows carry ``nonfinite``) and raises it itself
-  (``loop.StopOnDivergence``)."""
+  (``loop.StopOnDivergence``).
+
+  Args:
+    runner: the jitted ``run_groups`` (``make_runner``).
+    state: the state before group ``start_group``.
+    schedule: the virtual clock's ``Schedule``.
+    groups: the padded groups (``group_arrays``).
+    hp: the hyper-parameters.
+    data: the device data.
+    masks: [S, d] the parameter masks of the S pruning scales.
+    scale_index: [N] each client's scale.
+    eval_every: evaluate after every this many server updates (and the last).
+    groups_per_call: the groups of a chunk.
+    on_chunk: called as ``on_chunk(state, rows)`` after every chunk.
+    start_group: the first group to run.
+    lengths: chooses the chunks' lengths (None: ``groups_per_call`` each).
+  """
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   num_groups = groups["valid"].shape[0]
   schedule_eval = eval_groups(groups, schedule, eval_every)

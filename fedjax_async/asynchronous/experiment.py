@@ -143,7 +143,15 @@ def run_config(cfg: AsyncRunConfig, run_name: str, algo_name: Optional[str] = No
 def load(cfg: AsyncRunConfig, pruned: bool = False, fed=None, module=None, input_shape=None):
   """The data and the model (name, w0, apply_flat, params, and when ``pruned``
   (PrivaAsyncFed) its layers in call order for the sub-model masks); ``fed`` / ``module``
-  (a flax module on ``input_shape``, default the data's): the caller's own."""
+  (a flax module on ``input_shape``, default the data's): the caller's own.
+
+  Args:
+    cfg: the ``AsyncRunConfig``.
+    pruned: PrivaAsyncFed's sub-models: also the layers in call order.
+    fed: the caller's federated data (None: the configured data set).
+    module: the caller's flax module (None: the configured model).
+    input_shape: the shape ``module`` is built for (None: the data's).
+  """
   if fed is None:
     try:
       fed = building.load_data(cfg)
@@ -200,7 +208,20 @@ def _engine_config(cfg: AsyncRunConfig, local, ring_size: int):
 def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock, scales,
             fed, model, out_dir: Optional[str], callbacks: Sequence[loop.Callback] = ()
             ) -> Run:
-  """One run on the virtual clock; files under ``out_dir`` (None: none)."""
+  """One run on the virtual clock; files under ``out_dir`` (None: none).
+
+  Args:
+    cfg: the ``AsyncRunConfig``.
+    run_name: the run's name.
+    algo_name: the algorithm's name.
+    hp: the run's hyper-parameters.
+    clock: the ``vc.ClockConfig`` (``validate``).
+    scales: PrivaAsyncFed's pruning scales.
+    fed: the federated data.
+    model: ``load``'s (name, w0, apply_flat, params, order).
+    out_dir: where the run's files go (None: none).
+    callbacks: ``loop.Callback``s after every compiled chunk.
+  """
   algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
@@ -357,7 +378,16 @@ def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequen
   Ctrl-C / SIGTERM (with ``output_dir``, after a checkpoint); a run that diverges is left
   out (``Result.diverged``). ``callbacks``: ``loop.Callback``s after every compiled chunk
   of every run. ``fed_data`` (a ``FederatedData``) and ``module`` (a flax module,
-  ``input_shape`` defaulting to the data's) replace the configured data set and model."""
+  ``input_shape`` defaulting to the data's) replace the configured data set and model.
+
+  Args:
+    config: the configuration (None: the defaults).
+    callbacks: ``loop.Callback``s after every compiled chunk of every run.
+    fed_data: a ``FederatedData`` to run on (None: the configured data set).
+    module: a flax module to train (None: the configured model).
+    input_shape: the shape ``module`` is built for (None: the data's).
+    **fields: fields replaced by their flat keys.
+  """
   cfg = (config or AsyncRunConfig()).replace(**fields)
   config_lib.check_types(cfg)  # (before privaasyncfed_defaults reads algorithm.names)
   cfg = privaasyncfed_defaults(cfg)
@@ -402,7 +432,19 @@ def plot_seeds(cfg: AsyncRunConfig, result: Result):
 def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, callbacks,
              result: Result, own=(None, None, None)) -> Dict[str, Run]:
   """Every run of ``runs`` at run.seed (files under ``out_dir``, None: none); ``own``:
-  the caller's (data, flax module, input shape), None for the configured ones."""
+  the caller's (data, flax module, input shape), None for the configured ones.
+
+  Args:
+    cfg: the ``AsyncRunConfig`` at one seed.
+    runs: ``run_list``'s (run name, algorithm, FedAsync's a) of each run.
+    pruned: PrivaAsyncFed is among them (its layers' call order is loaded).
+    scales: PrivaAsyncFed's pruning scales.
+    clock: the ``vc.ClockConfig``.
+    out_dir: where the runs' files go (None: none).
+    callbacks: ``loop.Callback``s after every compiled chunk.
+    result: the ``Result``; a diverged run is noted in it.
+    own: the caller's (data, flax module, input shape), None for the configured ones.
+  """
   print(f"loading {cfg.data.dataset} (seed {cfg.run.seed}) ...", flush=True)
   fed, model = load(cfg, pruned, *own)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "

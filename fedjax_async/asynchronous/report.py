@@ -81,7 +81,24 @@ def dp_notice(run_name: str, cfg, privacy_report: dict) -> str:
 def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_params: int,
                 hp: dict, rows: List[dict], wall: float, schedule, num_groups: int,
                 group_size: int, config: dict, privacy_report: Optional[dict]) -> dict:
-  """summary.json of one run (``privacy_report``: its DP accounting, or None)."""
+  """summary.json of one run (``privacy_report``: its DP accounting, or None).
+
+  Args:
+    cfg: the ``AsyncRunConfig``.
+    run_name: the run's name (the algorithm's, or a swept setting's).
+    algo_name: the algorithm's name.
+    fed: the federated data.
+    model_name: the model's name.
+    num_params: the model's parameter count.
+    hp: the hyper-parameters.
+    rows: the run's metrics rows, one per kept arrival.
+    wall: the run's wall time, seconds.
+    schedule: the virtual clock's ``Schedule``.
+    num_groups: the groups the arrivals ran in.
+    group_size: G, the groups' padded size.
+    config: the run's configuration, as a dict.
+    privacy_report: its DP accounting, or None.
+  """
   accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
   loc = cfg.local
   summary = {
@@ -119,7 +136,15 @@ def result_line(s: dict) -> str:
 def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
   """curves.png's title: the data set and its partition, the model built, the clock and
   the runs; with several ``seeds``, which ones and the band's std (ddof 1, as
-  ``seed_table``)."""
+  ``seed_table``).
+
+  Args:
+    cfg: the ``AsyncRunConfig``.
+    dataset: the data set's name.
+    model: the model's name.
+    names: the runs drawn.
+    seeds: the seeds averaged.
+  """
   over = (f"; seeds {', '.join(map(str, seeds))}: mean ± sample std (ddof 1)"
           if len(seeds) > 1 else "")
   return (f"{outputs.data_label(cfg.data, dataset)}, {outputs.model_label(cfg.data, model)}; "

@@ -154,7 +154,16 @@ def task_examples(epochs, num_examples, local_steps=0, batch_size=1):
 
 def completion_time(epochs, num_examples, sec_per_example, comm, local_steps=0,
                     batch_size=1):
-  """Task duration: task_examples * sec_per_example_i + comm_i."""
+  """Task duration: task_examples * sec_per_example_i + comm_i.
+
+  Args:
+    epochs: the task's local epochs.
+    num_examples: n_i, the client's examples.
+    sec_per_example: the client's seconds per example trained.
+    comm: the client's communication seconds per task.
+    local_steps: > 0: at most this many minibatch steps.
+    batch_size: B, the local minibatch size.
+  """
   return (task_examples(epochs, num_examples, local_steps, batch_size)
           * np.asarray(sec_per_example) + np.asarray(comm))
 

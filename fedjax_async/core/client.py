@@ -285,7 +285,15 @@ def clip_by_norm(g, clip):
 def forward(apply_flat: Callable, w, x, rng, precision: str = "float32"):
   """(logits, new model state) of a training-mode pass. The state is the new values of
   the model's mutable collections' leaves (batch statistics, ``FlatApply.state_leaves``),
-  ``()`` for a model without them."""
+  ``()`` for a model without them.
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    w: the parameters (flat, or ``local_params``' pieces).
+    x: the minibatch's inputs.
+    rng: the pass's dropout key.
+    precision: the pass's arithmetic (``PRECISIONS``).
+  """
   out = apply_flat(*compute_dtype(w, x, precision), train=True, rng=rng)
   if getattr(apply_flat, "state_leaves", ()):
     return out[0].astype(jnp.float32), out[1]
@@ -343,6 +351,20 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   (``noise_key`` draws the noise). ``stop_below``: a step whose minibatch objective (data
   loss + penalty) is at or below it is not taken, nor any after it. A model with batch
   statistics has them replaced by the pass's new values after each step (no gradient reaches them).
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm (its local penalty).
+    w_start: [d] the model the client starts from.
+    client_state: its persistent state (the penalty's).
+    hp: the hyper-parameters.
+    cfg: the static local configuration.
+    budget: the client's steps (``step_budget``).
+    dropout_key: the steps' dropout keys (folded with ``s``).
+    mask: [d] the parameter mask (None: none).
+    privatize: DP clipping and noise (None: none).
+    noise_key: the DP noise's key.
+    stop_below: the early stop's threshold (None: none).
   """
   opt = local_optimizer(hp, cfg)
   token_loss = tokens.token_loss(apply_flat)  # sequence labels' reduction (a no-op else)
@@ -356,6 +378,15 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
     return algorithm.local_penalty(flat_params(w), w_start, client_state, hp)
 
   def loss_fn(w, xb, yb, m, rng):
+    """The minibatch objective and, as aux, (data loss, new model state).
+
+    Args:
+      w: the parameters.
+      xb: the minibatch's inputs.
+      yb: its labels.
+      m: [B] its real rows.
+      rng: the pass's dropout key.
+    """
     logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
     data_loss = masked_cross_entropy(logits, yb, m, token_loss)
     return data_loss + penalty(w), (data_loss, state)
@@ -365,7 +396,15 @@ def make_client_step(apply_flat: Callable, algorithm: base.Algorithm, w_start, c
   grad_fn = with_precision(jax.value_and_grad(loss_fn, has_aux=True), cfg.precision)
 
   def gradient(w, xb, yb, m, rng):
-    """(objective, data loss, gradient, new model state) of the step's minibatch."""
+    """(objective, data loss, gradient, new model state) of the step's minibatch.
+
+    Args:
+      w: the parameters.
+      xb: the minibatch's inputs.
+      yb: its labels.
+      m: [B] its real rows.
+      rng: the pass's dropout key.
+    """
     if privatize is not None and privatize.per_example:
       logits, state = forward(apply_flat, w, xb, rng, cfg.precision)
       loss = masked_cross_entropy(logits, yb, m, token_loss)
@@ -435,6 +474,22 @@ def train(
   and ``stop_below`` (a traced threshold: the client stops at the first step whose
   minibatch objective, data loss + penalty, is at or below it, that step not taken; ``num_steps`` counts the
   steps taken).
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm (its local penalty).
+    w_start: [d] the model the client starts from.
+    client_state: its persistent state.
+    x: the features (the client's ``[M, ...]``, or every client's ``[N, M, ...]``).
+    y: the labels, as ``x``.
+    num_examples: n_i, the client's real examples.
+    key: the task's PRNG key (shuffles, dropout, noise, augmentation).
+    hp: the hyper-parameters.
+    cfg: the static local configuration.
+    client_index: the client's row of ``x`` and ``y`` (None: they are its own).
+    mask: [d] the parameter mask (None: none).
+    privatize: DP clipping and noise (None: none).
+    stop_below: the early stop's threshold (None: none).
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   k_init, k_drop = jax.random.split(key)

@@ -39,7 +39,15 @@ def evaluate(apply_flat: Callable, w, test_x, test_y, batch: int):
   """(accuracy, mean cross-entropy) of ``w`` on the central test set; for sequence labels
   (``test_y [n, T]``) the token accuracy and the loss of ``core.tokens`` (per token, or
   per sequence: the model's ``token_loss``), ``batch`` then counting tokens
-  (``batch // T`` sequences at a time)."""
+  (``batch // T`` sequences at a time).
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    w: the parameters.
+    test_x: the test features.
+    test_y: the test labels ([n], or [n, T] sequences).
+    batch: the examples (tokens) evaluated at a time.
+  """
   if test_y.ndim > 1:
     return _evaluate_tokens(apply_flat, w, test_x, test_y, batch)
   n = test_x.shape[0]

@@ -105,7 +105,16 @@ class Timeline(NamedTuple):
 
 def build(num_clients: int, num_rounds: int, participation: float, delay: DelayConfig,
           seed: int, min_slots: int = 1) -> Timeline:
-  """Draws the round timeline (host side, deterministic from ``seed``)."""
+  """Draws the round timeline (host side, deterministic from ``seed``).
+
+  Args:
+    num_clients: N.
+    num_rounds: the rounds.
+    participation: the fraction of the clients sampled each round.
+    delay: the delay law (``DelayConfig``).
+    seed: the draws' seed.
+    min_slots: the fewest slots K a round has.
+  """
   if num_clients < 1:
     raise ValueError(f"data.num_clients must be >= 1, got {num_clients}")
   if not 0.0 < participation <= 1.0:

@@ -277,7 +277,19 @@ def key_transform(s0_pool: PartyPool, s1_pool: PartyPool, w_ct: Sequence[object]
   """Alg. 5 for every chunk on S0's pool and S1's (each held by its party). Returns
   ({i: [ciphertexts]} for the recipients whose ``keep`` is true, the pk_s copy
   [ciphertexts], {party: worker CPU seconds}).
-  ``wire``: the bytes per direction are added to it as ``Wire.send`` would."""
+  ``wire``: the bytes per direction are added to it as ``Wire.send`` would.
+
+  Args:
+    s0_pool: S0's worker pool.
+    s1_pool: S1's worker pool.
+    w_ct: the model's ciphertexts under pk_s, one per chunk.
+    recipients: the clients to re-encrypt the model for.
+    keep: per recipient, whether its ciphertexts are kept (else only counted).
+    slots: the slots per ciphertext.
+    mask_bound: B, the mask r's range [-B, B].
+    plain_for_s: subtract r from the pk_s copy as a plaintext (else a fresh Enc_pk_s(r)).
+    wire: the message counter (None: nothing counted).
+  """
   chunks = len(w_ct)
   r = csprng.uniform(-mask_bound, mask_bound, chunks * slots).reshape(chunks, slots)
   recipients, keep = tuple(recipients), tuple(bool(k) for k in keep)

@@ -110,7 +110,15 @@ class AggregationServer(parallel.PoolHolder):
     of at least sigma, whatever the blind. f's real parts sum to zero over the slots and
     S1 reads their mean (``entities.replicated_value``): the value it reads is unchanged.
     One encryption, no level. ``ev``, ``pk``: the context's evaluator and pk_s (default:
-    this server's)."""
+    this server's).
+
+    Args:
+      ct: the ciphertext S1 will decrypt, a value replicated in every slot.
+      blind_log2: log2 of the largest blind on the value.
+      magnitude: the bound on the values it is computed from (``ckks.error_bound``).
+      ev: the context's evaluator (None: this server's).
+      pk: the context's pk_s (None: this server's).
+    """
     if FLOOD_RATIO <= 0.0:
       return ct
     ev, pk = ev or self.ev, pk or self.public.pk_s
@@ -189,6 +197,13 @@ class AggregationServer(parallel.PoolHolder):
     [Enc(r1 n1), Enc(r2 n2), Enc(r3 ||m||^2)] for S1 (empty when no division is needed);
     ``self.empty_tests`` holds the empty-class tests that go with them
     (``empty_class_test``; ``pafed.ducc``'s ``empty_class_tol``).
+
+    Args:
+      online: each online upload's ciphertexts (one per chunk).
+      delayed: each delayed upload's ciphertexts.
+      alphas: Eq. 17's (alpha0, alpha1, alpha2).
+      empty_class_tol: a class of total weight at most this is empty.
+      inverse_norm: S1's answer to ``ducc_norm``.
     """
     self.empty_tests = []
     self.check_depth()
@@ -514,6 +529,14 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
   (seconds). The per-stage DUCC breakdown lands in ``protocol.last_breakdown``.
   ``w_global=None`` continues from the Enc_pk_s(w) carried over from the previous round.
   ``empty_class_tol``: as in ``pafed.ducc`` (0: only an exactly empty class is empty).
+
+  Args:
+    protocol: the ``SecureProtocol`` (its parties, keys and wire).
+    w_global: w^tau in the clear (None: S0's Enc_pk_s(w) from the previous round).
+    online_uploads: [n, d] the online clients' unit updates.
+    delayed_uploads: [k, d] the delayed ones' that arrived this round.
+    alphas: Eq. 17's (alpha0, alpha1, alpha2).
+    empty_class_tol: a class of total weight at most this is empty (``pafed.ducc``).
   """
   s0, s1 = protocol.s0, protocol.s1
   dim = protocol.dim

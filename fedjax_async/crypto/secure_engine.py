@@ -104,7 +104,19 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   (``memory_bytes``, the model above; ``num_clients`` key pairs, default ``uploads``;
   Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
   default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
-  the measured round (rough: linear in uploads, chunks and N)."""
+  the measured round (rough: linear in uploads, chunks and N).
+
+  Args:
+    dim: the model's parameter count d.
+    uploads: the round's uploads.
+    preset: the CKKS preset (``ckks.get_preset``).
+    min_depth: the Min's Cheon iterations d.
+    design: ``one_context`` or ``streamed``.
+    num_clients: the clients' key pairs (None: ``uploads``).
+    recipients: the clients Alg. 5 re-encrypts for (None: ``uploads``).
+    delayed: the uploads delayed (None: all).
+    workers: the processes per pool of ``parallel`` (1: none).
+  """
   num_clients = uploads if num_clients is None else int(num_clients)
   recipients = min(uploads, num_clients) if recipients is None else int(recipients)
   delayed = uploads if delayed is None else min(int(delayed), uploads)
@@ -272,7 +284,16 @@ class EncryptedServer:
     """Round t (``HostServer.step``). Round 0 starts from w^0, which S0 initialises
     (Alg. 3 line 2); a resumed run from Enc_pk_s(w^t) that client 0 sends S0
     (``secure_ducc.model_from_client``); afterwards S0 continues from the Enc_pk_s(w)
-    the key transformation carried over."""
+    the key transformation carried over.
+
+    Args:
+      t: the round.
+      w: w^t, the state's model.
+      uploads: the round's [K, d] uploads.
+      online: [K] bool, the online uploads.
+      delayed: [K] bool, the delayed uploads that arrived.
+      recipients: the clients dispatched in round t + 1 (they receive w^{t+1}).
+    """
     self.protocol.recipients = tuple(recipients)
     if self.first and t > 0:
       secure_ducc.model_from_client(self.protocol, np.asarray(w, np.float64))
@@ -308,7 +329,24 @@ def make_server(algorithm: str, hp: Dict[str, float], dim: int, num_clients: int
   ``empty_class_tol`` (default: k * eps_d, with k the round's delayed uploads and eps_d
   the Min error of one class weight, ``cheon.max_min_error``): a DUCC class whose total
   weight is within what the Min approximation alone could produce counts as empty, as
-  it is for the exact Min. 0 gives the protocol exactly as written (docs/crypto.md)."""
+  it is for the exact Min. 0 gives the protocol exactly as written (docs/crypto.md).
+
+  Args:
+    algorithm: the algorithm's name (only ``pafed`` has an encrypted server).
+    hp: its hyper-parameters (``alpha0``, ``alpha1``, ``alpha2``).
+    dim: the model's parameter count.
+    num_clients: the clients (each with a key pair).
+    uploads: the most uploads of a round.
+    delayed: the most delayed uploads of a round.
+    recipients: the clients with ids below it receive models.
+    protocol: an existing protocol to run on (None: a new one).
+    preset: the CKKS preset of a new protocol.
+    min_depth: the Min's Cheon iterations.
+    min_scale: the Min's input scale c (``cheon.cheon_min``).
+    design: ``one_context`` or ``streamed``.
+    empty_class_tol: a DUCC class of total weight at most this is empty (None: k * eps_d).
+    stream: where the estimate and progress lines go.
+  """
   if algorithm != "pafed":
     raise ValueError("crypto.secure_aggregation=ckks: the encrypted server is PAFed's; got "
                      f"algorithm.names={algorithm}")

@@ -412,7 +412,21 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
   ciphertexts hold ``max_delayed`` slots rounded up to a power of two (sparse packing:
   its slot sums need log2 of that many rotation keys, 145 MB each at N = 2^16).
   ``ring_dim`` overrides both contexts' ring (``preset`` must allow it). ``workers``,
-  ``backend``: Alg. 5's worker pools (``parallel``; 1: in this process)."""
+  ``backend``: Alg. 5's worker pools (``parallel``; 1: in this process).
+
+  Args:
+    num_clients: K; each gets its own key pair.
+    dim: the model size d.
+    preset: the CKKS preset.
+    min_depth: d, the Min's Cheon iterations.
+    recipients: the clients the key transformation re-encrypts for (None: all).
+    min_scale: c in (0, 4], the Min's input scale (``cheon.cheon_min``).
+    log_size: S1 keeps its last ``log_size`` decryptions (tests).
+    ring_dim: overrides both contexts' ring dimension.
+    max_delayed: the most delayed uploads of a round (the scalar context's slots).
+    workers: Alg. 5's pool size (0: auto, 1: in this process).
+    backend: the pools' backend (``parallel.BACKENDS``).
+  """
   pafed.check_ducc_scale(min_scale)
   workers, backend = parallel.check_workers(workers), parallel.check_backend(backend)
   d = int(min_depth)
@@ -470,7 +484,16 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
                         empty_class_tol: float = 0.0):
   """One PAFed server round in the streamed design, as ``secure_ducc.secure_pafed_step``
   (same arguments and timings keys): each client's upload is encrypted and handed to S0
-  one at a time, so S0 never holds the online ones together."""
+  one at a time, so S0 never holds the online ones together.
+
+  Args:
+    protocol: the ``StreamedProtocol``.
+    w_global: w^tau in the clear (None: S0's Enc_pk_s(w) from the previous round).
+    online_uploads: [n, d] the online clients' unit updates.
+    delayed_uploads: [k, d] the delayed ones' that arrived this round.
+    alphas: Eq. 17's (alpha0, alpha1, alpha2).
+    empty_class_tol: a class of total weight at most this is empty (``pafed.ducc``).
+  """
   s0, s1, dim = protocol.s0, protocol.s1, protocol.dim
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)

@@ -88,7 +88,16 @@ def _bar(done: int, total: int, start: float, name: str) -> None:
 
 def fetch(url: str, path: str, sha256: Optional[str] = None, size: Optional[int] = None,
           timeout: float = 60.0, chunk: int = 1 << 16) -> str:
-  """``url`` into ``path`` (resumed from ``path.partial``), checked; returns ``path``."""
+  """``url`` into ``path`` (resumed from ``path.partial``), checked; returns ``path``.
+
+  Args:
+    url: the file's URL.
+    path: where to write it.
+    sha256: its published SHA-256 (None: unchecked).
+    size: its published size in bytes (None: unchecked).
+    timeout: the connection's timeout, seconds.
+    chunk: the bytes read at a time.
+  """
   if os.path.isfile(path):
     print(f"{path}: already there", file=sys.stderr)
     return path
@@ -189,7 +198,15 @@ def unpack(path: str) -> str:
 def download(name: str, data_dir: Optional[str] = None, mirror: Optional[str] = None,
              sha256: Optional[str] = None, check: bool = True) -> List[str]:
   """The files of data set ``name`` in ``data_dir`` (module docstring); returns their
-  paths. ``mirror``: a URL prefix the files' names are fetched under instead."""
+  paths. ``mirror``: a URL prefix the files' names are fetched under instead.
+
+  Args:
+    name: the data set (``SOURCES``).
+    data_dir: where the files go (None: ``DEFAULT_DIR``).
+    mirror: a URL prefix to fetch the files' names under.
+    sha256: the checksum of a single-file data set (overrides the published one).
+    check: load the data set once downloaded.
+  """
   if name.startswith("leaf_") and name in loader.NATURAL_DATASETS:
     raise DownloadError(f"{name}: " + LEAF_HOW.format(short=name[len("leaf_"):]))
   if name in NOT_PUBLISHED:

@@ -189,6 +189,14 @@ def partition_dirichlet(labels: np.ndarray, num_clients: int, alpha: float,
 
   The whole draw is repeated until every client has >= min_size examples (at most
   ``max_tries`` draws, then ValueError).
+
+  Args:
+    labels: [n] the examples' labels.
+    num_clients: N.
+    alpha: the Dirichlet concentration (> 0).
+    min_size: every client's fewest examples.
+    seed: the draws' seed.
+    max_tries: the draws tried before the ValueError.
   """
   _check_clients(num_clients, "partition_dirichlet")
   if not alpha > 0:
@@ -257,7 +265,17 @@ def check_pool(train_x, train_y, test_x, test_y, num_classes: int,
   ones: fedjax's Stack Overflow), one label per example in the training and
   the test set, test examples shaped like the training ones, a non-empty test set.
   ``names``: what each message names (keys x, y, train (both), test_x, test_y, test);
-  ValueError otherwise."""
+  ValueError otherwise.
+
+  Args:
+    train_x: the training features.
+    train_y: the training labels.
+    test_x: the test features.
+    test_y: the test labels.
+    num_classes: the labels' upper bound (an int).
+    names: what each message names (default: generic names).
+    sequence: the labels are [T] rows of token ids.
+  """
   names = names or {}
   nx, ny = names.get("x", "training features"), names.get("y", "training labels")
   ntx, nty = names.get("test_x", "test features"), names.get("test_y", "test labels")
@@ -296,7 +314,19 @@ def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarra
   Raises ValueError naming data.num_clients (and ``partition``) when the padded arrays would
   not fit in memory (:func:`check_padded_size`), and one naming the array at fault when
   the data fail :func:`check_pool` or a client has no examples (``names``: the names in
-  those messages, keys x, y, test_x, test_y, num_clients; default: the data set's)."""
+  those messages, keys x, y, test_x, test_y, num_clients; default: the data set's).
+
+  Args:
+    train_x: the training features.
+    train_y: the training labels.
+    parts: each client's indices into ``train_x``.
+    test_x: the test features.
+    test_y: the test labels.
+    num_classes: the number of classes.
+    name: the data set's name.
+    partition: the partition, named in the memory error.
+    names: the names in the messages (default: the data set's).
+  """
   train_x, train_y = np.asarray(train_x), np.asarray(train_y)
   test_x, test_y = np.asarray(test_x), np.asarray(test_y)
   counts = np.array([len(p) for p in parts], dtype=np.int32)
@@ -323,7 +353,17 @@ def federate(train_x: np.ndarray, train_y: np.ndarray, parts: Sequence[np.ndarra
 def make_partition(labels: np.ndarray, kind: str, num_clients: int, *, alpha: float = 0.5,
               shards_per_client: int = 2, min_size: int = 10,
               seed: int = 0) -> List[np.ndarray]:
-  """Dispatches to partition_iid / partition_shards / partition_dirichlet by name."""
+  """Dispatches to partition_iid / partition_shards / partition_dirichlet by name.
+
+  Args:
+    labels: [n] the examples' labels.
+    kind: ``iid``, ``shards`` or ``dirichlet``.
+    num_clients: N.
+    alpha: the Dirichlet concentration.
+    shards_per_client: label shards per client.
+    min_size: a Dirichlet partition's fewest examples per client.
+    seed: the partition's seed.
+  """
   if kind == "iid":
     return partition_iid(labels, num_clients, seed)
   if kind == "shards":
@@ -438,6 +478,21 @@ def from_arrays(x, y, test, *, num_clients: int, partition: str = "iid",
   ``shards_per_client``; seeded). ``num_classes`` defaults to the largest label + 1.
   Bad input (NaN/Inf features, labels outside [0, num_classes), lengths or example shapes
   that do not match, an empty client) is a one-line ValueError naming the argument.
+
+  Args:
+    x: [n, ...] float features.
+    y: [n] int labels.
+    test: ``(x_test, y_test)``, the central test set.
+    num_clients: the clients to split ``x`` over.
+    partition: ``iid``, ``shards`` or ``dirichlet``.
+    alpha: the Dirichlet concentration.
+    shards_per_client: label shards per client.
+    min_size: a Dirichlet partition's fewest examples per client.
+    seed: the partition's seed.
+    num_classes: the number of classes (None: the largest label + 1).
+    name: the data set's name.
+
+  Example::
 
     fed = fa.data.from_arrays(x, y, (tx, ty), num_clients=20, partition="dirichlet", alpha=0.1)
     fa.simulate(algorithm="fedavg", data=fed)

@@ -247,7 +247,15 @@ def present(name: str, data_dir: Optional[str]) -> bool:
 def load(name: str, data_dir: str, *, max_client_examples: int = 0,
          max_test_examples: int = 0, transform: Callable = lambda x: x) -> FederatedData:
   """The natural data set ``name`` (module docstring) from fedjax's files in ``data_dir``;
-  ``transform`` maps image features (normalisation)."""
+  ``transform`` maps image features (normalisation).
+
+  Args:
+    name: the data set (``DATASETS``).
+    data_dir: the directory of fedjax's files.
+    max_client_examples: each client's first k examples (0: all).
+    max_test_examples: the first k test examples (0: all).
+    transform: maps image features (normalisation).
+  """
   train_path, test_path = paths(name, data_dir)
   for p in (train_path, test_path):
     if not os.path.isfile(p):

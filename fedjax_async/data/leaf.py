@@ -155,7 +155,15 @@ def _converter(name: str, data_dir: str, train: Dict[str, dict]) -> Tuple[Callab
 
 def load(name: str, data_dir: str, *, max_client_examples: int = 0,
          max_test_examples: int = 0, transform: Callable = lambda x: x) -> FederatedData:
-  """The natural data set ``name`` (module docstring) from LEAF's folder ``data_dir``."""
+  """The natural data set ``name`` (module docstring) from LEAF's folder ``data_dir``.
+
+  Args:
+    name: the data set (``DATASETS``).
+    data_dir: LEAF's data folder (with ``train/`` and ``test/``).
+    max_client_examples: each client's first k examples (0: all).
+    max_test_examples: the first k test examples (0: all).
+    transform: maps image features (normalisation).
+  """
   users, train, files = read_split(data_dir, "train", name)
   test_users, test, _ = read_split(data_dir, "test", name)
   convert, p = _converter(name, data_dir, train)

@@ -86,6 +86,23 @@ def load(dataset: str, *, partition: str = "shards", num_clients: int = 100,
   fit in memory (:func:`check_padded_size`), are refused naming data.num_clients, and
   data failing :func:`federated.check_pool` (NaN/Inf features, labels outside
   [0, num_classes), ...) naming the data set.
+
+  Args:
+    dataset: the data set's name (``DATASETS``, a natural one, or a tfds name).
+    partition: ``iid``, ``shards`` or ``dirichlet``.
+    num_clients: N, the number of clients.
+    alpha: the Dirichlet concentration.
+    shards_per_client: label shards per client.
+    min_size: a Dirichlet partition's fewest examples per client.
+    seed: the partition's (and the synthetic data's) seed.
+    data_dir: the IDX directory, tfds data_dir, or a natural data set's files.
+    data_source: ``auto``, ``idx`` or ``tfds``.
+    synthetic_alpha: Synthetic(alpha, beta)'s alpha.
+    synthetic_beta: Synthetic(alpha, beta)'s beta.
+    tfds_download: let tensorflow-datasets download the data set.
+    normalize: the image inputs' normalisation (``NORMALIZATIONS``).
+    max_client_examples: natural data sets: each client's first k examples (0: all).
+    max_test_examples: natural data sets: the first k test examples (0: all).
   """
   name = dataset.lower().replace("-", "_")
   if normalize not in NORMALIZATIONS:
@@ -185,7 +202,15 @@ def load_natural(name: str, data_dir: Optional[str], *, normalize: str = "none",
                  max_client_examples: int = 0, max_test_examples: int = 0) -> FederatedData:
   """A natural data set from its format's files in ``data_dir`` (``fedjax_sqlite``,
   ``tff_sqlite``, ``leaf``): its own clients and test split, clients held lazily
-  (``natural``); errors name data.data_dir or the file."""
+  (``natural``); errors name data.data_dir or the file.
+
+  Args:
+    name: the natural data set (``NATURAL_DATASETS``).
+    data_dir: the directory of its files.
+    normalize: the image inputs' normalisation (``NORMALIZATIONS``).
+    max_client_examples: each client's first k examples (0: all).
+    max_test_examples: the first k test examples (0: all).
+  """
   module = importlib.import_module(
       "fedjax_async.data." + next(m for p, m in NATURAL_FORMATS if name.startswith(p)))
   if not data_dir:

@@ -160,7 +160,16 @@ class LazyClients:
 def natural_data(store: ClientStore, test_x: np.ndarray, test_y: np.ndarray,
                  num_classes: int, name: str, input_vocab: int = 0) -> FederatedData:
   """The :class:`FederatedData` of ``store``'s clients (``x``, ``y`` lazy views) and a
-  central test set (checked by ``check_pool``)."""
+  central test set (checked by ``check_pool``).
+
+  Args:
+    store: the clients' store.
+    test_x: the central test features.
+    test_y: the central test labels.
+    num_classes: the number of classes.
+    name: the data set's name.
+    input_vocab: the text data sets' input vocabulary (0: none).
+  """
   if not len(store.counts):
     raise ValueError(f"{store.where}: no clients with training examples")
   if store.counts.min() < 1:
@@ -214,7 +223,15 @@ def padded_rows(fed, clients: Sequence[int], num_rows: Optional[int] = None):
 
 def concatenated(parts: Sequence[Tuple[np.ndarray, np.ndarray]], item_shape, dtype,
                  label_shape, limit: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-  """(x, y) of ``parts`` end to end, the first ``limit`` examples (0: all)."""
+  """(x, y) of ``parts`` end to end, the first ``limit`` examples (0: all).
+
+  Args:
+    parts: (x, y) pairs.
+    item_shape: one example's shape (for no parts).
+    dtype: the features' dtype (for no parts).
+    label_shape: one label's shape (for no parts).
+    limit: the examples kept (0: all).
+  """
   xs = [np.asarray(p[0]) for p in parts]
   ys = [np.asarray(p[1]) for p in parts]
   x = np.concatenate(xs) if xs else np.zeros((0,) + tuple(item_shape), dtype)

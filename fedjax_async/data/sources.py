@@ -58,6 +58,14 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   W, b ~ N(0, 1) and x ~ N(0, Sigma) for every client. Client sizes int(lognormal(4, 2)) + 50.
   Each client's examples are shuffled and split into train (1 - test_fraction) and test;
   the central test set is the union of the test parts.
+
+  Args:
+    alpha: the spread of the clients' models (non-IID).
+    beta: the spread of the clients' inputs (non-IID).
+    num_clients: the number of clients.
+    iid: ``synthetic_iid``: one shared model, the same inputs' law.
+    seed: the draws' seed.
+    test_fraction: each client's share of examples in the test set.
   """
   if num_clients < 1:
     raise ValueError(f"synthetic: num_clients must be >= 1, got {num_clients}")

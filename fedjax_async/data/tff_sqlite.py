@@ -298,7 +298,15 @@ def present(name: str, data_dir: Optional[str]) -> bool:
 
 def load(name: str, data_dir: str, *, max_client_examples: int = 0,
          max_test_examples: int = 0, transform: Callable = lambda x: x) -> FederatedData:
-  """The natural data set ``name`` (module docstring) from TFF's file in ``data_dir``."""
+  """The natural data set ``name`` (module docstring) from TFF's file in ``data_dir``.
+
+  Args:
+    name: the data set (``DATASETS``).
+    data_dir: the directory of TFF's file.
+    max_client_examples: each client's first k examples (0: all).
+    max_test_examples: the first k test examples (0: all).
+    transform: maps image features (normalisation).
+  """
   if name not in FILES:
     raise ValueError(f"data.dataset: unknown TFF data set {name!r}; choose from "
                      f"{list(DATASETS)}")

@@ -48,6 +48,16 @@ def _functions(model, encryptor, cfg, share_rows, use_layer, client_loop) -> _Fn
     return Training.start(sgd(cfg), theta0, cfg.pretrain_epochs)
 
   def pretrain(tr, x, y, n, keys, chunk):
+    """One chunk (epoch) of Alg. 1's pre-training (lines 1-4).
+
+    Args:
+      tr: the training so far.
+      x: the client's padded inputs.
+      y: its labels.
+      n: its real rows.
+      keys: [2] keys: pre-training's, the encryptor's.
+      chunk: the epoch to run.
+    """
     return train_chunk(pretrain_loss(model), sgd(cfg), tr, x, y, n, keys[0],
                        cfg.pretrain_epochs, cfg.batch_size, chunk)
 
@@ -57,6 +67,18 @@ def _functions(model, encryptor, cfg, share_rows, use_layer, client_loop) -> _Fn
     return Training.start(encryptor_optimizer(cfg), phi, cfg.encryptor_epochs)
 
   def train_encryptor(tr, theta, layer, x, y, n, keys, chunk):
+    """One chunk (epoch) of Alg. 1's encryptor training (lines 5-7).
+
+    Args:
+      tr: the training so far.
+      theta: the client's pre-trained (theta_g, theta_c).
+      layer: its stochastic layer.
+      x: its padded inputs.
+      y: its labels.
+      n: its real rows.
+      keys: [2] keys: pre-training's, the encryptor's.
+      chunk: the epoch to run.
+    """
     _, k_train = jax.random.split(keys[1])
     loss_fn = encryptor_loss(model, encryptor, theta, layer if use_layer else None)
     return train_chunk(loss_fn, encryptor_optimizer(cfg), tr, x, y, n, k_train,
@@ -266,7 +288,15 @@ def run(job: Alg1, path: str, config: dict, label: str, resume: bool) -> Generat
   SIGTERM; within ``interrupts.graceful`` the first one is only recorded) stops it at the
   end of the chunk it arrives in: the chunks done are saved to ``path``, a line says
   where, and the signal's ``Interrupted`` (or ``KeyboardInterrupt``) goes on. The file
-  is removed once the job ends."""
+  is removed once the job ends.
+
+  Args:
+    job: the Alg. 1 job.
+    path: the partial file its finished chunks are saved to.
+    config: the setting's configuration (checked against the file's).
+    label: the lines' prefix.
+    resume: continue from ``path`` when it holds this job.
+  """
   if resume and load(path, job, config, label):
     print(f"{label} Alg. 1 continues from {path} at {job.where()}", flush=True)
   else:

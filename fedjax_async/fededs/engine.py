@@ -27,7 +27,16 @@ def hp_schedule(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, sh
                 fixed_epochs: int = 1):
   """(hp, round_hp): the hp of round 1 and, for the keys that change from round to round,
   their values over engine rounds 0 .. num_rounds - 1 (paper round t = engine round + 1):
-  E_t (Eq. 5), lambda_c, lambda_dis (Eqs. 9-10) and lr * lambda_c (``round_hparams``)."""
+  E_t (Eq. 5), lambda_c, lambda_dis (Eqs. 9-10) and lr * lambda_c (``round_hparams``).
+
+  Args:
+    base_hp: the hyper-parameters every round starts from.
+    num_rounds: the rounds.
+    cfg: the ``FedEDSConfig``.
+    anneal: E_t by Eq. 5 (else ``fixed_epochs``).
+    share: the transfer weights of Eqs. 9-10 (else (1, 0)).
+    fixed_epochs: the epochs without ``anneal``: an int, or one per round.
+  """
   per_round = [round_hparams(base_hp, r + 1, cfg, anneal=anneal, share=share,
                              fixed_epochs=fixed_epochs) for r in range(num_rounds)]
   keys = ("local_epochs", "fededs_lambda_c", "fededs_lambda_dis", "lr")
@@ -38,7 +47,15 @@ def hp_schedule(base_hp, num_rounds: int, cfg: FedEDSConfig, *, anneal: bool, sh
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int = 2,
                seed: int = 0):
   """``engine.init_state`` with the client ids a wrapped algorithm keeps installed: the
-  state ``run`` starts from, and the template a checkpoint is restored into."""
+  state ``run`` starts from, and the template a checkpoint is restored into.
+
+  Args:
+    algorithm: the (wrapped) algorithm.
+    w0: [d] the initial model.
+    num_clients: N.
+    ring_size: R, the ring buffer's slots.
+    seed: the base PRNG key's seed.
+  """
   state = engine.init_state(algorithm, w0, num_clients, ring_size, seed)
   if ID_KEY in state.client_state:
     state = install_client_ids(state)
@@ -57,7 +74,26 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
   ``state``: where to start (default ``init_state``); a state restored from a checkpoint
   of round t continues with round t, as the uninterrupted run would. Each row carries the
   round's ``local_epochs`` (E_t) and ``lambda_dis`` already when ``on_chunk(state, rows)``
-  sees it (so a checkpoint stores them)."""
+  sees it (so a checkpoint stores them).
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the (wrapped) algorithm.
+    w0: [d] the initial model.
+    data: the device data.
+    timeline: the timeline.
+    base_hp: the hyper-parameters every round starts from.
+    cfg: the ``FedEDSConfig``.
+    anneal: E_t by Eq. 5 (else ``fixed_epochs``).
+    share: the transfer weights of Eqs. 9-10 (else (1, 0)).
+    fixed_epochs: the epochs without ``anneal``: an int, or one per round.
+    ring_size: R, the ring buffer's slots.
+    seed: the base PRNG key's seed.
+    eval_every: evaluate every this many rounds (and in the last 10).
+    rounds_per_call: the rounds of a chunk.
+    on_chunk: called as ``on_chunk(state, rows)`` after every chunk.
+    state: the state to start from (None: ``init_state``).
+  """
   num_clients = int(data.counts.shape[0])
   max_examples = int(data.x.shape[1])
   if state is None:
@@ -85,7 +121,15 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
 
 
 def accuracy(model: SplitModel, theta, x, y, chunk: int = 1000) -> float:
-  """Top-1 accuracy of f(x; theta_g, theta_c) with the stochastic layer off."""
+  """Top-1 accuracy of f(x; theta_g, theta_c) with the stochastic layer off.
+
+  Args:
+    model: the split model.
+    theta: (theta_g, theta_c).
+    x: the inputs.
+    y: the labels.
+    chunk: the rows scored at a time.
+  """
   fn = jax.jit(lambda th, xb: jnp.argmax(model.forward(th[0], th[1], xb), -1))
   hits = sum(int(jnp.sum(fn(theta, x[i:i + chunk]) == y[i:i + chunk]))
              for i in range(0, len(y), chunk))
@@ -97,7 +141,18 @@ def shared_set_utility(model: SplitModel, shared: SharedData, theta0, test_x, te
   """What the shared sets teach on their own: test accuracy (layer off) of a model trained
   from ``theta0`` on the union of every client's D_i^F alone, each row scored with its
   sender's theta_l^i under L_dis (Eq. 6, as a receiving client uses it in Eq. 8), for
-  ``epochs`` epochs of the clients' SGD (lr, momentum, weight decay of ``cfg``)."""
+  ``epochs`` epochs of the clients' SGD (lr, momentum, weight decay of ``cfg``).
+
+  Args:
+    model: the split model.
+    shared: every client's shared set and layer.
+    theta0: the (theta_g, theta_c) to train from.
+    test_x: the test inputs.
+    test_y: the test labels.
+    key: the shuffles' key.
+    cfg: the ``FedEDSConfig``.
+    epochs: the epochs trained.
+  """
   num, rows = shared.x.shape[:2]
   valid = np.flatnonzero((np.arange(rows)[None, :] < np.asarray(shared.counts)[:, None])
                          .reshape(-1))

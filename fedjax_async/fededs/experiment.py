@@ -152,7 +152,25 @@ def own_data_check(cfg: FedEDSRunConfig, fed, variants):
 def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, share,
                 run_dir, config, fixed_epochs, callbacks=()):
   """One run with checkpoints every output.checkpoint_every rounds; with output.resume it
-  continues from the latest. Returns (result, rows); raises engine.Diverged."""
+  continues from the latest. Returns (result, rows); raises engine.Diverged.
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    name: the run's name (progress lines).
+    alg: the (wrapped) algorithm.
+    apply_flat: the model's forward pass on flat parameters.
+    w0: [d] the initial model.
+    dev: the device data.
+    tl: the timeline.
+    base_hp: the hyper-parameters every round starts from.
+    fcfg: the ``FedEDSConfig``.
+    anneal: E_t by Eq. 5 (else ``fixed_epochs``).
+    share: the transfer weights of Eqs. 9-10 (else (1, 0)).
+    run_dir: the run's directory (metrics, checkpoints).
+    config: the run's configuration (checked against a checkpoint's).
+    fixed_epochs: the epochs without ``anneal``: an int, or one per round.
+    callbacks: ``loop.Callback``s after every compiled chunk.
+  """
   os.makedirs(run_dir, exist_ok=True)
   t = cfg.training
   ckpt = loop.Checkpoints(os.path.join(run_dir, "checkpoints"), config,
@@ -186,7 +204,22 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
 def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, out_dir,
                    do_privacy):
   """Alg. 1's shared sets of a setting (read back with output.resume when stored), its
-  shared.json, and Fig. 3 when ``do_privacy``."""
+  shared.json, and Fig. 3 when ``do_privacy``.
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    setting: the setting (alpha, num_clients).
+    sdir: the setting's directory.
+    model: the split model.
+    w0: [d] the initial model.
+    split: flat parameters -> (theta_g, theta_c).
+    fd: the setting's federated data.
+    dev: its device data.
+    pool: (train x, train y, test x, test y).
+    fcfg: the ``FedEDSConfig``.
+    out_dir: the grid's output directory (Fig. 3's files).
+    do_privacy: also Fig. 3 and privacy.json.
+  """
   k, seed = setting["num_clients"], cfg.run.seed
   layers = client_stochastic_layers(seed, k, cfg.model.hidden)
   encryptor = make_encryptor(fd.feature_shape, width=cfg.alg1.unet_width)
@@ -218,7 +251,20 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
 def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callbacks=(),
                 fed=None):
   """The runs of one (alpha, K): Alg. 1 once, then every base x variant. ``done(res,
-  rows)`` after each run, in grid order. ``fed``: the caller's data (alpha None)."""
+  rows)`` after each run, in grid order. ``fed``: the caller's data (alpha None).
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    alpha: the Dirichlet concentration (None with ``fed``).
+    k: the number of clients.
+    bases: the base algorithms.
+    variants: the variants (``VARIANTS``).
+    pool: (train x, train y, test x, test y).
+    do_privacy: also Fig. 3 and privacy.json.
+    done: called as ``done(res, rows)`` after each run.
+    callbacks: ``loop.Callback``s after every compiled chunk.
+    fed: the caller's federated data (None: a Dirichlet split of ``pool``).
+  """
   tx, ty, vx, vy = pool
   seed, t, out_dir = cfg.run.seed, cfg.training, cfg.output.output_dir
   if fed is None:
@@ -294,7 +340,16 @@ def estimate_cost(cfg: FedEDSRunConfig, num_settings: int, bases: int, variants,
   epochs over every client's data, the UNet and the model), every base x variant for
   training.rounds rounds of E_t epochs over the data (the sharing variants with as much
   again on the shared sets), the shared sets' utility; Fig. 3's second Alg. 1 once.
-  ``fed``: ``data=``, in place of Fashion-MNIST."""
+  ``fed``: ``data=``, in place of Fashion-MNIST.
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    num_settings: the (alpha, K) settings.
+    bases: the number of base algorithms.
+    variants: the variants.
+    device: the device (None: ``cost.detect()``).
+    fed: the caller's data (None: Fashion-MNIST).
+  """
   shape = (28, 28, 1) if fed is None else fed.feature_shape  # Fashion-MNIST
   split = SplitModel(cfg.model.name, 10 if fed is None else fed.num_classes, shape,
                      hidden=cfg.model.hidden)

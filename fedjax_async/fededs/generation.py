@@ -49,6 +49,17 @@ def train_epochs(loss_fn: Callable, opt, params, x, y, n, key, epochs: int, batc
   n real rows (minibatches of ``batch``; padding never drawn, as ``client.train``).
 
   Returns (params, per-epoch mean loss [epochs]). vmap over clients.
+
+  Args:
+    loss_fn: ``loss_fn(params, xb, yb, mask)``.
+    opt: the optax optimiser.
+    params: the parameters to start from.
+    x: the client's padded inputs [M, ...].
+    y: its labels.
+    n: its real rows.
+    key: the shuffles' key.
+    epochs: the passes.
+    batch: the minibatch size.
   """
   cfg, step = _trainer(loss_fn, opt, x, y, n, key, epochs, batch)
   (params, _), (losses, active, ep) = jax.lax.scan(step, (params, opt.init(params)),
@@ -79,7 +90,20 @@ def train_chunk(loss_fn: Callable, opt, state: Training, x, y, n, key, epochs: i
                 batch: int, chunk) -> Training:
   """``train_epochs``'s steps chunk * S .. (chunk + 1) * S - 1, S = ceil(M / batch) the
   steps of an epoch over all M rows of ``x``: chunks 0 .. epochs - 1 in turn make the
-  same steps as ``train_epochs`` (``chunk`` is traced: one compilation for all)."""
+  same steps as ``train_epochs`` (``chunk`` is traced: one compilation for all).
+
+  Args:
+    loss_fn: ``loss_fn(params, xb, yb, mask)``.
+    opt: the optax optimiser.
+    state: the training so far.
+    x: the client's padded inputs [M, ...].
+    y: its labels.
+    n: its real rows.
+    key: the shuffles' key (the same for every chunk).
+    epochs: the passes of the whole training.
+    batch: the minibatch size.
+    chunk: the epoch to run (traced).
+  """
   cfg, step = _trainer(loss_fn, opt, x, y, n, key, epochs, batch)
   steps = chunk * cfg.steps_per_epoch + jnp.arange(cfg.steps_per_epoch)
   (p, o), (losses, active, ep) = jax.lax.scan(step, (state.params, state.opt_state), steps)
@@ -105,7 +129,17 @@ def pretrain_loss(model: SplitModel):
 
 def pretrain_client(model: SplitModel, theta, x, y, n, key, cfg: FedEDSConfig):
   """Alg. 1 lines 1-4: E_c epochs of SGD on CE(y, f(x; theta_g, theta_c)) (Eq. 2), the
-  stochastic layer off. ``theta = (theta_g, theta_c)``; returns (theta, epoch losses)."""
+  stochastic layer off. ``theta = (theta_g, theta_c)``; returns (theta, epoch losses).
+
+  Args:
+    model: the split model.
+    theta: (theta_g, theta_c) to start from.
+    x: the client's padded inputs.
+    y: its labels.
+    n: its real rows.
+    key: the shuffles' key.
+    cfg: the ``FedEDSConfig`` (E_c, the batch, SGD's settings).
+  """
   return train_epochs(pretrain_loss(model), sgd(cfg), theta, x, y, n, key,
                       cfg.pretrain_epochs, cfg.batch_size)
 
@@ -130,7 +164,19 @@ def train_encryptor(model: SplitModel, encryptor: nn.Module, theta, theta_l, x, 
                     cfg: FedEDSConfig):
   """Alg. 1 lines 5-7: E_g epochs of AdamW on phi for CE(y, f(g(x; phi); theta, theta_l))
   (Eq. 3), theta frozen (stop_gradient), the stochastic layer on (``theta_l=None``: off,
-  the "without stochastic layer" row of Fig. 3). Returns (phi, epoch losses)."""
+  the "without stochastic layer" row of Fig. 3). Returns (phi, epoch losses).
+
+  Args:
+    model: the split model.
+    encryptor: the UNet g(x; phi).
+    theta: the client's pre-trained (theta_g, theta_c), frozen.
+    theta_l: its stochastic layer (None: off).
+    x: the client's padded inputs.
+    y: its labels.
+    n: its real rows.
+    key: phi's initialisation and the shuffles' key.
+    cfg: the ``FedEDSConfig`` (E_g, the batch, AdamW's settings).
+  """
   k_init, k_train = jax.random.split(key)
   phi = encryptor.init(k_init, x[:1])["params"]
   return train_epochs(encryptor_loss(model, encryptor, theta, theta_l),
@@ -140,7 +186,17 @@ def train_encryptor(model: SplitModel, encryptor: nn.Module, theta, theta_l, x, 
 
 def encrypt(model: SplitModel, encryptor: nn.Module, theta, phi, theta_l, x,
             chunk: int = 256):
-  """Eq. 4: (g(x; phi), softmax f(g(x); theta, theta_l)) for every row of x (chunked)."""
+  """Eq. 4: (g(x; phi), softmax f(g(x); theta, theta_l)) for every row of x (chunked).
+
+  Args:
+    model: the split model.
+    encryptor: the UNet g(x; phi).
+    theta: the client's (theta_g, theta_c).
+    phi: its encryptor's parameters.
+    theta_l: its stochastic layer (None: off).
+    x: the rows to encrypt.
+    chunk: the rows encrypted at a time.
+  """
   m = x.shape[0]
   chunk = min(chunk, m)
   nb = -(-m // chunk)
@@ -179,6 +235,17 @@ def _generation_fn(model, encryptor, cfg, share_rows, use_layer, client_loop="vm
   repeated calls do not recompile."""
 
   def one(th0, layer, xk, yk, nk, kk):
+    """Alg. 1 for one client: (encrypted rows, soft labels, pre-training and encryptor losses,
+    theta, phi).
+
+    Args:
+      th0: the global (theta_g, theta_c).
+      layer: the client's stochastic layer.
+      xk: its padded inputs.
+      yk: its labels.
+      nk: its real rows.
+      kk: [2] keys: pre-training's, the encryptor's.
+    """
     theta, pre_loss = pretrain_client(model, th0, xk, yk, nk, kk[0], cfg)
     lay = layer if use_layer else None
     phi, enc_loss = train_encryptor(model, encryptor, theta, lay, xk, yk, nk, kk[1], cfg)
@@ -203,6 +270,20 @@ def generate_encrypted(model: SplitModel, encryptor: nn.Module, theta0, layers, 
   the client's local model is restored afterwards (line 9): nothing but ``shared`` is
   meant to leave this function for training. ``client_loop``: "vmap" (default) or
   "map" (sequential over clients; faster on CPU).
+
+  Args:
+    model: the split model.
+    encryptor: the UNet g(x; phi).
+    theta0: the global (theta_g, theta_c).
+    layers: the clients' stochastic layers, leaves [N, F].
+    x: [N, M, ...] the clients' padded inputs.
+    y: [N, M] their labels.
+    counts: [N] their real rows.
+    key: the key the clients' keys are split from.
+    cfg: the ``FedEDSConfig``.
+    share_rows: the rows of each client shared (None: all).
+    use_layer: train and encrypt with the stochastic layer.
+    client_loop: ``vmap`` or ``map``.
   """
   num_clients = x.shape[0]
   keys = jax.random.split(key, 2 * num_clients).reshape(num_clients, 2, -1)

@@ -108,7 +108,16 @@ class SplitModel:
 
   def forward(self, theta_g, theta_c, x, stochastic_layer=None, *, rng=None,
               noise_std: float = 0.0):
-    """Logits; ``stochastic_layer=None`` skips theta_l (Eq. 2), else uses it (Eq. 3/6)."""
+    """Logits; ``stochastic_layer=None`` skips theta_l (Eq. 2), else uses it (Eq. 3/6).
+
+    Args:
+      theta_g: the feature extractor's parameters.
+      theta_c: the classifier's.
+      x: the inputs.
+      stochastic_layer: theta_l (None: skipped).
+      rng: the layer's fresh noise key (None: no noise).
+      noise_std: the std of that noise.
+    """
     h = self.features(theta_g, x)
     if stochastic_layer is not None:
       h = apply_stochastic_layer(stochastic_layer, h, rng=rng, noise_std=noise_std)
@@ -134,7 +143,16 @@ class SplitModel:
 
 
 def forward(model: SplitModel, theta_g, theta_c, x, stochastic_layer=None, **kw):
-  """Module-level alias of ``model.forward`` (pure; vmap over clients freely)."""
+  """Module-level alias of ``model.forward`` (pure; vmap over clients freely).
+
+  Args:
+    model: the split model.
+    theta_g: the feature extractor's parameters.
+    theta_c: the classifier's.
+    x: the inputs.
+    stochastic_layer: theta_l (None: skipped).
+    **kw: ``rng``, ``noise_std`` (``SplitModel.forward``).
+  """
   return model.forward(theta_g, theta_c, x, stochastic_layer, **kw)
 
 
@@ -152,7 +170,15 @@ def make_stochastic_layer(key, feature_dim: int, gain_std: float = 1.0,
 def client_stochastic_layers(seed: int, num_clients: int, feature_dim: int,
                              gain_std: float = 1.0, bias_std: float = 1.0):
   """Stacked theta_l^k for k = 0..N-1 ([N, F] leaves): client k's layer depends only on
-  (seed, k), as if the server drew it with the client's seed (Alg. 3, line 1)."""
+  (seed, k), as if the server drew it with the client's seed (Alg. 3, line 1).
+
+  Args:
+    seed: the server's seed.
+    num_clients: N.
+    feature_dim: F, the features' size.
+    gain_std: s, the gain's spread.
+    bias_std: b, the bias's spread.
+  """
   root = jax.random.PRNGKey(seed)
   keys = jax.vmap(lambda k: jax.random.fold_in(root, k))(jnp.arange(num_clients))
   return jax.vmap(lambda k: make_stochastic_layer(k, feature_dim, gain_std, bias_std))(keys)

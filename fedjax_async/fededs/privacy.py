@@ -38,7 +38,15 @@ def _filter2(img: np.ndarray, g: np.ndarray) -> np.ndarray:
 def ssim(a, b, data_range: float = 1.0, win: int = 11, sigma: float = 1.5) -> float:
   """Mean SSIM (Wang et al., 2004) with a Gaussian window, K1 = 0.01, K2 = 0.03, over
   images [..., H, W, C] (every image and channel, then averaged); the window shrinks to
-  the image's smaller side when needed (odd size)."""
+  the image's smaller side when needed (odd size).
+
+  Args:
+    a: the first images.
+    b: the second, shaped alike.
+    data_range: the pixels' range.
+    win: the Gaussian window's size.
+    sigma: its std.
+  """
   a = np.asarray(a, np.float64)
   b = np.asarray(b, np.float64)
   if a.ndim == 2:
@@ -81,7 +89,16 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
                                                   "encrypted (layer off)"),
                          title: str = "") -> None:
   """PNG grid as Fig. 3: row 1 originals, row 2 encrypted (row 3: without the layer);
-  ``title`` above it (the data set and setting)."""
+  ``title`` above it (the data set and setting).
+
+  Args:
+    originals: [n, H, W, C] the original images.
+    encrypted: the same encrypted with the stochastic layer.
+    path: the PNG to write.
+    encrypted_without: the same encrypted without the layer (None: no third row).
+    titles: the rows' labels.
+    title: the figure's title.
+  """
   rows = [np.asarray(originals), np.asarray(encrypted)]
   if encrypted_without is not None:
     rows.append(np.asarray(encrypted_without))

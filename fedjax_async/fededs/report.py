@@ -41,7 +41,20 @@ def client_loop() -> str:
 def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_dir,
                     setting=None):
   """Fig. 3 for client 0: originals, encrypted with / without the stochastic layer
-  (``setting``: the grid's alpha and num_clients, named in the title)."""
+  (``setting``: the grid's alpha and num_clients, named in the title).
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    model: the split model.
+    encryptor: the UNet g(x; phi).
+    theta0: the initial global (theta_g, theta_c).
+    layers: the clients' stochastic layers theta_l.
+    dev: the device data.
+    fcfg: the ``FedEDSConfig``.
+    gen: Alg. 1's generation with the layer on.
+    out_dir: where the grid and privacy.json go.
+    setting: the grid's alpha and num_clients (None: none named).
+  """
   job = alg1.Alg1(model, encryptor, theta0, layers, dev.x, dev.y, dev.counts,
                   jax.random.PRNGKey(cfg.run.seed + 1), fcfg, share_rows=16, use_layer=False,
                   client_loop=client_loop())
@@ -77,7 +90,20 @@ def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcf
   """shared.json of a setting: Alg. 1's encryptor loss (first and last epoch, mean over
   clients), and the test accuracy of a model trained alg1.utility_epochs epochs from the
   initial global model on the shared sets alone (L_dis with each sender's layer) beside
-  one trained as long on the raw training rows they were made from (CE)."""
+  one trained as long on the raw training rows they were made from (CE).
+
+  Args:
+    cfg: the ``FedEDSRunConfig``.
+    sdir: the setting's directory.
+    setting: the setting (alpha, num_clients).
+    config: the setting's configuration (compared with a stored report on resume).
+    gen: Alg. 1's generation.
+    model: the split model.
+    theta0: the initial global (theta_g, theta_c).
+    dev: the device data.
+    pool: (train x, train y, test x, test y); the test pair scores the models.
+    fcfg: the ``FedEDSConfig``.
+  """
   path = os.path.join(sdir, "shared.json")
   if cfg.output.resume and os.path.exists(path):
     with open(path) as f:

@@ -25,6 +25,13 @@ def annealed_epochs(t, e_max, e_min, t_alpha, t_beta):
   E_t = E_max for t <= T_alpha; E_max - floor((E_max - E_min)(t - T_alpha) /
   (T_beta - T_alpha)) for T_alpha < t <= T_beta; E_min for t > T_beta. Works on Python
   ints (host) and on traced scalars.
+
+  Args:
+    t: the round (1-based; an int or a traced scalar).
+    e_max: E_max.
+    e_min: E_min.
+    t_alpha: T_alpha, the last round at E_max.
+    t_beta: T_beta, the last annealed round (E_min after it).
   """
   if isinstance(t, (int, np.integer)):
     if t <= t_alpha:
@@ -113,6 +120,14 @@ def round_hparams(base_hp: Dict[str, float], t: int, cfg: FedEDSConfig, *, annea
   CE + local_penalty, so ``wrap``'s penalty divides by lambda_c and the learning rate is
   scaled by lambda_c here: lr * lambda_c * (CE + pen / lambda_c) = lr * (lambda_c CE + pen),
   the gradient of Eq. 8 (Eq. 11 for FedProx) exactly.
+
+  Args:
+    base_hp: the hyper-parameters every round starts from.
+    t: the round (1-based).
+    cfg: the ``FedEDSConfig``.
+    anneal: E_t by Eq. 5 (else ``fixed_epochs``).
+    share: the transfer weights of Eqs. 9-10 (else (1, 0)).
+    fixed_epochs: the epochs without ``anneal``: an int, or one per round.
   """
   lam_c, lam_dis = transfer_weights(t, cfg.m, cfg.eps) if share else (1.0, 0.0)
   hp = dict(base_hp)

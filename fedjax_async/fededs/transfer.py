@@ -32,7 +32,17 @@ def kl_soft(p, logits, mask=None):
 
 
 def transfer_loss(model: SplitModel, theta_g, theta_c, x_enc, soft, theta_l, mask=None):
-  """L_dis (Eq. 6): KL between sender i's soft labels and f(x; theta_k, theta_l^i)."""
+  """L_dis (Eq. 6): KL between sender i's soft labels and f(x; theta_k, theta_l^i).
+
+  Args:
+    model: the split model.
+    theta_g: the receiving client's feature extractor.
+    theta_c: its classifier.
+    x_enc: the sender's encrypted rows.
+    soft: their soft labels.
+    theta_l: the sender's stochastic layer.
+    mask: the real rows (None: all).
+  """
   return kl_soft(soft, model.forward(theta_g, theta_c, x_enc, theta_l), mask)
 
 
@@ -64,6 +74,16 @@ def transfer_penalty(model: SplitModel, split: Callable, shared: SharedData, w, 
   mode "sample" (Eq. 8): one sender i* != own, ``batch`` rows of D_{i*}^F drawn
   uniformly from its real rows, scored with theta_l^{i*}. mode "all" (Eq. 7): the sum of
   that term over every sender i != own.
+
+  Args:
+    model: the split model.
+    split: flat parameters -> (theta_g, theta_c).
+    shared: every client's shared set and layer.
+    w: the client's flat parameters.
+    own: the client's index.
+    key: the draws' key.
+    batch: the rows drawn per sender.
+    mode: ``sample`` (Eq. 8) or ``all`` (Eq. 7).
   """
   theta_g, theta_c = split(w)
   num_clients = shared.counts.shape[0]
@@ -96,6 +116,16 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
   With ``shared=None`` there is no transfer term (baselines and ablation S1 keep the same
   weight decay). The shared data is closed over (device arrays); the client's own index
   comes from the per-client state ``fededs_id`` (a one-hot, see ``install_client_ids``).
+
+  Args:
+    base_algorithm: FedAvg, FedProx or FedNova.
+    model: the split model (needed with ``shared``).
+    split: flat parameters -> (theta_g, theta_c) (needed with ``shared``).
+    shared: every client's shared set and layer (None: no transfer term).
+    batch: the rows drawn per sender.
+    mode: ``sample`` (Eq. 8) or ``all`` (Eq. 7).
+    seed: the transfer draws' seed.
+    name: the algorithm's name (None: ``fededs+<base>``).
   """
   if shared is not None and (model is None or split is None):
     raise ValueError("wrap: shared data needs the SplitModel and its split function")
@@ -128,6 +158,15 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
     return pen / lam_c
 
   def client_final(w_start, w_end, cs, num_steps, hp):
+    """The base algorithm's upload and state, the client's id kept.
+
+    Args:
+      w_start: [d] the model the client started from.
+      w_end: [d] its model after local training.
+      cs: its persistent state (with ``fededs_id``).
+      num_steps: the local steps it took.
+      hp: the hyper-parameters.
+    """
     out = base_algorithm.client_final(w_start, w_end, base_state(cs), num_steps, hp)
     st = dict(out.state)
     st[ID_KEY] = cs[ID_KEY]

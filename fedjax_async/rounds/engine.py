@@ -132,6 +132,16 @@ def auto_client_chunk(num_params: int, backend: Optional[str] = None) -> Optiona
 
 def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
                seed: int) -> SimState:
+  """The state before round 0: ``w0`` as the model and in every ring slot, each client's
+  initial state, the server's, the PRNG key of ``seed``.
+
+  Args:
+    algorithm: the algorithm (its client and server state).
+    w0: [d] the initial model.
+    num_clients: N.
+    ring_size: R, the ring buffer's slots.
+    seed: the base PRNG key's seed.
+  """
   w0 = jnp.array(w0, jnp.float32, copy=True)  # the runner donates the state's buffers
   one = algorithm.init_client_state(w0)
   client_state = {k: jnp.broadcast_to(one[k], (num_clients,) + w0.shape)
@@ -272,6 +282,21 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   rule = algorithm.streamed_server
 
   def body(carry, real, ri, si, ci, ni, ki, v, on, st):
+    """One chunk of G clients: trained, their state scattered back, their uploads folded in
+    or kept.
+
+    Args:
+      carry: (the [N, d] client state, the streamed rule's carry).
+      real: [G] bool, the chunk's real rows (False: ``scan_chunks``'s padding).
+      ri: [G] the ring rows of their start models.
+      si: [G] the client ids their new state scatters to (N: none).
+      ci: [G] their data rows.
+      ni: [G] their example counts.
+      ki: [G] their PRNG keys.
+      v: [G] bool, the arrivals.
+      on: [G] bool, the online slots.
+      st: [G] their staleness.
+    """
     cstate, total = carry
     cs = materialized({k: a[ci] for k, a in cstate.items()}, always_true)
     res, out, health = _vmap_rows(train_and_final)(ri, cs, ci, ni, ki)
@@ -319,7 +344,17 @@ def _train_in_one_vmap(train_and_final, client_state, cfg, always_true, ring_row
 
 def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
                  algorithm: base.Algorithm, cfg: EngineConfig) -> ClientPhase:
-  """Gather (ring buffer, client state), vmapped local training, scatter."""
+  """Gather (ring buffer, client state), vmapped local training, scatter.
+
+  Args:
+    state: the state at the round's start.
+    slots: the round's row of the timeline (``valid``, ``client``, ``dispatch``, ...).
+    hp: the hyper-parameters.
+    data: the device data.
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm.
+    cfg: the engine's static configuration.
+  """
   t = state.round
   num_clients = data.counts.shape[0]
   ring_size = state.ring.shape[0]
@@ -401,7 +436,19 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
 
 def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots,
                  alg_metrics) -> tuple:
-  """Step 6 (ring buffer write, round counter) and the round's metrics."""
+  """Step 6 (ring buffer write, round counter) and the round's metrics.
+
+  Args:
+    state: the state at the round's start.
+    phase: the round's ``client_phase``.
+    new_w: w^{t+1}.
+    server_state: the server's new state.
+    slots: the round's row of the timeline.
+    alg_metrics: the server rule's own metrics.
+
+  Returns:
+    (the new state, the round's metrics).
+  """
   t = state.round
   ring = state.ring.at[(t + 1) % state.ring.shape[0]].set(new_w)
   new_state = SimState(t + 1, new_w, ring, phase.client_state, server_state, state.key)
@@ -436,7 +483,20 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
 
 def round_step(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Callable,
                algorithm: base.Algorithm, cfg: EngineConfig):
-  """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline."""
+  """One round (steps 1-6 of the module docstring). ``slots``: one row of the timeline.
+
+  Args:
+    state: the state at the round's start.
+    slots: the round's row of the timeline.
+    hp: the hyper-parameters.
+    data: the device data.
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm.
+    cfg: the engine's static configuration.
+
+  Returns:
+    (the new state, the round's metrics).
+  """
   phase = client_phase(state, slots, hp, data, apply_flat=apply_flat, algorithm=algorithm,
                        cfg=cfg)
   if phase.upload_carry is not None:  # streamed: the rule finished from its carry
@@ -456,6 +516,20 @@ def run_chunk(state: SimState, slots, eval_mask, hp, data: DeviceData, round_hp=
   that override the same keys of ``hp`` round by round (schedules such as FedEDS's E_t,
   Eq. 5, and lambda_c / lambda_dis, Eqs. 9-10), scanned with the rounds so that a schedule
   needs no recompilation.
+
+  Args:
+    state: the state at the chunk's start.
+    slots: the chunk's rows of the timeline (``[L]`` leading axis).
+    eval_mask: [L] bool, the rounds evaluated.
+    hp: the hyper-parameters.
+    data: the device data.
+    round_hp: ``[L]`` per-round values that override ``hp`` (None: none).
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm.
+    cfg: the engine's static configuration.
+
+  Returns:
+    (the final state, the rounds' metrics stacked ``[L]``).
   """
 
   def body(s, inputs):
@@ -588,6 +662,22 @@ def run_rounds(runner, state: SimState, timeline: timeline_lib.Timeline, hp, dat
   (``loop.StopOnDivergence``, after writing those rows).
   ``round_hp``: per-round values ``{key: [num_rounds]}`` (0-based engine rounds) that
   override ``hp[key]`` in each round, traced like ``hp`` (a schedule does not recompile).
+
+  Args:
+    runner: the jitted ``run_chunk`` (``make_runner``).
+    state: the state to continue from.
+    timeline: the timeline.
+    hp: the hyper-parameters.
+    data: the device data.
+    eval_every: evaluate every this many rounds (and in the last 10).
+    rounds_per_call: the rounds of a chunk.
+    on_chunk: called as ``on_chunk(state, rows)`` after every chunk.
+    stop_round: stop before this round (None: the timeline's end).
+    round_hp: per-round hyper-parameters ``{key: [num_rounds]}``.
+    lengths: chooses the chunks' lengths (None: ``rounds_per_call`` each).
+
+  Returns:
+    (the final state, one metrics row per round run).
   """
   total = timeline.num_rounds
   stop = total if stop_round is None else min(stop_round, total)

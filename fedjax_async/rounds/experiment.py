@@ -67,6 +67,17 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   ``Interrupted`` (SIGINT, or SIGTERM once ``main_from_flags`` handles it) naming the
   round and the checkpoint to resume from. ``position`` (i, n) and ``overall``: see
   ``Progress``. ``callbacks``: ``loop.Callback``s run after every chunk of rounds.
+
+  Args:
+    cfg: the run's configuration.
+    name: the algorithm's name.
+    fed_data: the federated data (None: ``load_data(cfg)``).
+    model: ``(name, w0, apply_flat)`` (None: ``build_model(cfg, fed_data)``).
+    out_dir: where the run's files go (None: ``<output_dir>/<name>``, or nowhere).
+    quiet: no progress lines (also ``cfg.output.quiet``).
+    position: (i, n), this run's place among several (``Progress``).
+    overall: the progress of all the runs (``Progress``).
+    callbacks: ``loop.Callback``s run after every chunk of rounds.
   """
   if out_dir is None and cfg.output.output_dir is not None:
     out_dir = os.path.join(cfg.output.output_dir, name)
@@ -324,7 +335,19 @@ def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: i
 
 def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,
               model: str, num_params: int, rounds: int, wall: float, config: dict) -> dict:
-  """summary.json of one run from its metrics rows and timeline."""
+  """summary.json of one run from its metrics rows and timeline.
+
+  Args:
+    rows: the run's metrics rows.
+    tl: its timeline.
+    name: the algorithm's name.
+    dataset: the data set's name.
+    model: the model's name.
+    num_params: the model's parameter count.
+    rounds: the rounds run.
+    wall: the run's wall time, seconds.
+    config: the run's configuration, as a dict.
+  """
   accs = [r["test_accuracy"] for r in rows]
   delayed_mask = tl.valid & ~tl.online
   return {

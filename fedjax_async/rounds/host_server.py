@@ -44,7 +44,16 @@ class HostServer(Protocol):
            ) -> Tuple[np.ndarray, Dict[str, object], Dict[str, float]]:
     """Round t: (w^{t+1}, the round's own metrics, seconds per stage) from w^t (the
     state's), the round's [K, d] uploads with their online / delayed masks, and the
-    clients dispatched in round t + 1."""
+    clients dispatched in round t + 1.
+
+    Args:
+      t: the round.
+      w: w^t.
+      uploads: the round's [K, d] uploads.
+      online: [K] bool, the online uploads.
+      delayed: [K] bool, the delayed uploads that arrived.
+      recipients: the clients dispatched in round t + 1.
+    """
 
   def note(self, metrics: Dict[str, object]) -> str:
     """Text appended to the round's progress line."""
@@ -121,7 +130,22 @@ def run_host_rounds(apply_flat: Callable, algorithm: base.Algorithm,
   rows)`` after each round (the host loop's checkpoints and signals).
 
   Returns ``(state, rows, totals)``: the final state, one metrics row per round (the
-  engine's keys plus the server's) and the total seconds per stage."""
+  engine's keys plus the server's) and the total seconds per stage.
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm (its client side; the server is ``server``).
+    ecfg: the round engine's static configuration.
+    state: the state to continue from.
+    tl: the timeline.
+    hp: the hyper-parameters.
+    data: the device data.
+    server: the host server.
+    on_chunk: called as ``on_chunk(state, rows)`` after each round.
+    eval_every: evaluate every this many rounds (and in the last 10).
+    stop_round: stop before this round (None: the timeline's end).
+    stream: where progress lines go.
+  """
   hp = {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
   phase_fn, finish_fn, eval_fn = _plaintext_pieces(apply_flat, algorithm, ecfg, data)
   total = tl.num_rounds
@@ -173,7 +197,23 @@ def run_encrypted_rounds(apply_flat: Callable, algorithm: base.Algorithm,
   ckks``): ``crypto.secure_engine.make_server`` for ``tl``'s largest round and the
   data's clients (``server_kw``: its preset, min_depth, min_scale, design,
   empty_class_tol), or around a ``protocol`` already made. The server's worker pools
-  are closed at the end."""
+  are closed at the end.
+
+  Args:
+    apply_flat: the model's forward pass on flat parameters.
+    algorithm: the algorithm (PAFed).
+    ecfg: the round engine's static configuration.
+    state: the state to continue from.
+    tl: the timeline.
+    hp: the hyper-parameters.
+    data: the device data.
+    protocol: a protocol already made (None: a new one).
+    on_chunk: called as ``on_chunk(state, rows)`` after each round.
+    eval_every: evaluate every this many rounds (and in the last 10).
+    stop_round: stop before this round (None: the timeline's end).
+    stream: where progress lines go.
+    **server_kw: ``make_server``'s settings.
+  """
   # OpenFHE is an optional dependency: the encrypted server is loaded only here.
   from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
   server = secure_engine.make_server(

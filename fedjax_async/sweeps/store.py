@@ -256,7 +256,16 @@ class ComputationCheckpoint(loop.Checkpoints):
 def read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
                extra_config: Optional[dict], quiet: bool) -> Dict[int, dict]:
   """``{index: summary}`` of the runs of ``cfgs`` stored under ``out_dir`` with the same
-  configuration; the stored runs made with other flags are named (they run again)."""
+  configuration; the stored runs made with other flags are named (they run again).
+
+  Args:
+    cfgs: the runs' configurations.
+    algorithm_name: the algorithm's name.
+    run_dir: ``run_dir(cfg)``, a run's directory.
+    out_dir: the sweep's output directory (named in the messages).
+    extra_config: settings outside RunConfig compared with the stored ones.
+    quiet: no messages.
+  """
   found: Dict[int, dict] = {}
   stale = []
   for i, c in enumerate(cfgs):

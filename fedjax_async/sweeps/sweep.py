@@ -354,6 +354,21 @@ def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
   stacked state before round ``rounds_done`` (padding runs included), ``rows`` each run's
   rows so far. ``start_round`` / ``rows_before`` / ``wall_before``: continue a computation
   from a checkpoint of round ``start_round`` (``states`` restored from it).
+
+  Args:
+    runner: the jitted, vmapped chunk of rounds.
+    states: the S runs' stacked states.
+    slots: numpy ``[S, T, K]`` timeline fields.
+    hp: the S runs' stacked hyper-parameters.
+    data: the device data (shared by the runs).
+    num_rounds: the rounds of every run.
+    eval_every: evaluate every this many rounds (and in the last 10).
+    rounds_per_call: the most rounds of a chunk.
+    mesh: the ``('runs',)`` mesh to split the runs over (None: one device).
+    on_chunk: called as ``on_chunk(rounds_done, seconds, states, rows)`` after each chunk.
+    start_round: the round to continue from.
+    rows_before: each run's rows before ``start_round``.
+    wall_before: the seconds spent before ``start_round``.
   """
   num_runs = jax.tree.leaves(states)[0].shape[0]
   total = padded_count(num_runs, mesh)
@@ -464,7 +479,17 @@ def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed
                   names: Sequence[str], model_fn: Optional[Callable] = None,
                   callbacks: Sequence = (), quiet: bool = False):
   """``cfgs`` of one algorithm as ONE vmapped computation, nothing written: per run
-  ``(summary, rows, state)`` in ``cfgs``' order (``state``: that run's final state)."""
+  ``(summary, rows, state)`` in ``cfgs``' order (``state``: that run's final state).
+
+  Args:
+    cfgs: the runs' configurations (one static setting).
+    algorithm_name: the algorithm's name.
+    fed_data: the federated data.
+    names: the swept fields.
+    model_fn: ``model_fn(cfg) -> (name, w0, apply_flat)`` (None: the configured model).
+    callbacks: ``loop.Callback``s after every compiled chunk.
+    quiet: no progress lines.
+  """
   check_same_static(cfgs, names)
   prep = prepare(cfgs, algorithm_name, fed_data, model_fn)
   host = sweep_store.SweepLoop(None, 0, 0.0, callbacks,
@@ -503,7 +528,21 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
   ``extra_config``: settings outside RunConfig that change the results (stored in and
   compared with each summary's config). ``callbacks``: ``loop.Callback``s after every
   compiled chunk (``state``: the stacked states, ``rows``: each run's rows so far).
-  Returns the run summaries in ``cfgs``' order."""
+  Returns the run summaries in ``cfgs``' order.
+
+  Args:
+    cfgs: the runs' configurations (one static setting).
+    algorithm_name: the algorithm's name.
+    fed_data: the federated data.
+    names: the swept fields.
+    out_dir: where the runs' files go (None: nowhere).
+    max_runs_per_computation: the most runs of one computation (0: all).
+    mesh: the ``('runs',)`` mesh to split the runs over (None: one device).
+    quiet: no progress lines.
+    resume: read back the runs already stored, and continue from checkpoints.
+    extra_config: settings outside RunConfig that change the results.
+    callbacks: ``loop.Callback``s after every compiled chunk.
+  """
   check_same_static(cfgs, names)
   run_dir = lambda c: os.path.join(out_dir, "runs", algorithm_name, run_name(c, names))
   found = (sweep_store.read_back(cfgs, algorithm_name, run_dir, out_dir, extra_config, quiet)
@@ -602,7 +641,17 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
              max_runs_per_computation: int = 0) -> Optional[str]:
   """Every algorithm of ``base.algorithm.names`` over ``cfgs`` (``grid``), the runs split over
   ``devices``; writes ``sweep.json`` and the aggregate (csv, md, png) under
-  ``base.output.output_dir`` and returns the aggregate table (process 0; None elsewhere)."""
+  ``base.output.output_dir`` and returns the aggregate table (process 0; None elsewhere).
+
+  Args:
+    base: the sweep's base configuration.
+    cfgs: the grid's configurations (``grid``).
+    names: the swept fields.
+    fed_data: the federated data.
+    devices: the devices the runs are split over.
+    num_seeds: the seeds per setting.
+    max_runs_per_computation: the most runs of one computation (0: all).
+  """
   mesh = run_mesh(devices)
   print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
         f"{num_seeds} seeds) on {len(devices)} device(s)", flush=True)
