@@ -22,7 +22,7 @@ boot312_pid=""
 find_py312() {
   local p
   if [ -n "${FEDJAX_PYTHON312:-}" ]; then echo "$FEDJAX_PYTHON312"; return; fi
-  for p in python3.12 /root/.pyenv/versions/3.12*/bin/python; do
+  for p in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python; do
     # (a pyenv shim named python3.12 can exist and still not run)
     if "$p" -c "import sys" >/dev/null 2>&1; then echo "$p"; return; fi
   done

@@ -507,7 +507,7 @@ def write_rows(name: str, rows: List[Dict[str, Any]]) -> None:
     w.writerows(everything)
   if name not in _ANNOUNCED:  # benchmarks write row by row: say where once
     _ANNOUNCED.add(name)
-    print(f"[{name}] rows go to {jpath} (and {os.path.basename(cpath)})")
+    print(f"[{name}] rows go to {paths.shown(jpath)} (and {os.path.basename(cpath)})")
 
 
 def fmt_row(r: Dict[str, Any], keys) -> str:

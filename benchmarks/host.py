@@ -14,6 +14,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from benchmarks import paths
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -87,7 +89,7 @@ def host() -> Dict[str, Any]:
   return {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_1m": round(load, 2),
           "allocator": allocator(),
           "command": shlex.join([os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)]
-                                + sys.argv[1:]),
+                                + paths.shown_argv(sys.argv[1:])),
           "git": git_commit(), "python": platform.python_version(),
           "numpy": np.__version__,
           "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}

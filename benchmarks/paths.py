@@ -29,3 +29,22 @@ def pythonpath(environ=None) -> str:
   environ = os.environ if environ is None else environ
   rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT]
   return os.pathsep.join([ROOT] + rest)
+
+
+def shown(path: str) -> str:
+  """``path`` as the benchmarks print and log it: relative to the checkout's root when it
+  lies inside it (``benchmarks/results/peers.jsonl``, ``.venv/bin/python``), else as given."""
+  if not os.path.isabs(path):
+    return path
+  rel = os.path.relpath(path, ROOT)
+  return path if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def shown_argv(argv) -> list:
+  """A command line as ``shown``: each absolute path inside the checkout, alone or as a
+  flag's value (``--peers_python=...``), relative to its root."""
+  out = []
+  for a in argv:
+    name, eq, value = a.partition("=")
+    out.append(f"{name}={shown(value)}" if eq and name.startswith("-") else shown(a))
+  return out

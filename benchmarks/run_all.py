@@ -281,7 +281,7 @@ DEVICE_SIZES = {
         peaks=[],
         # 20 runs: a Table V computation (4 deltas x 5 seeds); float32 runs TF32 there.
         # vjp against im2col by slices (patches' extraction ran as FFT convolutions on
-        # the H200: 2.7x slower than vjp, paper_shapes_profile.md of 2026-11-28)
+        # the H200: 2.7x slower than vjp, logs/nvidia_h200_2026-11-28's profile)
         paper_shapes=["--runs=20", "--precisions=float32,bf16", "--impls=vjp,slices",
                       "--profile"],
         table_v=[]),  # the paper's and the authors' flag files, whole runs, 5 seeds
@@ -410,7 +410,7 @@ def run_step(step: Step, tag: str, env: Dict[str, str], log_path: str,
   status, or ``TIMED_OUT`` when it was still running at ``deadline`` (``time.monotonic``)
   and was stopped, with the processes it started."""
   with open(log_path, "a") as log:
-    log.write(f"$ {shlex.join(step.argv(tag))}\n")
+    log.write(f"$ {shlex.join(paths.shown_argv(step.argv(tag)))}\n")
     log.flush()
     proc = subprocess.Popen(step.argv(tag), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -512,7 +512,7 @@ def run_steps(steps: Sequence[Step], tag: str, env: Dict[str, str], log_dir: str
       if deadline is not None and time.monotonic() >= deadline:
         done.append((part, NOT_RUN, 0.0, log))
         continue
-      print(f"[run_all] {part}: {shlex.join(s.argv(tag)[1:])}", flush=True)
+      print(f"[run_all] {part}: {shlex.join(paths.shown_argv(s.argv(tag)[1:]))}", flush=True)
       t0 = time.perf_counter()
       rc = run_step(s, tag, env, log, deadline)
       done.append((part, rc, time.perf_counter() - t0, log))
@@ -543,7 +543,7 @@ def main(argv):
   if deadline is not None:  # table_v sizes its computations to end before it
     env[DEADLINE_ENV] = f"{time.time() + deadline - time.monotonic():.1f}"
   print(f"[run_all] {p.backend}: {p.devices} x {p.device_kind}, {p.cores} CPU cores; tag "
-        f"{tag!r}; {len(steps)} step(s); rows to {results}; malloc: "
+        f"{tag!r}; {len(steps)} step(s); rows to {paths.shown(results)}; malloc: "
         f"{env.get('LD_PRELOAD') or 'the system allocator'}"
         + (f"; time budget {budget_min:g} min" if budget_min else ""), flush=True)
   if (not FLAGS.device_suite and any(s.name == "peers" for s in steps)
@@ -573,7 +573,8 @@ def main(argv):
       f.write(text)
     print(text)
     figures = report.plot(rows, log_dir)
-    print(f"[run_all] report: {report_md}; figures: {', '.join(sorted(figures))}", flush=True)
+    print(f"[run_all] report: {paths.shown(report_md)}; figures: {', '.join(sorted(figures))}",
+          flush=True)
   if any(rc not in (0, NOT_RUN, TIMED_OUT) for _, rc, _, _ in done):
     sys.exit(1)
 

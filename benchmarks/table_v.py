@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -70,12 +71,15 @@ COST_FIELDS = ("dataset", "model", "num_clients", "participation", "local_epochs
 
 
 def _table():
-  """``experiments/pafed_table.py`` as a module: importing it defines the run flags and
-  the table's (so the planning functions here import without defining any)."""
-  if os.path.join(ROOT, "experiments") not in sys.path:
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
-  import pafed_table  # pylint: disable=g-import-not-at-top
-  return pafed_table
+  """``experiments/pafed_table.py`` as the module ``pafed_table``, loaded once: loading it
+  defines the run flags and the table's (so the planning functions here import without
+  defining any)."""
+  if "pafed_table" not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        "pafed_table", os.path.join(ROOT, "experiments", "pafed_table.py"))
+    sys.modules["pafed_table"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["pafed_table"])
+  return sys.modules["pafed_table"]
 
 
 def define_flags():

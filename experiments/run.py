@@ -26,6 +26,7 @@ from (exit status 130 / 143).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,8 +118,7 @@ def main_engines(argv):
         f"a flag of the round engine's algorithms ({', '.join(algorithms.names('rounds'))})"
         if mode == "async" else ROUNDS_HINT)))
   if mode == "async":
-    import async_family  # pylint: disable=g-import-not-at-top
-    async_family.main(argv)
+    sibling("async_family").main(argv)
   else:
     main_rounds(argv)
 
@@ -181,10 +181,18 @@ def print_every_flag():
   cli.help.emit(cli.help.sections_help(sections, __doc__))
 
 
+def sibling(name: str):
+  """``experiments/NAME.py`` (a sibling driver) as the module ``name``, loaded once, from
+  its file: also when this script runs through runpy, which puts no folder on sys.path."""
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+  return sys.modules[name]
+
+
 def main():
-  here = os.path.dirname(os.path.abspath(__file__))  # the sibling drivers, also when run
-  if here not in sys.path:  # through runpy or from another folder
-    sys.path.insert(0, here)
   if cli.help.requested(sys.argv[1:]) == "full" and not os.environ.get(cli.help.JSON_ENV):
     print_every_flag()
     return
@@ -192,7 +200,7 @@ def main():
   mode = mode_of(sys.argv)
   if mode == "fededs":
     cli.HINTS.update(ONE_PROCESS_HINTS)
-    import fededs_table  # pylint: disable=g-import-not-at-top
+    fededs_table = sibling("fededs_table")
     flags.DEFINE_string("algorithm", "fedavg", "Base algorithm(s): fedavg, fedprox, fednova.")
     flags.DEFINE_boolean("fededs", True, "Plug FedEDS into --algorithm.")
     flags.DEFINE_string("fededs_ablation", "", "s1 (annealing only) | s2 (sharing only).")
@@ -207,8 +215,7 @@ def main():
   # One set of flags for both engines (a flag of both: one definition, one default).
   essential = list(cli.help.ESSENTIAL)
   cli.define_run_flags()
-  import async_family  # pylint: disable=g-import-not-at-top
-  del async_family  # (importing it defined the virtual clock's own flags)
+  sibling("async_family")  # (loading it defined the virtual clock's own flags)
   if mode == "rounds":
     cli.help.ESSENTIAL[:] = essential
   if cli.help.requested(sys.argv[1:]):  # the flags of the engine --algorithm names

@@ -92,7 +92,6 @@ def _resolve_annotations(module) -> None:
 def build(out: pathlib.Path) -> list[str]:
   """Writes the pages into ``out`` (replaced); returns the warnings (none: success)."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  sys.path.insert(0, str(ROOT))
   try:
     from pdoc import doc, render  # pylint: disable=g-import-not-at-top
   except ImportError:

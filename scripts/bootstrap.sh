@@ -16,7 +16,7 @@ extras="${FEDJAX_EXTRAS:-test}"
 
 find_python() {
   if [ -n "${FEDJAX_PYTHON:-}" ]; then echo "$FEDJAX_PYTHON"; return; fi
-  for p in python3.10 /root/.pyenv/versions/3.10*/bin/python python3.12 python3; do
+  for p in python3.10 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.10*/bin/python python3.12 python3; do
     if command -v "$p" >/dev/null 2>&1; then
       v=$("$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
       case "$v" in 3.10|3.12) echo "$p"; return;; esac

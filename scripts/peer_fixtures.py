@@ -3,9 +3,9 @@ own code, and the arrays the peers' own readers and preprocessing give for them.
 
 Run by a developer with the peers in side environments (outside the repository):
 
-  /root/.pyenv/versions/3.10*/bin/python -m venv /tmp/peer_fedjax
+  python3.10 -m venv /tmp/peer_fedjax
   /tmp/peer_fedjax/bin/pip install fedjax==0.0.17 jax==0.6.2 jaxlib==0.6.2 tensorflow-cpu
-  /root/.pyenv/versions/3.10*/bin/python -m venv /tmp/peer_tff
+  python3.10 -m venv /tmp/peer_tff
   /tmp/peer_tff/bin/pip install -U pip && /tmp/peer_tff/bin/pip install tensorflow-federated==0.61.0
   git clone https://github.com/TalwalkarLab/leaf /tmp/leaf   # (not committed here)
   python scripts/peer_fixtures.py --fedjax_python=/tmp/peer_fedjax/bin/python \\
@@ -37,6 +37,7 @@ ones included), ``counts``, ``x`` / ``y`` (every client's examples end to end), 
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -153,9 +154,20 @@ def write_word_count(path):
 # --------------------------------------------------------------------------- LEAF
 
 
+def _load(name, path):
+  """The file ``path`` (LEAF's own code, in its checkout) as the module ``name``,
+  registered in ``sys.modules`` so that a later file importing ``name`` gets it."""
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(name, path)
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+  return sys.modules[name]
+
+
 def stage_leaf(out, leaf):
-  sys.path.insert(0, os.path.join(leaf, "models"))
-  from utils import language_utils, model_utils  # LEAF's own
+  utils = os.path.join(leaf, "models", "utils")  # LEAF's own
+  language_utils = _load("language_utils", os.path.join(utils, "language_utils.py"))
+  model_utils = _load("model_utils", os.path.join(utils, "model_utils.py"))
   work = tempfile.mkdtemp(prefix="leaf_work_")
   shutil.copytree(os.path.join(leaf, "data", "utils"), os.path.join(work, "data", "utils"))
   rng = np.random.default_rng(5)
@@ -233,9 +245,9 @@ def stage_leaf(out, leaf):
            lambda raw: np.array([int(e) for e in raw]))
 
   # synthetic: LEAF's generator (data/synthetic/data_generator.py, main.py's to_leaf_format)
-  sys.path.insert(0, os.path.join(leaf, "data", "synthetic"))
-  import data_generator  # LEAF's own
-  import main as synthetic_main  # LEAF's own
+  synthetic = os.path.join(leaf, "data", "synthetic")  # main.py imports data_generator
+  data_generator = _load("data_generator", os.path.join(synthetic, "data_generator.py"))
+  synthetic_main = _load("leaf_synthetic_main", os.path.join(synthetic, "main.py"))
   dataset = data_generator.SyntheticDataset(num_classes=3, prob_clusters=[1.0], num_dim=4,
                                             seed=7)
   tasks = [dataset.get_task(s) for s in [6, 9, 5, 12, 7, 8, 5, 10]]

@@ -220,7 +220,6 @@ def test_diverging_run_does_not_stop_the_others():
 
 SHARDED = textwrap.dedent("""
     import os, sys, json
-    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     import jax, numpy as np
     from test_sweep import tiny_data, BASE
     from fedjax_async.sweeps import sweep
@@ -239,9 +238,10 @@ SHARDED = textwrap.dedent("""
 @pytest.mark.xdist_group("sweep_reference")  # shares separate_run's cached runs
 def test_sharded_over_four_host_devices():
   """3 runs padded to 4 and split over a 4-device mesh match separate runs."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+  env = dict(os.environ, JAX_PLATFORMS="cpu",  # tests/ first: this file's tiny_data
+             PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), ROOT]),
              XLA_FLAGS=run_script.xla_flags("--xla_force_host_platform_device_count=4"))
-  code = SHARDED.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
+  code = SHARDED.format()
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                        text=True, timeout=240)
   assert out.returncode == 0, out.stderr[-3000:]
