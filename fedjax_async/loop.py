@@ -66,7 +66,7 @@ class ChunkLengths:
 
   def __init__(self, most: int, seconds: Optional[float] = None, first: Optional[int] = None):
     self.most = max(1, int(most))
-    self.seconds = seconds if seconds and jax.process_count() == 1 else None
+    self.seconds = seconds if seconds and chunks_timed() else None
     self.length = self.most if first is None or self.seconds is None else self._fit_count(first)
     self.last = 0  # the length of the last chunk handed out
 
@@ -97,6 +97,13 @@ class ChunkLengths:
     if ((want < self.length and seconds > 1.5 * self.seconds)
         or (want >= 2 * self.length and seconds < self.seconds / 4 and not compiled)):
       self.length = want
+
+
+def chunks_timed() -> bool:
+  """Whether ``ChunkLengths`` sizes the chunks by their measured time (one process): each
+  then ends within about ``CHUNK_SECONDS`` (or one round), with its progress lines.
+  Several processes run fixed lengths (``run.rounds_per_call``), which may run long."""
+  return jax.process_count() == 1
 
 
 def first_length(estimate, count: int) -> int:

@@ -479,15 +479,17 @@ def test_own_data_batch_norm_module_and_swept_algorithm_on_every_engine(tmp_path
   assert [r["round"] for r in fededs.to_records()] == [1, 2]  # counted from 1 everywhere
 
 
-_CACHED_RUN = ("import fedjax_async as fa, jax; "
-               "fa.simulate(algorithm='fedavg', rounds=2, quiet=True); "
+_CACHED_RUN = ("import fedjax_async as fa, jax; "  # (with its progress lines, as the CLI)
+               "fa.simulate(algorithm='fedavg', rounds=2); "
                "print('cache_dir=' + str(jax.config.jax_compilation_cache_dir))")
 
 
 def test_a_second_process_loads_the_round_program_from_the_persistent_cache(tmp_path):
   """JAX's persistent compilation cache is on by default: the first process writes the
-  compiled round program to the cache folder, a second identical one adds nothing (every
-  program a cache hit); FEDJAX_ASYNC_COMPILATION_CACHE=0 turns it off."""
+  compiled round program to the cache folder (a run printing its progress too: its
+  program has no host callback, which would keep it off the disk), a second identical
+  one adds nothing (every program a cache hit); FEDJAX_ASYNC_COMPILATION_CACHE=0 turns it
+  off."""
   cache = tmp_path / "cache"
   env = {k: v for k, v in os.environ.items()  # not the test run's own cache (conftest)
          if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}

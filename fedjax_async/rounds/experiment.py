@@ -147,7 +147,10 @@ def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: 
                       every=log_interval(cfg.output.log_every, cfg.run.rounds),
                       health=HealthWatch(name, setup.algorithm.name))
   ecfg = setup.run_ecfg
-  if not quiet:  # a line from inside a long compiled chunk of rounds
+  # A line from inside a compiled chunk only where chunks may run long (fixed lengths:
+  # several processes). A program without that host callback is kept in JAX's
+  # persistent compilation cache (one with it is not): a second run compiles nothing.
+  if not quiet and not loop.chunks_timed():
     ecfg = dataclasses.replace(ecfg, progress=progress.tick)
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
