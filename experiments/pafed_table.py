@@ -260,15 +260,18 @@ METRIC_TITLES = {"final_accuracy": "Final accuracy (the last round's model)",
 
 
 def _ours(c, key):
-  """A cell: mean ± std over the seeds (the value alone for one seed); "all diverged"
-  with the rounds the runs turned non-finite in, where known."""
+  """A cell: mean ± std over the seeds (the value alone for one seed), with the count of
+  diverged runs left out and their rounds; "all diverged" with the rounds the runs
+  turned non-finite in, where known."""
   if not c["seeds"]:
     at = c.get("diverged_rounds") or []
     return "all diverged" + (f" (round {', '.join(map(str, at))})" if at else "")
   m = c[key]
   value = fmt(m["mean"]) if c["seeds"] == 1 else f"{fmt(m['mean'])} ± {fmt(m['std'])}"
   text = metrics_lib.mark_short(value, key, c["rounds"] or metrics_lib.LAST + 1)
-  return text + (f" ({c['diverged']} diverged, left out)" if c.get("diverged") else "")
+  at = c.get("diverged_rounds") or []
+  where = f" in round {', '.join(map(str, at))}" if len(at) == c.get("diverged") else ""
+  return text + (f" ({c['diverged']} diverged{where}, left out)" if c.get("diverged") else "")
 
 
 def markdown_table(rows, algs, header: str) -> str:

@@ -132,14 +132,15 @@ def test_ring_buffer_drops_are_counted():
 def reference_loop(schedule, data, hp, server_rule, ring_size, seed=0):
   """Plain event-by-event loop: each kept arrival trains with ``client.train`` (FedProx
   penalty = FedAsync's mu/2 ||w - w_tau||^2) from the model of its dispatch version and is
-  applied to the current model by ``server_rule`` written in this test."""
+  applied to the current model by ``server_rule`` written in this test. Returns the final
+  model, the version count and each kept arrival's ||w_end - w_start|| (numpy)."""
   hp = {k: jnp.float32(v) for k, v in hp.items()}
   train = jax.jit(functools.partial(client_lib.train, logreg_apply, fedprox.ALGORITHM,
                                     hp=hp, cfg=LOCAL))
   base = jax.random.key_data(jax.random.PRNGKey(seed))
   versions = [np.asarray(W0)]
   w = np.asarray(W0)
-  state = None
+  state, deltas = None, []
   for e in range(len(schedule.client)):
     if schedule.dropped[e]:
       continue
@@ -148,11 +149,12 @@ def reference_loop(schedule, data, hp, server_rule, ring_size, seed=0):
     assert len(versions) - 1 - dv <= ring_size - 1
     key = engine.client_key(base, int(schedule.dispatch_index[e]), c)
     res = train(jnp.asarray(versions[dv]), {}, data.x[c], data.y[c], data.counts[c], key)
+    deltas.append(np.linalg.norm(np.asarray(res.w_end, np.float64) - versions[dv]))
     w, state, new_version = server_rule(w, state, np.asarray(res.w_end), versions[dv],
                                         int(schedule.staleness[e]))
     if new_version:
       versions.append(w)
-  return w, len(versions) - 1
+  return w, len(versions) - 1, deltas
 
 
 def run_batched(algorithm, schedule, data, hp, group_size):
@@ -187,9 +189,11 @@ def test_fedasync_batched_equals_event_loop(ring_size):
     a = 0.6 * (1.0 if staleness <= 1 else 1.0 / (1.0 * (staleness - 1) + 1.0))
     return (1 - a) * w + a * w_new, state, True
 
-  w_ref, nv = reference_loop(s, data, FEDASYNC_HP, rule, s.ring_size)
+  w_ref, nv, deltas = reference_loop(s, data, FEDASYNC_HP, rule, s.ring_size)
   assert nv == 25
   np.testing.assert_allclose(w_batched, w_ref, rtol=2e-5, atol=2e-6)
+  # each arrival's health: ||w_end - w_start|| of its own training, in arrival order
+  np.testing.assert_allclose([r["delta_norm"] for r in rows], deltas, rtol=1e-4)
   assert not np.allclose(w_ref, W0)
 
 
@@ -212,7 +216,7 @@ def test_fedbuff_batched_equals_event_loop():
       return w + 0.8 * mom, (np.zeros_like(w), 0, mom), True
     return w, (buf, cnt, mom), False
 
-  w_ref, nv = reference_loop(s, data, hp, rule, s.ring_size)
+  w_ref, nv, _ = reference_loop(s, data, hp, rule, s.ring_size)
   assert nv == 8
   np.testing.assert_allclose(w_batched, w_ref, rtol=2e-5, atol=2e-6)
 

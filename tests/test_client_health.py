@@ -199,3 +199,65 @@ def test_client_grad_clip_keeps_the_reproduction_finite(capsys):
   assert len(run.rows) == 9 and not any(r["nonfinite"] for r in run.rows)
   assert max(r["client_loss_max"] for r in run.rows) < 100
   assert "far outside the round" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the virtual clock
+
+
+def arrivals(losses, deltas, group=0):
+  return [{"group": group, "event": i, "client": 10 + i, "train_loss": l, "delta_norm": d}
+          for i, (l, d) in enumerate(zip(losses, deltas))]
+
+
+def test_an_arrival_is_compared_with_the_medians_of_the_arrivals_before_it(monkeypatch):
+  rows = arrivals([1.0, 2.0, 3.0, 500.0, np.nan], [0.1, 0.2, 0.3, 50.0, 0.4])
+  health = divergence.arrival_health(rows)
+  # row 3: median loss of (1, 2, 3, 500) is 2.5, of ||Delta|| 0.25: 500 > 100 x 2.5
+  assert health[3]["client_loss_median"] == 2.5 and health[3]["delta_norm_median"] == 0.25
+  assert health[3]["worst_client"] == 13 and health[3]["worst_client_loss"] == 500.0
+  assert [divergence.outlier(h) for h in health] == [None, None, None, "outlier", "nonfinite"]
+  assert health[4]["client_loss_median"] == 2.5  # (NaN left out of the median)
+  monkeypatch.setattr(divergence, "ARRIVAL_WINDOW", 2)
+  # row 3 beside row 2 only: median loss 251.5, so 500 is not 100 x outside it
+  assert divergence.outlier(divergence.arrival_health(rows)[3]) is None
+  monkeypatch.setattr(divergence, "ARRIVAL_WINDOW", 100)
+  before = arrivals([400.0] * 3, [40.0] * 3)  # an earlier chunk of large losses
+  assert divergence.outlier(divergence.arrival_health(rows[3:4], before)[0]) is None
+  assert divergence.arrival_health([{"event": 0, "client": 1, "train_loss": 1.0}]) == []
+
+
+# FedAsync with an MLP on Synthetic(1,1), lr 0.2 and heavy-ball momentum 0.9: client 15's
+# local training blows up in group 6, others later; the model is NaN in group 26.
+CLOCK_BLOW_UP = dict(algorithm="fedasync", model="mlp", num_updates=30, lr=0.2,
+                     momentum=0.9, eval_every=10)
+
+
+def test_the_virtual_clock_names_a_local_blow_up_and_the_divergence_its_cause(capsys):
+  result = fa.simulate(**CLOCK_BLOW_UP)
+  console = capsys.readouterr().out
+  assert ("[fedasync] group 6: client 15 (local loss 1643, ||Delta|| 692.6): far outside "
+          "the arrivals before it (the last 100) (median loss 5.42" in console
+          and "mixed into the global model at its size" in console), console
+  message = result.diverged["fedasync (seed 0)"]
+  assert message.startswith("group 26: the global model is not finite"), message
+  assert ("the first non-finite client result: client 3 (local loss nan, ||Delta|| nan) in "
+          "group 26; the first client far outside the arrivals before it: client 15 "
+          "(local loss 1643") in message, message
+  assert message.endswith(divergence.CLOCK_LOCAL_ADVICE), message
+  clipped = fa.simulate(client_grad_clip=10.0, **CLOCK_BLOW_UP)
+  rows = clipped.runs["fedasync"].rows
+  assert not clipped.diverged and len(rows) == 30
+  assert all(np.isfinite(r["delta_norm"]) and r["delta_norm"] < 1e3 for r in rows)
+  assert "far outside" not in capsys.readouterr().out
+
+
+def test_a_sweeps_diverged_run_carries_its_cause_in_its_summary(capsys):
+  result = fa.simulate(algorithm="fedavg", rounds=3, sweep={"server_lr": [1.0, 1e38]})
+  calm, blown = (result.runs[f"fedavg/server_lr={v}_seed=0"].summary for v in ("1", "1e+38"))
+  assert calm["diverged_round"] is None and "diverged_cause" not in calm
+  assert blown["diverged_round"] == 1, blown
+  cause = ("every client's result was finite and none far outside its round: the server "
+           "step made the model non-finite")
+  assert blown["diverged_cause"] == cause
+  assert f"[fedavg/server_lr=1e+38_seed=0] diverged in round 1: {cause}" in (
+      capsys.readouterr().out)

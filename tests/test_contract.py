@@ -63,7 +63,7 @@ def test_the_same_toy_runs_on_the_virtual_clock_one_arrival_at_a_time():
     del staleness
     return w + 0.7 * (w_new - w_tau), state, True
 
-  w_ref, versions = test_async.reference_loop(schedule, data, hp, rule, schedule.ring_size)
+  w_ref, versions, _ = test_async.reference_loop(schedule, data, hp, rule, schedule.ring_size)
   assert versions == 20 and len(rows) == 20
   np.testing.assert_allclose(w, w_ref, rtol=2e-5, atol=2e-6)
 
@@ -91,7 +91,7 @@ def test_a_toy_per_arrival_rule_runs_on_the_virtual_clock_as_a_plain_loop_comput
   def rule(w, state, w_new, w_tau, staleness):
     return w + 0.6 / (1.0 + staleness) * (w_new - w_tau), state, True
 
-  w_ref, versions = test_async.reference_loop(schedule, data, hp, rule, schedule.ring_size)
+  w_ref, versions, _ = test_async.reference_loop(schedule, data, hp, rule, schedule.ring_size)
   assert versions == 16 and len(rows) == 16
   np.testing.assert_allclose(w, w_ref, rtol=2e-5, atol=2e-6)
 

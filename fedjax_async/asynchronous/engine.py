@@ -261,8 +261,11 @@ def group_step(state: AsyncState, grp, hp, data: device.DeviceData, masks, scale
   (w, sstate, ring), _ = jax.lax.scan(
       apply_one, (state.w, state.server_state, state.ring),
       (uploads, arrivals, grp["arrival_version"]))
+  # client health (divergence.arrival_health): ||w_end - w_start|| before any rule scales it
+  delta = jnp.sqrt(jnp.sum(jnp.square(res.w_end - w_tau), axis=1))
   metrics = {"staleness": staleness, "train_loss": res.mean_loss,
              "client_steps": jnp.where(valid, res.num_steps, 0),
+             "delta_norm": jnp.where(valid, delta, 0.0),
              "nonfinite": ~jnp.all(jnp.isfinite(w))}
   return AsyncState(w, ring, sstate, state.key), metrics
 
@@ -382,6 +385,7 @@ def run_arrivals(runner, state: AsyncState, schedule: virtual_clock.Schedule, gr
                "staleness": int(metrics["staleness"][gi, j]),
                "virtual_time": float(schedule.time[e]),
                "train_loss": float(metrics["train_loss"][gi, j]),
+               "delta_norm": float(metrics["delta_norm"][gi, j]),
                "client_steps": int(metrics["client_steps"][gi, j]),
                "test_accuracy": None, "test_loss": None,
                "wall_time": elapsed / max(end - start, 1) / max(len(members), 1)}

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
 from fedjax_async.core import device
 from fedjax_async.core import divergence
+from fedjax_async.core import progress
 
 
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
@@ -259,13 +260,18 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   # chunks of about loop.CHUNK_SECONDS (a signal is answered at a chunk's end)
   lengths = loop.ChunkLengths(cfg.run.groups_per_call, loop.CHUNK_SECONDS,
                               loop.first_length(estimate, num_groups))
-  host, ckpt, state, start_group = _host_loop(cfg, run_name, out_dir, config, num_groups,
-                                              state, mesh, schedule, callbacks, lengths)
+  host, ckpt, state, start_group = _host_loop(cfg, run_name, algo_name, out_dir, config,
+                                              num_groups, state, mesh, schedule, callbacks,
+                                              lengths)
   try:
     state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=cfg.run.eval_every,
                                      groups_per_call=cfg.run.groups_per_call,
                                      on_chunk=host, start_group=start_group, lengths=lengths)
+  except divergence.Diverged as e:  # with what the clients' health says went wrong
+    group = [r for r in host.chunk if r["group"] == (e.row or {}).get("group")]
+    raise divergence.Diverged(f"{e}; {divergence.advice(data, host.rows + group)}",
+                              e.round, e.rows, e.kind, e.row) from None
   finally:
     host.metrics.close()
     if ckpt is not None:
@@ -285,15 +291,17 @@ class _GroupLoop(loop.HostLoop):
 
   def __init__(self, *args, start: int, lengths: loop.ChunkLengths, total: int, **kwargs):
     self.group, self.lengths, self.total = start, lengths, total
+    self.chunk: List[dict] = []
     super().__init__(*args, position=lambda _: self.group, **kwargs)
 
   def __call__(self, state, rows):
     self.group = min(self.group + self.lengths.last, self.total)
+    self.chunk = rows  # (a divergence error reads the group that diverged)
     super().__call__(state, rows)
 
 
-def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule,
-               callbacks, lengths: loop.ChunkLengths):
+def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mesh,
+               schedule, callbacks, lengths: loop.ChunkLengths):
   """(host loop, checkpoints or None, state, first group): a resumed run's state, rows and
   wall time restored from its latest checkpoint."""
   ckpt, resumed = None, None
@@ -318,7 +326,8 @@ def _host_loop(cfg, run_name, out_dir, config, num_groups, state, mesh, schedule
       None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before)
   host = _GroupLoop(metrics, ckpt,
                     progress=None if cfg.output.quiet else report.ArrivalProgress(
-                        run_name, schedule.num_updates, rows_before),
+                        run_name, schedule.num_updates, rows_before,
+                        health=progress.HealthWatch(run_name, algo_name)),
                     wall_before=resumed.wall_before if resumed else 0.0,
                     callbacks=callbacks, start=start_group,
                     lengths=lengths, total=num_groups)

@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import privacy
+from fedjax_async.core import progress
 
 
 class ArrivalProgress:
@@ -19,11 +20,14 @@ class ArrivalProgress:
   loss, staleness, arrivals per second and the ETA from the versions still to come. The
   first call's time holds the compilation, so the rate and ETA are measured over the
   calls after it ("ETA after the first steady call" until one is back). ``clock``: the
-  time in seconds (tests pass a fake one)."""
+  time in seconds (tests pass a fake one); ``health``: the clients' health lines
+  (``progress.HealthWatch``)."""
 
   def __init__(self, run_name: str, num_updates: int, rows_before,
-               clock: Optional[Callable[[], float]] = None):
+               clock: Optional[Callable[[], float]] = None,
+               health: Optional[progress.HealthWatch] = None):
     self.name, self.num_updates = run_name, num_updates
+    self.health = health  # (``loop.HostLoop`` calls it first with every chunk's rows)
     self.done, self.last_acc = len(rows_before), float("nan")
     self.clock = clock or time.perf_counter
     self.steady = None  # (time, arrivals, version) when the first call came back

@@ -1,6 +1,7 @@
 """A run that diverged: the first non-finite row of a chunk and the error naming its round
 (or the virtual clock's group), with the finite rows before it; the clients' health in the
-rows (``outlier``, ``cause``): which client blew up first, and the advice that fits."""
+rows (``outlier``, ``cause``; the virtual clock's arrivals through ``arrival_health``):
+which client blew up first, and the advice that fits."""
 
 from __future__ import annotations
 
@@ -81,6 +82,40 @@ def outlier(row: dict) -> Optional[str]:
   return None
 
 
+# The virtual clock's arrivals are one client each: a client is compared with the median
+# of the last ARRIVAL_WINDOW arrivals, its own included (``arrival_health``).
+ARRIVAL_WINDOW = 100
+
+
+def _median(values) -> float:
+  v = np.asarray(values, np.float64)
+  v = v[np.isfinite(v)]
+  return float(np.median(v)) if v.size else float("nan")
+
+
+def arrival_health(rows: List[dict], before: List[dict] = ()) -> List[dict]:
+  """A round's health fields (``outlier``, ``describe``) for each of the virtual clock's
+  arrival rows ``rows`` (its ``client``, ``train_loss`` and ``delta_norm``), the medians
+  taken over the last ``ARRIVAL_WINDOW`` arrivals of ``before`` + ``rows``; [] for rows
+  without ``delta_norm`` (a run stored without it)."""
+  if not rows or "delta_norm" not in rows[0]:
+    return []
+  past = [r for r in before if "delta_norm" in r][-ARRIVAL_WINDOW:]
+  window, out = past + list(rows), []
+  for i, r in enumerate(rows):
+    near = window[max(0, len(past) + i + 1 - ARRIVAL_WINDOW):len(past) + i + 1]
+    loss, delta = _num(r.get("train_loss")), _num(r.get("delta_norm"))
+    out.append({"group": r.get("group"), "event": r.get("event"),
+                "worst_client": r["client"], "worst_client_loss": loss,
+                "delta_norm_max": delta,
+                "client_loss_median": _median([q.get("train_loss") for q in near]),
+                "delta_norm_median": _median([q.get("delta_norm") for q in near]),
+                "client_nonfinite_share": float(not (np.isfinite(loss)
+                                                     and np.isfinite(delta))),
+                **({"nonfinite": True} if r.get("nonfinite") else {})})
+  return out
+
+
 def describe(row: dict, dual: bool = True) -> str:
   """``client c (local loss x, ||Delta|| y[, its dual ||y|| z])`` of a round's worst client."""
   state = row.get("worst_client_state_norm")
@@ -89,9 +124,10 @@ def describe(row: dict, dual: bool = True) -> str:
           f", ||Delta|| {_num(row.get('delta_norm_max')):.4g}{dual})")
 
 
-LOCAL_ADVICE = ("the cause is local training: a smaller local.lr or local.momentum, or "
-                "local.client_grad_clip (e.g. 10), usually avoids it "
-                "(algorithm.drop_nonfinite_uploads keeps the global model finite)")
+CLOCK_LOCAL_ADVICE = ("the cause is local training: a smaller local.lr or local.momentum, "
+                      "or local.client_grad_clip (e.g. 10), usually avoids it")
+LOCAL_ADVICE = (CLOCK_LOCAL_ADVICE + " (algorithm.drop_nonfinite_uploads keeps the global "
+                "model finite)")
 SERVER_ADVICE = ("a smaller local.lr or algorithm.server_lr (PAFed: algorithm.alpha0/1/2) "
                  "usually avoids it")
 
@@ -100,9 +136,12 @@ def cause(rows: List[dict]) -> Optional[tuple]:
   """(what the clients' health in ``rows``, a run's rows up to and including the
   non-finite one, says went wrong first, whether the cause is local), or None for rows
   without health fields."""
+  if rows and "event" in rows[-1]:  # the virtual clock's arrivals
+    rows = arrival_health(rows)
   if not rows or "worst_client" not in rows[-1]:
     return None
   where = lambda r: f"round {r['round']}" if "round" in r else f"group {r.get('group')}"
+  around = "its round" if "round" in rows[-1] else "the arrivals before it"
   first_bad = next((r for r in rows if outlier(r) == "nonfinite"), None)
   first_out = next((r for r in rows if outlier(r) is not None), None)
   earlier = ""
@@ -110,17 +149,17 @@ def cause(rows: List[dict]) -> Optional[tuple]:
     same = next((r for r in rows if outlier(r) is not None
                  and r["worst_client"] == first_bad["worst_client"]), first_bad)
     if same is not first_bad:
-      earlier = f"; it was first far outside its round in {where(same)}: {describe(same)}"
+      earlier = f"; it was first far outside {around} in {where(same)}: {describe(same)}"
     if first_out is not same:
-      earlier += (f"; the first client far outside its round: {describe(first_out)} in "
+      earlier += (f"; the first client far outside {around}: {describe(first_out)} in "
                   f"{where(first_out)}")
   if first_bad is not None:
     return (f"the first non-finite client result: {describe(first_bad)} in "
             f"{where(first_bad)}{earlier}", True)
   if first_out is not None:
-    return (f"every client's result was finite; the first client far outside its round: "
+    return (f"every client's result was finite; the first client far outside {around}: "
             f"{describe(first_out)} in {where(first_out)}", True)
-  return ("every client's result was finite and none far outside its round: the server "
+  return (f"every client's result was finite and none far outside {around}: the server "
           "step made the model non-finite", False)
 
 
@@ -144,4 +183,5 @@ def advice(data, rows: Optional[List[dict]] = None) -> str:
   if found is None:
     return SERVER_ADVICE
   text, local = found
-  return f"{text}; {LOCAL_ADVICE if local else SERVER_ADVICE}"
+  clock = bool(rows) and "event" in rows[-1]  # (the virtual clock drops no upload)
+  return f"{text}; {(CLOCK_LOCAL_ADVICE if clock else LOCAL_ADVICE) if local else SERVER_ADVICE}"

@@ -20,13 +20,16 @@ UPLOAD_FATES = {
     "fedprox": "averaged into the global model at its size",
     "fedadmm": "averaged into the global model at its size (Eq. 11)",
     "fednova": "averaged into the global model, divided by its step count (FedNova)",
+    "fedasync": "mixed into the global model at its size (weight alpha s(staleness))",
+    "fedbuff": "summed into the buffer at its size",
 }
 
 
 class HealthWatch:
   """A console line for each round whose worst client is far outside it
   (``divergence.outlier``: local loss or ||Delta|| over ``divergence.OUTLIER_RATIO`` x the
-  round's median, or a non-finite result), naming the client once per kind (an outlier,
+  round's median, or a non-finite result; on the virtual clock an arrival against the
+  last ``divergence.ARRIVAL_WINDOW`` arrivals), naming the client once per kind (an outlier,
   a non-finite result), with what the algorithm does with its upload; at most ``limit``
   lines a run (the rows' health fields hold every round)."""
 
@@ -34,6 +37,7 @@ class HealthWatch:
                limit: int = 10):
     self.name, self.algorithm, self.stream, self.limit = name, algorithm or name, stream, limit
     self.named, self.lines = set(), 0
+    self.tail: List[dict] = []  # the virtual clock's last arrivals (their medians)
 
   def fate(self, row: dict, kind: str) -> str:
     if kind == "nonfinite" and row.get("dropped_nonfinite"):
@@ -49,6 +53,9 @@ class HealthWatch:
     return what
 
   def __call__(self, rows: List[dict]):
+    if rows and "event" in rows[0]:  # the virtual clock's arrivals, one client each
+      rows, self.tail = (divergence.arrival_health(rows, self.tail),
+                         (self.tail + list(rows))[-divergence.ARRIVAL_WINDOW:])
     for r in rows:
       kind = divergence.outlier(r)
       if kind is None or (r["worst_client"], kind) in self.named or self.lines > self.limit:
@@ -56,12 +63,16 @@ class HealthWatch:
       self.named.add((r["worst_client"], kind))
       self.lines += 1
       if self.lines > self.limit:
-        print(f"[{self.name}] more clients far outside their rounds: see the rows' "
-              "client_loss_max, delta_norm_max and worst_client", file=self.stream or sys.stdout)
+        fields = ("client_loss_max, delta_norm_max and worst_client" if "round" in r else
+                  "train_loss and delta_norm")
+        print(f"[{self.name}] more clients far outside the others: see the rows' {fields}",
+              file=self.stream or sys.stdout)
         continue
       where = f"round {r['round']}" if "round" in r else f"group {r.get('group')}"
+      scope = ("the round" if "round" in r else
+               f"the arrivals before it (the last {divergence.ARRIVAL_WINDOW})")
       what = ("a non-finite result" if kind == "nonfinite" else
-              f"far outside the round (median loss {r['client_loss_median']:.4g}, median "
+              f"far outside {scope} (median loss {r['client_loss_median']:.4g}, median "
               f"||Delta|| {r['delta_norm_median']:.4g})")
       print(f"[{self.name}] {where}: {divergence.describe(r, dual=False)}: {what}; "
             f"{self.fate(r, kind)}", file=self.stream or sys.stdout)

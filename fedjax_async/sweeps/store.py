@@ -187,8 +187,13 @@ def read_stored_run(run_dir: str, config: dict):
     with open(s_path) as f:
       summary = json.load(f)
     rows = outputs.read_metrics(run_dir)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      first = next((json.loads(line) for line in f if line.strip()), {})
   except (OSError, ValueError):  # unreadable: treated as not run
     return None
+  if first.get("round") == 0 and summary.get("diverged_round") is not None:
+    # rows stored counting from 0 (read_metrics shifts them): the round of divergence too
+    summary = dict(summary, diverged_round=summary["diverged_round"] + 1)
   if not isinstance(summary.get("config"), dict):
     return summary, rows, ["(no configuration stored)"]
   return summary, rows, config_differences(summary["config"], config)

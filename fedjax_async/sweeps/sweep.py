@@ -53,6 +53,7 @@ from fedjax_async.algorithms import base as base_lib
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
+from fedjax_async.core import divergence
 from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.rounds import engine
 from fedjax_async.rounds import experiment
@@ -338,6 +339,17 @@ def _first_bad_round(rows: List[dict]) -> Optional[int]:
   return None
 
 
+def diverged_fields(rows: List[dict], bad: Optional[int], name: Optional[str]) -> dict:
+  """A summary's ``diverged_round`` (the first non-finite round, or None) and, for a run
+  that diverged, ``diverged_cause``: what the clients' health says went wrong first
+  (``divergence.cause``: the first non-finite or far-out client, its round), said on the
+  console under the run's ``name`` (None: not said)."""
+  found = None if bad is None else divergence.cause([r for r in rows if r["round"] <= bad])
+  if found and name is not None:
+    print(outputs.name_fields(f"[{name}] diverged in round {bad}: {found[0]}"), flush=True)
+  return {"diverged_round": bad, **({"diverged_cause": found[0]} if found else {})}
+
+
 def simulate_sweep(runner, states, slots: dict, hp: Dict[str, jax.Array],
                    data: engine.DeviceData, *, num_rounds: int, eval_every: int = 1,
                    rounds_per_call: int = 10, mesh: Optional[Mesh] = None,
@@ -506,7 +518,8 @@ def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed
                              wall=res.wall_time_s / len(cfgs),
                              config=config_lib.run_config_for(c, algorithm_name))
     s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
-    s["diverged_round"] = res.diverged_round[i]
+    s.update(diverged_fields(res.rows[i], res.diverged_round[i],
+                             None if quiet else f"{algorithm_name}/{run_name(c, names)}"))
     out.append((s, res.rows[i], unstack(res.states, i)))
   return out
 
@@ -583,7 +596,8 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
                                config=sweep_store.stored_config(c, algorithm_name,
                                                                 extra_config))
       s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
-      s["diverged_round"] = res.diverged_round[i]
+      s.update(diverged_fields(res.rows[i], res.diverged_round[i],
+                               f"{algorithm_name}/{run_name(c, names)}"))
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
       if out_dir is not None and distributed.is_main():
