@@ -1,4 +1,5 @@
-"""Test-run set-up: one compilation cache for experiment subprocesses; a loadgroup check.
+"""Test-run set-up: one compilation cache for experiment subprocesses, which are forks of
+a process that imported JAX once (``forkserver``); a loadgroup check.
 
 Many tests run ``experiments/run.py`` (or ``sweep.py``) in a subprocess on the same tiny
 configurations; each such process would compile the same programs again (most of a tiny
@@ -26,10 +27,13 @@ is. ``FEDJAX_ASYNC_TEST_FAST_COMPILE=0 ./test.sh`` runs with XLA's defaults.
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
 import warnings
 
 import pytest
+
+import forkserver
 
 CACHE_ENV = "FEDJAX_ASYNC_TEST_JAX_CACHE"
 FAST_COMPILE_ENV = "FEDJAX_ASYNC_TEST_FAST_COMPILE"
@@ -44,6 +48,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if (os.environ.get(FAST_COMPILE_ENV, "1") != "0"
     and "xla_backend_extra_options" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+
+
+# The tests' ``python <script>`` / ``python -c`` subprocesses: forks of a process that
+# imported JAX once (tests/forkserver.py; FEDJAX_ASYNC_TEST_FORK=0: real subprocesses).
+subprocess.run = forkserver.run
 
 
 class _MarkFirst:

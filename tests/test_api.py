@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fedjax_async as fa
+from fedjax_async.core import divergence
 import run_script
 
 # Two rounds of FedAvg on the main job's data: a cheap run whose every field is a default.
@@ -228,8 +229,11 @@ def test_a_diverging_virtual_clock_run_keeps_its_finite_arrivals_and_is_left_out
                                                    lr=0.05, momentum=0.0,
                                                    output_dir=str(tmp_path),
                                                    checkpoint_every=1))
-  assert result.runs == {} and result.diverged == {
-      "fedbuff (seed 0)": "group 3: the test loss is inf (the global model is finite)"}
+  assert result.runs == {} and result.diverged == {"fedbuff (seed 0)": (
+      "group 3: the test loss is inf (the global model is finite); the first non-finite "
+      "client result: client 4 (local loss inf, ||Delta|| 0) in group 2; no client was far "
+      "out before it, nor any of its group finite: the likelier cause is the model they "
+      f"started from; {divergence.SERVER_ADVICE}")}
   with open(tmp_path / "metrics.jsonl") as f:
     assert [json.loads(line)["group"] for line in f] == [0, 1, 2]
   assert os.listdir(tmp_path / "checkpoints") == ["2"]

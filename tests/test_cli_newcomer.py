@@ -248,10 +248,13 @@ def test_a_tick_from_inside_a_chunk_keeps_the_lines_in_round_order():
 
 
 def test_progress_lines_of_a_run_come_in_round_order(capsys, monkeypatch):
-  """A real run whose compiled chunks tick every round (no silence needed): every line
-  that names a round names one at or after the previous line's."""
+  """A real run whose compiled chunks tick every round (no silence needed; chunks of fixed
+  lengths, as over several processes, where the program has the tick): every line that
+  names a round names one at or after the previous line's."""
   import fedjax_async as fa  # pylint: disable=g-import-not-at-top
+  from fedjax_async import loop  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(experiment.Progress, "MAX_SILENCE", 0.0)
+  monkeypatch.setattr(loop, "chunks_timed", lambda: False)
   fa.simulate(algorithm="fedavg", num_clients=5, rounds=4, rounds_per_call=2,
               checkpoint_every=0, tensorboard=False)
   out = capsys.readouterr().out

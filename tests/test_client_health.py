@@ -161,6 +161,13 @@ def test_the_cause_found_in_the_rows_fits_the_advice():
       "the server step made the model non-finite; " + divergence.SERVER_ADVICE)
   assert divergence.advice(data, [{"round": 1, "nonfinite": True}]) == (
       divergence.SERVER_ADVICE)  # rows without health fields
+  # every client of the round non-finite, none far out before: the model they started from
+  allbad = dict(bad, client_nonfinite_share=1.0)
+  assert divergence.advice(data, [ok, allbad]) == (
+      "the first non-finite client result: client 7 (local loss nan, ||Delta|| inf) in "
+      "round 4; no client was far out before it, nor any of its round finite: the likelier "
+      f"cause is the model they started from; {divergence.SERVER_ADVICE}")
+  assert divergence.advice(data, [ok, out, allbad]).endswith(divergence.LOCAL_ADVICE)
 
 
 # The reproduction: PAFed with an MLP on Synthetic(1,1), heavy-ball momentum 0.9 and lr
@@ -261,3 +268,14 @@ def test_a_sweeps_diverged_run_carries_its_cause_in_its_summary(capsys):
   assert blown["diverged_cause"] == cause
   assert f"[fedavg/server_lr=1e+38_seed=0] diverged in round 1: {cause}" in (
       capsys.readouterr().out)
+
+
+def test_the_clock_comparison_has_a_line_for_a_diverged_run():
+  from fedjax_async.asynchronous import report
+  summary = {"run": "fedbuff", "final_accuracy": 0.5, "best_accuracy": 0.6, "arrivals": 40,
+             "server_updates": 10, "mean_staleness": 1.5, "updates_per_virtual_second": 2.0,
+             "wall_time_s": 3.0}
+  table = report.clock_table([summary], {"fedasync": "group 26: the global model is not "
+                                         "finite (NaN/Inf); the first non-finite client"})
+  assert "| fedasync | diverged (group 26) | – | – | – | – | – | – | – |" in table.splitlines()
+  assert "| fedbuff | 0.5000 | 0.6000 | 40 | 10 | 1.50 | 2.000 |  | 3.0 |" in table.splitlines()

@@ -39,7 +39,8 @@ def text(path):
 def pafed_table():
   """experiments/pafed_table.py as a module, loaded once per process (it defines flags)."""
   for name in ("pafed_table_module", "pafed_table"):
-    if name in sys.modules:
+    if name in sys.modules:  # (under both names: benchmarks/table_v.py reads pafed_table)
+      sys.modules["pafed_table_module"] = sys.modules["pafed_table"] = sys.modules[name]
       return sys.modules[name]
   spec = importlib.util.spec_from_file_location(
       "pafed_table_module", os.path.join(run_script.ROOT, "experiments", "pafed_table.py"))

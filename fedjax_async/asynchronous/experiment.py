@@ -463,6 +463,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
     print(outputs.name_fields(f"each group's members split over {len(devices)} devices "
                               "(run.devices)"), flush=True)
   done: Dict[str, Run] = {}
+  lost: Dict[str, str] = {}  # the runs that diverged: why
   for run_name, algo, alpha in runs:
     out = out_dir if out_dir is None or len(runs) == 1 else os.path.join(out_dir, run_name)
     run = (finished_run(cfg, run_name, out, algo) if out is not None and cfg.output.resume
@@ -475,7 +476,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
                       scales, fed, model, out, callbacks)
       except divergence.Diverged as e:
         print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)
-        result.diverged[f"{run_name} (seed {cfg.run.seed})"] = str(e)
+        result.diverged[f"{run_name} (seed {cfg.run.seed})"] = lost[run_name] = str(e)
         continue
     done[run_name] = run
     print(report.result_line(run.summary), flush=True)
@@ -486,8 +487,8 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
         title=report.curves_title(cfg, getattr(fed, "name", cfg.data.dataset), model[0],
                                   list(done)))
     print(f"figure: {result.figure}")
-  if len(done) > 1:
-    table = report.clock_table([r.summary for r in done.values()])
+  if len(done) + len(lost) > 1:  # (a diverged run: a line saying so)
+    table = report.clock_table([r.summary for r in done.values()], lost)
     if out_dir is not None:
       os.makedirs(out_dir, exist_ok=True)
       with open(os.path.join(out_dir, "comparison.md"), "w") as f:

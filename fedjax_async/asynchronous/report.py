@@ -155,11 +155,14 @@ def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
           f"virtual clock, concurrency {cfg.clock.concurrency}; {', '.join(names)}{over}")
 
 
-def clock_table(summaries: List[dict]) -> str:
+def clock_table(summaries: List[dict], diverged: Optional[Dict[str, str]] = None) -> str:
   """Markdown: one line per run (accuracy, arrivals, server updates, staleness, virtual
-  throughput, epsilon spent, wall time), and ``arrivals_note``."""
+  throughput, epsilon spent, wall time), a line per run of ``diverged`` (its name -> the
+  divergence error, whose first clause names the group), and ``arrivals_note``."""
   lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "
            "upd/virtual s | eps spent | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+  for name, message in (diverged or {}).items():
+    lines.append(f"| {name} | diverged ({message.split(':')[0]}) |" + " – |" * 7)
   for s in summaries:
     eps = s.get("privacy", {}).get("epsilon_spent_max", "")
     lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "

@@ -135,7 +135,9 @@ SERVER_ADVICE = ("a smaller local.lr or algorithm.server_lr (PAFed: algorithm.al
 def cause(rows: List[dict]) -> Optional[tuple]:
   """(what the clients' health in ``rows``, a run's rows up to and including the
   non-finite one, says went wrong first, whether the cause is local), or None for rows
-  without health fields."""
+  without health fields. A non-finite client result is a local cause when a client was
+  far out before it or others of its round were finite; else the model they started
+  from is (a server step)."""
   if rows and "event" in rows[-1]:  # the virtual clock's arrivals
     rows = arrival_health(rows)
   if not rows or "worst_client" not in rows[-1]:
@@ -154,8 +156,14 @@ def cause(rows: List[dict]) -> Optional[tuple]:
       earlier += (f"; the first client far outside {around}: {describe(first_out)} in "
                   f"{where(first_out)}")
   if first_bad is not None:
-    return (f"the first non-finite client result: {describe(first_bad)} in "
-            f"{where(first_bad)}{earlier}", True)
+    text = f"the first non-finite client result: {describe(first_bad)} in {where(first_bad)}"
+    if first_out is first_bad and (first_bad.get("client_nonfinite_share") or 0) >= 1:
+      # no client far out before it, and none of its round finite: the model they all
+      # started from is the likelier cause (a server step), not one client's training
+      unit = "round" if "round" in first_bad else "group"
+      return (f"{text}; no client was far out before it, nor any of its {unit} finite: the "
+              "likelier cause is the model they started from", False)
+    return text + earlier, True
   if first_out is not None:
     return (f"every client's result was finite; the first client far outside {around}: "
             f"{describe(first_out)} in {where(first_out)}", True)
