@@ -9,9 +9,11 @@ Algorithms: fedasync | fedbuff | double_compensation | privaasyncfed | dp_fedasy
 per value (``fedasync_a0.4`` ...), as in Guo et al.'s FedAsync-hinge baselines.
 Each run writes ``<output_dir>/<run>/metrics.jsonl`` (one row per kept arrival; test
 accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histogram,
-updates per virtual second, wall time, and for DP runs the epsilon spent); several runs end
-with ``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean
-of 10 arrivals) against the virtual clock.
+updates per virtual second, wall time, and for DP runs the epsilon spent; with
+``--target_accuracy`` the virtual time, updates and arrivals to it, with ``--time_budget``
+the accuracy at that simulated second, where every run stops); several runs end with
+``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean of 10
+arrivals) against the virtual clock.
 
 Each run is checkpointed every ``--checkpoint_every`` calls of ``--groups_per_call``
 groups (``<run>/checkpoints``: the state, the rows so far and the flags). After Ctrl-C,

@@ -415,7 +415,10 @@ def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks) -> Result:
     where = f" -> {dirs[name]}" if name in dirs else ""
     print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
           f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
-          f"{s['average_best_accuracy']:.4f}, {s['wall_time_s']:.1f}s{where}", flush=True)
+          f"{s['average_best_accuracy']:.4f}"
+          + (f", rounds to {s['target_accuracy']:g}: {s['rounds_to_target'] or 'not reached'}"
+             if "target_accuracy" in s else "") + f", {s['wall_time_s']:.1f}s{where}",
+          flush=True)
   result = Result(cfg, runs, tabulate=_table)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")

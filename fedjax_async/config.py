@@ -115,6 +115,7 @@ SHARED_HELP.update({
     "overwrite": "Delete this driver's outputs in --output_dir and start over; without it "
                  "(or --resume) a folder holding a run is refused.",
     "quiet": "No per-round lines: each run's result and the comparison table only.",
+    "target_accuracy": "Target test accuracy: rounds (clock: time) to it (0: none).",
     "server_lr": "Server step size eta (FedAvg, FedProx, FedNova, FedADMM; FedBuff's eta_s, "
                  "double compensation's eta).",
 })
@@ -344,6 +345,7 @@ class RunOptions:
   participation: float = option(0.33, "sigma, fraction sampled per round.")
   seed: int = option(0, SHARED_HELP["seed"])
   eval_every: Optional[int] = option(None, SHARED_HELP["eval_every"])
+  target_accuracy: float = option(0.0, SHARED_HELP["target_accuracy"])
   rounds_per_call: int = option(10, "Rounds fused into one jitted scan between host visits.")
   client_chunk: int = option(-1, "Train a round's clients as a lax.scan over chunks of this "
                              "many vmapped clients (0: one vmap over all; -1: auto, 1 for "
@@ -531,6 +533,12 @@ def _validate_algorithm(cfg: RunConfig):
         f"0..{rounds - 1} (run.rounds={rounds}), got {a.server_lr_switch_round}")
 
 
+def check_target(target: float):
+  """run.target_accuracy: a fraction, 0 for none."""
+  check(0 <= target <= 1, "run.target_accuracy",
+        f"must be in [0, 1] (0: none), got {target}")
+
+
 def _validate_data_and_run(cfg: RunConfig):
   d, r = cfg.data, cfg.run
   check(d.shards_per_client >= 1, "data.shards_per_client",
@@ -547,6 +555,7 @@ def _validate_data_and_run(cfg: RunConfig):
         f"must be in (0, 1], got {r.participation}")
   check(r.rounds >= 1, "run.rounds", f"must be >= 1, got {r.rounds}")
   check(r.eval_every >= 1, "run.eval_every", f"must be >= 1, got {r.eval_every}")
+  check_target(r.target_accuracy)
   check(r.rounds_per_call >= 1, "run.rounds_per_call",
         f"must be >= 1, got {r.rounds_per_call}")
   check(r.client_chunk >= -1, "run.client_chunk",
@@ -627,7 +636,7 @@ def config_dict(cfg: RunConfig) -> dict:
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
                       "keep_checkpoints", "tensorboard", "devices", "client_data",
                       "allow_insecure_ckks",
-                      "log_every", "quiet")
+                      "log_every", "quiet", "target_accuracy")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -649,7 +658,7 @@ def own_columns(cfg: RunConfig, name: str) -> Dict[str, float]:
 
 # What a config stored before a field existed ran with, where that is not the field's
 # default: runs without ``admm_upload`` read Eq. 16 with the last local model.
-STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0}
+STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0, "time_budget": 0.0}
 
 
 def flat_stored(config: dict) -> dict:

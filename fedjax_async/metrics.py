@@ -60,6 +60,31 @@ def accuracy_summary(accuracies: Sequence[Optional[float]]) -> Dict[str, float]:
           "average_best_accuracy": average_best_accuracy(accuracies)}
 
 
+def first_reaching(rows: Sequence[dict], target: float) -> Optional[int]:
+  """The index of the first row whose test accuracy is >= ``target`` (None: none)."""
+  for i, r in enumerate(rows):
+    a = r.get("test_accuracy")
+    if a is not None and a >= target:
+      return i
+  return None
+
+
+def rounds_to_target(rows: Sequence[dict], target: float) -> Dict[str, object]:
+  """A round-engine summary's keys of run.target_accuracy (none for 0): the target and
+  the round of the first row at or above it (None: not reached)."""
+  if not target:
+    return {}
+  hit = first_reaching(rows, target)
+  return {"target_accuracy": target,
+          "rounds_to_target": None if hit is None else rows[hit]["round"]}
+
+
+def retarget_rounds(summary: dict, rows: Sequence[dict], target: float) -> dict:
+  """A stored run's ``summary`` with the keys of ``target`` (``rounds_to_target``)."""
+  out = {k: v for k, v in summary.items() if k not in ("target_accuracy", "rounds_to_target")}
+  return {**out, **rounds_to_target(rows, target)}
+
+
 def is_short(rounds: int) -> bool:
   """Whether a run of ``rounds`` rounds is too short for the last-10 metrics to mean the
   end of training."""

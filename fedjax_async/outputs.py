@@ -202,13 +202,29 @@ def seed_cell(values: Sequence[float], fmt: str = ".4f") -> str:
   return f"{mean:{fmt}}" if n <= 1 else f"{mean:{fmt}} ± {std:{fmt}} ({n})"
 
 
+def reach_cell(values: Sequence[Optional[float]], fmt: str = ".2f",
+               integer: bool = False) -> str:
+  """A table's cell of the time (or the count, ``integer``) to a target over seeds, None
+  where not reached: the value of one, ``seed_cell`` of those that reached it and how many
+  did not; "not reached" when none did."""
+  reached = [v for v in values if v is not None]
+  if not reached:
+    return "not reached"
+  cell = (str(int(reached[0])) if integer and len(reached) == 1
+          else seed_cell(reached, ".1f" if integer else fmt))
+  missing = len(values) - len(reached)
+  return cell + (f", {missing} not reached" if missing else "")
+
+
 def comparison_table(summaries: List[dict]) -> str:
   """Markdown: one line per configuration, its algorithm and each swept field of its
   summaries' ``setting`` ("–" where the algorithm does not use it; values in numeric
   order), with its three accuracy metrics (``metrics.KEYS``; the last-10 ones marked for
   runs of T <= 10 rounds) and mean wall time: the value of its one seed, or mean ± std (n)
-  over its seeds (``seed_cell``; diverged runs left out and named)."""
+  over its seeds (``seed_cell``; diverged runs left out and named); with run.target_accuracy
+  a, the rounds to a (``reach_cell``)."""
   names = list(dict.fromkeys(n for s in summaries for n in (s.get("setting") or {})))
+  target = next((s["target_accuracy"] for s in summaries if "target_accuracy" in s), None)
   groups: Dict[tuple, List[dict]] = {}
   for s in summaries:
     setting = s.get("setting") or {}
@@ -218,8 +234,9 @@ def comparison_table(summaries: List[dict]) -> str:
   keys = sorted(groups, key=lambda k: (order.index(k[0]),) + tuple(
       (v is not None, v) for v in k[1:]))
   lines = ["| algorithm | " + "".join(f"{n} | " for n in names) + "final accuracy | "
-           "last-10 mean accuracy | average best accuracy | wall time (s) |",
-           "|---" * (len(names) + 5) + "|"]
+           "last-10 mean accuracy | average best accuracy | "
+           + (f"rounds to {target:g} | " if target else "") + "wall time (s) |",
+           "|---" * (len(names) + 5 + bool(target)) + "|"]
   short = several = False
   diverged = []
   for key in keys:
@@ -233,13 +250,20 @@ def comparison_table(summaries: List[dict]) -> str:
     several |= len(ok) > 1
     cells = [metrics_lib.mark_short(seed_cell([s.get(k, float("nan")) for s in ok]),
                                     k, rounds) if ok else "diverged" for k in metrics_lib.KEYS]
+    if target:
+      cells.append(reach_cell([s.get("rounds_to_target") for s in ok], integer=True)
+                   if ok else "diverged")
     lines.append("| " + " | ".join([key[0], *("–" if v is None else f"{v:g}" for v in key[1:]),
                                     *cells]) +
                  f" | {np.mean([s['wall_time_s'] for s in group]):.1f} |")
-  if short or several or diverged:
+  if short or several or diverged or target:
     lines.append("")
   if several:
     lines.append(SEEDS_NOTE + ".")
+  if target:
+    lines.append(f"Rounds to {target:g}: the first evaluated round whose test accuracy is "
+                 f">= {target:g}" + ("; mean ± std over the seeds that reached it" if several
+                                     else "") + ".")
   if diverged:
     lines.append(f"Diverged (a non-finite loss), left out: {', '.join(diverged)}.")
   if short:

@@ -49,6 +49,8 @@ class ClockOptions:
   num_arrivals: int = option(0, "> 0: every run stops after this many client arrivals "
                              "(the same client work for every algorithm; FedBuff: / buffer_k "
                              "server updates), instead of --num_updates.")
+  time_budget: float = option(0.0, "T > 0: every run stops at simulated second T; "
+                              "the accuracy at T.")
   buffer_k: int = option(5, "FedBuff's K (arrivals per server step).")
   compute_time: str = option("lognormal:0.001,0.5", "Seconds per example: constant:a | "
                              "uniform:a,b | exponential:mean | lognormal:median,sigma.")
@@ -93,7 +95,7 @@ class PrivacyConfig:
 # The run and output parts: the round engine's fields where the meaning is the same (their
 # flags, defaults and help defined once, in config.py), and the clock's own.
 AsyncRunOptions = config_lib.part_of("AsyncRunOptions", config_lib.RunOptions, (
-    "seed", "eval_every", "devices"), own=[
+    "seed", "eval_every", "target_accuracy", "devices"), own=[
         ("seeds", "str", option("", "Comma list of seeds: every run once per seed, under "
                                 "<output_dir>/seed<s>/, and comparison.md with the mean and "
                                 "standard deviation over the seeds ('': --seed only).")),
@@ -204,6 +206,9 @@ def validate(cfg: AsyncRunConfig):
     check(cfg.local.momentum == 0, "local.momentum", "must be 0 for DP runs (the accountant "
           "composes Gaussian steps of plain SGD)")
   check(r.eval_every >= 1, "run.eval_every", f"must be >= 1, got {r.eval_every}")
+  config_lib.check_target(r.target_accuracy)
+  check(c.time_budget >= 0, "clock.time_budget", f"must be >= 0 (0: none), got "
+        f"{c.time_budget}")
   check(r.groups_per_call >= 1, "run.groups_per_call",
         f"must be >= 1, got {r.groups_per_call}")
   check(cfg.output.checkpoint_every >= 0, "output.checkpoint_every",
@@ -220,7 +225,7 @@ def validate(cfg: AsyncRunConfig):
       epochs=loc.local_epochs, local_steps=loc.local_steps, batch_size=loc.batch_size,
       compute=vc.Distribution.parse(c.compute_time, "clock.compute_time"),
       comm=vc.Distribution.parse(c.comm_time, "clock.comm_time"), device_classes=classes,
-      ring_size=c.ring_size)
+      ring_size=c.ring_size, time_budget=c.time_budget)
   return names, scales, clock
 
 

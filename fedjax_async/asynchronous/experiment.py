@@ -57,7 +57,7 @@ from fedjax_async.core import progress
 # made with other values of these is still the same run (run.eval_every is not among them:
 # it decides which rows carry a test accuracy).
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
-                      "groups_per_call", "seeds", "quiet")
+                      "groups_per_call", "seeds", "quiet", "target_accuracy")
 # What a run writes in its folder, and the invocation in output.output_dir.
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
@@ -227,6 +227,10 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
   schedule = vc.draw_schedule(_clock_of(cfg, algorithm, clock, scales), counts, cfg.run.seed)
+  if cfg.clock.time_budget and not schedule.stopped_at_budget:
+    outputs.warn(f"[{run_name}] ends at virtual second {schedule.time[-1]:.4g}, before "
+                 f"clock.time_budget={cfg.clock.time_budget:g}: its {schedule.num_updates} "
+                 "server updates (clock.num_updates / clock.num_arrivals) come first")
   loc = cfg.local
   local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
                                  momentum=loc.momentum > 0, local_steps=loc.local_steps,
@@ -337,9 +341,11 @@ def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mes
 def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str,
                  algo_name: Optional[str] = None) -> Optional[Run]:
   """A finished run under ``out_dir`` made with the same configuration, else None
-  (resumption then continues it from its checkpoint, or runs it)."""
+  (resumption then continues it from its checkpoint, or runs it); its summary's target
+  keys are run.target_accuracy's (rewritten where another one made them)."""
+  path = os.path.join(out_dir, "summary.json")
   try:
-    with open(os.path.join(out_dir, "summary.json")) as f:
+    with open(path) as f:
       summary = json.load(f)
   except (OSError, ValueError):
     return None
@@ -347,7 +353,12 @@ def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str,
   if not isinstance(saved, dict) or config_lib.config_mismatch(
       renamed(saved), checkpoint_lib.to_json_ready(run_config(cfg, run_name, algo_name))):
     return None
-  return Run(summary, outputs.read_metrics(out_dir), None)
+  rows = outputs.read_metrics(out_dir)
+  targeted = report.retarget(summary, rows, cfg.run.target_accuracy)
+  if targeted != summary:
+    with open(path, "w") as f:
+      json.dump(targeted, f, indent=2, default=str)
+  return Run(targeted, rows, None)
 
 
 # Flat keys renamed since runs were stored: old -> new (double compensation's rho).

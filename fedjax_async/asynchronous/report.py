@@ -39,7 +39,7 @@ class ArrivalProgress:
            if r["test_accuracy"] is not None and np.isfinite(r["test_accuracy"])]
     if acc:
       self.last_acc = acc[-1]
-    version = rows[-1]["arrival_version"] + 1
+    version = min(rows[-1]["arrival_version"] + 1, self.num_updates)
     timing = " | ETA after the first steady call" if version < self.num_updates else ""
     if self.steady is None:
       self.steady = (now, self.done, version)
@@ -123,17 +123,70 @@ def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_pa
       "config": config,
   }
   summary.update(schedule.summary())
+  summary.update(target_summary(rows, schedule.num_updates, cfg.run.target_accuracy,
+                                cfg.clock.time_budget, schedule.stopped_at_budget))
   if privacy_report is not None:
     summary["privacy"] = privacy_report
   return summary
 
 
+TARGET_KEYS = ("target_accuracy", "time_to_target_s", "updates_to_target",
+               "arrivals_to_target")
+
+
+def target_summary(rows: List[dict], server_updates: int, target: float,
+                   budget: float = 0.0, stopped_at_budget: bool = False) -> dict:
+  """A run's summary keys of run.target_accuracy and clock.time_budget (none without them).
+
+  Args:
+    rows: the run's rows, one per kept arrival.
+    server_updates: its server updates (the version after its last row).
+    target: a (0: none): at the first evaluated row with test accuracy >= a, its virtual
+      time, the server updates made (the next row's arrival version) and the arrivals
+      (dropped ones included: its event + 1); None each where never reached.
+    budget: T (0: none): the last evaluated accuracy at virtual time <= T.
+    stopped_at_budget: the run stopped at T (not at its server updates before).
+  """
+  out = {}
+  if target:
+    i = metrics_lib.first_reaching(rows, target)
+    done = i is not None
+    version = (rows[i + 1]["arrival_version"] if i + 1 < len(rows) else server_updates
+               ) if done else None
+    out.update(target_accuracy=target,
+               time_to_target_s=rows[i]["virtual_time"] if done else None,
+               updates_to_target=version,
+               arrivals_to_target=rows[i]["event"] + 1 if done else None)
+  if budget:
+    accs = [r["test_accuracy"] for r in rows
+            if r["test_accuracy"] is not None and r["virtual_time"] <= budget]
+    out.update(time_budget_s=budget, accuracy_at_budget=accs[-1] if accs else None,
+               stopped_at_budget=stopped_at_budget)
+  return out
+
+
+def retarget(summary: dict, rows: List[dict], target: float) -> dict:
+  """``summary`` (a finished run's, read back) with the target keys of ``target``
+  (run.target_accuracy changes no row: such a run is not run again)."""
+  out = {k: v for k, v in summary.items() if k not in TARGET_KEYS}
+  out.update(target_summary(rows, summary["server_updates"], target))
+  return out
+
+
 def result_line(s: dict) -> str:
   """One run's result on the console."""
   eps = s.get("privacy", {}).get("epsilon_spent_max")
+  reach = ""
+  if "target_accuracy" in s:
+    t = s["time_to_target_s"]
+    reach = f", {s['target_accuracy']:g} " + ("not reached" if t is None else (
+        f"reached at {t:.2f} virtual s ({s['updates_to_target']} updates, "
+        f"{s['arrivals_to_target']} arrivals)"))
+  if s.get("accuracy_at_budget") is not None:
+    reach += f", accuracy at {s['time_budget_s']:g} virtual s {s['accuracy_at_budget']:.4f}"
   return (f"[{s['run']}] final accuracy {s['final_accuracy']:.4f}, "
           f"{s['updates_per_virtual_second']:.3f} updates per virtual s, mean staleness "
-          f"{s['mean_staleness']:.2f}, {s['wall_time_s']:.1f}s wall"
+          f"{s['mean_staleness']:.2f}{reach}, {s['wall_time_s']:.1f}s wall"
           + (f", epsilon spent {eps:.3g}" if eps is not None else ""))
 
 
@@ -155,22 +208,63 @@ def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
           f"virtual clock, concurrency {cfg.clock.concurrency}; {', '.join(names)}{over}")
 
 
+def target_columns(summaries: List[dict]) -> List[tuple]:
+  """(header, summary key) of the columns of run.target_accuracy and clock.time_budget
+  that ``summaries`` carry (none without them)."""
+  a = next((s["target_accuracy"] for s in summaries if "target_accuracy" in s), None)
+  t = next((s["time_budget_s"] for s in summaries if "time_budget_s" in s), None)
+  return ([(f"time to {a:g} (virtual s)", "time_to_target_s"),
+           (f"updates to {a:g}", "updates_to_target"),
+           (f"arrivals to {a:g}", "arrivals_to_target")] if a else []) + (
+               [(f"acc at {t:g} virtual s", "accuracy_at_budget")] if t else [])
+
+
+def _target_cell(key: str, values: List[Optional[float]]) -> str:
+  """One run's cell of ``target_columns`` over its seeds (one value: its own)."""
+  if key == "accuracy_at_budget":
+    return outputs.seed_cell(values)
+  return outputs.reach_cell(values, integer=key != "time_to_target_s")
+
+
+def target_note(summaries: List[dict], over_seeds: bool = False) -> str:
+  """What ``target_columns`` mean, and the runs that ended before clock.time_budget."""
+  cols = [k for _, k in target_columns(summaries)]
+  lines = []
+  if "time_to_target_s" in cols:
+    a = next(s["target_accuracy"] for s in summaries if "target_accuracy" in s)
+    lines.append(f"To {a:g}: at the first evaluation (every eval_every server updates) "
+                 f"whose test accuracy is >= {a:g}; arrivals include dropped ones"
+                 + ("; mean ± std over the seeds that reached it" if over_seeds else "")
+                 + "; not reached: not within the run.")
+  if "accuracy_at_budget" in cols:
+    t = next(s["time_budget_s"] for s in summaries if "time_budget_s" in s)
+    short = sorted({s["run"] for s in summaries if not s.get("stopped_at_budget", True)})
+    lines.append(f"Acc at {t:g} virtual s: the model at simulated second {t:g} (every run "
+                 "stops there)" + (f"; {', '.join(short)} ended before it, at num_updates"
+                                   if short else "") + ".")
+  return " ".join(lines)
+
+
 def clock_table(summaries: List[dict], diverged: Optional[Dict[str, str]] = None) -> str:
-  """Markdown: one line per run (accuracy, arrivals, server updates, staleness, virtual
-  throughput, epsilon spent, wall time), a line per run of ``diverged`` (its name -> the
-  divergence error, whose first clause names the group), and ``arrivals_note``."""
-  lines = ["| run | final acc | best acc | arrivals | server updates | mean staleness | "
-           "upd/virtual s | eps spent | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+  """Markdown: one line per run (accuracy, with run.target_accuracy and clock.time_budget
+  ``target_columns``, arrivals, server updates, staleness, virtual throughput, epsilon
+  spent, wall time), a line per run of ``diverged`` (its name -> the divergence error,
+  whose first clause names the group), ``arrivals_note`` and ``target_note``."""
+  cols = target_columns(summaries)
+  lines = ["| run | final acc | best acc | " + "".join(f"{h} | " for h, _ in cols)
+           + "arrivals | server updates | mean staleness | upd/virtual s | eps spent | "
+           "wall s |", "|---|---|---|" + "---|" * (len(cols) + 6)]
   for name, message in (diverged or {}).items():
-    lines.append(f"| {name} | diverged ({message.split(':')[0]}) |" + " – |" * 7)
+    lines.append(f"| {name} | diverged ({message.split(':')[0]}) |" + " – |" * (7 + len(cols)))
   for s in summaries:
     eps = s.get("privacy", {}).get("epsilon_spent_max", "")
     lines.append(f"| {s['run']} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | "
+                 + "".join(f"{_target_cell(k, [s.get(k)])} | " for _, k in cols) +
                  f"{s['arrivals']} | {s['server_updates']} | "
                  f"{s['mean_staleness']:.2f} | {s['updates_per_virtual_second']:.3f} | "
                  f"{eps if eps == '' else f'{eps:.3g}'} | {s['wall_time_s']:.1f} |")
-  note = arrivals_note(summaries)
-  return "\n".join(lines) + (f"\n\n{note}" if note else "")
+  notes = [n for n in (arrivals_note(summaries), target_note(summaries) if cols else "") if n]
+  return "\n".join(lines) + "".join(f"\n\n{n}" for n in notes)
 
 
 def arrivals_note(summaries: List[dict]) -> str:
@@ -190,16 +284,19 @@ def seed_table(by_seed: Dict[int, List[dict]]) -> str:
   accuracy."""
   seeds = list(by_seed)
   names = list(dict.fromkeys(s["run"] for runs in by_seed.values() for s in runs))
+  every = [s for runs in by_seed.values() for s in runs]
+  cols = target_columns(every)
   lines = [f"Seeds {', '.join(map(str, seeds))}; {outputs.SEEDS_NOTE}.", "",
-           "| run | final acc | best acc | mean staleness | "
-           + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
-           "|---|---|---|---|" + "---|" * len(seeds)]
+           "| run | final acc | best acc | " + "".join(f"{h} | " for h, _ in cols)
+           + "mean staleness | " + " | ".join(f"final, seed {sd}" for sd in seeds) + " |",
+           "|---|---|---|---|" + "---|" * (len(seeds) + len(cols))]
   for name in names:
     got = {sd: next((s for s in by_seed[sd] if s["run"] == name), None) for sd in seeds}
     done = [s for s in got.values() if s is not None]
     stat = lambda key: outputs.seed_cell([s[key] for s in done])  # pylint: disable=cell-var-from-loop
     lines.append(f"| {name} | {stat('final_accuracy')} | {stat('best_accuracy')} | "
-                 f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
+                 + "".join(f"{_target_cell(k, [s.get(k) for s in done])} | " for _, k in cols)
+                 + f"{np.mean([s['mean_staleness'] for s in done]):.2f} | "
                  + " | ".join("diverged" if got[sd] is None else
                               f"{got[sd]['final_accuracy']:.4f}" for sd in seeds) + " |")
-  return "\n".join(lines)
+  return "\n".join(lines) + (f"\n\n{target_note(every, True)}" if cols else "")

@@ -25,7 +25,9 @@ this arrival) to a client drawn uniformly among the idle ones (seeded), the one 
 finished included. Staleness of an arrival = v - dispatch version. An arrival whose
 staleness exceeds what a ring buffer of R past models holds (staleness > R - 1) is dropped
 (counted; it neither updates the model nor fills FedBuff's buffer). The run stops after
-``num_updates`` server updates; updates still in flight then are counted.
+``num_updates`` server updates, or with a ``time_budget`` T before the first arrival
+after T (the arrivals at times <= T are those of the run without T: the event loop does
+not look ahead); updates still in flight then are counted.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class ClockConfig:
   device_classes: tuple = ()  # DeviceClass mix; () = one class
   ring_size: int = 0  # R past models kept; 0 = no drops (R = max staleness + 1)
   pruned_scales: tuple = ()  # S table: a client of scale index p works S[p]^2 as long
+  time_budget: float = 0.0  # T > 0: no arrival after virtual time T
 
   def __post_init__(self):
     if self.concurrency < 1:
@@ -139,6 +142,8 @@ class ClockConfig:
       raise ValueError(f"local.local_steps: must be >= 0, got {self.local_steps}")
     if self.batch_size < 1:
       raise ValueError(f"local.batch_size: must be >= 1, got {self.batch_size}")
+    if not self.time_budget >= 0:
+      raise ValueError(f"clock.time_budget: must be >= 0 (0: none), got {self.time_budget}")
 
 
 def task_examples(epochs, num_examples, local_steps=0, batch_size=1):
@@ -222,6 +227,7 @@ class Schedule(NamedTuple):
   num_updates: int
   in_flight_at_end: int
   buffer_k: int
+  stopped_at_budget: bool = False  # the run ended at ClockConfig.time_budget
 
   @property
   def staleness(self) -> np.ndarray:
@@ -254,7 +260,8 @@ class Schedule(NamedTuple):
 
 
 def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedule:
-  """Runs the event loop of the module docstring (deterministic from ``seed``)."""
+  """Runs the event loop of the module docstring (deterministic from ``seed``); with a
+  time budget ``num_updates`` is the server updates made by then."""
   counts = np.asarray(counts)
   num_clients = len(counts)
   if cfg.concurrency > num_clients:
@@ -277,8 +284,11 @@ def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedul
   for _ in range(cfg.concurrency):
     dispatch(0.0, 0)
   rows = []  # (client, dispatch version, dispatch index, arrival version, time, dropped, applies)
-  version, buffered = 0, 0
+  version, buffered, stopped = 0, 0, False
   while version < cfg.num_updates:
+    if cfg.time_budget and heap[0][0] > cfg.time_budget:  # the next arrival is after T
+      stopped = True
+      break
     now, index, c, v0 = heapq.heappop(heap)
     idle[c] = True
     dropped = version - v0 > ring - 1
@@ -290,6 +300,9 @@ def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedul
     rows.append((c, v0, index, version, now, dropped, applies))
     version += int(applies)
     dispatch(now, version)
+  if not rows:
+    raise ValueError(f"clock.time_budget: {cfg.time_budget:g} s ends before the first "
+                     f"arrival (at {heap[0][0]:.4g} s)")
   a = np.array(rows, dtype=object).reshape(-1, 7)
   staleness = (a[:, 3] - a[:, 1]).astype(np.int64)
   max_kept = int(staleness[~a[:, 5].astype(bool)].max())
@@ -299,7 +312,8 @@ def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedul
       time=a[:, 4].astype(np.float64), dropped=a[:, 5].astype(bool),
       applies=a[:, 6].astype(bool), clients=clients,
       ring_size=cfg.ring_size if cfg.ring_size else max_kept + 1,
-      num_updates=cfg.num_updates, in_flight_at_end=len(heap), buffer_k=cfg.buffer_k)
+      num_updates=version, in_flight_at_end=len(heap), buffer_k=cfg.buffer_k,
+      stopped_at_budget=stopped)
 
 
 def group(schedule: Schedule, max_group: int) -> np.ndarray:

@@ -170,7 +170,8 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
   """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere)."""
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
                       num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=wall,
-                      config=dict(config_dict(cfg), **own_columns(cfg, name)))
+                      config=dict(config_dict(cfg), **own_columns(cfg, name)),
+                      target=cfg.run.target_accuracy)
   if stopped_early_at is not None:
     summary["stopped_early_at_round"] = stopped_early_at
   if cfg.crypto.secure_aggregation == "ckks":
@@ -337,7 +338,8 @@ def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: i
 
 
 def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,
-              model: str, num_params: int, rounds: int, wall: float, config: dict) -> dict:
+              model: str, num_params: int, rounds: int, wall: float, config: dict,
+              target: float = 0.0) -> dict:
   """summary.json of one run from its metrics rows and timeline.
 
   Args:
@@ -350,6 +352,7 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
     rounds: the rounds run.
     wall: the run's wall time, seconds.
     config: the run's configuration, as a dict.
+    target: run.target_accuracy (0: none): the rounds to it (``metrics.rounds_to_target``).
   """
   accs = [r["test_accuracy"] for r in rows]
   delayed_mask = tl.valid & ~tl.online
@@ -361,7 +364,7 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
       "delayed_updates": int(sum(r["delayed"] for r in rows)),
       "mean_staleness_of_delayed": float(np.mean(tl.staleness()[delayed_mask]))
       if np.any(delayed_mask) else 0.0,
-      "config": config,
+      "config": config, **metrics_lib.rounds_to_target(rows, target),
   }
 
 

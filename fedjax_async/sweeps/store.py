@@ -275,8 +275,8 @@ def read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
   stale = []
   for i, c in enumerate(cfgs):
     stored = read_stored_run(run_dir(c), stored_config(c, algorithm_name, extra_config))
-    if stored is not None and not stored[2]:
-      found[i] = stored[0]
+    if stored is not None and not stored[2]:  # (run.target_accuracy changes no row)
+      found[i] = metrics_lib.retarget_rounds(stored[0], stored[1], c.run.target_accuracy)
     elif stored is not None:
       stale.append((run_dir(c), stored[2]))
   if not quiet and found:

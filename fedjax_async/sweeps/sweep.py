@@ -516,7 +516,8 @@ def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed
                              dataset=fed_data.name, model=prep.model_name,
                              num_params=prep.num_params, rounds=c.run.rounds,
                              wall=res.wall_time_s / len(cfgs),
-                             config=config_lib.run_config_for(c, algorithm_name))
+                             config=config_lib.run_config_for(c, algorithm_name),
+                             target=c.run.target_accuracy)
     s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
     s.update(diverged_fields(res.rows[i], res.diverged_round[i],
                              None if quiet else f"{algorithm_name}/{run_name(c, names)}"))
@@ -594,7 +595,8 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
                                num_params=prep.num_params, rounds=c.run.rounds,
                                wall=res.wall_time_s / len(group),
                                config=sweep_store.stored_config(c, algorithm_name,
-                                                                extra_config))
+                                                                extra_config),
+                               target=c.run.target_accuracy)
       s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
       s.update(diverged_fields(res.rows[i], res.diverged_round[i],
                                f"{algorithm_name}/{run_name(c, names)}"))
