@@ -407,6 +407,7 @@ def setup():
                    "sweeps run across processes as experiments/sweep.py (docs/distributed.md)")
   apply_preset(FLAGS.config)
   cli.check_sweep_flags(FLAGS)  # its runs are sweeps: no tb/
+  cli.check_flag(not FLAGS.seeds, "seeds", "the table runs --num_seeds seeds from --seed")
   base = cli.config_from_flags(FLAGS)
   opts = TableConfig.from_flat({n: FLAGS[n].value for n in TableConfig.keys()}).table
   mesh = sweep.run_mesh(sharding.select_devices(base.run.devices))

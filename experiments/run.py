@@ -18,10 +18,11 @@ experiments/async_family.py and experiments/fededs_table.py):
 Each algorithm writes ``<output_dir>/<algorithm>/metrics.jsonl`` (one JSON object per
 round) and ``summary.json``; a comma-separated ``--algorithm`` ends with a comparison table
 (``comparison.md`` / ``comparison.csv``); ``curves.png`` plots test accuracy and train loss
-per round for every algorithm of the run. An ``--output_dir`` that holds a run is refused
-unless ``--resume`` (continue from its checkpoint) or ``--overwrite`` (start over). Ctrl-C
-or SIGTERM stops a run with one line naming the checkpoint that ``--resume`` continues
-from (exit status 130 / 143).
+per round for every algorithm of the run; ``--seeds=0,1,2``: all of it per seed under
+``seed<s>/``, then the comparison as mean ± std and ``curves.png`` as ±1 std bands. An
+``--output_dir`` that holds a run is refused unless ``--resume`` (continue from its
+checkpoint) or ``--overwrite`` (start over). Ctrl-C or SIGTERM stops a run with one line
+naming the checkpoint that ``--resume`` continues from (exit status 130 / 143).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import difflib
 import functools
 import itertools
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -62,10 +62,24 @@ def output_dirs(cfg: config_lib.RunConfig) -> Dict[str, str]:
           for n in names}
 
 
-def prepare(cfg: config_lib.RunConfig):
+def seed_config(cfg: config_lib.RunConfig, seed: int) -> config_lib.RunConfig:
+  """One seed's configuration of a run of several seeds with ``output_dir``: its files
+  under ``<output_dir>/seed<s>/``, its data from ``cfg``'s data seed."""
+  return config_lib.with_seed(cfg, seed, output_dir=os.path.join(cfg.output.output_dir,
+                                                                 f"seed{seed}"))
+
+
+def prepare(cfg: config_lib.RunConfig, seeds: Sequence[int] = ()):
   """Before any work: a directory holding a previous run is refused or cleared
-  (ValueError / OSError naming it)."""
+  (ValueError / OSError naming it); with several ``seeds``, each seed's folder and the
+  comparison over them."""
   if cfg.output.output_dir is None:
+    return
+  if len(seeds) > 1:
+    outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
+                               outputs.COMPARISON_OUTPUTS)
+    for seed in seeds:
+      prepare(seed_config(cfg, seed))
     return
   if "," in cfg.algorithm.names:
     outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
@@ -96,10 +110,7 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
   if cfg.output.output_dir is not None:
     raise config_lib.ConfigError("output.output_dir", "simulate's sweeps run in memory; "
                                  "experiments/sweep.py writes a sweep's files")
-  seeds = [cfg.run.seed] if seeds is None else list(seeds)
-  if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
-                      for s in seeds) or len(set(seeds)) < len(seeds):
-    raise config_lib.ConfigError("seeds", f"expected a list of distinct ints, got {seeds!r}")
+  seeds = [cfg.run.seed] if seeds is None else seeds
   if not isinstance(grid, dict):
     raise config_lib.ConfigError("sweep", f"expected {{name: [values]}}, got {grid!r}")
   for n, values in grid.items():
@@ -117,7 +128,7 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
     cfgs = []
     for values in itertools.product(*(sorted(grid[n]) for n in names)):
       for seed in seeds:
-        c = cfg.replace(seed=int(seed))
+        c = config_lib.with_seed(cfg, seed)  # the data: one data seed
         for n, v in zip(names, values):
           c = sweep.with_value(c, n, v)
         config_lib.validate(c)
@@ -138,6 +149,46 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
       model = (model_fn(c) if model_fn is not None else experiment.build_model(c, fed_data))
       runs[f"{name}/{sweep.run_name(c, names)}"] = results.Run(summary, rows, state, model)
   return Result(cfg, runs, tabulate=_table)
+
+
+def _seed_list(cfg: config_lib.RunConfig, seeds) -> Optional[List[int]]:
+  """``simulate``'s ``seeds=`` (distinct ints: else a ``ConfigError`` naming it), else
+  those of ``run.seeds`` (the CLI's ``--seeds``); None without either."""
+  if seeds is None:
+    return config_lib.seeds_of(cfg) if cfg.run.seeds.strip() else None
+  seeds = list(seeds)
+  if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
+                      for s in seeds) or len(set(seeds)) < len(seeds):
+    raise config_lib.ConfigError("seeds", f"expected a list of distinct ints, got {seeds!r}")
+  return [int(s) for s in seeds]
+
+
+def _run_seeds(cfg: config_lib.RunConfig, seeds: List[int], fed_data, model_fn, callbacks,
+               title: str) -> Result:
+  """Every seed of ``seeds`` in turn (``_run_each``, files under ``<output_dir>/seed<s>/``),
+  all from ``cfg``'s data seed; then in ``output_dir`` the comparison over the seeds (mean ±
+  std (n)) and ``curves.png``, a band per algorithm (``Result.plot``).
+
+  Args:
+    cfg: the configuration (``output.output_dir`` set).
+    seeds: the seeds, two or more.
+    fed_data: the federated data.
+    model_fn: ``model_fn(cfg) -> (name, w0, apply_flat)``, a seed's model.
+    callbacks: ``loop.Callback``s after every compiled chunk.
+    title: the figures' title (the data, model, delays and algorithms).
+  """
+  result = Result(cfg, {}, tabulate=_table, title=f"{title}; {outputs.seeds_note(seeds)}")
+  for seed in seeds:
+    c = seed_config(cfg, seed)
+    print(f"seed {seed} of {', '.join(map(str, seeds))} (data seed "
+          f"{config_lib.data_seed_of(c)}) -> {c.output.output_dir}", flush=True)
+    result.by_seed[seed] = _run_each(c, fed_data, model_fn(c), callbacks,
+                                     f"{title}; seed {seed}").runs
+  result.runs = result.by_seed[seeds[0]]
+  if distributed.is_main():
+    outputs.write_comparison(result.summaries(), cfg.output.output_dir)
+    result.plot(os.path.join(cfg.output.output_dir, "curves.png"))
+  return result
 
 
 def _own_data_and_model(fields: dict):
@@ -290,9 +341,12 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``num_clients=50``, is a ``ConfigError``). ``seeds=[0, 1, 2]`` and
   ``sweep={"lr": [0.05, 0.1], "beta": [...]}`` (fields or an algorithm's own
   hyper-parameters) run every setting and seed of an algorithm as one vmapped
-  computation, keyed ``<algorithm>/<setting>_seed=<s>``. Raises ``config.ConfigError``
-  (a ValueError) naming the field at fault, ``engine.Diverged`` naming the round, and
-  ``interrupts.Interrupted`` on Ctrl-C / SIGTERM (with ``output_dir``, after saving a checkpoint). ``callbacks``:
+  computation, keyed ``<algorithm>/<setting>_seed=<s>``; ``seeds`` (also ``"0,1,2"``, the
+  CLI's ``--seeds``) with ``output_dir`` run one after the other under ``seed<s>/``.
+  Every seed's data come from one data seed (``data_seed``, default ``seed``). Raises
+  ``config.ConfigError`` (a ValueError) naming the field at fault, ``engine.Diverged``
+  naming the round, and ``interrupts.Interrupted`` on Ctrl-C / SIGTERM (with
+  ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``). Delays, when on, are said on the console and
   under ``table()``.
@@ -350,39 +404,50 @@ def _simulate_virtual_clock(config, callbacks, fields: dict) -> Result:
 
 
 def _simulate_rounds(config, callbacks, fields: dict) -> Result:
-  """``simulate`` on the round engine: a sweep or seeds as one vmapped computation, else
-  each algorithm in turn (``_run_each``)."""
+  """``simulate`` on the round engine: a sweep, or seeds without ``output_dir``, as one
+  vmapped computation; several seeds with ``output_dir`` one after the other
+  (``_run_seeds``); else each algorithm in turn (``_run_each``)."""
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
   _own_hparams(fields, config_lib.RunConfig)
   _refuse_overridden(fields, _DATA_KEYS, config_lib.RunConfig, getattr(config, "data", None),
                      config_lib.DataConfig())
   fed_data, module, input_shape = _own_data_and_model(fields)
   seeds, grid = fields.pop("seeds", None), fields.pop("sweep", None) or {}
+  if isinstance(seeds, str):  # the field run.seeds (the CLI's --seeds), a comma list
+    fields["seeds"], seeds = seeds, None
   if fed_data is not None and "dataset" not in fields:
     fields["dataset"] = fed_data.name  # names the runs; PAFed's alphas: the image default
   cfg = (config or config_lib.RunConfig()).replace(**fields)
   config_lib.validate(cfg)
+  seeds = _seed_list(cfg, seeds)
+  written = seeds is not None and not grid and cfg.output.output_dir is not None
+  if written and len(seeds) == 1:  # one seed: the run itself, in output_dir
+    cfg, seeds, written = config_lib.with_seed(cfg, seeds[0]), None, False
   if cfg.crypto.secure_aggregation == "ckks" and distributed.joined() and jax.process_count() > 1:
     raise ValueError("crypto.secure_aggregation=ckks: the encrypted server (OpenFHE, on the "
                      "host) runs in one process; run it without --coordinator_address / "
                      "--distributed")
   devices = sharding.select_devices(cfg.run.devices)
-  prepare(cfg)
+  prepare(cfg, seeds if written else ())
   if fed_data is None:
-    print(f"loading {cfg.data.dataset} ...", flush=True)
+    print(f"loading {cfg.data.dataset} (data seed {config_lib.data_seed_of(cfg)}) ...",
+          flush=True)
     fed_data = experiment.load_data(cfg)
   shape = input_shape or tuple(fed_data.x.shape[2:])
-  model = (experiment.build_model(cfg, fed_data) if module is None else
-           _user_model(module, shape, cfg.run.seed, fed_data.num_classes,
-                       fed_data.feature_shape))
+  model_fn = (functools.partial(experiment.build_model, fed_data=fed_data) if module is None
+              else lambda c: _user_model(module, shape, c.run.seed, fed_data.num_classes,
+                                         fed_data.feature_shape))
+  model = model_fn(cfg)
+  title = outputs.figure_title(cfg, fed_data.name, model[0], cfg.algorithm.name_list(),
+                               swept=grid)
   delays = _delay_note(cfg, grid)  # said on the console and under table()
-  if seeds is not None or grid:
-    model_fn = (None if module is None else
-                lambda c: _user_model(module, shape, c.run.seed, fed_data.num_classes,
-                                      fed_data.feature_shape))
+  if (seeds is not None or grid) and not written:
     if delays:
       print(delays, flush=True)
-    return _noted(_sweep(cfg, seeds, grid, fed_data, model_fn, callbacks), delays)
+    result = _sweep(cfg, seeds, grid, fed_data, None if module is None else model_fn,
+                    callbacks)
+    result.title = "; ".join(filter(None, [title, outputs.seeds_note(seeds or [])]))
+    return _noted(result, delays)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
         f"parameters; jax devices: {jax.devices()}", flush=True)
@@ -390,12 +455,15 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
     print(delays, flush=True)
   if len(devices) > 1:
     print(f"each round's clients split over {len(devices)} devices (run.devices)", flush=True)
-  return _noted(_run_each(cfg, fed_data, model, callbacks), delays)
+  if written:
+    return _noted(_run_seeds(cfg, seeds, fed_data, model_fn, callbacks, title), delays)
+  return _noted(_run_each(cfg, fed_data, model, callbacks, title), delays)
 
 
-def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks) -> Result:
+def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks, title: str = ""
+              ) -> Result:
   """Each algorithm of ``cfg`` on the round engine in turn, on one timeline; the curves
-  and the comparison under ``output_dir``."""
+  (titled ``title``) and the comparison under ``output_dir``."""
   names = cfg.algorithm.name_list()
   tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
                           cfg.run.seed)
@@ -419,11 +487,10 @@ def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks) -> Result:
           + (f", rounds to {s['target_accuracy']:g}: {s['rounds_to_target'] or 'not reached'}"
              if "target_accuracy" in s else "") + f", {s['wall_time_s']:.1f}s{where}",
           flush=True)
-  result = Result(cfg, runs, tabulate=_table)
+  result = Result(cfg, runs, tabulate=_table, title=title)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")
-    outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure,
-                        title=outputs.figure_title(cfg, fed_data.name, model[0], names))
+    outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure, title=title)
     if len(names) > 1:
       outputs.write_comparison(result.summaries(), cfg.output.output_dir)
   return result

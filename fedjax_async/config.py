@@ -28,6 +28,7 @@ from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
 from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
 from fedjax_async.algorithms.server_optimizers import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
+from fedjax_async.core.building import data_seed_of  # the seed of the data, any engine's
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
 from fedjax_async.core.timeline import DelayConfig
 from fedjax_async.flatkeys import (  # flag_specs, FlagSpec: read through config too
@@ -103,7 +104,8 @@ SHARED_HELP = {
 }
 # ... and of those whose default is the same, where the two engines' wording would differ.
 SHARED_HELP.update({
-    "seed": "Seed of data, timeline (clock), initialisation and clients.",
+    "seed": "Seed of timeline (clock), model init and clients (data: --data_seed).",
+    "seeds": "Comma list: each run per seed (<output_dir>/seed<s>/), then mean ± std.",
     "devices": "D: split each round's (group's) clients over the first D devices (0: all; 1: "
                "no sharding); sweeps split their runs over them instead.",
     "cpu_devices": "CPU only: make this many XLA host devices (jax_num_cpu_devices) for "
@@ -269,6 +271,8 @@ class DataConfig:
   partition: str = option("shards", "iid | shards | dirichlet (image data sets).")
   dirichlet_alpha: float = option(0.5, "Dirichlet concentration.")
   shards_per_client: int = option(2, "Label shards per client.")
+  data_seed: Optional[int] = option(None, "Seed of data and partition, shared by all --seeds "
+                                    "(default: --seed).")
   data_dir: Optional[str] = option(None, "IDX directory, tensorflow-datasets data_dir, or "
                                    "the natural data set's files (fedjax's / TFF's SQLite, "
                                    "LEAF's data/ folder).")
@@ -344,6 +348,7 @@ class RunOptions:
   rounds: int = option(100, "T, communication rounds.")
   participation: float = option(0.33, "sigma, fraction sampled per round.")
   seed: int = option(0, SHARED_HELP["seed"])
+  seeds: str = option("", SHARED_HELP["seeds"])
   eval_every: Optional[int] = option(None, SHARED_HELP["eval_every"])
   target_accuracy: float = option(0.0, SHARED_HELP["target_accuracy"])
   rounds_per_call: int = option(10, "Rounds fused into one jitted scan between host visits.")
@@ -451,6 +456,28 @@ def path(key: str) -> str:
   return ".".join(_KEYS[key])
 
 
+def seeds_of(cfg) -> List[int]:
+  """The seeds of ``run.seeds`` (a comma list; '': ``[run.seed]``) of either engine's
+  configuration; ``ConfigError`` naming run.seeds."""
+  r = cfg.run
+  if not r.seeds.strip():
+    return [r.seed]
+  try:
+    seeds = [int(v) for v in r.seeds.split(",")]
+  except ValueError:
+    raise ConfigError("run.seeds", f"expected comma-separated integers, got {r.seeds!r}"
+                      ) from None
+  check(all(v >= 0 for v in seeds), "run.seeds", f"must be >= 0, got {r.seeds!r}")
+  check(len(set(seeds)) == len(seeds), "run.seeds", f"repeats a seed: {r.seeds!r}")
+  return seeds
+
+
+def with_seed(cfg, seed: int, **flat):
+  """``cfg`` (either engine's) at ``seed``, its data still from its own data seed
+  (``data_seed_of``), ``run.seeds`` cleared, and the fields ``flat``."""
+  return cfg.replace(seed=int(seed), data_seed=data_seed_of(cfg), seeds="", **flat)
+
+
 def validate_local(c, check_fn=check, prefix: str = "local."):
   """The local-training fields both engines' configurations share (``c`` has
   ``local_epochs``, ``local_steps``, ``batch_size``, ``lr``, ``momentum``); the errors
@@ -551,6 +578,9 @@ def _validate_data_and_run(cfg: RunConfig):
   for k in ("max_client_examples", "max_test_examples"):
     check(getattr(d, k) >= 0, f"data.{k}", f"must be >= 0 (0: all), got {getattr(d, k)}")
   check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
+  check(d.data_seed is None or d.data_seed >= 0, "data.data_seed",
+        f"must be >= 0, got {d.data_seed}")
+  seeds_of(cfg)
   check(0.0 < r.participation <= 1.0, "run.participation",
         f"must be in (0, 1], got {r.participation}")
   check(r.rounds >= 1, "run.rounds", f"must be >= 1, got {r.rounds}")
@@ -636,7 +666,7 @@ def config_dict(cfg: RunConfig) -> dict:
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
                       "keep_checkpoints", "tensorboard", "devices", "client_data",
                       "allow_insecure_ckks",
-                      "log_every", "quiet", "target_accuracy")
+                      "log_every", "quiet", "target_accuracy", "seeds")
 
 
 def run_config_for(cfg: RunConfig, name: str) -> dict:
@@ -659,13 +689,19 @@ def own_columns(cfg: RunConfig, name: str) -> Dict[str, float]:
 # What a config stored before a field existed ran with, where that is not the field's
 # default: runs without ``admm_upload`` read Eq. 16 with the last local model.
 STORED_BEFORE = {"admm_upload": "last_local", "num_arrivals": 0, "time_budget": 0.0}
+# ... and where it is what the current configuration has: a round-engine run stored
+# without ``data_seed`` drew its data from the base seed, the field's default.
+STORED_AS_NOW = ("data_seed",)
 
 
 def flat_stored(config: dict) -> dict:
   """A stored configuration (``config_dict``) with the delay's fields under their flat keys
   (``delay_fraction``, ``train_dropped``), so that a field added to ``DelayConfig`` later
-  is missing from older configurations like any other field."""
+  is missing from older configurations like any other field; a ``data_seed`` of None as
+  the ``seed`` it stands for."""
   delay = config.get("delay")
+  if config.get("data_seed", 0) is None:  # the run's seed's, compared as its value
+    config = dict(config, data_seed=config.get("seed"))
   if "hp" in config:  # "" (before it was a mapping) or {} or pairs: one form
     config = dict(config, hp=parse_hp(config["hp"] or {}))
   if not isinstance(delay, dict):
@@ -688,8 +724,10 @@ def mismatch_flags(saved: dict, current: dict) -> List[str]:
 def config_mismatch(saved: dict, current: dict) -> List[str]:
   """Fields (flag names) whose values differ, ignoring the resume-free ones. A field that
   ``saved`` lacks (stored before the field existed) counts as what such runs ran with:
-  ``STORED_BEFORE``, else its ``RunConfig`` default."""
+  ``STORED_BEFORE``, ``current``'s for ``STORED_AS_NOW``, else its ``RunConfig``
+  default."""
   saved, current = flat_stored(saved), flat_stored(current)
   keys = (set(saved) | set(current)) - set(RESUME_FREE_FIELDS)
-  defaults = dict(flat_stored(config_dict(RunConfig())), **STORED_BEFORE)
+  defaults = dict(flat_stored(config_dict(RunConfig())), **STORED_BEFORE,
+                  **{k: current.get(k) for k in STORED_AS_NOW})
   return sorted(k for k in keys if saved.get(k, defaults.get(k)) != current.get(k))

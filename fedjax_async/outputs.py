@@ -186,6 +186,16 @@ def seed_of(summary: dict) -> Optional[int]:
   return None if seed is None else int(seed)
 
 
+def data_seed_of(summary: dict) -> Optional[int]:
+  """The seed a run's data and partition were drawn from: its summary's ``data_seed``,
+  else its stored configuration's (None there: its ``seed``); None when not stored."""
+  config = summary.get("config") or {}
+  seed = summary.get("data_seed")
+  if seed is None and "data_seed" in config:
+    seed = config["data_seed"] if config["data_seed"] is not None else config.get("seed")
+  return None if seed is None else int(seed)
+
+
 def mean_std(values: Sequence[float]) -> Tuple[float, float, int]:
   """(mean, sample std of ``DDOF``, n) of the finite ``values``; (nan, nan, 0) of none,
   std 0 of one."""
@@ -277,10 +287,11 @@ def write_comparison(summaries: List[dict], out_dir: str) -> str:
     f.write(table + "\n")
   with open(os.path.join(out_dir, "comparison.csv"), "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["algorithm", *metrics_lib.KEYS, "rounds", "wall_time_s"])
+    w.writerow(["algorithm", *metrics_lib.KEYS, "rounds", "wall_time_s", "seed",
+                "data_seed"])
     for s in summaries:
       w.writerow([algorithm_label(s), *(s.get(k) for k in metrics_lib.KEYS),
-                  s.get("rounds"), s["wall_time_s"]])
+                  s.get("rounds"), s["wall_time_s"], seed_of(s), data_seed_of(s)])
   return table
 
 
@@ -335,6 +346,13 @@ def wrap_title(title: str, width: int = 115) -> str:
   """``title`` broken at spaces into lines of at most ``width`` characters (a 10-inch
   figure's suptitle at font size 9-10)."""
   return "\n".join(textwrap.wrap(title, width)) if len(title) > width else title
+
+
+def seeds_note(seeds: Sequence[int]) -> str:
+  """A figure title's note of the seeds averaged ('' for one): which ones, and the band's
+  std (``DDOF``, as the tables')."""
+  return (f"seeds {', '.join(map(str, seeds))}: mean ± sample std (ddof {DDOF})"
+          if len(seeds) > 1 else "")
 
 
 def seeds_label(name: str, num_seeds: int) -> str:

@@ -10,14 +10,17 @@ row r is the model after r rounds. A virtual-clock row is one kept arrival (``ev
 ``virtual_time``, the ``arrival_version`` it met).
 
 Every record and summary record starts with the run's identity (``identity``): ``run``,
-``algorithm``, ``seed`` and each swept field (a run's summary's ``setting``) as its own key.
+``algorithm``, ``seed``, ``data_seed`` (the data's and partition's, the same for every
+seed) and each swept field (a run's summary's ``setting``) as its own key.
 Tables give a configuration's seeds as ``mean ± std (n)`` (``outputs.seed_cell``: the
-sample std, ddof 1, over the n seeds that did not diverge).
+sample std, ddof 1, over the n seeds that did not diverge); ``Result.plot`` draws them as
+their mean with a ±1 std band, one colour per configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -26,11 +29,19 @@ from fedjax_async import outputs
 
 
 def identity(name: str, summary: dict) -> dict:
-  """The columns that tell a run apart: ``run`` (its name), ``algorithm``, ``seed`` and
-  each swept field of its summary's ``setting``."""
+  """The columns that tell a run apart: ``run`` (its name), ``algorithm``, ``seed``,
+  ``data_seed`` and each swept field of its summary's ``setting``."""
   return {"run": name, "algorithm": summary.get("algorithm", name),
-          "seed": outputs.seed_of(summary),
+          "seed": outputs.seed_of(summary), "data_seed": outputs.data_seed_of(summary),
           **(summary.get("setting") or {})}
+
+
+def configuration(name: str, seed: Optional[int]) -> str:
+  """A run's name without its seed: ``fedavg/lr=0.1_seed=2`` -> ``fedavg/lr=0.1``,
+  ``pafed/seed=1`` -> ``pafed`` (the name of the runs that differ only in the seed)."""
+  if seed is None:
+    return name
+  return re.sub(rf"(^|[/_])seed={seed}(?=$|[/_])", "", name) or name
 
 
 def _scalar(v):
@@ -95,14 +106,16 @@ class Run:
 class Result(Records):
   """The runs of one ``simulate`` call by name (``runs``: the first seed's with several);
   ``by_seed[seed][name]`` when the call ran several seeds one after the other (the
-  virtual clock, FedEDS); ``diverged`` "run (seed s)" -> why; ``figure`` the curves' PNG
-  when written. ``to_records()`` / ``to_pandas()``: every run's rows;
-  ``final_model(name)``: a run's final global model as its parameter tree."""
+  virtual clock, FedEDS, the round engine with ``output_dir``); ``diverged`` "run (seed
+  s)" -> why; ``figure`` the curves' PNG when written; ``title`` the figure's (what was
+  run). ``to_records()`` / ``to_pandas()``: every run's rows; ``final_model(name)``: a
+  run's final global model as its parameter tree."""
   config: Any
   runs: Dict[str, Run]
   by_seed: Dict[int, Dict[str, Run]] = dataclasses.field(default_factory=dict)
   diverged: Dict[str, str] = dataclasses.field(default_factory=dict)
   figure: Optional[str] = None
+  title: str = ""
   tabulate: Optional[Callable[["Result"], str]] = dataclasses.field(default=None, repr=False)
 
   def all_runs(self) -> Dict[str, Run]:
@@ -130,12 +143,29 @@ class Result(Records):
       raise ValueError("this Result has no table")
     return self.tabulate(self)
 
+  def configurations(self) -> Dict[str, List[Run]]:
+    """The runs by configuration (``configuration``: a run's name without its seed), each
+    its seeds' runs in order."""
+    out: Dict[str, List[Run]] = {}
+    for name, run in self.all_runs().items():
+      out.setdefault(configuration(name, outputs.seed_of(run.summary)), []).append(run)
+    return out
+
   def plot(self, path: str, title: Optional[str] = None) -> str:
-    """Test accuracy and train loss of every run against its round (or update), written
-    to ``path`` (PNG); returns ``path``."""
-    x_key = "round" if all("round" in r for run in self.all_runs().values()
+    """Test accuracy and train loss against the round (or the virtual clock's time),
+    written to ``path`` (PNG): one colour per configuration, the mean over its seeds with
+    a shaded ±1 std band (ddof 1, as ``table()``) where it has several. ``title``
+    defaults to ``self.title`` (the data, model and runs). Returns ``path``."""
+    runs = self.configurations()
+    x_key = "round" if all("round" in r for group in runs.values() for run in group
                            for r in run.rows[:1]) else "virtual_time"
-    outputs.plot_curves({n: r.rows for n, r in self.all_runs().items()}, path, x_key=x_key,
-                        title=title)
+    seeds = sorted({s for s in (outputs.seed_of(r.summary) for group in runs.values()
+                                for r in group) if s is not None})
+    if title is None:
+      title = self.title or "; ".join(filter(None, [", ".join(runs), outputs.seeds_note(
+          seeds)]))
+    outputs.plot_curves({n: [r.rows for r in group] if len(group) > 1 else group[0].rows
+                         for n, group in runs.items()}, path, x_key=x_key, title=title,
+                        ddof=outputs.DDOF)
     self.figure = path
     return path

@@ -651,8 +651,9 @@ def test_pruned_clients_work_scales_with_s_squared():
 
 
 def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
-  """--seeds=0,1: each seed's runs under seed<s>/ (each equal to a --seed=<s> run), and
-  comparison.md with the mean and sample standard deviation of their final accuracies."""
+  """--seeds=0,1: each seed's runs under seed<s>/ (each equal to a --seed=<s> run on the
+  data of --data_seed=0, the base seed's), and comparison.md with the mean and sample
+  standard deviation of their final accuracies."""
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -669,7 +670,7 @@ def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
 
   out = run("--seeds=0,1", f"--output_dir={tmp_path / 'both'}")
   assert out.returncode == 0, out.stderr[-3000:]
-  single = run("--seed=1", f"--output_dir={tmp_path / 'one'}")
+  single = run("--seed=1", "--data_seed=0", f"--output_dir={tmp_path / 'one'}")
   assert single.returncode == 0, single.stderr[-3000:]
   acc = [json.load(open(tmp_path / "both" / f"seed{s}" / "summary.json"))["final_accuracy"]
          for s in (0, 1)]

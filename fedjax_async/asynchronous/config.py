@@ -95,10 +95,7 @@ class PrivacyConfig:
 # The run and output parts: the round engine's fields where the meaning is the same (their
 # flags, defaults and help defined once, in config.py), and the clock's own.
 AsyncRunOptions = config_lib.part_of("AsyncRunOptions", config_lib.RunOptions, (
-    "seed", "eval_every", "target_accuracy", "devices"), own=[
-        ("seeds", "str", option("", "Comma list of seeds: every run once per seed, under "
-                                "<output_dir>/seed<s>/, and comparison.md with the mean and "
-                                "standard deviation over the seeds ('': --seed only).")),
+    "seed", "seeds", "eval_every", "target_accuracy", "devices"), own=[
         ("groups_per_call", "int", option(50, "Groups fused into one jitted scan.")),
         ("cpu_devices", "int", option(0, config_lib.SHARED_HELP["cpu_devices"]))],
     module=__name__)
@@ -148,19 +145,7 @@ def parse_floats(text: str, field: str) -> List[float]:
                                  ) from None
 
 
-def seeds_of(cfg: AsyncRunConfig) -> List[int]:
-  """The seeds of run.seeds (or [run.seed])."""
-  r = cfg.run
-  if not r.seeds.strip():
-    return [r.seed]
-  try:
-    seeds = [int(v) for v in r.seeds.split(",")]
-  except ValueError:
-    raise ConfigError("run.seeds", "expected comma-separated integers, got "
-                                 f"{r.seeds!r}") from None
-  check(all(v >= 0 for v in seeds), "run.seeds", f"must be >= 0, got {r.seeds!r}")
-  check(len(set(seeds)) == len(seeds), "run.seeds", f"repeats a seed: {r.seeds!r}")
-  return seeds
+seeds_of = config_lib.seeds_of  # the seeds of run.seeds (or [run.seed])
 
 
 def validate(cfg: AsyncRunConfig):
@@ -177,6 +162,8 @@ def validate(cfg: AsyncRunConfig):
   check(len(set(names)) == len(names), "algorithm.names",
         f"lists an algorithm more than once: {a.names!r}")
   seeds_of(cfg)
+  check(cfg.data.data_seed is None or cfg.data.data_seed >= 0, "data.data_seed",
+        f"must be >= 0, got {cfg.data.data_seed}")
   n_clients = cfg.data.num_clients
   check(n_clients >= 1, "data.num_clients", f"must be >= 1, got {n_clients}")
   check(1 <= c.concurrency <= n_clients, "clock.concurrency",

@@ -366,9 +366,13 @@ RENAMED = {"rho": "dc_rho"}
 
 
 def renamed(saved: dict) -> dict:
-  """A stored configuration under the current flat keys."""
-  return {RENAMED.get(k, k) if RENAMED.get(k) not in saved else k: v
-          for k, v in saved.items()}
+  """A stored configuration under the current flat keys; one stored without
+  ``data_seed`` drew its data from its own ``seed``."""
+  out = {RENAMED.get(k, k) if RENAMED.get(k) not in saved else k: v
+         for k, v in saved.items()}
+  if "data_seed" not in out and "seed" in out:
+    out["data_seed"] = out["seed"]
+  return out
 
 
 def prepare(cfg: AsyncRunConfig, runs, seeds):
@@ -420,11 +424,15 @@ def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequen
     out_dir = cfg.output.output_dir
     if out_dir is not None and len(seeds) > 1:
       out_dir = os.path.join(out_dir, f"seed{seed}")
-    seed_cfg = cfg.replace(seed=seed)
+    seed_cfg = config_lib.with_seed(cfg, seed)  # the data from one data seed
     result.by_seed[seed] = run_seed(seed_cfg, runs, "privaasyncfed" in names, scales, clock,
                                     out_dir, callbacks, result, (fed_data, module, input_shape))
     if len(result.by_seed) == 1:
       result.runs = result.by_seed[seed]
+  first = next((r.summary for done in result.by_seed.values() for r in done.values()), None)
+  if first is not None:  # Result.plot's title
+    result.title = report.curves_title(cfg, first["dataset"], first["model"],
+                                       [r for r, _, _ in runs], seeds)
   if len(seeds) > 1 and cfg.output.output_dir is not None:
     with open(os.path.join(cfg.output.output_dir, "comparison.md"), "w") as f:
       f.write(result.table() + "\n")
@@ -465,7 +473,8 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
     result: the ``Result``; a diverged run is noted in it.
     own: the caller's (data, flax module, input shape), None for the configured ones.
   """
-  print(f"loading {cfg.data.dataset} (seed {cfg.run.seed}) ...", flush=True)
+  print(f"loading {cfg.data.dataset} (data seed {building.data_seed_of(cfg)}, seed "
+        f"{cfg.run.seed}) ...", flush=True)
   fed, model = load(cfg, pruned, *own)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
         f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}", flush=True)

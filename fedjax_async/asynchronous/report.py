@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import privacy
+from fedjax_async.core import building
 from fedjax_async.core import progress
 
 
@@ -107,6 +108,7 @@ def run_summary(cfg, run_name: str, algo_name: str, fed, model_name: str, num_pa
   loc = cfg.local
   summary = {
       "run": run_name, "algorithm": algo_name, "seed": cfg.run.seed,
+      "data_seed": building.data_seed_of(cfg),
       # the swept field: run_list names a run apart from its algorithm by its own a only
       "setting": {"mix_alpha": float(hp["mix_alpha"])} if run_name != algo_name else {},
       "dataset": getattr(fed, "name", cfg.data.dataset),
@@ -202,8 +204,7 @@ def curves_title(cfg, dataset: str, model: str, names, seeds=()) -> str:
     names: the runs drawn.
     seeds: the seeds averaged.
   """
-  over = (f"; seeds {', '.join(map(str, seeds))}: mean ± sample std (ddof 1)"
-          if len(seeds) > 1 else "")
+  over = f"; {outputs.seeds_note(seeds)}" if len(seeds) > 1 else ""
   return (f"{outputs.data_label(cfg.data, dataset)}, {outputs.model_label(cfg.data, model)}; "
           f"virtual clock, concurrency {cfg.clock.concurrency}; {', '.join(names)}{over}")
 

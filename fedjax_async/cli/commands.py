@@ -14,13 +14,14 @@ from absl import logging
 import jax
 
 from fedjax_async import api
+from fedjax_async import config as config_lib
 from fedjax_async import data
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async import sharding
 from fedjax_async.cli import help as help_lib
-from fedjax_async.cli.run_flags import as_flags, config_from_flags, parse_flags
+from fedjax_async.cli.run_flags import as_flags, check_flag, config_from_flags, parse_flags
 from fedjax_async.rounds import engine
 from fedjax_async.sweeps import sweep
 
@@ -81,7 +82,7 @@ def _main(cfg):
       raise
     sys.exit(f"error: {as_flags(str(e))}")
   print(f"figure: {result.figure}")
-  if len(result.runs) > 1:  # last, where the eye lands when the run ends
+  if len(result.all_runs()) > 1:  # last, where the eye lands when the run ends
     print(result.table())
 
 
@@ -139,7 +140,11 @@ def sweep_main_from_flags(FLAGS):
     base = config_from_flags(FLAGS)
     sweeps = sweeps_from_flags(FLAGS)
     names = list(sweeps)
-    cfgs = sweep.grid(base, sweeps, FLAGS.num_seeds)
+    check_flag(not (FLAGS["seeds"].present and FLAGS["num_seeds"].present), "seeds",
+               "replaces --num_seeds: give one of them")
+    seeds = config_lib.seeds_of(base) if base.run.seeds else None
+    num_seeds = len(seeds) if seeds else FLAGS.num_seeds
+    cfgs = sweep.grid(base, sweeps, num_seeds, seeds)
     devices = sharding.select_devices(base.run.devices)  # the run axis is split over them
     outputs.prepare_output_dir(base.output.output_dir, base.output.resume, base.output.overwrite,
                                   sweep.SWEEP_OUTPUTS)
@@ -148,7 +153,7 @@ def sweep_main_from_flags(FLAGS):
     raise SystemExit(f"error: {as_flags(str(e))}") from None
 
   def run_all():
-    table = sweep.run_grid(base, cfgs, names, fed_data, devices, FLAGS.num_seeds,
+    table = sweep.run_grid(base, cfgs, names, fed_data, devices, num_seeds,
                            FLAGS.max_runs_per_computation)
     if table is not None:
       print(table)  # last

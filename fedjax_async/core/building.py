@@ -11,12 +11,20 @@ from fedjax_async.core import tokens
 from fedjax_async.data import federated, loader
 
 
+def data_seed_of(cfg) -> int:
+  """The seed of ``cfg``'s data and partition: ``data.data_seed``, None (or no such
+  field) meaning ``run.seed``."""
+  seed = getattr(cfg.data, "data_seed", None)
+  return cfg.run.seed if seed is None else seed
+
+
 def load_data(cfg):
-  """The federated data set of ``cfg.data`` (any engine's configuration)."""
+  """The federated data set of ``cfg.data`` (any engine's configuration), drawn from
+  ``data_seed_of(cfg)``."""
   d = cfg.data
   return data_lib.load(d.dataset, partition=d.partition, num_clients=d.num_clients,
                        alpha=d.dirichlet_alpha, shards_per_client=d.shards_per_client,
-                       seed=cfg.run.seed, data_dir=d.data_dir, data_source=d.data_source,
+                       seed=data_seed_of(cfg), data_dir=d.data_dir, data_source=d.data_source,
                        normalize=d.normalize,
                        max_client_examples=getattr(d, "max_client_examples", 0),
                        max_test_examples=getattr(d, "max_test_examples", 0))

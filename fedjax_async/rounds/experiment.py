@@ -357,8 +357,9 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
   accs = [r["test_accuracy"] for r in rows]
   delayed_mask = tl.valid & ~tl.online
   return {
-      "algorithm": name, "dataset": dataset, "model": model,
-      "num_params": num_params, "rounds": rounds,
+      "algorithm": name, "seed": config.get("seed"),
+      "data_seed": outputs.data_seed_of({"config": config}),
+      "dataset": dataset, "model": model, "num_params": num_params, "rounds": rounds,
       **metrics_lib.accuracy_summary(accs), "wall_time_s": wall,
       "updates_dropped": int(tl.dropped.sum()), "updates_in_flight_at_end": tl.in_flight_at_end,
       "delayed_updates": int(sum(r["delayed"] for r in rows)),

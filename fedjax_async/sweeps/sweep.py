@@ -15,9 +15,9 @@ shared. With several devices the run axis is sharded over a 1-D mesh ``('runs',)
 (``NamedSharding(mesh, P('runs'))``); the number of runs is padded to a multiple of the
 device count with copies of the first run, whose results are dropped.
 
-The data partition comes from the base ``run.seed`` (the data set is shared by all runs of
-one computation); a sweep's seeds vary the model initialisation, the round timeline (who is
-sampled and delayed) and the clients' shuffles.
+The data and partition come from the base's data seed (``data.data_seed``, default the
+base ``run.seed``; shared by all runs of one computation); a sweep's seeds vary the model
+initialisation, the round timeline (who is sampled and delayed) and the clients' shuffles.
 
 Each computation's runs are written (``runs/<algorithm>/<setting>_seed=<s>/``) as soon as it
 finishes; with ``resume`` (``output.resume``) the runs found there with the same configuration
@@ -119,9 +119,11 @@ def check_values(base: config_lib.RunConfig, name: str, values: Sequence[float],
 
 
 def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
-         num_seeds: int = 1) -> List[config_lib.RunConfig]:
-  """The cartesian product of the swept values and seeds ``base.run.seed + 0..num_seeds-1``
-  (seeds vary fastest). Each config is validated (errors name the flag)."""
+         num_seeds: int = 1, seeds: Optional[Sequence[int]] = None
+         ) -> List[config_lib.RunConfig]:
+  """The cartesian product of the swept values and ``seeds`` (default ``base.run.seed +
+  0..num_seeds-1``; seeds vary fastest), the data of every run from ``base``'s data seed.
+  Each config is validated (errors name the flag)."""
   for name in sweeps:
     if name not in sweepable():
       raise ValueError(f"--sweep_{name}: not sweepable; choices: {', '.join(sweepable())}")
@@ -131,8 +133,8 @@ def grid(base: config_lib.RunConfig, sweeps: Dict[str, Sequence[float]],
   names = list(sweeps)
   out = []
   for values in itertools.product(*(sweeps[n] for n in names)):
-    for s in range(num_seeds):
-      cfg = base.replace(seed=base.run.seed + s)
+    for s in (range(base.run.seed, base.run.seed + num_seeds) if seeds is None else seeds):
+      cfg = config_lib.with_seed(base, s)
       for n, v in zip(names, values):
         cfg = with_value(cfg, n, v)
       try:
