@@ -35,6 +35,7 @@ import sys
 from absl import app
 from absl import flags
 
+from fedjax_async import api
 from fedjax_async import cli
 from fedjax_async import config as config_lib
 from fedjax_async import interrupts
@@ -76,11 +77,11 @@ def _main(argv):
   del argv  # stray words: refused by cli.parse_flags
   cli.quiet_library_logs(FLAGS)  # no INFO lines from JAX's backend probing
   outputs.name_fields = cli.as_flags  # the console's messages name the flags
-  try:
+  with cli.reported():  # error: / internal error: lines (cli.errors)
     sharding.set_cpu_devices(FLAGS.cpu_devices)
-    result = async_experiment.run_virtual_clock(config_from_flags(FLAGS))
-  except (ValueError, OSError) as e:
-    sys.exit(f"error: {cli.as_flags(str(e))}")
+    cfg = config_from_flags(FLAGS)
+    api.print_unread_note(cfg, cli.given_flags(FLAGS))
+    result = async_experiment.run_virtual_clock(cfg)
   if len(result.by_seed) > 1:
     print(result.table())
 

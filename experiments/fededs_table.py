@@ -33,13 +33,10 @@ script parses them and calls ``fededs.experiment.run_fededs_grid``.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app
 from absl import flags
 
 from fedjax_async import cli
-from fedjax_async import config as config_lib
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async.fededs import config as fededs_config
@@ -64,15 +61,14 @@ def config_from_flags(fl) -> fededs_config.FedEDSRunConfig:
 
 
 def main(argv):
-  """Errors: one ``error: --flag ...`` line; Ctrl-C / SIGTERM: one line, status 130 / 143."""
+  """Errors: one ``error: --flag ...`` or ``internal error:`` line (``cli.errors``);
+  Ctrl-C / SIGTERM: one line, status 130 / 143."""
   del argv  # stray words: refused by cli.parse_flags
   cli.quiet_library_logs(FLAGS)
   outputs.name_fields = cli.as_flags  # the console's messages name the flags
-  try:
+  with cli.reported():
     cfg = config_from_flags(FLAGS)
     experiment.validate(cfg)
-  except ValueError as e:
-    sys.exit(f"error: {cli.as_flags(str(e))}")
   every = (f"checkpointed every --checkpoint_every={cfg.output.checkpoint_every} rounds"
            if cfg.output.checkpoint_every else "not checkpointed (--checkpoint_every=0)")
   interrupts.exit_on_interrupt(
@@ -82,10 +78,8 @@ def main(argv):
 
 
 def _main(cfg):
-  try:
+  with cli.reported():  # error: naming the field or the file; else internal error:
     experiment.run_fededs_grid(cfg, record={"quick": FLAGS.quick})
-  except (config_lib.ConfigError, experiment.DataError) as e:  # naming the field, the file
-    sys.exit(f"error: {cli.as_flags(str(e))}")
 
 
 if __name__ == "__main__":

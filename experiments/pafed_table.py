@@ -431,23 +431,19 @@ def setup():
 def main(argv):
   del argv  # stray words: refused by cli.parse_flags
   cli.quiet_library_logs(FLAGS)
-  try:
+  with cli.reported():
     base, opts, mesh, deltas_of, partitions = setup()
-  except ValueError as e:
-    sys.exit(f"error: {cli.as_flags(str(e))}")
   algs = base.algorithm.name_list()
   out_dir = base.output.output_dir
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
-  try:
+  with cli.reported():  # a sweep.SetupError names its flag or file
     results = interrupts.exit_on_interrupt(
         lambda: run_table_grid(base, opts, partitions, deltas_of, algs, mesh),
         f"the runs of every finished computation are stored under {out_dir}/<partition>/runs"
         + (f" and the others checkpointed every --checkpoint_every={base.output.checkpoint_every} "
            f"rounds under {out_dir}/<partition>/checkpoints" if base.output.checkpoint_every > 0
            else "") + ": rerun the same command to continue (finished runs are read back)")
-  except sweep.SetupError as e:
-    sys.exit(f"error: {cli.as_flags(str(e))}")
   if not results:
     sys.exit(f"error: --output_dir={out_dir}: no runs found (expected "
              f"<partition>/runs/<algorithm>/delay_fraction=<d>_seed=<s>/summary.json for "

@@ -98,11 +98,11 @@ PROCESS_FLAGS = ("coordinator_address", "num_processes", "process_id", "distribu
 
 def engine_flags(mode: str) -> set:
   """The flags of one engine ('rounds' or 'async'): its configuration's fields, the
-  hyper-parameters of the algorithms --import_modules registered, and (the round engine)
-  the process flags."""
+  hyper-parameters of the algorithms --import_modules registered, --traceback, and (the
+  round engine) the process flags."""
   cls = async_config.AsyncRunConfig if mode == "async" else config_lib.RunConfig
-  extra = ("import_modules", "cpu_devices") if mode == "async" else (
-      ("import_modules",) + PROCESS_FLAGS)
+  extra = ("import_modules", "traceback", "cpu_devices") if mode == "async" else (
+      ("import_modules", "traceback") + PROCESS_FLAGS)
   return ({n for n, spec in config_lib.flag_specs(cls).items() if spec.kind != "tuple"}
           | set(cli.own_hparams(cls)) | set(extra))
 

@@ -37,6 +37,7 @@ from fedjax_async.algorithms import base
 from fedjax_async.asynchronous import config as async_config
 from fedjax_async.asynchronous import experiment as async_experiment
 from fedjax_async.core import timeline as timeline_lib
+from fedjax_async.core import tokens
 from fedjax_async.data import FederatedData, federated
 from fedjax_async.fededs import config as fededs_config
 from fedjax_async.fededs import experiment as fededs
@@ -313,6 +314,70 @@ def _delay_note(cfg: config_lib.RunConfig, grid=()) -> Optional[str]:
           "(delay_fraction=0: none)")
 
 
+# Besides the hyper-parameters the algorithms declare (``base.HParam``), the fields a note
+# may name when an algorithm does not read them: the server's step size and rules.
+_SERVER_FIELDS = {"rounds": ("server_lr",),
+                  "virtual_clock": ("server_lr", "mix_alpha", "staleness_fn", "example_weight")}
+
+
+def _traced(cfg, name: str, engine: str):
+  """(algorithm, traced hyper-parameters) of ``name`` as ``engine`` runs it."""
+  if engine == "rounds":
+    return sweep.traced(cfg, name)
+  algorithm = algorithms.get(name)
+  alpha = async_config.parse_floats(cfg.algorithm.mix_alpha, "algorithm.mix_alpha")[0]
+  return algorithm, async_experiment.hparams(cfg, alpha, algorithm)
+
+
+def unread_note(cfg, given: Sequence[str]) -> Optional[str]:
+  """The console's note on the hyper-parameters among ``given`` (the flat keys a user set:
+  ``simulate``'s keywords, the CLI's given flags) that the algorithms of ``cfg`` (a
+  ``RunConfig`` or ``AsyncRunConfig``) do not read, by their traced programs
+  (``sweep.unread``): ``note: fedavg does not read mu, rho (algorithm.mu, algorithm.rho):
+  they change nothing``, a line per set of algorithms; None when there are none, or when
+  ``cfg`` does not validate (its error says what is wrong)."""
+  clock = isinstance(cfg, async_config.AsyncRunConfig)
+  engine = "virtual_clock" if clock else "rounds"
+  names = [n for n in dict.fromkeys(given) if isinstance(n, str) and (
+      n in algorithms.declared(engine) or n in _SERVER_FIELDS[engine])]
+  if not names:
+    return None
+  try:
+    (async_config.validate if clock else config_lib.validate)(cfg)
+  except ValueError:
+    return None
+  algs = cfg.algorithm.names.split(",")
+  unread = {a: sweep.unread(*_traced(cfg, a, engine), names) for a in algs}
+  by_algorithms: Dict[tuple, list] = {}  # the algorithms that do not read them: the names
+  for n in names:
+    who = tuple(a for a in algs if n in unread[a])
+    if who:
+      by_algorithms.setdefault(who, []).append(n)
+  keys, lines = type(cfg).keys(), []
+  for who, ns in by_algorithms.items():
+    paths = ", ".join(".".join(keys[n]) if n in keys else f"algorithm.hp.{n}" for n in ns)
+    where = "" if len(who) == len(algs) else " in its runs" if len(who) == 1 else (
+        " in their runs")
+    lines.append(f"note: {', '.join(who)} {'does' if len(who) == 1 else 'do'} not read "
+                 f"{', '.join(ns)} ({paths}): "
+                 f"{'it changes' if len(ns) == 1 else 'they change'} nothing{where}")
+  return "\n".join(lines) or None
+
+
+def print_unread_note(cfg, given: Sequence[str]) -> None:
+  """``unread_note``'s lines on the console (their fields named as ``outputs.name_fields``
+  says: by their flags on the command line)."""
+  note = unread_note(cfg, given)
+  if note:
+    print(outputs.name_fields(note), flush=True)
+
+
+def _given(fields: dict) -> list:
+  """The names a ``simulate`` call sets: its keywords, the entries of ``hp={...}``."""
+  hp = fields.get("hp")
+  return list(fields) + (list(hp) if isinstance(hp, dict) else [])
+
+
 def _table_and_note(tabulate, note: str, result: Result) -> str:
   return f"{tabulate(result)}\n\n{note}."
 
@@ -349,7 +414,8 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``output_dir``, after saving a checkpoint). ``callbacks``:
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``). Delays, when on, are said on the console and
-  under ``table()``.
+  under ``table()``; a keyword the algorithms do not read is named on the console
+  (``unread_note``).
   """
   if isinstance(config, fededs_config.FedEDSRunConfig):
     return _simulate_fededs(config, callbacks, fields)
@@ -386,6 +452,7 @@ def _simulate_fededs(config, callbacks, fields: dict) -> Result:
 
 def _simulate_virtual_clock(config, callbacks, fields: dict) -> Result:
   """``simulate`` with an ``AsyncRunConfig``: the virtual clock, seeds in turn."""
+  given = _given(fields)
   if "algorithm" in fields:
     fields["algorithm"] = _algorithm_names(fields["algorithm"], config)
   _own_hparams(fields, async_config.AsyncRunConfig)
@@ -399,6 +466,7 @@ def _simulate_virtual_clock(config, callbacks, fields: dict) -> Result:
   fed_data, module, input_shape = _own_data_and_model(fields)
   if fed_data is not None and "dataset" not in fields:
     fields["dataset"] = fed_data.name
+  print_unread_note(config.replace(**fields), given)
   return async_experiment.run_virtual_clock(config, callbacks, fed_data=fed_data,
                                             module=module, input_shape=input_shape, **fields)
 
@@ -407,6 +475,7 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
   """``simulate`` on the round engine: a sweep, or seeds without ``output_dir``, as one
   vmapped computation; several seeds with ``output_dir`` one after the other
   (``_run_seeds``); else each algorithm in turn (``_run_each``)."""
+  given = _given(fields)
   fields["algorithm"] = _algorithm_names(fields.get("algorithm"), config)
   _own_hparams(fields, config_lib.RunConfig)
   _refuse_overridden(fields, _DATA_KEYS, config_lib.RunConfig, getattr(config, "data", None),
@@ -428,6 +497,7 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
                      "host) runs in one process; run it without --coordinator_address / "
                      "--distributed")
   devices = sharding.select_devices(cfg.run.devices)
+  print_unread_note(cfg, given)
   prepare(cfg, seeds if written else ())
   if fed_data is None:
     print(f"loading {cfg.data.dataset} (data seed {config_lib.data_seed_of(cfg)}) ...",
@@ -450,7 +520,8 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
     return _noted(result, delays)
   print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
         f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
-        f"parameters; jax devices: {jax.devices()}", flush=True)
+        f"parameters; jax devices: {jax.devices()}{tokens.accuracy_note(fed_data)}",
+        flush=True)
   if delays:
     print(delays, flush=True)
   if len(devices) > 1:

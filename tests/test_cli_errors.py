@@ -512,3 +512,90 @@ def test_a_comparison_with_unequal_arrivals_says_so():
   assert note.startswith("Note: the runs took different numbers of client arrivals "
                          "(fedasync 60, fedbuff 300)") and "--num_arrivals" in note
   assert report.arrivals_note(runs[:1] * 2) == ""
+
+
+# A bug planted under the drivers (tests/test_cli_errors.py only): the data loaders of both
+# engines raise numpy's ValueError, which no check of the project's raises.
+PLANT = '''import numpy as np
+
+from fedjax_async.asynchronous import experiment as clock
+from fedjax_async.rounds import experiment as rounds
+
+
+def bug(*args, **kwargs):
+  return np.reshape(np.zeros(3), (2,))
+
+
+rounds.load_data = clock.load = bug
+'''
+RUN_PLANTED = ("import runpy, sys; import planted; sys.argv = sys.argv[1:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+INTERNAL = (r"internal error: ValueError: cannot reshape array of size 3 into shape \(2,\) "
+            r"\(at numpy/\S+\.py:\d+ in \w+; rerun with --traceback or "
+            r"FEDJAX_ASYNC_TRACEBACK=1 for the whole traceback\)")
+
+
+def planted_run(tmp_path, path, args, **env):
+  """``path`` with ``args``, the data loaders replaced by ``PLANT``'s bug."""
+  (tmp_path / "planted.py").write_text(PLANT)
+  e = dict(run_script.env(), PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+  e.pop("FEDJAX_ASYNC_TRACEBACK", None)
+  e.update(env)
+  return subprocess.run([sys.executable, "-c", RUN_PLANTED, path, *args], env=e,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.messages
+def test_an_internal_error_names_its_last_frame_and_the_switch_for_its_traceback(tmp_path):
+  """A bug (an exception no check of the project's raised) is no ``error:`` line that
+  reads as a wrong flag: ``internal error:``, its type and the innermost frame, one line;
+  --traceback or FEDJAX_ASYNC_TRACEBACK=1 prints the traceback before it. A configuration
+  error stays one ``error:`` line."""
+  args = ["--algorithm=fedavg", "--rounds=2", "--num_clients=5"]
+  for path in (RUN, ASYNC):
+    out = planted_run(tmp_path, path, args if path == RUN else ["--num_updates=2"])
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert re.fullmatch(INTERNAL, out.stderr.strip().splitlines()[-1]), out.stderr[-3000:]
+  for extra, env in (["--traceback"], {}), ([], {"FEDJAX_ASYNC_TRACEBACK": "1"}):
+    out = planted_run(tmp_path, RUN, args + extra, **env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback (most recent call last)" in out.stderr, out.stderr[-3000:]
+    assert 'planted.py", line 8, in bug' in out.stderr, out.stderr[-3000:]
+    assert re.fullmatch(INTERNAL, out.stderr.strip().splitlines()[-1]), out.stderr[-3000:]
+  out = planted_run(tmp_path, RUN, args + ["--rounds=0"])
+  assert_one_line_error(out, "error: --rounds: must be >= 1, got 0")
+  assert out.returncode == 1
+
+
+def test_which_exceptions_are_configuration_errors(tmp_path, monkeypatch):
+  """cli.errors' rule: the project's own exception classes, a ValueError a ``raise`` of
+  the project's checks raised, an OSError of the system: ``error:``; anything else (a
+  ValueError from numpy, a KeyError): ``internal error:`` naming the innermost frame."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from fedjax_async import config  # pylint: disable=g-import-not-at-top
+  from fedjax_async.cli import errors  # pylint: disable=g-import-not-at-top
+  from fedjax_async.sweeps import sweep  # pylint: disable=g-import-not-at-top
+
+  def raised(fn):
+    try:
+      fn()
+    except Exception as e:  # pylint: disable=broad-except
+      return e
+    raise AssertionError("nothing raised")
+
+  user = [raised(lambda: config.validate(config.RunConfig().replace(rounds=0))),
+          raised(lambda: sweep.parse_values("sweep_lr", "x")),
+          raised(lambda: open(tmp_path / "no_such_file"))]
+  assert [type(e).__name__ for e in user] == ["ConfigError", "ValueError",
+                                              "FileNotFoundError"]
+  for e in user:
+    assert errors.message(e).startswith("error: "), errors.message(e)
+  assert errors.message(user[1]) == "error: --sweep_lr: expected comma-separated numbers, got 'x'"
+  bugs = [raised(lambda: np.reshape(np.zeros(3), (2,))), raised(lambda: {}["k"])]
+  assert re.fullmatch(INTERNAL, errors.message(bugs[0])), errors.message(bugs[0])
+  assert re.fullmatch(r"internal error: KeyError: 'k' \(at tests/test_cli_errors\.py:\d+ in "
+                      r"<lambda>; rerun with --traceback .*\)", errors.message(bugs[1]))
+  monkeypatch.delenv("FEDJAX_ASYNC_TRACEBACK", raising=False)
+  assert not errors.wants_traceback()
+  monkeypatch.setenv("FEDJAX_ASYNC_TRACEBACK", "1")
+  assert errors.wants_traceback()

@@ -88,7 +88,7 @@ def test_helpfull_of_run_py_lists_every_engines_flags_once_grouped_by_part():
   assert [s.split(":", 1)[0] for s in sections] == ["the round engine", "the virtual clock",
                                                     "FedEDS"]
   fededs_own = ["quick", "algorithm", "fededs", "fededs_ablation", "fededs_compare_base"]
-  imports = ["import_modules"]  # run.py's, in every section
+  imports = ["import_modules", "traceback"]  # run.py's, in every section
   expected = [_engine_flags(config.RunConfig, PROCESS_FLAGS + imports),
               _engine_flags(async_config.AsyncRunConfig, imports),
               _engine_flags(fededs_config.FedEDSRunConfig, fededs_own + imports)]

@@ -179,11 +179,16 @@ def shakespeare_files(d):
   return train
 
 
-def test_the_character_lstm_learns_a_shakespeare_file_on_the_round_engine(tmp_path):
+ACC_NOTE = "; acc: next-character accuracy (per target token)"  # the run's header line
+
+
+def test_the_character_lstm_learns_a_shakespeare_file_on_the_round_engine(tmp_path, capsys):
   train = shakespeare_files(str(tmp_path))
   result = fa.simulate(algorithm="fedavg", dataset="fedjax_shakespeare",
                        data_dir=str(tmp_path), rounds=3, participation=1.0,
                        delay_fraction=0, batch_size=2, local_epochs=2, lr=1.0, momentum=0.0)
+  out = capsys.readouterr().out
+  assert out.count(ACC_NOTE) == 1 and f"{ACC_NOTE}\n" in out, out[-2000:]
   rows = result.runs["fedavg"].rows
   assert result.runs["fedavg"].model[0] == "shakespeare_lstm"
   # each role's snippets joined (BOS + bytes + EOS each), cut into sequences of 80
@@ -195,13 +200,28 @@ def test_the_character_lstm_learns_a_shakespeare_file_on_the_round_engine(tmp_pa
   assert test_loss[2] < test_loss[0] < np.log(90) + 0.2, test_loss
 
 
-def test_the_character_lstm_runs_on_the_virtual_clock(tmp_path):
+def test_the_character_lstm_runs_on_the_virtual_clock(tmp_path, capsys):
   shakespeare_files(str(tmp_path))
   result = fa.simulate(algorithm="fedasync", dataset="fedjax_shakespeare",
                        data_dir=str(tmp_path), num_updates=2, concurrency=2, batch_size=2)
+  out = capsys.readouterr().out
+  assert out.count(ACC_NOTE) == 1 and f"{ACC_NOTE}\n" in out, out[-2000:]
   run = result.runs["fedasync"]
   assert run.model[0] == "shakespeare_lstm" and len(run.rows) >= 1
   assert np.isfinite(run.summary["final_accuracy"])
+
+
+def test_the_accuracy_kind_is_named_for_sequence_labels_only():
+  """``tokens.accuracy_kind``: what the console's ``acc`` is where it is no plain share of
+  examples classified right."""
+  import types  # pylint: disable=g-import-not-at-top
+  data = lambda name, shape: types.SimpleNamespace(name=name, test_y=np.zeros(shape, np.int32))
+  assert tokens.accuracy_kind(data("leaf_shakespeare", (4, 80))) == "next-character"
+  assert tokens.accuracy_kind(data("tff_stackoverflow", (4, 30))) == "next-word"
+  assert tokens.accuracy_kind(data("arrays", (4, 7))) == "next-token"
+  assert tokens.accuracy_kind(data("leaf_sent140", (4,))) == ""  # a class per example
+  assert tokens.accuracy_note(data("fashion_mnist", (4,))) == ""
+  assert tokens.accuracy_note(data("fedjax_shakespeare", (4, 80))) == ACC_NOTE
 
 
 # ------------------------------------------------- the loss conventions (--token_loss)

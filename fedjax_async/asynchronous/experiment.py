@@ -51,6 +51,7 @@ from fedjax_async.core import client as client_lib
 from fedjax_async.core import device
 from fedjax_async.core import divergence
 from fedjax_async.core import progress
+from fedjax_async.core import tokens
 
 
 # Fields that change neither a run's model nor its metrics rows: a checkpoint or summary
@@ -477,7 +478,8 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
         f"{cfg.run.seed}) ...", flush=True)
   fed, model = load(cfg, pruned, *own)
   print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
-        f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}", flush=True)
+        f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}"
+        f"{tokens.accuracy_note(fed)}", flush=True)
   devices = sharding.select_devices(cfg.run.devices)
   if len(devices) > 1:
     print(outputs.name_fields(f"each group's members split over {len(devices)} devices "

@@ -11,7 +11,6 @@ from typing import Dict, List
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 
 from fedjax_async import api
 from fedjax_async import config as config_lib
@@ -20,9 +19,9 @@ from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async import sharding
+from fedjax_async.cli import errors
 from fedjax_async.cli import help as help_lib
 from fedjax_async.cli.run_flags import as_flags, check_flag, config_from_flags, parse_flags
-from fedjax_async.rounds import engine
 from fedjax_async.sweeps import sweep
 
 
@@ -47,19 +46,31 @@ def join_processes(FLAGS):
       print(line, flush=True)
 
 
+def given_flags(FLAGS) -> List[str]:
+  """The flags given on the command line or in a --flagfile."""
+  return [name for name in FLAGS if FLAGS[name].present]
+
+
+def reported():
+  """``errors.reported``, a configuration error's fields named by their flags: one
+  ``error:`` line, anything else one ``internal error:`` line (``--traceback``: the whole
+  traceback first)."""
+  return errors.reported(as_flags)
+
+
 def main_from_flags(FLAGS):
-  """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, each error as
-  one ``error:`` line naming the flag, Ctrl-C / SIGTERM as one line and exit status
-  130 / 143."""
+  """experiments/run.py's main: flags -> ``RunConfig`` -> ``api.simulate``, a
+  configuration error as one ``error:`` line naming the flag, any other as one
+  ``internal error:`` line (``errors``), Ctrl-C / SIGTERM as one line and exit status
+  130 / 143. A given flag that the algorithms do not read is named (``api.unread_note``)."""
   quiet_library_logs(FLAGS)
   outputs.name_fields = as_flags  # the console's messages name the flags
-  try:
+  with reported():
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)
     cfg = config_from_flags(FLAGS)
     sharding.select_devices(cfg.run.devices)  # a bad --devices named before any work
-  except ValueError as e:
-    sys.exit(f"error: {as_flags(str(e))}")
+    api.print_unread_note(cfg, given_flags(FLAGS))
   # SIGTERM and Ctrl-C stop the run with one line naming the checkpoint to resume from
   # (no traceback) and exit status 143 / 130.
   try:
@@ -73,14 +84,8 @@ def main_from_flags(FLAGS):
 
 
 def _main(cfg):
-  try:
+  with reported():
     result = api.simulate(cfg)
-  except engine.Diverged as e:
-    sys.exit(f"error: diverged: {as_flags(str(e))}")
-  except (ValueError, OSError, RuntimeError) as e:
-    if isinstance(e, jax.errors.JaxRuntimeError):  # XLA's own: the traceback says where
-      raise
-    sys.exit(f"error: {as_flags(str(e))}")
   print(f"figure: {result.figure}")
   if len(result.all_runs()) > 1:  # last, where the eye lands when the run ends
     print(result.table())
@@ -132,8 +137,9 @@ def check_sweep_flags(FLAGS) -> None:
 
 
 def sweep_main_from_flags(FLAGS):
-  """experiments/sweep.py: every algorithm of --algorithm over the sweep grid."""
-  try:
+  """experiments/sweep.py: every algorithm of --algorithm over the sweep grid (errors as
+  ``main_from_flags``'s)."""
+  with reported():
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)
     check_sweep_flags(FLAGS)
@@ -148,13 +154,13 @@ def sweep_main_from_flags(FLAGS):
     devices = sharding.select_devices(base.run.devices)  # the run axis is split over them
     outputs.prepare_output_dir(base.output.output_dir, base.output.resume, base.output.overwrite,
                                   sweep.SWEEP_OUTPUTS)
+    api.print_unread_note(base, [n for n in given_flags(FLAGS) if n not in sweeps])
     fed_data, _ = sweep.load_checked(base)
-  except ValueError as e:
-    raise SystemExit(f"error: {as_flags(str(e))}") from None
 
   def run_all():
-    table = sweep.run_grid(base, cfgs, names, fed_data, devices, num_seeds,
-                           FLAGS.max_runs_per_computation)
+    with reported():
+      table = sweep.run_grid(base, cfgs, names, fed_data, devices, num_seeds,
+                             FLAGS.max_runs_per_computation)
     if table is not None:
       print(table)  # last
 
@@ -181,6 +187,7 @@ def define_data_flags():
   flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): beta.")
   flags.DEFINE_bool("tfds_download", False, "Let tensorflow-datasets download the data.")
   flags.DEFINE_string("png", None, "Write the histogram heat map to this PNG file.")
+  errors.define_traceback_flag()
   help_lib.GROUPS.update(dict.fromkeys(
       ("dataset", "partition", "num_clients", "alpha", "shards_per_client", "min_size", "seed",
        "data_dir", "data_source", "synthetic_alpha", "synthetic_beta", "tfds_download"),
@@ -203,14 +210,12 @@ def data_main():
     if fl.png and os.path.isdir(fl.png):
       raise SystemExit(f"error: --png: {fl.png} is a directory; expected a file name such "
                        "as hist.png")
-    try:
+    with reported():  # messages name the file or the flag
       fed = data.load(fl.dataset, partition=fl.partition, num_clients=fl.num_clients,
                       alpha=fl.alpha, shards_per_client=fl.shards_per_client,
                       min_size=fl.min_size, seed=fl.seed, data_dir=fl.data_dir,
                       data_source=fl.data_source, synthetic_alpha=fl.synthetic_alpha,
                       synthetic_beta=fl.synthetic_beta, tfds_download=fl.tfds_download)
-    except (ValueError, OSError, RuntimeError) as e:  # messages name the file or the flag
-      raise SystemExit(f"error: {as_flags(str(e))}") from None
     hist = data.label_histogram(fed)
     print(f"{fed.name}: {fed.num_clients} clients, {int(fed.counts.sum())} train "
           f"examples (max {fed.max_examples} per client), {len(fed.test_y)} test, "

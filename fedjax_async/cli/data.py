@@ -12,16 +12,19 @@ clients' examples concatenated as ``x``, ``y``, and ``test_x``, ``test_y``)."""
 
 import os
 import sys
+import traceback
 
 import numpy as np
 
 from fedjax_async import data
 from fedjax_async.cli import commands
+from fedjax_async.cli import errors
 from fedjax_async.data import download, natural
 
 
 def describe_main(argv) -> int:
-  """``describe``: 0 when every NAME=DIR loaded, else 1 (an ``error:`` line each)."""
+  """``describe``: 0 when every NAME=DIR loaded, else 1 (an ``error:`` or ``internal
+  error:`` line each, ``cli.errors``)."""
   npz, pairs = None, []
   for a in argv:
     if a.startswith("--npz="):
@@ -42,8 +45,11 @@ def describe_main(argv) -> int:
   for name, folder in pairs:
     try:
       fed = data.load(name, data_dir=os.path.expanduser(folder))
-    except (ValueError, OSError, RuntimeError) as e:  # messages name the file or the flag
-      print(f"error: {name}: {e}", file=sys.stderr)
+    except Exception as e:  # pylint: disable=broad-except
+      if errors.wants_traceback():
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+      # error: naming the file or the flag; else internal error: (cli.errors)
+      print(errors.message(e).replace("error: ", f"error: {name}: ", 1), file=sys.stderr)
       failed += 1
       continue
     print(f"{fed.name}: {fed.num_clients} clients, {int(fed.counts.sum())} train "

@@ -16,6 +16,7 @@ from fedjax_async import config
 from fedjax_async import data
 from fedjax_async import models
 from fedjax_async.asynchronous import config as async_config
+from fedjax_async.cli import errors
 from fedjax_async.cli import help as help_lib
 from fedjax_async.data import loader
 from fedjax_async.fededs import config as fededs_config
@@ -152,7 +153,8 @@ ENGINES = {config.RunConfig: "rounds", async_config.AsyncRunConfig: "virtual_clo
 def define_config_flags(config_class=None):
   """One flag per field of ``config_class`` (default ``RunConfig``;
   ``config.flag_specs``: its name, type, default, help and choices), and one per
-  hyper-parameter of a registered algorithm that is no field (``own_hparams``)."""
+  hyper-parameter of a registered algorithm that is no field (``own_hparams``); and
+  ``--traceback`` (``errors``)."""
   cls = config_class or config.RunConfig
   for name, spec in config.flag_specs(cls).items():
     if spec.kind == "tuple":  # algorithm.hp: its entries are flags of their own (below)
@@ -173,6 +175,7 @@ def define_config_flags(config_class=None):
     help_lib.GROUPS[name] = "algorithm"
     _DEFINE[h.kind](name, None, f"{h.help} [{algo}; {h.bounds}] (default: "
                     f"{h.default:g})")
+  errors.define_traceback_flag()
 
 
 def own_hparams(config_class) -> Dict[str, tuple]:

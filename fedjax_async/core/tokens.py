@@ -27,6 +27,7 @@ from typing import Callable, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 PAD, BOS, EOS = 0, 1, 2
 TOKEN_LOSSES = ("per_token", "per_sequence", "per_position")
@@ -35,6 +36,26 @@ TOKEN_LOSSES = ("per_token", "per_sequence", "per_position")
 def special_tokens(num_classes: int) -> Tuple[int, ...]:
   """(PAD, BOS, EOS, OOV) of a vocabulary of ``num_classes`` ids, OOV the last."""
   return (PAD, BOS, EOS, int(num_classes) - 1)
+
+
+def accuracy_kind(fed) -> str:
+  """What ``test_accuracy`` measures on the ``FederatedData`` ``fed`` where it is no share
+  of test examples classified right, for the console: sequence labels (``[T]`` token ids
+  per example) give the share of target tokens predicted right (the masked ones not
+  counted), named 'next-character' (Shakespeare), 'next-word' (Stack Overflow) or
+  'next-token'; '' for one class per example."""
+  if np.ndim(fed.test_y) < 2:
+    return ""
+  name = str(fed.name).lower()
+  return ("next-character" if "shakespeare" in name else
+          "next-word" if "stackoverflow" in name else "next-token")
+
+
+def accuracy_note(fed) -> str:
+  """``; acc: next-character accuracy (per target token)`` for a run's header line, or
+  '' (``accuracy_kind``)."""
+  kind = accuracy_kind(fed)
+  return f"; acc: {kind} accuracy (per target token)" if kind else ""
 
 
 def masked_targets(apply_flat: Callable) -> Tuple[int, ...]:

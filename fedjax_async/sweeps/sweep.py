@@ -197,6 +197,23 @@ def hparams_read(algorithm, hp: Dict[str, float]) -> Optional[set]:
   return {n for n, v in zip(keys, jaxpr.invars) if id(v) in read}
 
 
+def unread(algorithm, hp: Dict[str, float], names: Sequence[str]) -> List[str]:
+  """The ``names`` among ``hp``'s keys that ``algorithm`` neither declares nor computes
+  with (``hparams_read``), ``ENGINE_FIELDS`` aside; none when it cannot be traced."""
+  own = {h.name for h in algorithm.hparams}
+  maybe = [n for n in names if n in hp and n not in own and n not in ENGINE_FIELDS]
+  read = hparams_read(algorithm, hp) if maybe else set()
+  return [] if read is None else [n for n in maybe if n not in read]
+
+
+def traced(cfg: config_lib.RunConfig, algorithm_name: str):
+  """(the algorithm as the round engine runs it, with its server optimiser; its traced
+  hyper-parameters ``cfg.hparams``)."""
+  algorithm = server_optimizers.configured(
+      algorithms.get(algorithm_name, cfg.algorithm.admm_upload), cfg.algorithm)
+  return algorithm, cfg.hparams(algorithm)
+
+
 def used_names(cfg: config_lib.RunConfig, algorithm_name: str,
                names: Sequence[str]) -> List[str]:
   """The swept ``names`` that change ``algorithm_name``'s runs: its own hyper-parameters
@@ -204,9 +221,8 @@ def used_names(cfg: config_lib.RunConfig, algorithm_name: str,
   read (``hparams_read``; a ``TIED`` name when one of its fields is read) and any other
   field. Another algorithm's own hyper-parameter, or ``mu`` for FedAvg, is not swept for
   it."""
-  algorithm = server_optimizers.configured(
-      algorithms.get(algorithm_name, cfg.algorithm.admm_upload), cfg.algorithm)
-  own, hp, read = {h.name for h in algorithm.hparams}, cfg.hparams(algorithm), None
+  algorithm, hp = traced(cfg, algorithm_name)
+  own, read = {h.name for h in algorithm.hparams}, None
   out = []
   for n in names:
     fields = TIED.get(n, (n,))
@@ -628,12 +644,10 @@ SWEEP_OUTPUTS = ("runs", "checkpoints", "sweep.json", "aggregate.csv", "aggregat
 
 
 def load_checked(cfg: config_lib.RunConfig):
-  """``(fed_data, model)`` of ``cfg`` (``experiment.load_data`` / ``build_model``); a
-  SetupError naming the flag or file instead of a traceback."""
-  try:
-    fed_data = experiment.load_data(cfg)
-  except (ValueError, OSError, RuntimeError) as e:
-    raise SetupError(str(e)) from None
+  """``(fed_data, model)`` of ``cfg`` (``experiment.load_data`` / ``build_model``); the
+  model's error a SetupError naming the flag. (The data's errors name their flag or file
+  already; the CLI tells them from a bug's, ``cli.errors``.)"""
+  fed_data = experiment.load_data(cfg)
   try:
     model = experiment.build_model(cfg, fed_data)
   except (ValueError, KeyError, TypeError) as e:
