@@ -130,8 +130,10 @@ def run(args, **kwargs):
       os.kill(pid, signal.SIGKILL)
       _read_line(sock, 60)
       raise subprocess.TimeoutExpired(args, timeout)
-    read = lambda p: (open(p, encoding=kwargs.get("encoding")).read() if text  # pylint: disable=consider-using-with
-                      else open(p, "rb").read())
+    def read(path):
+      with open(path, "r" if text else "rb",
+                **({"encoding": kwargs.get("encoding")} if text else {})) as f:
+        return f.read()
     stdout = read(out) if os.path.exists(out) else ("" if text else b"")
     stderr = None if err == out else (read(err) if os.path.exists(err) else "" if text else b"")
   done = subprocess.CompletedProcess(args, reply["rc"], stdout, stderr)
