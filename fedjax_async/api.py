@@ -27,6 +27,7 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import config as config_lib
+from fedjax_async import console
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async import models
@@ -142,8 +143,7 @@ def _sweep(cfg, seeds, grid: dict, fed_data, model_fn, callbacks) -> Result:
                                  f"({', '.join(sweep.sweepable())}) or an algorithm's own "
                                  "hyper-parameter")
   if skipped:
-    print(f"sweep: {'; '.join(skipped)}: its runs are not repeated over those values",
-          flush=True)
+    console.say(f"sweep: {'; '.join(skipped)}: its runs are not repeated over those values")
   for name, names, cfgs in todo:
     for c, (summary, rows, state) in zip(cfgs, sweep.run_in_memory(
         cfgs, name, fed_data, names, model_fn, callbacks, cfg.output.quiet)):
@@ -181,8 +181,8 @@ def _run_seeds(cfg: config_lib.RunConfig, seeds: List[int], fed_data, model_fn, 
   result = Result(cfg, {}, tabulate=_table, title=f"{title}; {outputs.seeds_note(seeds)}")
   for seed in seeds:
     c = seed_config(cfg, seed)
-    print(f"seed {seed} of {', '.join(map(str, seeds))} (data seed "
-          f"{config_lib.data_seed_of(c)}) -> {c.output.output_dir}", flush=True)
+    console.say(f"seed {seed} of {', '.join(map(str, seeds))} (data seed "
+                f"{config_lib.data_seed_of(c)}) -> {c.output.output_dir}")
     result.by_seed[seed] = _run_each(c, fed_data, model_fn(c), callbacks,
                                      f"{title}; seed {seed}").runs
   result.runs = result.by_seed[seeds[0]]
@@ -293,8 +293,8 @@ def _clock_for(fields: dict):
                                    f"{', '.join(clock)} runs on (AsyncRunConfig, "
                                    "docs/async.md)" + (f"; did you mean {like}?" if like
                                                        else ""))
-  print(f"{', '.join(names)}: on the virtual clock (fa.AsyncRunConfig()'s defaults, "
-        "docs/async.md)", flush=True)
+  console.say(f"{', '.join(names)}: on the virtual clock (fa.AsyncRunConfig()'s defaults, "
+              "docs/async.md)")
   return cls()
 
 
@@ -369,7 +369,7 @@ def print_unread_note(cfg, given: Sequence[str]) -> None:
   says: by their flags on the command line)."""
   note = unread_note(cfg, given)
   if note:
-    print(outputs.name_fields(note), flush=True)
+    console.say(outputs.name_fields(note), console.WARNING)  # on stdout, beside the run
 
 
 def _given(fields: dict) -> list:
@@ -415,8 +415,15 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   ``loop.Callback``s, each called after every compiled chunk of rounds of every run
   (``after_chunk(loop, state, rows)``). Delays, when on, are said on the console and
   under ``table()``; a keyword the algorithms do not read is named on the console
-  (``unread_note``).
+  (``unread_note``). ``quiet=True`` (``output.quiet``) prints nothing.
   """
+  quiet = fields.get("quiet", getattr(getattr(config, "output", None), "quiet", False))
+  with console.silenced(bool(quiet)):
+    return _simulate(config, callbacks, fields)
+
+
+def _simulate(config, callbacks, fields: dict) -> Result:
+  """``simulate``'s dispatch: FedEDS, the virtual clock or the round engine."""
   if isinstance(config, fededs_config.FedEDSRunConfig):
     return _simulate_fededs(config, callbacks, fields)
   if config is None and "algorithm" in fields:  # a name only the virtual clock runs picks it
@@ -500,8 +507,7 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
   print_unread_note(cfg, given)
   prepare(cfg, seeds if written else ())
   if fed_data is None:
-    print(f"loading {cfg.data.dataset} (data seed {config_lib.data_seed_of(cfg)}) ...",
-          flush=True)
+    console.say(f"loading {cfg.data.dataset} (data seed {config_lib.data_seed_of(cfg)}) ...")
     fed_data = experiment.load_data(cfg)
   shape = input_shape or tuple(fed_data.x.shape[2:])
   model_fn = (functools.partial(experiment.build_model, fed_data=fed_data) if module is None
@@ -513,19 +519,18 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
   delays = _delay_note(cfg, grid)  # said on the console and under table()
   if (seeds is not None or grid) and not written:
     if delays:
-      print(delays, flush=True)
+      console.say(delays)
     result = _sweep(cfg, seeds, grid, fed_data, None if module is None else model_fn,
                     callbacks)
     result.title = "; ".join(filter(None, [title, outputs.seeds_note(seeds or [])]))
     return _noted(result, delays)
-  print(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
-        f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
-        f"parameters; jax devices: {jax.devices()}{tokens.accuracy_note(fed_data)}",
-        flush=True)
+  console.say(f"data: {fed_data.num_clients} clients, {int(fed_data.counts.sum())} train / "
+              f"{len(fed_data.test_y)} test examples; model {model[0]} with {np.size(model[1])} "
+              f"parameters; jax devices: {jax.devices()}{tokens.accuracy_note(fed_data)}")
   if delays:
-    print(delays, flush=True)
+    console.say(delays)
   if len(devices) > 1:
-    print(f"each round's clients split over {len(devices)} devices (run.devices)", flush=True)
+    console.say(f"each round's clients split over {len(devices)} devices (run.devices)")
   if written:
     return _noted(_run_seeds(cfg, seeds, fed_data, model_fn, callbacks, title), delays)
   return _noted(_run_each(cfg, fed_data, model, callbacks, title), delays)
@@ -552,12 +557,12 @@ def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks, title: str 
     interrupts.check_interrupted()
     s = runs[name].summary
     where = f" -> {dirs[name]}" if name in dirs else ""
-    print(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
-          f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
-          f"{s['average_best_accuracy']:.4f}"
-          + (f", rounds to {s['target_accuracy']:g}: {s['rounds_to_target'] or 'not reached'}"
-             if "target_accuracy" in s else "") + f", {s['wall_time_s']:.1f}s{where}",
-          flush=True)
+    console.say(f"[{outputs.algorithm_label(s)}] final accuracy {s['final_accuracy']:.4f}, "
+                f"last-10 mean {s['last10_mean_accuracy']:.4f}, average best "
+                f"{s['average_best_accuracy']:.4f}"
+                + (f", rounds to {s['target_accuracy']:g}: {s['rounds_to_target'] or 'not reached'}"
+                   if "target_accuracy" in s else "") + f", {s['wall_time_s']:.1f}s{where}",
+                console.RESULT)
   result = Result(cfg, runs, tabulate=_table, title=title)
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")

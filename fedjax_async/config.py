@@ -116,7 +116,7 @@ SHARED_HELP.update({
               "same flags are read back.",
     "overwrite": "Delete this driver's outputs in --output_dir and start over; without it "
                  "(or --resume) a folder holding a run is refused.",
-    "quiet": "No per-round lines: each run's result and the comparison table only.",
+    "quiet": "Only each run's result and the table (from Python: nothing printed).",
     "target_accuracy": "Target test accuracy: rounds (clock: time) to it (0: none).",
     "server_lr": "Server step size eta (FedAvg, FedProx, FedNova, FedADMM; FedBuff's eta_s, "
                  "double compensation's eta).",

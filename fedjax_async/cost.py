@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 import jax
 import numpy as np
+from fedjax_async import console
 from fedjax_async import models
 from fedjax_async import outputs
 from fedjax_async.data import natural
@@ -279,7 +280,7 @@ def announce(cost: Cost, smaller: str, what: str = "", stream=None) -> str:
     text += (f"\nwarning: this setting takes ~{_duration(cost.seconds)} here; for a "
              f"small one use {smaller}")
   text = outputs.name_fields(text)
-  print(text, file=stream or sys.stderr, flush=True)
+  console.say(text, stream=stream or sys.stderr)
   return text
 
 

@@ -24,6 +24,8 @@ import sys
 import threading
 from typing import List, Optional
 
+from fedjax_async import console
+
 
 class Interrupted(KeyboardInterrupt):
   """SIGINT (Ctrl-C) or SIGTERM during a run; ``str`` says where the run stopped and how
@@ -54,7 +56,7 @@ def _raise_interrupted(signum, frame):  # pylint: disable=unused-argument
     return
   if _graceful[0] is not None and len(_signals_received) == 1:
     if _graceful[0]:
-      print(_graceful[0], file=sys.stderr, flush=True)
+      console.warn(_graceful[0])
     return
   raise Interrupted("", signum)
 
@@ -163,7 +165,7 @@ def _say_once(key: str, note: str):
     return
   _said.add(key)
   if getattr(sys.stderr, "isatty", lambda: False)():
-    print(note, file=sys.stderr, flush=True)
+    console.warn(note)
 
 
 def exit_on_interrupt(fn, how: str):
@@ -176,6 +178,5 @@ def exit_on_interrupt(fn, how: str):
       return fn()
   except KeyboardInterrupt as e:
     signum = getattr(e, "signum", signal.SIGINT)
-    print(f"interrupted ({signal.Signals(signum).name}): {how}", file=sys.stderr,
-          flush=True)
+    console.warn(f"interrupted ({signal.Signals(signum).name}): {how}")
     sys.exit(128 + signum)

@@ -39,6 +39,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import jax
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import console
 from fedjax_async import distributed
 from fedjax_async import interrupts
 from fedjax_async.config import ConfigError
@@ -230,8 +231,8 @@ class Checkpoints:
     """Deletes the checkpoints (``discard``): the run starts over."""
     self.close()
     if self.label:
-      print(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
-            "computation starts over", flush=True)
+      console.say(f"[{self.label}] discarding the checkpoint under {self.directory} ({why}): the "
+                  "computation starts over")
     if distributed.is_main():
       shutil.rmtree(self.directory, ignore_errors=True)
     distributed.sync(f"discard {self.directory}")

@@ -12,12 +12,12 @@ import shutil
 import tempfile
 import textwrap
 import time
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import console
 from fedjax_async import distributed
 from fedjax_async import figures
 from fedjax_async import metrics as metrics_lib
@@ -32,7 +32,7 @@ name_fields: Callable[[str], str] = lambda message: message
 
 def warn(message: str):
   """A warning line on stderr, its fields named as ``name_fields`` says."""
-  print(name_fields(message), file=sys.stderr, flush=True)
+  console.warn(name_fields(message))
 
 
 def json_row(row: dict) -> str:

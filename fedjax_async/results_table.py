@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Dict, List, Optional
 
+from fedjax_async import console
+
 FILE = "runs.jsonl"
 LOGS = "logs.jsonl"  # a folder's text logs (``pack_logs``)
 SUMMARY, METRICS = "summary.json", "metrics.jsonl"
@@ -225,19 +227,19 @@ def unpack_missing(out_dir: Optional[str]) -> int:
 
 def main(argv: List[str]) -> int:
   if len(argv) != 3 or argv[1] not in ("pack", "pack_logs", "unpack"):
-    print("usage: python -m fedjax_async.results_table pack|pack_logs|unpack FOLDER\n"
-          "  pack: FOLDER/runs.jsonl of its run folders, which it deletes\n"
-          "  pack_logs: FOLDER/logs.jsonl of its subfolders' .log and .jsonl files, deleted\n"
-          "  unpack: write back the files of FOLDER/runs.jsonl and FOLDER/logs.jsonl",
-          file=sys.stderr)
+    console.warn("usage: python -m fedjax_async.results_table pack|pack_logs|unpack FOLDER\n"
+                 "  pack: FOLDER/runs.jsonl of its run folders, which it deletes\n"
+                 "  pack_logs: FOLDER/logs.jsonl of its subfolders' .log and .jsonl files, "
+                 "deleted\n"
+                 "  unpack: write back the files of FOLDER/runs.jsonl and FOLDER/logs.jsonl")
     return 2
   if argv[1] == "pack":
-    print(pack(argv[2], remove=True))
+    console.say(pack(argv[2], remove=True))
   elif argv[1] == "pack_logs":
-    print(pack_logs(argv[2], remove=True))
+    console.say(pack_logs(argv[2], remove=True))
   else:
     n = unpack(argv[2]) + unpack(argv[2], name=LOGS)
-    print(f"{n} files written under {argv[2]}")
+    console.say(f"{n} files written under {argv[2]}")
   return 0
 
 

@@ -32,7 +32,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "fedjax_async")
 PKG = "fedjax_async"
 
 LAYERS = {
-    "base": ["flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics",
+    "base": ["console", "flatkeys", "figures", "interrupts", "distributed", "compilation", "metrics",
              "results_table", "privacy", "layers", "data", "crypto", "algorithms",
              "asynchronous.virtual_clock", "fededs.schedule", "fededs.privacy"],
     "core": ["core", "models", "text_models", "sharding", "checkpoint"],

@@ -176,10 +176,11 @@ def test_cost_warning_for_the_cnn_default_not_for_logreg(capsys):
   assert "warning" not in cost.announce(logreg, cost.ROUND_ENGINE_SMALLER)
 
 
-def test_every_driver_prints_its_cost_first_even_quiet(capsys):
-  """The round engine (quiet) and the virtual clock print the cost line to stderr before
-  training, without a warning for logistic regression on synthetic data."""
-  fa.simulate(algorithm="fedavg", rounds=2, quiet=True)
+def test_every_driver_prints_its_cost_first(capsys):
+  """The round engine and the virtual clock print the cost line to stderr before
+  training, without a warning for logistic regression on synthetic data (``quiet=True``:
+  nothing, tests/test_console.py)."""
+  fa.simulate(algorithm="fedavg", rounds=2)
   err = capsys.readouterr().err
   assert err.count("[fedavg] cost: ") == 1 and "warning" not in err
   from fedjax_async.asynchronous import experiment as async_experiment

@@ -262,15 +262,15 @@ def test_finding_5_a_first_ctrl_c_is_answered_while_a_long_chunk_runs(tmp_path, 
     return out
 
   monkeypatch.setattr(loop, "call", call)
-  real_print = print
+  real_warn = interrupts.console.warn
 
   def noting(*a, **k):
     if a and "stopping at the end of this chunk" in str(a[0]):
       events.append(("notice", None))
       times["notice"] = time.perf_counter()
-    real_print(*a, **k)
+    real_warn(*a, **k)
 
-  monkeypatch.setattr(interrupts, "print", noting, raising=False)
+  monkeypatch.setattr(interrupts.console, "warn", noting)
   with pytest.raises(fa.Interrupted) as e:
     fa.simulate(**FEDAVG, rounds=12, rounds_per_call=4, output_dir=str(tmp_path),
                 checkpoint_every=100, quiet=True)

@@ -104,7 +104,8 @@ def test_a_mu_sweep_over_fedavg_and_fedprox_runs_fedavg_once(capsys):
   """FedAvg reads no ``mu``: a ``mu`` sweep over ``fedavg,fedprox`` runs it once per seed,
   not once per value, says so once, and leaves its ``mu`` empty; FedProx's runs carry
   theirs. FedProx at mu = 0 is FedAvg, so its row there equals FedAvg's."""
-  result = fa.simulate(algorithm="fedavg,fedprox", sweep={"mu": [0, 0.5]}, **SMALL)
+  result = fa.simulate(algorithm="fedavg,fedprox", sweep={"mu": [0, 0.5]},
+                       **dict(SMALL, quiet=False))
   out = capsys.readouterr().out
   assert out.count("fedavg does not use mu") == 1, out
   assert list(result.runs) == ["fedavg/seed=0", "fedprox/mu=0_seed=0", "fedprox/mu=0.5_seed=0"]

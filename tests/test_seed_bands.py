@@ -149,7 +149,7 @@ def test_the_clock_draws_every_seeds_data_from_one_data_seed(capsys):
   number of examples) and differs in its clock and initial model; ``data_seed`` changes
   the data. Every summary and record carries ``seed`` and ``data_seed``."""
   run = lambda **f: fa.simulate(fa.AsyncRunConfig(), algorithm="fedasync", num_updates=4,
-                                num_clients=6, quiet=True, **f)
+                                num_clients=6, **f)
   result = run(seeds=[0, 1])
   examples = re.findall(r"data: 6 clients, (\d+) examples", capsys.readouterr().out)
   assert len(examples) == 2 and examples[0] == examples[1], examples

@@ -32,6 +32,7 @@ import numpy as np
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import config as config_lib
+from fedjax_async import console
 from fedjax_async import cost
 from fedjax_async import loop
 from fedjax_async import models
@@ -93,12 +94,12 @@ def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
   except ValueError:  # (named when the data loads)
     pass
   if set_:
-    print(outputs.name_fields(
-        "PrivaAsyncFed's defaults, for every run: " + ", ".join(
-            f"{'.'.join(AsyncRunConfig.keys()[k])}={v}" for k, v in set_.items())
-        + " (the paper's 4 device tiers 3/3/2/2 with slow-downs 1/2/4/8 and sub-model "
-        "scales clock.scales; a model with hidden units to prune); "
-        "clock.device_classes=none for identical unpruned clients"), flush=True)
+    console.say(outputs.name_fields(
+              "PrivaAsyncFed's defaults, for every run: " + ", ".join(
+                  f"{'.'.join(AsyncRunConfig.keys()[k])}={v}" for k, v in set_.items())
+              + " (the paper's 4 device tiers 3/3/2/2 with slow-downs 1/2/4/8 and sub-model "
+              "scales clock.scales; a model with hidden units to prune); "
+              "clock.device_classes=none for identical unpruned clients"))
   return cfg.replace(**set_)
 
 
@@ -325,8 +326,8 @@ def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mes
     state = jax.tree.map(jnp.asarray, resumed.state)
     if mesh is not None:
       state = jax.block_until_ready(sharding.replicate(state, mesh))
-    print(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
-          f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)", flush=True)
+    console.say(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
+                f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)")
   metrics = loop.MetricsFile(
       None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before)
   host = _GroupLoop(metrics, ckpt,
@@ -414,6 +415,13 @@ def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequen
     **fields: fields replaced by their flat keys.
   """
   cfg = (config or AsyncRunConfig()).replace(**fields)
+  with console.silenced(cfg.output.quiet):
+    return _run_virtual_clock(cfg, callbacks, fed_data, module, input_shape)
+
+
+def _run_virtual_clock(cfg: AsyncRunConfig, callbacks, fed_data, module, input_shape
+                       ) -> Result:
+  """``run_virtual_clock`` of the configuration made."""
   config_lib.check_types(cfg)  # (before privaasyncfed_defaults reads algorithm.names)
   cfg = privaasyncfed_defaults(cfg)
   names, scales, clock = validate(cfg)
@@ -455,7 +463,7 @@ def plot_seeds(cfg: AsyncRunConfig, result: Result):
   outputs.plot_curves(runs, result.figure, x_key="virtual_time", ddof=1,
                       title=report.curves_title(cfg, first["dataset"], first["model"],
                                                 list(runs), list(result.by_seed)))
-  print(f"figure: {result.figure}")
+  console.say(f"figure: {result.figure}", console.RESULT)
 
 
 def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, callbacks,
@@ -474,16 +482,16 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
     result: the ``Result``; a diverged run is noted in it.
     own: the caller's (data, flax module, input shape), None for the configured ones.
   """
-  print(f"loading {cfg.data.dataset} (data seed {building.data_seed_of(cfg)}, seed "
-        f"{cfg.run.seed}) ...", flush=True)
+  console.say(f"loading {cfg.data.dataset} (data seed {building.data_seed_of(cfg)}, seed "
+              f"{cfg.run.seed}) ...")
   fed, model = load(cfg, pruned, *own)
-  print(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
-        f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}"
-        f"{tokens.accuracy_note(fed)}", flush=True)
+  console.say(f"data: {len(fed.counts)} clients, {int(np.sum(fed.counts))} examples; model "
+              f"{model[0]} with {np.size(model[1])} parameters; devices {jax.devices()}"
+              f"{tokens.accuracy_note(fed)}")
   devices = sharding.select_devices(cfg.run.devices)
   if len(devices) > 1:
-    print(outputs.name_fields(f"each group's members split over {len(devices)} devices "
-                              "(run.devices)"), flush=True)
+    console.say(outputs.name_fields(f"each group's members split over {len(devices)} devices "
+                                    "(run.devices)"))
   done: Dict[str, Run] = {}
   lost: Dict[str, str] = {}  # the runs that diverged: why
   for run_name, algo, alpha in runs:
@@ -491,29 +499,29 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
     run = (finished_run(cfg, run_name, out, algo) if out is not None and cfg.output.resume
            else None)
     if run is not None:
-      print(f"[{run_name}] read back from {out} (finished, same configuration)", flush=True)
+      console.say(f"[{run_name}] read back from {out} (finished, same configuration)")
     else:
       try:
         run = run_one(cfg, run_name, algo, hparams(cfg, alpha, algorithms.get(algo)), clock,
                       scales, fed, model, out, callbacks)
       except divergence.Diverged as e:
-        print(outputs.name_fields(f"[{run_name}] diverged: {e}"), flush=True)
+        console.say(outputs.name_fields(f"[{run_name}] diverged: {e}"), console.RESULT)
         result.diverged[f"{run_name} (seed {cfg.run.seed})"] = lost[run_name] = str(e)
         continue
     done[run_name] = run
-    print(report.result_line(run.summary), flush=True)
+    console.say(report.result_line(run.summary), console.RESULT)
   if out_dir is not None and done:  # accuracy and loss against the virtual clock
     result.figure = os.path.join(out_dir, "curves.png")
     outputs.plot_curves(
         {n: r.rows for n, r in done.items()}, result.figure, x_key="virtual_time",
         title=report.curves_title(cfg, getattr(fed, "name", cfg.data.dataset), model[0],
                                   list(done)))
-    print(f"figure: {result.figure}")
+    console.say(f"figure: {result.figure}", console.RESULT)
   if len(done) + len(lost) > 1:  # (a diverged run: a line saying so)
     table = report.clock_table([r.summary for r in done.values()], lost)
     if out_dir is not None:
       os.makedirs(out_dir, exist_ok=True)
       with open(os.path.join(out_dir, "comparison.md"), "w") as f:
         f.write(table + "\n")
-    print(table)
+    console.say(table, console.RESULT)
   return done

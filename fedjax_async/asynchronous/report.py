@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import privacy
@@ -49,10 +50,11 @@ class ArrivalProgress:
       rate = (self.done - self.steady[1]) / elapsed
       eta = (self.num_updates - version) * elapsed / (version - self.steady[2])
       timing = f" | {rate:.1f} arrivals/s ETA {eta:.0f}s"
-    print(f"[{self.name}] version {version}/{self.num_updates}"
-          f" arrivals {self.done} acc {self.last_acc:.4f} "
-          f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
-          f"staleness {np.mean([r['staleness'] for r in rows]):.2f}{timing}", flush=True)
+    console.say(f"[{self.name}] version {version}/{self.num_updates}"
+                f" arrivals {self.done} acc {self.last_acc:.4f} "
+                f"loss {np.mean([r['train_loss'] for r in rows]):.4f} "
+                f"staleness {np.mean([r['staleness'] for r in rows]):.2f}{timing}",
+                console.PROGRESS)
 
 
 def dp_report(cfg, steps, counts, hp) -> dict:

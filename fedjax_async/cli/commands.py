@@ -14,6 +14,7 @@ from absl import logging
 
 from fedjax_async import api
 from fedjax_async import config as config_lib
+from fedjax_async import console
 from fedjax_async import data
 from fedjax_async import distributed
 from fedjax_async import interrupts
@@ -27,7 +28,9 @@ from fedjax_async.sweeps import sweep
 
 def quiet_library_logs(FLAGS):
   """orbax logs every checkpoint step at INFO through absl; keep the progress lines
-  readable unless the user asked for a --verbosity."""
+  readable unless the user asked for a --verbosity. The command line's --quiet keeps each
+  run's result, the table and warnings (``console.quiet_keeps``)."""
+  console.quiet_keeps(console.RESULT)
   if "verbosity" not in FLAGS or not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 
@@ -139,6 +142,7 @@ def check_sweep_flags(FLAGS) -> None:
 def sweep_main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid (errors as
   ``main_from_flags``'s)."""
+  quiet_library_logs(FLAGS)
   with reported():
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)

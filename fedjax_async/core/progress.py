@@ -11,6 +11,7 @@ from typing import Callable, List, Optional
 import jax
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async.core import divergence
 
 # What a rule does with a client's upload however large it is (``HealthWatch``' lines).
@@ -65,8 +66,8 @@ class HealthWatch:
       if self.lines > self.limit:
         fields = ("client_loss_max, delta_norm_max and worst_client" if "round" in r else
                   "train_loss and delta_norm")
-        print(f"[{self.name}] more clients far outside the others: see the rows' {fields}",
-              file=self.stream or sys.stdout)
+        console.say(f"[{self.name}] more clients far outside the others: see the rows' "
+                    f"{fields}", console.PROGRESS, self.stream)
         continue
       where = f"round {r['round']}" if "round" in r else f"group {r.get('group')}"
       scope = ("the round" if "round" in r else
@@ -74,8 +75,8 @@ class HealthWatch:
       what = ("a non-finite result" if kind == "nonfinite" else
               f"far outside {scope} (median loss {r['client_loss_median']:.4g}, median "
               f"||Delta|| {r['delta_norm_median']:.4g})")
-      print(f"[{self.name}] {where}: {divergence.describe(r, dual=False)}: {what}; "
-            f"{self.fate(r, kind)}", file=self.stream or sys.stdout)
+      console.say(f"[{self.name}] {where}: {divergence.describe(r, dual=False)}: {what}; "
+                  f"{self.fate(r, kind)}", console.PROGRESS, self.stream)
 
 class Overall:
   """The rounds still to run over the algorithms of one invocation, for an ETA over all of
@@ -143,7 +144,7 @@ class Progress:
     self.first_chunk = None  # (seconds, rounds) of the first chunk
 
   def _print(self, line: str):
-    print(line, file=self.stream or sys.stdout)
+    console.say(line, console.PROGRESS, self.stream)
 
   def per_round(self, done: int, now: float) -> Optional[float]:
     """Seconds per round over the chunks after the first; None before one is back."""
@@ -225,12 +226,12 @@ class CompileTimer:
     fn = self.compiled.get(key)
     if fn is None:
       rounds = np.shape(args[2])[0]  # the chunk's eval schedule: one entry per round
-      print(f"[{self.name}] compiling the round program ({rounds} rounds per call) ...",
-            file=self.stream or sys.stdout, flush=True)
+      console.say(f"[{self.name}] compiling the round program ({rounds} rounds per call) ...",
+                  console.PROGRESS, self.stream)
       t0 = time.perf_counter()
       fn = self.compiled[key] = self.runner.lower(*args).compile()
-      print(f"[{self.name}] compiled in {time.perf_counter() - t0:.1f} s",
-            file=self.stream or sys.stdout, flush=True)
+      console.say(f"[{self.name}] compiled in {time.perf_counter() - t0:.1f} s",
+                  console.PROGRESS, self.stream)
     getattr(self.runner, "activate", lambda: None)()
     return fn(*args)
 

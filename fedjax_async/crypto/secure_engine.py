@@ -19,6 +19,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import ckks
 from fedjax_async.crypto import parallel
@@ -222,14 +223,14 @@ def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_d
   workers = parallel.resolve_workers(0, est["chunks"])  # the protocols' default
   est = estimate(workers) if workers > 1 else est
   check_round_fits(est, uploads, dim, available_memory_bytes())
-  print(f"[pafed/ckks] estimate per round ({design}): {uploads} uploads x {est['chunks']} "
-        f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
-        f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads, peak ~"
-        f"{est['memory_bytes'] / 2**30:.2f} GiB for keys and ciphertexts (besides the "
-        f"{_rss_bytes() / 2**30:.2f} GiB this process holds), ~{est['cpu_s']:.0f} CPU s",
-        file=stream, flush=True)
-  print(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
-        f"pairs for S1 and {num_clients} clients ...", file=stream, flush=True)
+  console.say(f"[pafed/ckks] estimate per round ({design}): {uploads} uploads x {est['chunks']} "
+              f"ciphertexts of {est['ciphertext_bytes'] / 1e6:.1f} MB = "
+              f"{est['upload_bytes'] / 2**30:.2f} GiB of uploads, peak ~"
+              f"{est['memory_bytes'] / 2**30:.2f} GiB for keys and ciphertexts (besides the "
+              f"{_rss_bytes() / 2**30:.2f} GiB this process holds), ~{est['cpu_s']:.0f} CPU s",
+              stream=stream)
+  console.say(f"[pafed/ckks] KDC: CKKS context ({preset} preset, Min d={min_depth}) and key "
+              f"pairs for S1 and {num_clients} clients ...", stream=stream)
   t0 = time.perf_counter()
   if design == "streamed":
     protocol = streamed_ducc.make_streamed_protocol(
@@ -239,8 +240,8 @@ def _setup_protocol(dim: int, uploads: int, num_clients: int, preset: str, min_d
   else:
     protocol = secure_ducc.make_protocol(num_clients, dim, preset=preset,
                                          min_depth=min_depth, min_scale=min_scale)
-  print(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
-        f"{time.perf_counter() - t0:.1f}s", file=stream, flush=True)
+  console.say(f"[pafed/ckks] ring dimension {protocol.cc.GetRingDimension()}, "
+              f"{time.perf_counter() - t0:.1f}s", stream=stream)
   return protocol
 
 
@@ -297,8 +298,8 @@ class EncryptedServer:
     self.protocol.recipients = tuple(recipients)
     if self.first and t > 0:
       secure_ducc.model_from_client(self.protocol, np.asarray(w, np.float64))
-      print(f"[{self.name}] resumed at round {t + 1}: "
-            + secure_ducc.RESUME_NOTE.format(t=t), file=self.stream, flush=True)
+      console.say(f"[{self.name}] resumed at round {t + 1}: "
+                  + secure_ducc.RESUME_NOTE.format(t=t), stream=self.stream)
     start = np.asarray(w, np.float64) if self.first and t == 0 else None
     self.first = False
     tol = (int(delayed.sum()) * self.eps_d if self.empty_class_tol is None
@@ -352,7 +353,7 @@ def make_server(algorithm: str, hp: Dict[str, float], dim: int, num_clients: int
                      f"algorithm.names={algorithm}")
   preset = protocol.preset if protocol is not None else preset
   if preset == "insecure_test":  # every run, whatever ``stream`` is
-    print(INSECURE_WARNING, file=sys.stderr, flush=True)
+    console.warn(INSECURE_WARNING)
   owned = protocol is None
   if owned:
     protocol = _setup_protocol(dim, uploads, num_clients, preset, min_depth, min_scale,

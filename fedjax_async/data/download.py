@@ -24,13 +24,13 @@ import hashlib
 import lzma
 import os
 import shutil
-import sys
 import tarfile
 import time
 import urllib.error
 import urllib.request
 from typing import Dict, List, Optional, Tuple
 
+from fedjax_async import console
 from fedjax_async.data import loader
 
 FEDJAX = "https://storage.googleapis.com/gresearch/fedjax"
@@ -81,9 +81,8 @@ def _bar(done: int, total: int, start: float, name: str) -> None:
   frac = done / total if total else 0.0
   rate = done / max(time.time() - start, 1e-6)
   fill = int(frac * width)
-  print(f"\r{name} [{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% "
-        f"{done / 2 ** 20:.1f}/{total / 2 ** 20:.1f} MiB {rate / 2 ** 20:.1f} MiB/s",
-        end="", file=sys.stderr, flush=True)
+  console.err(f"\r{name} [{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% "
+              f"{done / 2 ** 20:.1f}/{total / 2 ** 20:.1f} MiB {rate / 2 ** 20:.1f} MiB/s", end="")
 
 
 def fetch(url: str, path: str, sha256: Optional[str] = None, size: Optional[int] = None,
@@ -99,7 +98,7 @@ def fetch(url: str, path: str, sha256: Optional[str] = None, size: Optional[int]
     chunk: the bytes read at a time.
   """
   if os.path.isfile(path):
-    print(f"{path}: already there", file=sys.stderr)
+    console.err(f"{path}: already there")
     return path
   partial = path + ".partial"
   have = os.path.getsize(partial) if os.path.isfile(partial) else 0
@@ -123,7 +122,7 @@ def fetch(url: str, path: str, sha256: Optional[str] = None, size: Optional[int]
       length = response.headers.get("Content-Length")
       total = have + int(length) if length is not None else (size or 0)
       if have:
-        print(f"{path}: resuming at {have} bytes", file=sys.stderr)
+        console.err(f"{path}: resuming at {have} bytes")
       start = time.time()
       done = have
       try:
@@ -136,10 +135,10 @@ def fetch(url: str, path: str, sha256: Optional[str] = None, size: Optional[int]
             done += len(block)
             _bar(done, total, start, os.path.basename(path))
       except OSError as e:
-        print(file=sys.stderr)
+        console.err()
         raise DownloadError(f"{url}: interrupted at {done} bytes ({e}); run the command "
                             f"again to resume ({partial})") from None
-      print(file=sys.stderr)
+      console.err()
       if total and done < total:
         raise DownloadError(f"{url}: interrupted at {done} of {total} bytes; run the command "
                             f"again to resume ({partial})")
@@ -168,7 +167,7 @@ def unpack(path: str) -> str:
   if path.endswith(".lzma"):
     out = path[:-len(".lzma")]
     if not os.path.isfile(out):
-      print(f"decompressing {path}", file=sys.stderr, flush=True)
+      console.err(f"decompressing {path}")
       try:
         with lzma.open(path, "rb") as fi, open(out + ".partial", "wb") as fo:
           shutil.copyfileobj(fi, fo, 1 << 20)
@@ -228,8 +227,8 @@ def download(name: str, data_dir: Optional[str] = None, mirror: Optional[str] = 
     if sha256:
       digest, size = sha256, None
     if digest is None:
-      print(f"{base}: no checksum published by the peer; checked by its size and, once "
-            "there, by the data set's load-time check", file=sys.stderr)
+      console.err(f"{base}: no checksum published by the peer; checked by its size and, once "
+                  "there, by the data set's load-time check")
     path = fetch(source, os.path.join(data_dir, base), digest, size)
     out.append(unpack(path))
   if check:
@@ -237,8 +236,7 @@ def download(name: str, data_dir: Optional[str] = None, mirror: Optional[str] = 
       loader.load_natural(name, data_dir, max_test_examples=1)
     except (ValueError, OSError) as e:
       raise DownloadError(f"downloaded, but {e}") from None
-    print(f"{name}: ready in {data_dir} (--dataset={name} --data_dir={data_dir})",
-          file=sys.stderr)
+    console.err(f"{name}: ready in {data_dir} (--dataset={name} --data_dir={data_dir})")
   return out
 
 
@@ -253,14 +251,14 @@ def main(argv: List[str]) -> int:
   unknown = set(opts) - {"data_dir", "mirror", "sha256", "no_check"}
   if unknown or len(args) != 1:
     what = f"unknown flag --{sorted(unknown)[0]}" if unknown else "expected one data set name"
-    print(f"error: download: {what}; usage: python -m fedjax_async.cli.data download NAME "
-          "[--data_dir=DIR] [--mirror=URL] [--sha256=HEX] [--no_check] (NAME one of "
-          f"{', '.join(sorted(SOURCES))})", file=sys.stderr)
+    console.err(f"error: download: {what}; usage: python -m fedjax_async.cli.data download NAME "
+                "[--data_dir=DIR] [--mirror=URL] [--sha256=HEX] [--no_check] (NAME one of "
+                f"{', '.join(sorted(SOURCES))})")
     return 1
   try:
     download(args[0], opts.get("data_dir") or None, opts.get("mirror") or None,
              opts.get("sha256") or None, check="no_check" not in opts)
   except (DownloadError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    console.err(f"error: {e}")
     return 1
   return 0

@@ -18,12 +18,12 @@ finite features): a ValueError names the file and the client.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async.data.federated import (FederatedData, _label_range, _nonfinite,
                                          check_pool, padded_data_limit_bytes)
 
@@ -191,7 +191,7 @@ def natural_data(store: ClientStore, test_x: np.ndarray, test_y: np.ndarray,
 
 def note(message: str) -> None:
   """A line on the console (stderr) while a data set loads."""
-  print(message, file=sys.stderr, flush=True)
+  console.err(message)
 
 
 def note_empty(where: str, ids: Sequence[str], empty: Sequence[str]) -> None:

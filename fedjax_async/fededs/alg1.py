@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async import interrupts
 from fedjax_async import outputs
 from fedjax_async.fededs.generation import (
@@ -275,11 +275,10 @@ def load(path: str, job: Alg1, config: dict, label: str) -> bool:
     if same:
       job.restore(arrays)
   except (OSError, ValueError, KeyError, EOFError) as e:
-    print(f"{label} {path} cannot be read ({type(e).__name__}: {e}): Alg. 1 starts over",
-          flush=True)
+    console.say(f"{label} {path} cannot be read ({type(e).__name__}: {e}): Alg. 1 starts over")
     return False
   if not same:
-    print(f"{label} {path} was made with other settings: Alg. 1 starts over", flush=True)
+    console.say(f"{label} {path} was made with other settings: Alg. 1 starts over")
   return same
 
 
@@ -298,26 +297,26 @@ def run(job: Alg1, path: str, config: dict, label: str, resume: bool) -> Generat
     resume: continue from ``path`` when it holds this job.
   """
   if resume and load(path, job, config, label):
-    print(f"{label} Alg. 1 continues from {path} at {job.where()}", flush=True)
+    console.say(f"{label} Alg. 1 continues from {path} at {job.where()}")
   else:
-    print(f"{label} Alg. 1 for {job.num_clients} clients ({job.epochs[0]} pre-training "
-          f"and {job.epochs[1]} encryptor epochs each) ...", flush=True)
+    console.say(f"{label} Alg. 1 for {job.num_clients} clients ({job.epochs[0]} pre-training "
+                f"and {job.epochs[1]} encryptor epochs each) ...")
   try:
     while not job.finished:
       group = job.progress.group
       job.step()
       if job.progress.group > group and job.client_loop == "map":
-        print(f"{label} Alg. 1: client {group + 1} of {job.num_clients} done", flush=True)
+        console.say(f"{label} Alg. 1: client {group + 1} of {job.num_clients} done",
+                    console.PROGRESS)
       interrupts.check_interrupted()
   except KeyboardInterrupt:
     try:
       with interrupts.deferred():
         save(path, job, config)
     finally:
-      print(outputs.name_fields(
-          f"{label} Alg. 1 stopped before {job.where()}: the epochs before it are saved in "
-          f"{path}; run again with output.resume to continue from there"),
-          file=sys.stderr, flush=True)
+      console.warn(outputs.name_fields(
+                 f"{label} Alg. 1 stopped before {job.where()}: the epochs before it are saved in "
+                 f"{path}; run again with output.resume to continue from there"))
     raise
   if os.path.exists(path):
     os.remove(path)

@@ -33,6 +33,7 @@ import numpy as np
 
 from fedjax_async import algorithms
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import console
 from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
@@ -90,7 +91,7 @@ def prepare_output_dir(cfg: FedEDSRunConfig):
   flags_path = os.path.join(out_dir, "flags.json")
   if not os.path.exists(flags_path):
     if cfg.output.resume:
-      print(f"[fededs] resume: no FedEDS run under {out_dir}, starting fresh", flush=True)
+      console.say(f"[fededs] resume: no FedEDS run under {out_dir}, starting fresh")
     return
   if cfg.output.resume:
     try:
@@ -181,8 +182,8 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
     state, rows_before = None, []
     if resumed is not None:
       state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
-      print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
-            f"({ckpt.directory})", flush=True)
+      console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+                  f"({ckpt.directory})")
     metrics = loop.MetricsFile(os.path.join(run_dir, "metrics.jsonl"), rows_before)
     host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
                          None if cfg.output.quiet else Progress(name, t.rounds,
@@ -228,7 +229,7 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
   gen = store.load_generation(alg1_path, config) if cfg.output.resume else None
   where = f"[fededs] {report.setting_label(setting)}:"
   if gen is not None:
-    print(f"{where} Alg. 1's encrypted sets read back from {alg1_path}", flush=True)
+    console.say(f"{where} Alg. 1's encrypted sets read back from {alg1_path}")
   else:
     t0 = time.perf_counter()
     job = alg1.Alg1(model, encryptor, split(w0), layers, dev.x, dev.y, dev.counts,
@@ -237,9 +238,9 @@ def encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg, ou
     gen = alg1.run(job, os.path.join(sdir, "alg1.partial.npz"), config, where,
                    cfg.output.resume)  # a Ctrl-C stops it within an epoch, saving the rest
     store.save_generation(alg1_path, gen, config)
-    print(f"{where} Alg. 1 in {time.perf_counter() - t0:.1f}s, encryptor loss "
-          f"{np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
-          f"{np.mean(gen.encryptor_loss[:, -1]):.3f}", flush=True)
+    console.say(f"{where} Alg. 1 in {time.perf_counter() - t0:.1f}s, encryptor loss "
+                f"{np.mean(gen.encryptor_loss[:, 0]):.3f} -> "
+                f"{np.mean(gen.encryptor_loss[:, -1]):.3f}")
   if cfg.alg1.utility_epochs:
     report.shared_report(cfg, sdir, setting, config, gen, model, split(w0), dev, pool, fcfg)
   if do_privacy:
@@ -303,7 +304,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
     name = f"fededs {label} {b}/{v}"
     if fin is not None:
       res, rows = fin
-      print(f"[{name}] read back from {run_dir} (finished, same flags)", flush=True)
+      console.say(f"[{name}] read back from {run_dir} (finished, same flags)")
     else:
       anneal, share = VARIANTS[v]
       alg = wrap(algorithms.get(b), model, split, shared if share else None,
@@ -313,13 +314,13 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
         res, rows = run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg,
                                 anneal, share, run_dir, config, fixed, callbacks)
       except engine.Diverged as e:
-        print(f"[{name}] diverged: {e}; left out of the table", flush=True)
+        console.say(f"[{name}] diverged: {e}; left out of the table", console.RESULT)
         continue
       res = {**setting, "base": b, "variant": v, **res}
       store.atomic_json(os.path.join(run_dir, "summary.json"), {"result": res, "config": config})
-      print(f"[fededs] {label} {b}/{v}: final {res['final_accuracy']:.4f} "
-            f"best {res['best_accuracy']:.4f} rounds->{t.target_accuracy:.0%} "
-            f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", flush=True)
+      console.say(f"[fededs] {label} {b}/{v}: final {res['final_accuracy']:.4f} "
+                  f"best {res['best_accuracy']:.4f} rounds->{t.target_accuracy:.0%} "
+                  f"{res['rounds_to_target']} ({res['seconds']:.0f}s)", console.RESULT)
     done(res, rows)
 
 
@@ -402,13 +403,20 @@ def run_fededs_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
   accuracy metrics, rounds to the target, client steps) and rows. ``record``: more keys
   for flags.json (the CLI's own flags). ``data``: a ``FederatedData`` whose clients are
   the one setting, in place of Fashion-MNIST's grid. Without ``output.output_dir``
-  everything goes to a temporary folder, deleted before returning."""
+  everything goes to a temporary folder, deleted before returning. ``output.quiet``:
+  nothing printed."""
+  with console.silenced(cfg.output.quiet):
+    return _grid(cfg, callbacks, record, data)
+
+
+def _grid(cfg: FedEDSRunConfig, callbacks, record, data) -> results.Result:
+  """``run_fededs_grid``'s work."""
   alphas, ks, bases, variants = validate(cfg)
   if data is not None:
     own_data_check(cfg, data, variants)
   if cfg.output.output_dir is None:
     with tempfile.TemporaryDirectory(prefix="fededs_") as tmp:
-      result = run_fededs_grid(cfg.replace(output_dir=tmp), callbacks, record, data)
+      result = _grid(cfg.replace(output_dir=tmp), callbacks, record, data)
     result.config = cfg
     return result
   out_dir = cfg.output.output_dir

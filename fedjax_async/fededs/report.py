@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async.fededs import alg1, store
@@ -73,7 +74,7 @@ def privacy_outputs(cfg, model, encryptor, theta0, layers, dev, fcfg, gen, out_d
   rep["encryptor_loss_last_without_layer"] = float(np.mean(no_layer.encryptor_loss[:, -1]))
   with open(os.path.join(out_dir, "privacy.json"), "w") as f:
     json.dump(rep, f, indent=2)
-  print("[fededs] privacy:", json.dumps(rep), flush=True)
+  console.say(" ".join(map(str, ("[fededs] privacy:", json.dumps(rep)))))
 
 
 def encryption_grid_title(model: str, setting=None) -> str:
@@ -131,12 +132,11 @@ def shared_report(cfg, sdir, setting, config, gen, model, theta0, dev, pool, fcf
          "shared_set_accuracy": shared_acc, "raw_rows_accuracy": raw_acc,
          "utility_epochs": epochs, "config": config}
   store.atomic_json(path, rep)
-  print(f"[fededs] {setting_label(setting)}: encryptor loss "
-        f"{rep['encryptor_loss_first_epoch']:.3f} -> {rep['encryptor_loss_last_epoch']:.3f}, "
-        f"soft labels agree with y on {rep['soft_label_agreement']:.1%}; trained "
-        f"{epochs} epochs on the shared sets alone: {shared_acc:.2%} test "
-        f"accuracy (on the raw rows: {raw_acc:.2%}) ({time.perf_counter() - t0:.0f}s)",
-        flush=True)
+  console.say(f"[fededs] {setting_label(setting)}: encryptor loss "
+              f"{rep['encryptor_loss_first_epoch']:.3f} -> {rep['encryptor_loss_last_epoch']:.3f}, "
+              f"soft labels agree with y on {rep['soft_label_agreement']:.1%}; trained "
+              f"{epochs} epochs on the shared sets alone: {shared_acc:.2%} test "
+              f"accuracy (on the raw rows: {raw_acc:.2%}) ({time.perf_counter() - t0:.0f}s)")
   return rep
 
 
@@ -159,7 +159,7 @@ def write_shared(out_dir: str):
                  f"{100 * r['shared_set_accuracy']:.2f} % | {100 * r['raw_rows_accuracy']:.2f} % |")
   with open(os.path.join(out_dir, "shared.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  console.say("\n".join(lines), console.RESULT)
 
 
 def write_rows(finished, out_dir: str):
@@ -225,4 +225,4 @@ def write_tables(results, out_dir: str, target_accuracy: float, echo: bool = Tru
   with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(text + "\n")
   if echo:
-    print(text)
+    console.say(text, console.RESULT)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
+from fedjax_async import console
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async.fededs.config import FedEDSRunConfig
@@ -81,12 +82,11 @@ def load_generation(path: str, config: dict) -> Optional[Generation]:
       saved = json.loads(str(z["config"]))
       arrays = {n: z[n] for n in z.files if n != "config"}
   except (OSError, ValueError, KeyError, EOFError) as e:
-    print(f"[fededs] {path} cannot be read ({type(e).__name__}: {e}): Alg. 1 runs again",
-          flush=True)
+    console.say(f"[fededs] {path} cannot be read ({type(e).__name__}: {e}): Alg. 1 runs again")
     return None
   if saved != config:
-    print(outputs.name_fields(f"[fededs] {path} was made with other settings "
-                              f"({mismatch(saved, config)}): Alg. 1 runs again"), flush=True)
+    console.say(outputs.name_fields(f"[fededs] {path} was made with other settings "
+                                    f"({mismatch(saved, config)}): Alg. 1 runs again"))
     return None
   asarray = jax.numpy.asarray
   layers = {n[len("layer."):]: asarray(v) for n, v in arrays.items() if n.startswith("layer.")}

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async import algorithms
+from fedjax_async import console
 from fedjax_async import cost
 from fedjax_async import distributed
 from fedjax_async import interrupts
@@ -79,9 +80,16 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
     overall: the progress of all the runs (``Progress``).
     callbacks: ``loop.Callback``s run after every chunk of rounds.
   """
+  quiet = quiet or cfg.output.quiet
+  with console.silenced(quiet):
+    return _run(cfg, name, fed_data, model, out_dir, quiet, position, overall, callbacks)
+
+
+def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, position,
+         overall, callbacks) -> Run:
+  """``run``'s work (its arguments)."""
   if out_dir is None and cfg.output.output_dir is not None:
     out_dir = os.path.join(cfg.output.output_dir, name)
-  quiet = quiet or cfg.output.quiet
   if out_dir is not None:
     prepare_output_dir(out_dir, cfg.output.resume, cfg.output.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
@@ -118,8 +126,7 @@ def run(cfg: RunConfig, name: str, fed_data=None, model=None, out_dir=None,
   except loop.EarlyStop as e:  # a callback ended the run: its result so far
     state, stopped_early = e.state, True
     if not quiet:
-      print(f"[{name}] stopped by a callback after round {int(state.round)}/{cfg.run.rounds}",
-            flush=True)
+      console.say(f"[{name}] stopped by a callback after round {int(state.round)}/{cfg.run.rounds}")
   except engine.Diverged as e:
     _diverged(e, cfg, name, setup, runner, host, ckpt)
   except KeyboardInterrupt as e:
@@ -206,12 +213,11 @@ def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
     if not quiet:
       more = (f", extending its {resumed.config['rounds']} rounds to {cfg.run.rounds}"
               if int(resumed.config["rounds"]) < cfg.run.rounds else "")
-      print(f"[{name}] resuming from the checkpoint of round {resumed.position} "
-            f"({ckpt.directory}){more}", flush=True)
+      console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+                  f"({ckpt.directory}){more}")
   elif cfg.output.resume and not quiet and ckpt is not None:
-    print(outputs.name_fields(f"[{name}] output.resume: no checkpoint under "
-                              f"{ckpt.directory}, starting fresh"),
-          flush=True)
+    console.say(outputs.name_fields(f"[{name}] output.resume: no checkpoint under "
+                                    f"{ckpt.directory}, starting fresh"))
   return ckpt, state, resumed
 
 

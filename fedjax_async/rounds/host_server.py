@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_async import console
 from fedjax_async import interrupts
 from fedjax_async.algorithms import base
 from fedjax_async.core import device as ops
@@ -174,16 +175,17 @@ def run_host_rounds(apply_flat: Callable, algorithm: base.Algorithm,
       raise engine.diverged(rows, 0)
     for s in server.stages:
       totals[s] += timings[s]
-    print(f"[{server.name}] round {t + 1}/{total}: " + ", ".join(
-        f"{s} {timings[s]:.2f}s" for s in server.stages)
-          + f" ({rows[0]['delayed']} delayed{server.note(alg_metrics)})",
-          file=stream, flush=True)
+    console.say(f"[{server.name}] round {t + 1}/{total}: " + ", ".join(
+              f"{s} {timings[s]:.2f}s" for s in server.stages)
+                + f" ({rows[0]['delayed']} delayed{server.note(alg_metrics)})", stream=stream,
+                level=console.PROGRESS)
     all_rows.extend(rows)
     if on_chunk is not None:
       on_chunk(state, rows)
   n = max(len(all_rows), 1)
-  print(f"[{server.name}] mean time per round: " + ", ".join(
-      f"{s} {totals[s] / n:.2f}s" for s in server.stages), file=stream, flush=True)
+  console.say(f"[{server.name}] mean time per round: " + ", ".join(
+            f"{s} {totals[s] / n:.2f}s" for s in server.stages), stream=stream,
+              level=console.PROGRESS)
   return state, all_rows, totals
 
 

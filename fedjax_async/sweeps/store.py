@@ -19,6 +19,7 @@ import numpy as np
 
 from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import config as config_lib
+from fedjax_async import console
 from fedjax_async import distributed
 from fedjax_async import figures
 from fedjax_async import loop
@@ -280,13 +281,13 @@ def read_back(cfgs, algorithm_name: str, run_dir: Callable, out_dir: str,
     elif stored is not None:
       stale.append((run_dir(c), stored[2]))
   if not quiet and found:
-    print(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
-          f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)", flush=True)
+    console.say(f"[{algorithm_name}] {len(found)} of {len(cfgs)} runs read back from "
+                f"{os.path.join(out_dir, 'runs', algorithm_name)} (same configuration)")
   if not quiet and stale:
     diffs = sorted({d for _, ds in stale for d in ds})
-    print(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
-          f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
-          f"{', '.join(os.path.basename(d) for d, _ in stale)}", flush=True)
+    console.say(f"[{algorithm_name}] re-running {len(stale)} stored run(s) made with other flags "
+                f"({', '.join(diffs)}) under {os.path.join(out_dir, 'runs', algorithm_name)}: "
+                f"{', '.join(os.path.basename(d) for d, _ in stale)}")
   return found
 
 
@@ -314,9 +315,9 @@ class SweepLoop(loop.HostLoop):
 
   def progress(self, label: str, rounds: int, rows):
     rate = (self.end - self.start) / max(self.seconds - self.wall_start, 1e-9)
-    print(f"[{label}] round {self.end}/{rounds} {rate:.2f} rounds/s "
-          f"({rate * len(rows):.2f} run-rounds/s) ETA {(rounds - self.end) / max(rate, 1e-9):.0f}s",
-          flush=True)
+    console.say(f"[{label}] round {self.end}/{rounds} {rate:.2f} rounds/s "
+                f"({rate * len(rows):.2f} run-rounds/s) "
+                f"ETA {(rounds - self.end) / max(rate, 1e-9):.0f}s", console.PROGRESS)
 
   def save(self, state, position=None):
     self.checkpoints.save(self.end, state, self.per_run, self.seconds)

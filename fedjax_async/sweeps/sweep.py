@@ -46,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_async import algorithms
 from fedjax_async import compilation
 from fedjax_async import config as config_lib
+from fedjax_async import console
 from fedjax_async import distributed
 from fedjax_async import loop
 from fedjax_async import outputs
@@ -364,7 +365,8 @@ def diverged_fields(rows: List[dict], bad: Optional[int], name: Optional[str]) -
   console under the run's ``name`` (None: not said)."""
   found = None if bad is None else divergence.cause([r for r in rows if r["round"] <= bad])
   if found and name is not None:
-    print(outputs.name_fields(f"[{name}] diverged in round {bad}: {found[0]}"), flush=True)
+    console.say(outputs.name_fields(f"[{name}] diverged in round {bad}: {found[0]}"),
+                console.RESULT)
   return {"diverged_round": bad, **({"diverged_cause": found[0]} if found else {})}
 
 
@@ -594,8 +596,8 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
       start, rows_before, wall_before, states = (resumed.position, resumed.rows,
                                                  resumed.wall_before, resumed.state)
       if not quiet:
-        print(f"[{algorithm_name} x{len(group)}] resuming from the checkpoint of round "
-              f"{start} ({ckpt.directory})", flush=True)
+        console.say(f"[{algorithm_name} x{len(group)}] resuming from the checkpoint of round "
+                    f"{start} ({ckpt.directory})")
     host = sweep_store.SweepLoop(ckpt, start, wall_before, callbacks,
                      None if quiet else f"{algorithm_name} x{len(group)}", group[0].run.rounds)
     try:
@@ -630,9 +632,9 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
   if left is not None and os.path.isdir(left) and os.listdir(left) and not quiet:
     # each finished computation removed its own: these were made for other groupings of
     # runs (another grid, or --max_runs_per_computation) and were not used
-    print(f"[{algorithm_name}] {len(os.listdir(left))} checkpoint(s) of computations "
-          f"this command does not run are left under {left}; delete them to free the "
-          "space", flush=True)
+    console.say(f"[{algorithm_name}] {len(os.listdir(left))} checkpoint(s) of computations "
+                f"this command does not run are left under {left}; delete them to free the "
+                "space")
   fresh = iter(done)
   return [found[i] if i in found else next(fresh) for i in range(len(cfgs))]
 
@@ -685,8 +687,8 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
     max_runs_per_computation: the most runs of one computation (0: all).
   """
   mesh = run_mesh(devices)
-  print(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
-        f"{num_seeds} seeds) on {len(devices)} device(s)", flush=True)
+  console.say(f"sweep: {len(cfgs)} runs per algorithm ({', '.join(names) or 'seeds only'} x "
+              f"{num_seeds} seeds) on {len(devices)} device(s)")
   os.makedirs(base.output.output_dir, exist_ok=True)
   summaries = []
   for alg in base.algorithm.name_list():
@@ -696,8 +698,8 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
     first = setting_of(cfgs[0], unused)
     mine = [c for c in cfgs if setting_of(c, unused) == first]
     if unused:
-      print(f"[{alg}] does not use {', '.join(unused)}: not swept for it ({len(mine)} of "
-            f"{len(cfgs)} runs)", flush=True)
+      console.say(f"[{alg}] does not use {', '.join(unused)}: not swept for it ({len(mine)} of "
+                  f"{len(cfgs)} runs)", console.WARNING)
     summaries += run_sweep(mine, alg, fed_data, used, base.output.output_dir,
                            max_runs_per_computation, mesh, resume=base.output.resume)
   agg = sweep_store.aggregate(summaries, names)
@@ -710,5 +712,5 @@ def run_grid(base: config_lib.RunConfig, cfgs: Sequence[config_lib.RunConfig],
   swept = {n: sorted({r[n] for r in agg if r[n] is not None}) for n in names}
   sweep_store.plot_aggregate(agg, names, figure, title=outputs.figure_title(
       base, fed_data.name, model, base.algorithm.name_list(), swept=swept))
-  print(f"figure: {figure}")
+  console.say(f"figure: {figure}", console.RESULT)
   return sweep_store.write_aggregate(agg, names, base.output.output_dir)
