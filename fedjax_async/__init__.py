@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "simulate": ("fedjax_async.api", "simulate"),
+    "load": ("fedjax_async.api", "load"),
     "Result": ("fedjax_async.results", "Result"),
     "RunConfig": ("fedjax_async.config", "RunConfig"),
     "AlgorithmConfig": ("fedjax_async.config", "AlgorithmConfig"),

@@ -18,7 +18,9 @@ import dataclasses
 import difflib
 import functools
 import itertools
+import json
 import os
+import types
 from typing import Dict, List, Optional, Sequence
 
 import flax.linen as nn
@@ -72,11 +74,18 @@ def seed_config(cfg: config_lib.RunConfig, seed: int) -> config_lib.RunConfig:
 
 
 def prepare(cfg: config_lib.RunConfig, seeds: Sequence[int] = ()):
-  """Before any work: a directory holding a previous run is refused or cleared
-  (ValueError / OSError naming it); with several ``seeds``, each seed's folder and the
-  comparison over them."""
+  """Before any work: a directory in use by another run, or holding a previous run (of any
+  layout: one algorithm, several, several seeds), is refused or cleared (ValueError /
+  OSError naming it); with several ``seeds``, each seed's folder and the comparison over
+  them."""
   if cfg.output.output_dir is None:
     return
+  names = cfg.algorithm.name_list()
+  keeps = (outputs.COMPARISON_OUTPUTS + tuple(f"seed{s}" for s in seeds) if len(seeds) > 1
+           else outputs.COMPARISON_OUTPUTS + tuple(names) if len(names) > 1
+           else outputs.RUN_OUTPUTS)
+  outputs.lock_output_dir(cfg.output.output_dir)
+  outputs.clear_stale(cfg.output.output_dir, keeps, cfg.output.resume, cfg.output.overwrite)
   if len(seeds) > 1:
     outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
                                outputs.COMPARISON_OUTPUTS)
@@ -418,7 +427,7 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
   (``unread_note``). ``quiet=True`` (``output.quiet``) prints nothing.
   """
   quiet = fields.get("quiet", getattr(getattr(config, "output", None), "quiet", False))
-  with console.silenced(bool(quiet)):
+  with console.silenced(bool(quiet)), outputs.run_scope():
     return _simulate(config, callbacks, fields)
 
 
@@ -432,6 +441,50 @@ def _simulate(config, callbacks, fields: dict) -> Result:
   if isinstance(config, async_config.AsyncRunConfig):
     return _simulate_virtual_clock(config, callbacks, fields)
   return _simulate_rounds(config, callbacks, fields)
+
+
+def _read_run(run_dir: str) -> Optional[results.Run]:
+  """The finished run under ``run_dir`` (summary.json, written last), or None."""
+  if not os.path.isfile(os.path.join(run_dir, "summary.json")):
+    return None
+  with open(os.path.join(run_dir, "summary.json")) as f:
+    summary = json.load(f)
+  final = os.path.join(run_dir, outputs.FINAL_MODEL)
+  state = types.SimpleNamespace(w=np.load(final)) if os.path.isfile(final) else None
+  return results.Run(summary, outputs.read_metrics(run_dir), state)
+
+
+def _read_runs(folder: str) -> Dict[str, results.Run]:
+  """One run's folder, or a subfolder per algorithm: ``{algorithm: Run}``."""
+  one = _read_run(folder)
+  if one is not None:
+    return {one.summary.get("algorithm", os.path.basename(folder)): one}
+  found = {n: _read_run(os.path.join(folder, n)) for n in sorted(os.listdir(folder))
+           if os.path.isdir(os.path.join(folder, n))}
+  return {n: r for n, r in found.items() if r is not None}
+
+
+def load(path: str) -> Result:
+  """A run's folder (the CLI's, or ``simulate(output_dir=...)``'s) read back as the
+  ``Result`` the run returned: each run's summary, metrics rows and final global model
+  (``runs[name].state.w``, from ``final_model.npy``; no ``model``: ``final_model()``
+  needs the run in memory), for one algorithm, several (a subfolder each) or several
+  seeds (``seed<s>/``); ``table()`` and ``figure`` as the run's. FileNotFoundError naming
+  the folder when it holds no finished run."""
+  seeds = sorted((int(n[4:]), n) for n in (os.listdir(path) if os.path.isdir(path) else [])
+                 if n.startswith("seed") and n[4:].isdigit())
+  by_seed = {s: _read_runs(os.path.join(path, n)) for s, n in seeds}
+  runs = next(iter(by_seed.values())) if by_seed else (
+      _read_runs(path) if os.path.isdir(path) else {})
+  if not runs:
+    raise FileNotFoundError(f"{path}: no finished run there (a run's folder holds "
+                            "summary.json, or a subfolder per algorithm or seed<s>/ with it)")
+  clock = any("event" in r.rows[0] for r in runs.values() if r.rows)
+  first = next(iter(runs.values())).summary
+  figure = os.path.join(path, "curves.png")
+  return Result(first.get("config"), runs, by_seed if len(by_seed) > 1 else {},
+                figure=figure if os.path.isfile(figure) else None,
+                tabulate=async_experiment.table_of if clock else _table)
 
 
 def _own_hparams(fields: dict, config_class):

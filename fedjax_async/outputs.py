@@ -1,14 +1,18 @@
-"""A run's files: output folders (refused, cleared, checked writable), metrics rows as
-JSON lines, TensorBoard scalars, the comparison table and the curves' figure.
+"""A run's files: output folders (refused, cleared, checked writable, locked while a run
+writes them), metrics rows as JSON lines, TensorBoard scalars, the comparison table and
+the curves' figure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import itertools
 import json
 import os
 import shutil
+import socket
 import tempfile
 import textwrap
 import time
@@ -101,7 +105,8 @@ class TensorBoard:
 
 # What a run writes in its directory (``output.overwrite`` deletes these and nothing else);
 # a multi-algorithm run also writes COMPARISON_OUTPUTS in output.output_dir.
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png")
+FINAL_MODEL = "final_model.npy"  # the final global model w, flat [d] float32
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", "tb", "curves.png", FINAL_MODEL)
 
 
 COMPARISON_OUTPUTS = ("comparison.md", "comparison.csv", "curves.png")
@@ -109,6 +114,104 @@ COMPARISON_OUTPUTS = ("comparison.md", "comparison.csv", "curves.png")
 
 def previous_outputs(directory: str, outputs=RUN_OUTPUTS) -> List[str]:
   return [n for n in outputs if os.path.lexists(os.path.join(directory, n))]
+
+
+def _holds_a_run(path: str, depth: int = 3) -> bool:
+  """A folder a run wrote: its files (``RUN_OUTPUTS``, a comparison) in it or in a
+  subfolder up to ``depth`` levels down (``seed<s>/<algorithm>/``, ``runs/...``)."""
+  if not os.path.isdir(path) or os.path.islink(path):
+    return False
+  if previous_outputs(path, RUN_OUTPUTS + COMPARISON_OUTPUTS):
+    return True
+  return depth > 0 and any(_holds_a_run(os.path.join(path, n), depth - 1)
+                           for n in sorted(os.listdir(path)))
+
+
+def stale_outputs(directory: str, keeps: Sequence[str]) -> List[str]:
+  """What a previous run of any layout left in ``directory`` that a run writing ``keeps``
+  (its top-level names) would not replace: run files and folders holding a run."""
+  if not os.path.isdir(directory):
+    return []
+  top = RUN_OUTPUTS + COMPARISON_OUTPUTS
+  return [n for n in sorted(os.listdir(directory)) if n not in keeps and (
+      n in top or _holds_a_run(os.path.join(directory, n)))]
+
+
+def clear_stale(directory: str, keeps: Sequence[str], resume: bool, overwrite: bool):
+  """A previous run's files of another layout in ``directory`` (``stale_outputs``):
+  refused (ValueError naming output.output_dir) unless ``overwrite``, which deletes them
+  (process 0). ``resume`` continues a run of the same layout only."""
+  stale = stale_outputs(directory, keeps)
+  if stale and (resume or not overwrite):
+    raise ValueError(f"output.output_dir: {directory} holds a run of another layout "
+                     f"({', '.join(stale)}), which this run would not replace: pass "
+                     "output.overwrite to delete it, or another output.output_dir")
+  if stale and distributed.is_main():
+    for n in stale:
+      path = os.path.join(directory, n)
+      shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+
+# ------------------------------------------------------------- one run per output folder
+
+LOCK = ".fedjax_async.lock"
+_locks: Dict[str, int] = {}  # real path -> the open, flock-ed lock file
+_scopes: List[List[str]] = []  # the folders each active run_scope locked
+
+
+@contextlib.contextmanager
+def run_scope():
+  """The output folders prepared inside (``prepare_output_dir``) are locked until it
+  ends: ``simulate`` and each driver's entry point run in one. Outside any scope (a
+  driver's parts called directly) nothing is locked."""
+  _scopes.append([])
+  try:
+    yield
+  finally:
+    for key in _scopes.pop():
+      fd = _locks.pop(key)
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(key, LOCK))  # (before the unlock: see lock_output_dir)
+      os.close(fd)
+
+
+def lock_output_dir(directory: str):
+  """An advisory lock on ``directory`` (``LOCK``, holding who took it) for the active
+  ``run_scope``; a folder locked by another run: ValueError naming output.output_dir and
+  that run. Process 0 alone locks (the others write nothing)."""
+  key = os.path.realpath(directory)
+  if not _scopes or key in _locks or not distributed.is_main():
+    return
+  check_writable(directory)  # (it exists from here)
+  path = os.path.join(key, LOCK)
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      other = os.read(fd, 300).decode(errors="replace").strip() or "a process holding it"
+      os.close(fd)
+      raise ValueError(f"output.output_dir: {directory} is in use by another run "
+                       f"({other}): wait for it to end, or give another "
+                       "output.output_dir") from None
+    try:  # a lock file its holder removed as this one opened it: take the new one
+      if os.stat(path).st_ino == os.fstat(fd).st_ino:
+        break
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+  os.ftruncate(fd, 0)
+  os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+  _locks[key] = fd
+  _scopes[-1].append(key)
+
+
+def write_final_model(directory: str, w) -> None:
+  """``FINAL_MODEL``: the final global model (a replicated array: its local copy)."""
+  if getattr(w, "is_fully_addressable", True) is False:
+    w = w.addressable_data(0)
+  np.save(os.path.join(directory, FINAL_MODEL), np.asarray(w, np.float32))
 
 
 def check_writable(directory: str, flag: str = "output.output_dir"):
@@ -132,6 +235,7 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
   outputs first. Across processes (``fedjax_async.distributed``) every process checks the
   folder as it was and process 0 alone deletes. The runs of a packed folder
   (``results_table``) are written back first; ``overwrite`` deletes its runs.jsonl."""
+  lock_output_dir(directory)  # first: a folder in use is neither refused nor cleared
   packed = os.path.join(directory, results_table.FILE)
   if distributed.is_main() and not overwrite:
     results_table.unpack_missing(directory)

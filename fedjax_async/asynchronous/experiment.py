@@ -61,7 +61,7 @@ from fedjax_async.core import tokens
 RESUME_FREE_FIELDS = ("output_dir", "resume", "overwrite", "checkpoint_every",
                       "groups_per_call", "seeds", "quiet", "target_accuracy")
 # What a run writes in its folder, and the invocation in output.output_dir.
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints")
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoints", outputs.FINAL_MODEL)
 COMMAND_OUTPUTS = ("curves.png", "comparison.md")
 
 
@@ -69,7 +69,7 @@ Run = results.Run  # (summary, rows: one per kept arrival, final AsyncState, mod
 Result = results.Result  # by_seed[seed][run name] with several seeds
 
 
-def _table(result: Result) -> str:
+def table_of(result: Result) -> str:
   """Markdown: the runs compared (one seed), or mean +- std over the seeds."""
   if len(result.by_seed) > 1:
     return report.seed_table({s: [r.summary for r in runs.values()]
@@ -287,6 +287,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
       host.wall(), schedule, num_groups, ecfg.group_size, config,
       report.dp_report(cfg, steps, counts, hp) if algorithm.dp else None)
   if out_dir is not None:
+    outputs.write_final_model(out_dir, state.w)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2, default=str)
   return Run(summary, host.rows, state, (model_name, w0, apply_flat))
@@ -415,7 +416,7 @@ def run_virtual_clock(config: Optional[AsyncRunConfig] = None, callbacks: Sequen
     **fields: fields replaced by their flat keys.
   """
   cfg = (config or AsyncRunConfig()).replace(**fields)
-  with console.silenced(cfg.output.quiet):
+  with console.silenced(cfg.output.quiet), outputs.run_scope():
     return _run_virtual_clock(cfg, callbacks, fed_data, module, input_shape)
 
 
@@ -428,7 +429,7 @@ def _run_virtual_clock(cfg: AsyncRunConfig, callbacks, fed_data, module, input_s
   sharding.select_devices(cfg.run.devices)
   runs, seeds = run_list(cfg, names), seeds_of(cfg)
   prepare(cfg, runs, seeds)
-  result = Result(cfg, {}, tabulate=_table)
+  result = Result(cfg, {}, tabulate=table_of)
   for seed in seeds:
     out_dir = cfg.output.output_dir
     if out_dir is not None and len(seeds) > 1:

@@ -141,8 +141,13 @@ def check_sweep_flags(FLAGS) -> None:
 
 def sweep_main_from_flags(FLAGS):
   """experiments/sweep.py: every algorithm of --algorithm over the sweep grid (errors as
-  ``main_from_flags``'s)."""
+  ``main_from_flags``'s); its output folder locked while it runs."""
   quiet_library_logs(FLAGS)
+  with outputs.run_scope():
+    _sweep_main(FLAGS)
+
+
+def _sweep_main(FLAGS):
   with reported():
     sharding.set_cpu_devices(FLAGS.cpu_devices)
     join_processes(FLAGS)

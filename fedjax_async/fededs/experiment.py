@@ -86,6 +86,7 @@ def prepare_output_dir(cfg: FedEDSRunConfig):
   """Refuses a folder holding a FedEDS run unless output.resume (its result-changing
   fields must match) or output.overwrite (its outputs are deleted first)."""
   out_dir = cfg.output.output_dir
+  outputs.lock_output_dir(out_dir)  # (in use by another run: refused)
   if not cfg.output.overwrite:  # the runs of a packed folder (results_table)
     results_table.unpack_missing(out_dir)
   flags_path = os.path.join(out_dir, "flags.json")
@@ -405,7 +406,7 @@ def run_fededs_grid(cfg: FedEDSRunConfig, callbacks=(), record: dict = None,
   the one setting, in place of Fashion-MNIST's grid. Without ``output.output_dir``
   everything goes to a temporary folder, deleted before returning. ``output.quiet``:
   nothing printed."""
-  with console.silenced(cfg.output.quiet):
+  with console.silenced(cfg.output.quiet), outputs.run_scope():
     return _grid(cfg, callbacks, record, data)
 
 

@@ -140,7 +140,7 @@ def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, posit
     if ckpt is not None:
       ckpt.close()
   summary = _summary(cfg, name, fed_data, model, setup, metrics.rows, host.wall(),
-                     int(state.round) if stopped_early else None, out_dir if writes else None)
+                     int(state.round) if stopped_early else None, out_dir if writes else None, state.w)
   if finished_interrupted is not None:
     raise finished_interrupted
   return Run(summary, metrics.rows, state, model)
@@ -173,8 +173,22 @@ def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: 
 
 
 def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: float,
-             stopped_early_at: Optional[int], out_dir) -> dict:
-  """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere)."""
+             stopped_early_at: Optional[int], out_dir, w) -> dict:
+  """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere) after its
+  final global model ``w`` (``outputs.FINAL_MODEL``).
+
+  Args:
+    cfg: the run's configuration.
+    name: the algorithm's name.
+    fed_data: its data.
+    model: ``(name, w0, apply_flat)``.
+    setup: the run's ``_Setup``.
+    rows: its metrics rows.
+    wall: its wall time (s).
+    stopped_early_at: the round a callback stopped it at (None: it ran to the end).
+    out_dir: its folder (None: nothing written).
+    w: [d] the final global model.
+  """
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
                       num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=wall,
                       config=dict(config_dict(cfg), **own_columns(cfg, name)),
@@ -184,6 +198,7 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
   if cfg.crypto.secure_aggregation == "ckks":
     summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
   if out_dir is not None:
+    outputs.write_final_model(out_dir, w)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
   return summary
