@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 
 PROGRESS, INFO, RESULT, WARNING = 10, 20, 30, 40
 SILENT = 100
 
-_lock = threading.Lock()
 _state = {"threshold": 0, "quiet_threshold": SILENT}
 
 
@@ -65,11 +63,9 @@ def silenced(on: bool = True):
   if not on:
     yield
     return
-  with _lock:
-    before = _state["threshold"]
-    _state["threshold"] = max(before, _state["quiet_threshold"])
+  before = _state["threshold"]
+  _state["threshold"] = max(before, _state["quiet_threshold"])
   try:
     yield
   finally:
-    with _lock:
-      _state["threshold"] = before
+    _state["threshold"] = before

@@ -171,40 +171,47 @@ def run_scope():
     for key in _scopes.pop():
       fd = _locks.pop(key)
       with contextlib.suppress(OSError):
-        os.remove(os.path.join(key, LOCK))  # (before the unlock: see lock_output_dir)
+        os.remove(os.path.join(key, LOCK))  # (before the unlock)
       os.close(fd)
 
 
 def lock_output_dir(directory: str):
-  """An advisory lock on ``directory`` (``LOCK``, holding who took it) for the active
-  ``run_scope``; a folder locked by another run: ValueError naming output.output_dir and
-  that run. Process 0 alone locks (the others write nothing)."""
+  """An advisory lock (``flock`` of the folder itself, so a refused folder is not
+  touched) on ``directory`` for the active ``run_scope``; a folder locked by another run:
+  ValueError naming output.output_dir and that run (its ``LOCK`` note). Process 0 alone
+  locks (the others write nothing)."""
   key = os.path.realpath(directory)
   if not _scopes or key in _locks or not distributed.is_main():
     return
-  check_writable(directory)  # (it exists from here)
-  path = os.path.join(key, LOCK)
-  while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      other = os.read(fd, 300).decode(errors="replace").strip() or "a process holding it"
-      os.close(fd)
-      raise ValueError(f"output.output_dir: {directory} is in use by another run "
-                       f"({other}): wait for it to end, or give another "
-                       "output.output_dir") from None
-    try:  # a lock file its holder removed as this one opened it: take the new one
-      if os.stat(path).st_ino == os.fstat(fd).st_ino:
-        break
-    except FileNotFoundError:
-      pass
+  try:
+    os.makedirs(key, exist_ok=True)
+    fd = os.open(key, os.O_RDONLY)
+  except OSError:
+    return  # not a folder one can write: check_writable says why
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
     os.close(fd)
-  os.ftruncate(fd, 0)
-  os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
-               f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+    try:
+      with open(os.path.join(key, LOCK)) as f:
+        other = f.read().strip()
+    except OSError:
+      other = ""
+    raise ValueError(f"output.output_dir: {directory} is in use by another run "
+                     f"({other or 'a process holding its lock'}): wait for it to end, or "
+                     "give another output.output_dir") from None
   _locks[key] = fd
   _scopes[-1].append(key)
+
+
+def note_lock_holder(directory: str):
+  """``LOCK``: who holds ``directory``'s lock (once it is not refused; removed at the
+  scope's end)."""
+  key = os.path.realpath(directory)
+  if key in _locks:
+    with open(os.path.join(key, LOCK), "w") as f:
+      f.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
 
 
 def write_final_model(directory: str, w) -> None:
@@ -241,6 +248,7 @@ def prepare_output_dir(directory: str, resume: bool, overwrite: bool,
     results_table.unpack_missing(directory)
   distributed.sync(f"prepare {directory}")  # no process has written into it yet
   _prepare(directory, resume, overwrite, outputs, delete=distributed.is_main())
+  note_lock_holder(directory)
   if distributed.is_main() and overwrite and os.path.isfile(packed):
     os.remove(packed)
   distributed.sync(f"prepared {directory}")

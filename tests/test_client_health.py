@@ -182,22 +182,26 @@ def test_a_local_blow_up_is_named_when_it_happens_and_by_the_divergence_error(tm
   with pytest.raises(divergence.Diverged) as e:
     fa.simulate(output_dir=str(tmp_path), checkpoint_every=0, tensorboard=False, **BLOW_UP)
   console = capsys.readouterr().out
-  assert ("[pafed] round 3: client 21 (local loss 1.99" in console
-          and "normalised by PAFed (Alg. 3 line 8): the server does not see it; its dual "
-          "now holds ||y|| = 885" in console), console
-  assert "[pafed] round 9: client 21 (local loss nan, ||Delta|| inf): a non-finite result; "\
-      "taken in by the server: the global model is not finite" in console, console
-  message = str(e.value)
-  assert e.value.round == 9 and "alpha" not in message, message
-  assert ("the first non-finite client result: client 21 (local loss nan, ||Delta|| inf) "
-          "in round 9; it was first far outside its round in round 3: client 21 (local loss "
-          "1.99") in message, message
-  assert message.endswith(divergence.LOCAL_ADVICE)
+  # (the blow-up is chaotic: which round and client depend on the CPU's float kernels, so
+  # the expectations are read from the rows the run wrote, by the outlier rule's ratio)
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert len(rows) == 8 and rows[2]["worst_client"] == 21
-  assert rows[2]["client_loss_max"] > 1e4 * rows[2]["client_loss_median"]
-  assert rows[2]["delta_norm_max"] > 1e3 * rows[2]["delta_norm_median"]
-  assert rows[2]["client_state_norm_max"] == pytest.approx(885, rel=0.01)
+  ratio = divergence.OUTLIER_RATIO
+  first = next(r for r in rows if r["client_loss_max"] > ratio * r["client_loss_median"]
+               or r["delta_norm_max"] > ratio * r["delta_norm_median"])
+  t, c = first["round"], first["worst_client"]
+  named = f"round {t}: client {c} (local loss {first['client_loss_max']:.4g}"
+  assert f"[pafed] {named}" in console and (
+      "normalised by PAFed (Alg. 3 line 8): the server does not see it; its dual now holds "
+      f"||y|| = {first['client_state_norm_max']:.4g}") in console, console
+  message = str(e.value)
+  assert e.value.round == len(rows) + 1 and "alpha" not in message, message
+  assert (f"[pafed] round {e.value.round}: client " in console and "(local loss nan, "
+          "||Delta|| inf): a non-finite result; taken in by the server: the global model is "
+          "not finite" in console), console
+  assert "the first non-finite client result: client " in message, message
+  assert f"in round {e.value.round}; it was first far outside its round in {named}" in (
+      message), message
+  assert message.endswith(divergence.LOCAL_ADVICE)
   assert all(np.isfinite(r["model_norm"]) for r in rows)  # normalised: the model looks fine
 
 
