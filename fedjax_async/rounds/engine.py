@@ -5,8 +5,8 @@ One round t (``round_step``), all inside one jitted function:
 1. read round t's arrival slots from the timeline (``fedjax_async.core.timeline``): client ids,
    dispatch rounds, online/valid masks, padded to K;
 2. gather each arrival's starting model from the ring buffer by its dispatch round
-   (``ring[dispatch % R]``) and its persistent state (``[N, d]`` arrays, e.g. ADMM duals)
-   by client id;
+   (``ring[dispatch % R]``; so the server state its rule's clients read, ``server_ring``)
+   and its persistent state (``[N, d]`` arrays, e.g. ADMM duals) by client id;
 3. train all K clients in one ``jax.vmap`` of ``client.train`` (each step reads its
    minibatch rows from the ``[N, M, ...]`` data in place; with ``client_sharding`` the K
    clients are split over the devices; with ``client_chunk`` a ``lax.scan`` over chunks
@@ -403,12 +403,12 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   state_key = health_state_key(algorithm)
   def train_and_final(ri, cs, ci, ni, ki):
     # The start model is read from its ring slot here, not gathered into a [K, d] block
-    # first (with client_chunk, one write and one read of d floats less per client).
+    # first (with client_chunk, one write and one read of d floats less per client), and so
+    # is the server state it reads (``Algorithm.client_reads_server``).
     # Each local step reads its minibatch rows from data.x[ci]: the round's clients' data
     # is never copied out as a [K, M, ...] block (gigabytes with a large padded M, and
     # the slowest part of a round's first run on CPU: fresh pages).
     w0 = state.ring[ri]
-    # the server state it reads, of its dispatch round (``Algorithm.client_reads_server``)
     cs = {**cs, **{key: r[ri] for key, r in state.server_ring.items()}}
     res = train(w0, cs, data.x, data.y, ni, ki,
                 client_index=ci if data.rows is None else data.rows[ci])
@@ -435,10 +435,8 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
                            staleness=staleness,
                            num_examples=n.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32),
-                           start_params=state.ring[ring_row],
-                           correction=_correction(uploads[1]),
+                           start_params=state.ring[ring_row], correction=_correction(uploads[1]),
                            num_clients=jnp.full(valid.shape, num_clients, jnp.float32))
-  uploads = uploads[0]
   mean_loss = res.mean_loss
   if cfg.client_sharding is not None:
     # The per-client [K] scalars replicated (like the slot arrays above): the round's
@@ -448,7 +446,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     small, mean_loss, health = jax.lax.with_sharding_constraint(
         ({f: getattr(arrivals, f) for f in fields}, mean_loss, health), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_carry,
+  return ClientPhase(uploads[0], arrivals, new_cstate, mean_loss, upload_carry,
                      dict(health, client=gather_ids), slots["valid"])
 
 
