@@ -118,8 +118,8 @@ SHARED_HELP.update({
                  "(or --resume) a folder holding a run is refused.",
     "quiet": "Only each run's result and the table (from Python: nothing printed).",
     "target_accuracy": "Target test accuracy: rounds (clock: time) to it (0: none).",
-    "server_lr": "Server step size eta (FedAvg, FedProx, FedNova, FedADMM; FedBuff's eta_s, "
-                 "double compensation's eta).",
+    "server_lr": "Server step size eta (SCAFFOLD's eta_g, FedBuff's eta_s, double "
+                 "compensation's eta; FedDyn: none).",
 })
 
 
@@ -238,10 +238,10 @@ AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
     ("server_beta1", "float", option(0.9, "beta_1 of the server optimiser (momentum's "
                                      "decay).")),
     ("server_beta2", "float", option(0.99, "beta_2 of the adam / yogi server optimisers.")),
-    ("server_tau", "float", option(1e-3, "tau, adam / yogi / adagrad's adaptivity, outside "
-                                   "the square root (optax's eps).")),
-    ("server_eps_root", "float", option(0.0, "Added inside adam / yogi / adagrad's square "
-                                        "root (TFF's Adagrad epsilon).")),
+    ("server_tau", "float", option(1e-3, "adam / yogi / adagrad's tau, outside the root "
+                                   "(optax's eps).")),
+    ("server_eps_root", "float", option(0.0, "Inside adam / yogi / adagrad's root (TFF "
+                                        "Adagrad's eps).")),
     ("server_accumulator", "Optional[float]", option(
         None, "v_0 of adam / yogi / adagrad (default: yogi 1e-6, adam and adagrad 0).")),
     ("server_bias_correction", "str", option(
@@ -252,7 +252,7 @@ AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
         "NaN/Inf (rows' dropped_nonfinite), the client's state kept (no paper's server "
         "does: experiments/results/README.md, Client health).")),
     ("client_weighting", "str", option(
-        "auto", "Arrivals' weights: auto (FedADMM, PAFed 1; else n_k) | examples | uniform.",
+        "auto", "Arrivals' weights: auto (n_k; FedADMM, PAFed, SCAFFOLD, FedDyn: 1) | examples | uniform.",
         choices=CLIENT_WEIGHTINGS)),
     ("hp", "tuple", option((), HP_HELP)),
     *hparam_fields("rounds"),

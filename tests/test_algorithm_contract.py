@@ -90,7 +90,8 @@ def arrivals(w, staleness, num_examples=(12., 30., 7.), valid=(True, True, True)
       num_examples=jnp.asarray(num_examples, jnp.float32),
       num_steps=jnp.full(len(valid), 4.0, jnp.float32),
       start_params=jnp.stack([w + (0.0 if s == 0 else 0.1 * s) * vector(40 + s)
-                              for s in staleness]))
+                              for s in staleness]),
+      num_clients=jnp.full(len(valid), 10.0, jnp.float32))
 
 
 def arrival(w_start, staleness):
@@ -104,11 +105,27 @@ def same_structure(a, b):
   assert [np.shape(x) for x in jax.tree.leaves(a)] == [np.shape(x) for x in jax.tree.leaves(b)]
 
 
+def client_view(alg, w):
+  """A fresh client's state with the server state it reads (``client_reads_server``)."""
+  return {**alg.init_client_state(w), **base.server_reads(alg, alg.init_server_state(w))}
+
+
+def client_outputs(alg, hp, w, ends):
+  """Each client's ``ClientOutput`` after training from ``w`` to ``ends[k]``, fresh."""
+  return [alg.client_final(w, e, client_view(alg, w), jnp.float32(4.0), hp) for e in ends]
+
+
 def client_uploads(alg, hp, w, ends):
   """Each client's upload after training from ``w`` to ``ends[k]`` with a fresh state."""
-  state = alg.init_client_state(w)
-  return jnp.stack([alg.client_final(w, e, state, jnp.float32(4.0), hp).upload
-                    for e in ends])
+  return jnp.stack([out.upload for out in client_outputs(alg, hp, w, ends)])
+
+
+def with_corrections(alg, hp, w, ends, rows):
+  """``rows`` with the clients' corrections (``ClientOutput.correction``), if any."""
+  outs = client_outputs(alg, hp, w, ends)
+  if not jax.tree.leaves(outs[0].correction):
+    return rows
+  return rows._replace(correction=jnp.stack([out.correction for out in outs]))
 
 
 # ----------------------------------------------------------------------- the registry
@@ -137,17 +154,18 @@ def test_the_functions_take_and_give_the_documented_shapes(name, engine):
   assert sorted(state) == sorted(alg.client_state_keys), name
   assert all(np.shape(v) == (D,) for v in state.values())
   w = w0 + vector(1, 0.1)
-  penalty, grad = jax.value_and_grad(alg.local_penalty)(w, w0, state, hp)
+  view = client_view(alg, w0)
+  penalty, grad = jax.value_and_grad(alg.local_penalty)(w, w0, view, hp)
   assert np.shape(penalty) == () and np.isfinite(penalty) and np.all(np.isfinite(grad))
-  out = alg.client_final(w0, w, state, jnp.float32(4.0), hp)
+  out = alg.client_final(w0, w, view, jnp.float32(4.0), hp)
   assert np.shape(out.upload) == (D,) and np.all(np.isfinite(out.upload))
   same_structure(out.state, state)
   server_state = alg.init_server_state(w0)
   if alg.server_update is not None:
     ends = [w0 + vector(k, 0.1) for k in range(K)]
     new_w, new_state, metrics = alg.server_update(
-        w0, server_state, client_uploads(alg, hp, w0, ends), arrivals(w0, (0, 2, 0)),
-        jnp.int32(0), hp)
+        w0, server_state, client_uploads(alg, hp, w0, ends),
+        with_corrections(alg, hp, w0, ends, arrivals(w0, (0, 2, 0))), jnp.int32(0), hp)
     assert isinstance(metrics, dict) and all(np.shape(v) == () for v in metrics.values())
   else:
     new_w, new_state = alg.server_step(w0, server_state, out.upload, arrival(w0, 2), hp)
@@ -163,7 +181,7 @@ def test_jitted_functions_give_the_same_model_twice_and_as_run_eagerly(name, eng
   ends = [w0 + vector(k, 0.1) for k in range(K)]
   if alg.server_update is not None:
     args = (w0, alg.init_server_state(w0), client_uploads(alg, hp, w0, ends),
-            arrivals(w0, (0, 1, 0)), jnp.int32(0), hp)
+            with_corrections(alg, hp, w0, ends, arrivals(w0, (0, 1, 0))), jnp.int32(0), hp)
     step = lambda *a: alg.server_update(*a)[0]
   else:
     args = (w0, alg.init_server_state(w0), client_uploads(alg, hp, w0, ends)[0],
@@ -184,7 +202,8 @@ def test_no_local_progress_leaves_the_model_where_it_is(name, engine):
   w = vector(0)
   upload = client_uploads(alg, hp, w, [w])[0]
   if alg.server_update is not None:
-    stay = arrivals(w, (0, 2, 0))._replace(start_params=jnp.tile(w, (K, 1)))
+    stay = with_corrections(alg, hp, w, [w] * K, arrivals(w, (0, 2, 0))._replace(
+        start_params=jnp.tile(w, (K, 1))))
     new_w, _, _ = alg.server_update(w, alg.init_server_state(w), jnp.tile(upload, (K, 1)),
                                     stay, jnp.int32(0), hp)
     np.testing.assert_allclose(new_w, w, rtol=0, atol=1e-6)
@@ -205,15 +224,18 @@ def test_padding_slots_change_nothing(name, engine):
   arrivals."""
   alg, hp = algorithms.get(name), hparams(name, engine)
   w0 = vector(0)
-  real = client_uploads(alg, hp, w0, [w0 + vector(k, 0.1) for k in range(K)])
-  rows = arrivals(w0, (0, 2, 0))
+  ends = [w0 + vector(k, 0.1) for k in range(K)]
+  real = client_uploads(alg, hp, w0, ends)
+  rows = with_corrections(alg, hp, w0, ends, arrivals(w0, (0, 2, 0)))
   server_state = alg.init_server_state(w0)
   want = alg.server_update(w0, server_state, real, rows, jnp.int32(0), hp)
   junk = 1e3 * jnp.stack([vector(7), vector(8)])
   padded_rows = arrivals(w0, (0, 2, 0, 0, 1), num_examples=(12., 30., 7., 50., 60.),
                          valid=(True, True, True, False, False))
   padded_rows = padded_rows._replace(
-      start_params=padded_rows.start_params.at[3:].set(junk))
+      start_params=padded_rows.start_params.at[3:].set(junk),
+      correction=None if rows.correction is None else jnp.concatenate([rows.correction,
+                                                                       junk]))
   got = alg.server_update(w0, server_state, jnp.concatenate([real, junk]), padded_rows,
                           jnp.int32(0), hp)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -230,16 +252,18 @@ def test_a_streamed_rule_folded_in_chunks_is_its_server_update(name, engine):
   alg, hp = algorithms.get(name), hparams(name, engine)
   rule = alg.streamed_server
   w0 = vector(0)
-  uploads = client_uploads(alg, hp, w0, [w0 + vector(k, 0.1) for k in range(4)])
-  rows = arrivals(w0, (0, 0, 1, 3), num_examples=(12., 30., 7., 20.),
-                  valid=(True,) * 4)
+  ends = [w0 + vector(k, 0.1) for k in range(4)]
+  uploads = client_uploads(alg, hp, w0, ends)
+  rows = with_corrections(alg, hp, w0, ends, arrivals(
+      w0, (0, 0, 1, 3), num_examples=(12., 30., 7., 20.), valid=(True,) * 4))
   server_state = alg.init_server_state(w0)
   want = alg.server_update(w0, server_state, uploads, rows, jnp.int32(0), hp)
   carry = rule.init(w0)
   for part in (slice(0, 2), slice(2, 4)):
     chunk = jax.tree.map(lambda a, p=part: a[p], rows._replace(start_params=None))
     carry = rule.add(carry, uploads[part], chunk, hp)
-  got = rule.finish(w0, server_state, carry, rows, jnp.int32(0), hp)
+  got = rule.finish(w0, server_state, carry, rows._replace(correction=None), jnp.int32(0),
+                    hp)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -251,7 +275,7 @@ SEPARABLE = [(n, e) for n, e in PAIRS if algorithms.get(n).separable_penalty]
 def test_a_separable_penalty_is_the_sum_over_pieces(name, engine):
   alg, hp = algorithms.get(name), hparams(name, engine)
   w0, w = vector(0), vector(1)
-  state = {k: vector(10 + i) for i, k in enumerate(sorted(alg.init_client_state(w0)))}
+  state = {k: vector(10 + i) for i, k in enumerate(sorted(client_view(alg, w0)))}
   whole = alg.local_penalty(w, w0, state, hp)
   pieces = sum(alg.local_penalty(w[p], w0[p], {k: v[p] for k, v in state.items()}, hp)
                for p in (slice(0, 3), slice(3, D)))

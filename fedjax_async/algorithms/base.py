@@ -23,6 +23,16 @@ The client side is shared: both engines train with ``local_penalty`` and upload 
 sweeps can ``vmap`` over them; an algorithm declares its own (``HParam``: name, default,
 bounds, help) beside its update, and the flags, ``--helpfull``, validation, the sweepable
 names and docs/api.md's table are made from those declarations.
+
+Server state the clients read (SCAFFOLD's c): a round rule names the ``[d]`` entries of
+its server state (a dict) that its clients read, ``client_reads_server=("c",)``; the round
+engine hands each client those of its dispatch round (kept in a ring beside the model's,
+``SimState.server_ring``: a delayed client reads what it was sent) merged into
+``client_state``, so ``local_penalty`` and ``client_final`` read ``client_state["c"]``
+beside the client's own keys (it keeps only ``client_state_keys``). ``client_final``
+may also return a per-client ``correction`` ([d], SCAFFOLD's Delta c_i); the server reads
+the round's in ``arrivals.correction`` ([K, d]; a chunk's in a streamed rule's ``add``),
+and N in ``arrivals.num_clients``. Rules with either run on the round engine only.
 """
 
 from __future__ import annotations
@@ -116,6 +126,10 @@ class Arrivals(NamedTuple):
   num_examples: Array  # float32 [K]: the client's example count n_i
   num_steps: Array  # float32 [K]: local optimiser steps the client took (tau_i)
   start_params: Array  # float32 [K, d]: the global model the client trained from
+  # [K, d]: ``ClientOutput.correction`` of each arrival (None when the rule returns none,
+  # and in a streamed rule's ``finish``: its ``add`` got each chunk's)
+  correction: Any = None
+  num_clients: Any = None  # float32 [K]: N, the federation's clients, in every slot
 
 
 class Arrival(NamedTuple):
@@ -211,7 +225,8 @@ def streamed_linear(rule: LinearServer) -> StreamedServer:
 
 class ClientOutput(NamedTuple):
   upload: Array  # [d] what is sent to the server
-  state: Dict[str, Array]  # new persistent per-client state (same keys as the input)
+  state: Dict[str, Array]  # new persistent per-client state (``client_state_keys``)
+  correction: Any = ()  # [d] a second upload the server folds in (``Arrivals.correction``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +245,9 @@ class Algorithm:
       e.g. ``("dual", "last_local")`` for ADMM-type methods (the round engine only).
     init_client_state: ``(w0) -> {key: [d]}`` initial per-client state for one client.
     init_server_state: ``(w0) -> pytree`` (e.g. a server optimiser's momentum).
+    client_reads_server: keys of the server state (then a dict) its clients read, each
+      ``[d]``: merged into their ``client_state`` from their dispatch round (the module
+      docstring).
     streamed_server: optional ``StreamedServer`` for rules that can read the uploads in
       one pass, chunk by chunk; ``server_update`` must then be ``streamed_server_update``
       of it (``streamed_linear`` turns a ``LinearServer`` into one).
@@ -263,6 +281,7 @@ class Algorithm:
   pruned: bool = False
   buffered: bool = False
   hparams: Tuple[HParam, ...] = ()
+  client_reads_server: tuple = ()
 
   def __post_init__(self):
     object.__setattr__(self, "hparams", tuple(as_hparam(h) for h in self.hparams))
@@ -273,6 +292,13 @@ class Algorithm:
     if (self.server_update is None) == (self.server_step is None):
       raise ValueError(f"algorithm {self.name!r}: give server_update (a round's arrivals) "
                        "or server_step (one arrival), exactly one")
+    both = set(self.client_reads_server) & set(self.client_state_keys)
+    if both:
+      raise ValueError(f"algorithm {self.name!r}: {', '.join(sorted(both))} named both a "
+                       "client's own state and server state its clients read")
+    if self.client_reads_server and self.server_update is None:
+      raise ValueError(f"algorithm {self.name!r}: client_reads_server needs a round rule "
+                       "(server_update)")
     hooks = [k for k in ("dp", "early_stop", "pruned", "buffered") if getattr(self, k)]
     if self.server_update is not None and hooks:
       raise ValueError(f"algorithm {self.name!r}: {', '.join(hooks)} are the virtual "
@@ -287,6 +313,15 @@ class Algorithm:
     """``"rounds"`` (a ``server_update``) or ``"virtual_clock"`` (a ``server_step``
     only). A round rule also runs on the virtual clock, one arrival a round."""
     return "rounds" if self.server_update is not None else "virtual_clock"
+
+
+def server_reads(algorithm: Algorithm, server_state) -> Dict[str, Array]:
+  """``{key: [d]}``: the entries of ``server_state`` that ``algorithm``'s clients read."""
+  keys = algorithm.client_reads_server
+  if keys and not (isinstance(server_state, dict) and all(k in server_state for k in keys)):
+    raise ValueError(f"algorithm {algorithm.name!r}: its clients read {', '.join(keys)} of "
+                     f"the server state, which must be a dict holding them")
+  return {k: server_state[k] for k in keys}
 
 
 def no_penalty(w, w_start, client_state, hp):

@@ -139,11 +139,22 @@ def _step(tx, w, new_plain, opt_state, round_index, hp):
 def with_server_optimizer(algorithm: base.Algorithm,
                           tx: optax.GradientTransformation) -> base.Algorithm:
   """``algorithm`` (a round rule) with ``tx`` applied to its step; its server state is
-  (the rule's own, the optimiser's)."""
+  (the rule's own, the optimiser's), or for a rule whose clients read its state (a dict,
+  ``client_reads_server``) that dict with the optimiser's under ``"server_optimizer"``."""
   if algorithm.server_update is None:
     raise ValueError(f"algorithm {algorithm.name!r}: a server optimiser needs a round rule "
                      "(server_update)")
   inner_update = algorithm.server_update
+  reads = bool(algorithm.client_reads_server)
+
+  def unpack(server_state):
+    if not reads:
+      return server_state
+    own = dict(server_state)
+    return own, own.pop("server_optimizer")
+
+  def pack(own, opt_state):
+    return dict(own, server_optimizer=opt_state) if reads else (own, opt_state)
 
   def server_update(w, server_state, uploads, arrivals, round_index, hp):
     """The rule's step (at server lr 1) as the optimiser's pseudo-gradient.
@@ -156,10 +167,10 @@ def with_server_optimizer(algorithm: base.Algorithm,
       round_index: the round (0-based).
       hp: the hyper-parameters.
     """
-    own, opt_state = server_state
+    own, opt_state = unpack(server_state)
     plain, own, metrics = inner_update(w, own, uploads, arrivals, round_index, _unit_lr(hp))
     new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
-    return new_w, (own, opt_state), metrics
+    return new_w, pack(own, opt_state), metrics
 
   inner_streamed = algorithm.streamed_server
   streamed = None
@@ -177,16 +188,16 @@ def with_server_optimizer(algorithm: base.Algorithm,
         round_index: the round (0-based).
         hp: the hyper-parameters.
       """
-      own, opt_state = server_state
+      own, opt_state = unpack(server_state)
       plain, own, metrics = inner_finish(w, own, carry, arrivals, round_index, _unit_lr(hp))
       new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
-      return new_w, (own, opt_state), metrics
+      return new_w, pack(own, opt_state), metrics
 
     streamed = inner_streamed._replace(finish=finish)
   init_inner = algorithm.init_server_state
   return dataclasses.replace(
       algorithm, server_update=server_update, streamed_server=streamed,
-      init_server_state=lambda w0: (init_inner(w0), tx.init(jnp.asarray(w0, jnp.float32))))
+      init_server_state=lambda w0: pack(init_inner(w0), tx.init(jnp.asarray(w0, jnp.float32))))
 
 
 def configured(algorithm: base.Algorithm, cfg) -> base.Algorithm:

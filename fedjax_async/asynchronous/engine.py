@@ -72,6 +72,10 @@ def server_rule(algorithm: base.Algorithm):
   """
   if algorithm.server_step is not None:
     return algorithm.init_server_state, algorithm.server_step
+  if algorithm.client_reads_server:
+    raise ValueError(f"{algorithm.name}'s clients read the server's state "
+                     f"({', '.join(algorithm.client_reads_server)}); the virtual clock "
+                     "sends them only the model")
   if algorithm.client_state_keys:
     raise ValueError(f"{algorithm.name} keeps per-client state "
                      f"({', '.join(algorithm.client_state_keys)}); the virtual clock's "

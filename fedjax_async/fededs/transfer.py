@@ -135,7 +135,7 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
   num_clients = 0 if shared is None else int(shared.counts.shape[0])
 
   def base_state(cs):
-    return {k: cs[k] for k in base_keys}
+    return {k: cs[k] for k in base_keys + base_algorithm.client_reads_server}
 
   def init_client_state(w0):
     st = dict(base_algorithm.init_client_state(w0))
@@ -170,7 +170,7 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
     out = base_algorithm.client_final(w_start, w_end, base_state(cs), num_steps, hp)
     st = dict(out.state)
     st[ID_KEY] = cs[ID_KEY]
-    return base.ClientOutput(upload=out.upload, state=st)
+    return base.ClientOutput(upload=out.upload, state=st, correction=out.correction)
 
   return base.Algorithm(
       name=name or f"fededs+{base_algorithm.name}",
@@ -181,6 +181,7 @@ def wrap(base_algorithm: base.Algorithm, model: Optional[SplitModel] = None,
       init_client_state=init_client_state,
       init_server_state=base_algorithm.init_server_state,
       streamed_server=base_algorithm.streamed_server,
+      client_reads_server=base_algorithm.client_reads_server,
   )
 
 

@@ -5,8 +5,8 @@ One round t (``round_step``), all inside one jitted function:
 1. read round t's arrival slots from the timeline (``fedjax_async.core.timeline``): client ids,
    dispatch rounds, online/valid masks, padded to K;
 2. gather each arrival's starting model from the ring buffer by its dispatch round
-   (``ring[dispatch % R]``) and its persistent state (``[N, d]`` arrays, e.g. ADMM duals)
-   by client id;
+   (``ring[dispatch % R]``; so the server state its rule's clients read, ``server_ring``)
+   and its persistent state (``[N, d]`` arrays, e.g. ADMM duals) by client id;
 3. train all K clients in one ``jax.vmap`` of ``client.train`` (each step reads its
    minibatch rows from the ``[N, M, ...]`` data in place; with ``client_sharding`` the K
    clients are split over the devices; with ``client_chunk`` a ``lax.scan`` over chunks
@@ -58,6 +58,9 @@ class SimState(NamedTuple):
   client_state: Dict[str, jax.Array]  # each [N, d]
   server_state: Any
   key: jax.Array  # base PRNG key; client keys derive from (dispatch round, client id)
+  # {key: [R, d]}: the server state the clients read (``Algorithm.client_reads_server``)
+  # at the start of round t in slot t % R, beside ``ring``'s model
+  server_ring: Dict[str, jax.Array] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +150,11 @@ def init_state(algorithm: base.Algorithm, w0, num_clients: int, ring_size: int,
   client_state = {k: jnp.broadcast_to(one[k], (num_clients,) + w0.shape)
                   for k in algorithm.client_state_keys}
   ring = jnp.broadcast_to(w0, (ring_size,) + w0.shape)
-  return SimState(jnp.int32(0), w0, ring, client_state, algorithm.init_server_state(w0),
-                  jax.random.key_data(jax.random.PRNGKey(seed)))
+  server_state = algorithm.init_server_state(w0)
+  server_ring = {k: jnp.broadcast_to(v, (ring_size,) + jnp.shape(v))
+                 for k, v in base.server_reads(algorithm, server_state).items()}
+  return SimState(jnp.int32(0), w0, ring, client_state, server_state,
+                  jax.random.key_data(jax.random.PRNGKey(seed)), server_ring)
 
 
 class ClientPhase(NamedTuple):
@@ -170,7 +176,7 @@ def client_health(w_start, res: client_lib.ClientResult, out: base.ClientOutput,
   overflows float32), ``finite`` (its loss, upload and new state all finite) and, for a
   rule with client state, ``state_norm`` (the norm of its new ``state_key`` vector: the
   ADMM dual)."""
-  leaves = jax.tree.leaves((out.upload, out.state))
+  leaves = jax.tree.leaves((out.upload, out.state, out.correction))
   finite = jnp.isfinite(res.mean_loss)
   for leaf in leaves:
     finite = finite & jnp.all(jnp.isfinite(leaf))
@@ -267,17 +273,16 @@ def _vmap_rows(fn: Callable) -> Callable:
 
 def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, cfg,
                      always_true, ring_row, ids, client_ids, n_local, keys, valid, online,
-                     staleness):
+                     staleness, num_clients):
   """The round's clients in chunks of ``cfg.client_chunk``, one ``lax.scan`` step each.
 
   Each chunk gathers its own rows of the ``[N, d]`` client state and scatters its new rows
   back (the arrays are the scan's carry, updated in place), so no ``[K, d]`` block of
   gathered or new state exists; with a streamed server rule (``streams_uploads``) its
   uploads are folded into the rule's carry, else they are stacked ``[K, d]``.
-  Returns (training results [K], health scalars [K], uploads [K, d] or None, the rule's
-  carry or None, the new client state).
+  Returns (training results [K], health scalars [K], (uploads [K, d], their corrections)
+  or (None, None), the rule's carry or None, the new client state).
   """
-  num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
   stream = streams_uploads(algorithm, cfg, valid.shape[0])
   rule = algorithm.streamed_server
 
@@ -303,13 +308,16 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
     keep = real & health["finite"] if cfg.drop_nonfinite else real
     si = jnp.where(keep, si, num_clients)  # padding rows scatter out of bounds
     cstate = {k: a.at[si].set(out.state[k], mode="drop") for k, a in cstate.items()}
-    upload = _finite_rows(out.upload, keep) if cfg.drop_nonfinite else out.upload
+    upload = (out.upload, out.correction)
+    upload = _finite_rows(upload, keep) if cfg.drop_nonfinite else upload
     if stream:  # the chunk's uploads folded in here (e.g. a [d] sum), not kept [K, d]
       v = v & keep
       rows = base.Arrivals(valid=v, online=on & v, delayed=v & ~on, staleness=st,
                            num_examples=ni.astype(jnp.float32),
-                           num_steps=res.num_steps.astype(jnp.float32), start_params=None)
-      total = rule.add(total, upload, rows, hp)
+                           num_steps=res.num_steps.astype(jnp.float32), start_params=None,
+                           correction=_correction(upload[1]),
+                           num_clients=jnp.full(v.shape, num_clients, jnp.float32))
+      total = rule.add(total, upload[0], rows, hp)
       return (cstate, total), (res, health, ())
     return (cstate, total), (res, health, upload)
 
@@ -317,7 +325,12 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   (new_state, total), (res, health, uploads) = scan_chunks(
       body, cfg.client_chunk, (client_state, zero), ring_row, ids, client_ids, n_local, keys,
       valid, online, staleness)
-  return res, health, (None if stream else uploads), total, new_state
+  return res, health, (None, None) if stream else uploads, total, new_state
+
+
+def _correction(c):
+  """A round's (or chunk's) ``ClientOutput.correction`` rows, None when the rule has none."""
+  return c if jax.tree.leaves(c) else None
 
 
 _SLOT_FIELDS = ("valid", "client", "dispatch", "online", "lost")  # a round's [K] slot arrays
@@ -325,15 +338,15 @@ _SLOT_FIELDS = ("valid", "client", "dispatch", "online", "lost")  # a round's [K
 
 def _train_in_one_vmap(train_and_final, client_state, cfg, always_true, ring_row, ids,
                        gather_ids, client_ids, n_local, keys):
-  """The round's K clients in one vmap: (training results, health, uploads [K, d], the new
-  client state scattered back by ``ids``; padding and, with ``cfg.drop_nonfinite``,
-  non-finite results are dropped)."""
+  """The round's K clients in one vmap: (training results, health, (uploads [K, d], their
+  corrections), the new client state scattered back by ``ids``; padding and, with
+  ``cfg.drop_nonfinite``, non-finite results are dropped)."""
   num_clients = jax.tree.leaves(client_state)[0].shape[0] if client_state else 0
   cstate = materialized({k: v[gather_ids] for k, v in client_state.items()}, always_true)
   if cfg.client_sharding is not None:
     cstate = jax.lax.with_sharding_constraint(cstate, cfg.client_sharding)
   res, out, health = jax.vmap(train_and_final)(ring_row, cstate, client_ids, n_local, keys)
-  uploads, scatter_ids = out.upload, ids
+  uploads, scatter_ids = (out.upload, out.correction), ids
   if cfg.drop_nonfinite:  # a non-finite result: no upload, the client's state kept
     uploads = _finite_rows(uploads, health["finite"])
     scatter_ids = jnp.where(health["finite"], ids, num_clients)
@@ -390,11 +403,13 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   state_key = health_state_key(algorithm)
   def train_and_final(ri, cs, ci, ni, ki):
     # The start model is read from its ring slot here, not gathered into a [K, d] block
-    # first (with client_chunk, one write and one read of d floats less per client).
+    # first (with client_chunk, one write and one read of d floats less per client), and so
+    # is the server state it reads (``Algorithm.client_reads_server``).
     # Each local step reads its minibatch rows from data.x[ci]: the round's clients' data
     # is never copied out as a [K, M, ...] block (gigabytes with a large padded M, and
     # the slowest part of a round's first run on CPU: fresh pages).
     w0 = state.ring[ri]
+    cs = {**cs, **{key: r[ri] for key, r in state.server_ring.items()}}
     res = train(w0, cs, data.x, data.y, ni, ki,
                 client_index=ci if data.rows is None else data.rows[ci])
     out = algorithm.client_final(w0, res.w_end, cs, res.num_steps, hp)
@@ -407,7 +422,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   if trains_in_chunks(cfg, k):
     res, health, uploads, upload_carry, new_cstate = _train_in_chunks(
         train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
-        ids, client_ids, n_local, keys, valid, online, staleness)
+        ids, client_ids, n_local, keys, valid, online, staleness, num_clients)
   else:
     res, health, uploads, new_cstate = _train_in_one_vmap(
         train_and_final, state.client_state, cfg, t >= 0, ring_row, ids, gather_ids,
@@ -420,7 +435,8 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
                            staleness=staleness,
                            num_examples=n.astype(jnp.float32),
                            num_steps=res.num_steps.astype(jnp.float32),
-                           start_params=state.ring[ring_row])
+                           start_params=state.ring[ring_row], correction=_correction(uploads[1]),
+                           num_clients=jnp.full(valid.shape, num_clients, jnp.float32))
   mean_loss = res.mean_loss
   if cfg.client_sharding is not None:
     # The per-client [K] scalars replicated (like the slot arrays above): the round's
@@ -430,7 +446,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
     small, mean_loss, health = jax.lax.with_sharding_constraint(
         ({f: getattr(arrivals, f) for f in fields}, mean_loss, health), rep)
     arrivals = arrivals._replace(**small)
-  return ClientPhase(uploads, arrivals, new_cstate, mean_loss, upload_carry,
+  return ClientPhase(uploads[0], arrivals, new_cstate, mean_loss, upload_carry,
                      dict(health, client=gather_ids), slots["valid"])
 
 
@@ -450,8 +466,11 @@ def finish_round(state: SimState, phase: ClientPhase, new_w, server_state, slots
     (the new state, the round's metrics).
   """
   t = state.round
-  ring = state.ring.at[(t + 1) % state.ring.shape[0]].set(new_w)
-  new_state = SimState(t + 1, new_w, ring, phase.client_state, server_state, state.key)
+  slot = (t + 1) % state.ring.shape[0]
+  ring = state.ring.at[slot].set(new_w)
+  server_ring = {k: r.at[slot].set(server_state[k]) for k, r in state.server_ring.items()}
+  new_state = SimState(t + 1, new_w, ring, phase.client_state, server_state, state.key,
+                       server_ring)
   a = phase.arrivals
   delayed_f = a.delayed.astype(jnp.float32)
   num_valid = jnp.sum(a.valid)

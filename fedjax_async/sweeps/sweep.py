@@ -175,7 +175,8 @@ def hparams_read(algorithm, hp: Dict[str, float]) -> Optional[set]:
 
   def program(values):
     h = dict(zip(keys, values))
-    cs, ss = algorithm.init_client_state(w), algorithm.init_server_state(w)
+    ss = algorithm.init_server_state(w)
+    cs = {**algorithm.init_client_state(w), **base_lib.server_reads(algorithm, ss)}
     out = [algorithm.local_penalty(w, w, cs, h),
            algorithm.client_final(w, w, cs, jnp.float32(1.0), h)]
     if algorithm.server_update is not None:
@@ -183,7 +184,8 @@ def hparams_read(algorithm, hp: Dict[str, float]) -> Optional[set]:
       out.append(algorithm.server_update(
           w, ss, jnp.zeros((k, d)), base_lib.Arrivals(one, one, ~one, jnp.zeros(k, jnp.int32),
                                                       jnp.ones(k), jnp.ones(k),
-                                                      jnp.zeros((k, d))), jnp.int32(0), h))
+                                                      jnp.zeros((k, d)), jnp.zeros((k, d)),
+                                                      jnp.full(k, 2.0 * k)), jnp.int32(0), h))
     if algorithm.server_step is not None:
       out.append(algorithm.server_step(w, ss, w, base_lib.Arrival(
           jnp.bool_(True), jnp.int32(0), jnp.bool_(True), w, jnp.ones(d), jnp.float32(1.0),
