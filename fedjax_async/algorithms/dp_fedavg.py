@@ -46,21 +46,19 @@ from fedjax_async import privacy
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedprox
 
-CLIP = base.HParam("dp_clip", 2.0, "C: each client's update w_end - w_start clipped to "
-                   "this L2 norm (adaptive: C_0).", bounds="(0, inf)")
-NOISE = base.HParam("dp_noise_multiplier", 0.0, "z: noise std z C on the sum of clipped "
-                    "updates (0: none; calibrated when --dp_epsilon is finite).",
-                    bounds="[0, inf)")
-EPSILON = base.HParam("dp_epsilon", math.inf, "Target epsilon of the run (inf: none, z as "
-                      "given).", bounds="(0, inf]")
-DELTA = base.HParam("dp_delta", 1e-5, "Delta of the target and reported epsilon.",
-                    bounds="(0, 1)")
-QUANTILE = base.HParam("dp_quantile", 0.0, "gamma: the clip norm tracks this quantile of "
-                       "the update norms (0: fixed).", bounds="[0, 1)")
-CLIP_LR = base.HParam("dp_clip_lr", 0.2, "eta_C, the adaptive clip's geometric step.",
+CLIP = base.HParam("dp_clip", 2.0, "C, each update's L2 clip (adaptive: C_0).",
+                   bounds="(0, inf)")
+NOISE = base.HParam("dp_noise_multiplier", 0.0, "z: noise std z C on the sum (or from "
+                    "--dp_epsilon).", bounds="[0, inf)")
+EPSILON = base.HParam("dp_epsilon", math.inf, "Target epsilon (inf: none).",
+                      bounds="(0, inf]")
+DELTA = base.HParam("dp_delta", 1e-5, "The (epsilon, delta)'s delta.", bounds="(0, 1)")
+QUANTILE = base.HParam("dp_quantile", 0.0, "gamma: C tracks this quantile of the norms "
+                       "(0: fixed).", bounds="[0, 1)")
+CLIP_LR = base.HParam("dp_clip_lr", 0.2, "eta_C, the adaptive clip's step.",
                       bounds="[0, inf)")
-COUNT_NOISE = base.HParam("dp_count_noise", 0.05, "sigma_b / m: std of the noised "
-                          "unclipped fraction b~ (Andrew et al.: 1/20).", bounds="(0, inf)")
+COUNT_NOISE = base.HParam("dp_count_noise", 0.05, "sigma_b / m, the unclipped share's "
+                          "noise (paper: 1/20).", bounds="(0, inf)")
 HPARAMS = (CLIP, NOISE, EPSILON, DELTA, QUANTILE, CLIP_LR, COUNT_NOISE)
 NOISE_STREAM = 0x0D9F  # the noise keys' root, apart from the clients' (device.client_key)
 
