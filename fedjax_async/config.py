@@ -311,18 +311,17 @@ class LocalTraining:
   lr: float = option(0.1, "Local learning rate.")
   momentum: Optional[float] = option(None, SHARED_HELP["momentum"])
   precision: str = option(
-      "float32", "Arithmetic of the local forward and backward passes: float32 (as written; "
-      "JAX's default matmul precision, TF32 on recent NVIDIA GPUs) | tf32 (dots and "
-      "convolutions in TF32) | bf16 (parameters and inputs cast to bfloat16). Parameters, "
-      "optimiser state and the server stay float32.", choices=PRECISIONS)
-  augment: str = option("none", "Local augmentation of images in the jitted step: none | "
-                        "crop_flip (random crop of the 4-pixel-padded image and horizontal "
-                        "flip, per example, from per-client keys).",
+      "float32", "Local forward/backward arithmetic: float32 (as written; JAX's default "
+      "matmul precision: TF32 on new NVIDIA GPUs) | tf32 (dots, convolutions in TF32) | "
+      "bf16 (parameters, inputs in bfloat16); weights, optimiser, server: float32.",
+      choices=PRECISIONS)
+  augment: str = option("none", "Jitted local image augmentation: none | crop_flip "
+                        "(random crop of the 4-pixel-padded image, horizontal flip; per "
+                        "example, per-client keys).",
                         choices=("none", "crop_flip"))
   client_grad_clip: float = option(
-      0.0, "> 0: each local step's gradient (penalty included) clipped to this global L2 "
-      "norm (optax.clip_by_global_norm; no paper's client does: experiments/results/README.md, "
-      "Client health); 0: off.")
+      0.0, "> 0: local gradients (penalty in) clipped to this global L2 norm (0: off; "
+      "optax.clip_by_global_norm; none of the papers': experiments/results/README.md).")
 
 
 @dataclasses.dataclass(frozen=True)

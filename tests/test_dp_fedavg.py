@@ -1,6 +1,6 @@
-"""DP-FedAvg (McMahan et al. 2018, Alg. 1) and adaptive clipping (Andrew et al. 2021,
-Alg. 2) on the round engine, against a numpy FedAvg with clipping, the noise it adds,
-dp-accounting called here, and hand-computed clip-norm steps.
+"""DP-FedAvg (McMahan et al. 2018, Alg. 1) and adaptive clipping (Andrew et al. 2021) on
+the round engine, against a numpy FedAvg with clipping, the noise it adds, dp-accounting
+called here, and hand-computed clip-norm steps.
 
 The engine runs a softmax regression on 12 clients (6 sampled a round, 30% of them delayed
 1-2 rounds, so a round's arrivals differ from the expected m = 6) with full-batch local
@@ -17,7 +17,6 @@ import pytest
 
 import fedjax_async as fa
 from fedjax_async import config
-from fedjax_async import privacy
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import dp_fedavg
 from fedjax_async.algorithms import server_optimizers as so
@@ -148,7 +147,7 @@ def test_adaptive_clip_moves_to_the_quantile_of_hand_built_norms():
   """Ten updates along e_1 of norms 1..10, C_0 = 4, eta_C = 0.2, the count's noise ~0:
   gamma = 0.5 sees b~ = 0.4 (1-4 <= C), so C_t = 4 e^{0.02 t} until 5 of 10 are <= C
   (t = 12: C = 4 e^{0.24} = 5.085), then stays; the step of round 1 is
-  (1 + 2 + 3 + 4 + 6 * 4) / 10 = 3.4. gamma = 0.2 falls to below 3 by Alg. 2's
+  (1 + 2 + 3 + 4 + 6 * 4) / 10 = 3.4. gamma = 0.2 falls to below 3 by the paper's
   C <- C exp(-eta_C (b~ - gamma)), counted here in numpy."""
   alg = dp_fedavg.ALGORITHM
   uploads = np.outer(np.arange(1.0, 11.0), [1.0, 0.0])

@@ -1,5 +1,6 @@
 """DP-FedAvg (McMahan et al., ICLR 2018, Alg. 1) with optional adaptive clipping (Andrew
-et al., NeurIPS 2021, Alg. 2): user-level differential privacy on the round engine.
+et al., NeurIPS 2021, their DP-FedAvg with adaptive clipping): user-level differential
+privacy on the round engine.
 
 ``private(algorithm)`` is a function of a round rule that returns one, as
 ``server_optimizers.with_server_optimizer`` is: it keeps ``algorithm``'s clients (their
@@ -19,7 +20,7 @@ Every arrival weighs 1 (``--client_weighting`` is not read: weights <= 1 bound a
 contribution by C). The clipped deltas are summed chunk by chunk (a ``StreamedServer``, so
 ``client_chunk`` never holds ``[K, d]``); the noise is drawn once a round, in ``finish``,
 from a key of (run seed, round): the same with any chunking, devices or rounds per call,
-and after a resumption. Adaptive clipping (``dp_quantile`` gamma > 0; Alg. 2):
+and after a resumption. Adaptive clipping (``dp_quantile`` gamma > 0; Andrew et al.):
 
   b_k = 1[||Delta_k|| <= C_t],  b~ = (sum_k b_k + N(0, sigma_b^2)) / m,
   C_{t+1} = C_t exp(-eta_C (b~ - gamma)),  z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2)
@@ -29,8 +30,8 @@ spend what one Gaussian mechanism of multiplier z does; fixed clipping has z_D =
 The server state is log(C_t / C_0). Accounting (``run_hparams``, ``report``): T rounds of
 the Poisson-subsampled Gaussian of multiplier z at rate q (``privacy.spent_epsilon``), z
 calibrated to ``dp_epsilon`` when that is finite. The timeline draws a fixed-size sample
-of the clients not in flight, not Poisson's: the accountant's q is that of the paper's
-sampling, as TFF's and pfl-research's simulations assume.
+of the clients not in flight, not Poisson's: the accountant's q is that of McMahan et al.'s
+sampling, the usual approximation for a fixed-size sample.
 """
 
 from __future__ import annotations
@@ -46,19 +47,19 @@ from fedjax_async import privacy
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedprox
 
-CLIP = base.HParam("dp_clip", 2.0, "C, each update's L2 clip (adaptive: C_0).",
-                   bounds="(0, inf)")
-NOISE = base.HParam("dp_noise_multiplier", 0.0, "z: noise std z C on the sum (or from "
-                    "--dp_epsilon).", bounds="[0, inf)")
-EPSILON = base.HParam("dp_epsilon", math.inf, "Target epsilon (inf: none).",
+CLIP = base.HParam("dp_clip", 2.0, "C, the L2 clip of each update (clock: of each step's "
+                   "gradient; adaptive: C_0).", bounds="(0, inf)")
+NOISE = base.HParam("dp_noise_multiplier", 0.0, "z: noise std zC on the sum (0: none).",
+                    bounds="[0, inf)")
+EPSILON = base.HParam("dp_epsilon", math.inf, "Target epsilon: z calibrated (inf: none).",
                       bounds="(0, inf]")
 DELTA = base.HParam("dp_delta", 1e-5, "The (epsilon, delta)'s delta.", bounds="(0, 1)")
-QUANTILE = base.HParam("dp_quantile", 0.0, "gamma: C tracks this quantile of the norms "
-                       "(0: fixed).", bounds="[0, 1)")
+QUANTILE = base.HParam("dp_quantile", 0.0, "gamma: C tracks this norm quantile (0: "
+                       "fixed).", bounds="[0, 1)")
 CLIP_LR = base.HParam("dp_clip_lr", 0.2, "eta_C, the adaptive clip's step.",
                       bounds="[0, inf)")
-COUNT_NOISE = base.HParam("dp_count_noise", 0.05, "sigma_b / m, the unclipped share's "
-                          "noise (paper: 1/20).", bounds="(0, inf)")
+COUNT_NOISE = base.HParam("dp_count_noise", 0.05, "sigma_b / m, b~'s noise std (paper: "
+                          "1/20).", bounds="(0, inf)")
 HPARAMS = (CLIP, NOISE, EPSILON, DELTA, QUANTILE, CLIP_LR, COUNT_NOISE)
 NOISE_STREAM = 0x0D9F  # the noise keys' root, apart from the clients' (device.client_key)
 
@@ -79,8 +80,8 @@ def clip_norm(log_clip_scale, hp) -> jax.Array:
 
 
 def update_noise_multiplier(hp) -> jax.Array:
-  """z_D: z with a fixed clip; (z^-2 - (2 sigma_b)^-2)^(-1/2) with an adaptive one (Alg. 2),
-  sigma_b = dp_count_noise * m."""
+  """z_D: z with a fixed clip; (z^-2 - (2 sigma_b)^-2)^(-1/2) with an adaptive one (Andrew
+  et al.), sigma_b = dp_count_noise * m."""
   z = jnp.asarray(hp["dp_noise_multiplier"], jnp.float32)
   two_sigma_b = 2.0 * hp["dp_count_noise"] * hp["dp_clients_per_round"]
   inner = jnp.maximum(1.0 / jnp.maximum(z, 1e-30) ** 2 - 1.0 / two_sigma_b ** 2, 1e-30)
@@ -112,7 +113,7 @@ def _add(sums: DpSums, uploads, rows, hp) -> DpSums:
 
 
 def _finish(w, server_state: DpState, sums: DpSums, arrivals, round_index, hp):
-  """The noised mean over m, the server's step, and C_{t+1} (Alg. 2's geometric update).
+  """The noised mean over m, the server's step, and C_{t+1} (Andrew et al.'s geometric update).
 
   Args:
     w: [d] the global model.
@@ -193,7 +194,7 @@ def run_hparams(hp: dict, num_clients: int, participation: float, rounds: int,
   if hp["dp_quantile"] > 0 and z >= two_sigma_b:
     raise ValueError(f"algorithm.dp_count_noise: an adaptive clip needs 2 sigma_b = "
                      f"{two_sigma_b:.3g} > z = {z:.3g} (z_D = (z^-2 - (2 sigma_b)^-2)^-1/2, "
-                     f"Andrew et al. Alg. 2): set it above {z / (2 * m):.3g}")
+                     f"Andrew et al.): set it above {z / (2 * m):.3g}")
   return dict(hp, dp_noise_multiplier=z, dp_clients_per_round=float(m),
               dp_seed=float(seed))
 
