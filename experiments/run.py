@@ -160,7 +160,8 @@ ONE_PROCESS_HINTS = {
     for name in ("coordinator_address", "num_processes", "process_id", "distributed")}
 ROUNDS_HINT = (f"a flag of the virtual-clock algorithms ({', '.join(ASYNC)}); the round "
                "engine's algorithms run --rounds")
-HELP_SECTIONS = (("the round engine: --algorithm=pafed,fedadmm,fedavg,fedprox,fednova", []),
+HELP_SECTIONS = (("the round engine: --algorithm=pafed,fedadmm,fedavg,fedprox,fednova,dp_fedavg",
+                  []),
                  (f"the virtual clock: --algorithm={','.join(ASYNC)}", ["--algorithm=fedasync"]),
                  ("FedEDS: --algorithm=fedavg|fedprox|fednova --fededs", ["--fededs"]))
 

@@ -12,8 +12,9 @@ The run flags are made from these fields, their defaults and their help
 (``flag_specs``, ``cli.define_run_flags``). A wrong value raises ``ConfigError`` naming
 the field by its path (``local.lr: must be > 0, got -1``); the CLI names its flag instead
 (``--lr: ...``).
-The round engine has no differential privacy (the virtual clock's DP-FedAsync and
-PrivaAsyncFed do, with their own flags: docs/async.md).
+DP-FedAvg's hyper-parameters are its own (``algorithms.dp_fedavg``); the virtual clock's
+DP-FedAsync and PrivaAsyncFed read the same --dp_epsilon, --dp_delta and --dp_clip
+(docs/async.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Dict, List, Optional
 
 from fedjax_async import algorithms
 from fedjax_async import models
+from fedjax_async.algorithms import dp_fedavg
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
 from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
@@ -309,18 +311,17 @@ class LocalTraining:
   lr: float = option(0.1, "Local learning rate.")
   momentum: Optional[float] = option(None, SHARED_HELP["momentum"])
   precision: str = option(
-      "float32", "Arithmetic of the local forward and backward passes: float32 (as written; "
-      "JAX's default matmul precision, TF32 on recent NVIDIA GPUs) | tf32 (dots and "
-      "convolutions in TF32) | bf16 (parameters and inputs cast to bfloat16). Parameters, "
-      "optimiser state and the server stay float32.", choices=PRECISIONS)
-  augment: str = option("none", "Local augmentation of images in the jitted step: none | "
-                        "crop_flip (random crop of the 4-pixel-padded image and horizontal "
-                        "flip, per example, from per-client keys).",
+      "float32", "Local forward/backward arithmetic: float32 (as written; JAX's default "
+      "matmul precision: TF32 on new NVIDIA GPUs) | tf32 (dots, convolutions in TF32) | "
+      "bf16 (parameters, inputs in bfloat16); weights, optimiser, server: float32.",
+      choices=PRECISIONS)
+  augment: str = option("none", "Jitted local image augmentation: none | crop_flip "
+                        "(random crop of the 4-pixel-padded image, horizontal flip; per "
+                        "example, per-client keys).",
                         choices=("none", "crop_flip"))
   client_grad_clip: float = option(
-      0.0, "> 0: each local step's gradient (penalty included) clipped to this global L2 "
-      "norm (optax.clip_by_global_norm; no paper's client does: experiments/results/README.md, "
-      "Client health); 0: off.")
+      0.0, "> 0: local gradients (penalty in) clipped to this global L2 norm (0: off; "
+      "optax.clip_by_global_norm; none of the papers': experiments/results/README.md).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,9 +433,19 @@ class RunConfig(FlatKeys):
       flat["delay"] = delay
     return cls().replace(**flat)
 
-  def hparams(self, algorithm=None) -> Dict[str, float]:
+  def hparams(self, algorithm=None, num_clients: Optional[int] = None) -> Dict[str, float]:
     """The traced scalar hyperparameters (sweepable with vmap): the common ones, then the
-    algorithms' (``resolved_hparams``: ``algorithm``'s own defaults where none is given)."""
+    algorithms' (``resolved_hparams``: ``algorithm``'s own defaults where none is given);
+    for DP-FedAvg those a run derives over ``num_clients`` (default data.num_clients;
+    ``dp_fedavg.run_hparams``)."""
+    hp = self._hparams(algorithm)
+    if not dp_fedavg.is_private(algorithm):
+      return hp
+    n = self.data.num_clients if num_clients is None else num_clients
+    return dp_fedavg.run_hparams(hp, n, self.run.participation, self.run.rounds,
+                                 self.run.seed)
+
+  def _hparams(self, algorithm) -> Dict[str, float]:
     a, loc = self.algorithm, self.local
     return {"lr": loc.lr, "momentum": loc.momentum,
             **resolved_hparams(a, "rounds", algorithm, self.data.dataset),
@@ -507,7 +518,7 @@ def check_finite(cfg, allow=()):
 def validate(cfg: RunConfig):
   """Raises ``ConfigError`` naming the field at fault by its path."""
   check_types(cfg)
-  check_finite(cfg)
+  check_finite(cfg, allow=("dp_epsilon",))  # inf: no target
   _validate_algorithm(cfg)
   _validate_data_and_run(cfg)
   validate_local(cfg.local)
@@ -554,6 +565,9 @@ def _validate_algorithm(cfg: RunConfig):
   check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
         f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
+  check(not (a.dp_noise_multiplier and math.isfinite(a.dp_epsilon)),
+        "algorithm.dp_noise_multiplier", f"give it or a finite algorithm.dp_epsilon, not "
+        f"both (got {a.dp_noise_multiplier:g} and {a.dp_epsilon:g})")
   rounds = cfg.run.rounds
   check(a.server_lr_switch_round == -1 or 0 <= a.server_lr_switch_round < rounds,
         "algorithm.server_lr_switch_round", f"must be -1 (never) or a round in "

@@ -258,7 +258,7 @@ def test_a_streamed_rule_folded_in_chunks_is_its_server_update(name, engine):
       w0, (0, 0, 1, 3), num_examples=(12., 30., 7., 20.), valid=(True,) * 4))
   server_state = alg.init_server_state(w0)
   want = alg.server_update(w0, server_state, uploads, rows, jnp.int32(0), hp)
-  carry = rule.init(w0)
+  carry = rule.init(w0, server_state)
   for part in (slice(0, 2), slice(2, 4)):
     chunk = jax.tree.map(lambda a, p=part: a[p], rows._replace(start_params=None))
     carry = rule.add(carry, uploads[part], chunk, hp)

@@ -138,7 +138,7 @@ def test_helpfull_of_each_driver_is_its_project_flags_once(name, own):
     (RUN, ["--model=cnn_fedadm"], "error: --model: unknown model 'cnn_fedadm'; did you mean "
      "cnn_fedadmm?"),
     (RUN, ["--algorithm=pafed,fedavgg"], "error: --algorithm: unknown algorithm 'fedavgg'; "
-     "did you mean fedavg?"),
+     "did you mean fedavg or dp_fedavg?"),
     (RUN, ["--algorithm=fedprx"], "error: --algorithm: unknown algorithm 'fedprx'; did you "
      "mean fedprox? (on rounds: fedavg"),
     (RUN, ["--algorithm=fedavx", "--fededs"], "error: --algorithm: FedEDS plugs into fedavg, "

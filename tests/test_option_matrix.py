@@ -5,7 +5,8 @@ The execution options change how a round is computed, never what it computes:
 ``client_chunk`` (None: one vmap; 1; a non-divisor of K; K), ``rounds_per_call`` (1, 3),
 devices (1, 2 forced host devices) and delays (on, off; the plain run has the same
 timeline), with the options of what is computed (client weighting, local gradient clipping,
-dropping non-finite uploads) set alike in a case and its plain run. The rules and optimisers are read from the registries (``algorithms.names``,
+dropping non-finite uploads; DP-FedAvg's noise, drawn from the seed and round) set alike in
+a case and its plain run. The rules and optimisers are read from the registries (``algorithms.names``,
 ``server_optimizers.SERVER_OPTIMIZERS``), with a user-registered rule that has no streamed
 server (its chunked path stacks the ``[K, d]`` uploads), so a new one joins the matrix by
 being registered. Each rule x optimiser pair runs once; the other options are a pairwise
@@ -71,9 +72,10 @@ CHILD = textwrap.dedent("""
     local = client_lib.LocalConfig(2, 4, M, grad_clip=clip)
     cfg = config.RunConfig().replace(client_weighting=weighting, algorithm=rule,
                                      server_optimizer=opt, server_lr=(
-        1.0 if opt == "sgd" else 0.05), rho=0.3, mu=0.1, alpha0=0.5, alpha1=0.4, alpha2=0.3)
+        1.0 if opt == "sgd" else 0.05), rho=0.3, mu=0.1, alpha0=0.5, alpha1=0.4, alpha2=0.3,
+        participation=0.5, dp_clip=0.5, dp_noise_multiplier=0.5)  # DP-FedAvg's noise on
     alg = so.configured(algorithms.get(rule), cfg.algorithm)
-    hp = cfg.hparams(alg)
+    hp = cfg.hparams(alg, N)
     tl = timelines[delays]
     ecfg = engine.EngineConfig(local, ring_size=3, eval_batch=24, client_chunk=chunk,
                                drop_nonfinite=drop)
@@ -175,7 +177,7 @@ def test_every_rule_and_optimizer_gives_the_plain_model_under_every_option():
   setup, results = matrix_results()
   assert setup["devices"] == 2
   # the registries' every rule (the user's one included) and optimiser
-  assert {"fedavg", "fedprox", "fednova", "fedadmm", "pafed",
+  assert {"fedavg", "fedprox", "fednova", "fedadmm", "pafed", "dp_fedavg",
           "user_half_mean"} <= set(setup["rules"])
   assert {"sgd", "momentum", "adam", "yogi", "adagrad"} <= set(setup["optimizers"])
   assert {(r["case"][0], r["case"][1]) for r in results} == set(

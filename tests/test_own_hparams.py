@@ -26,11 +26,13 @@ ROOT = run_script.ROOT
 
 # The hp keys every engine gives every algorithm (the local optimiser, the server's step
 # size and schedule, the round rules' client weighting, FedAsync's mixing weight, staleness
-# function and example weight, DUCC's projected class, the DP calibration):
+# function and example weight, DUCC's projected class, the DP calibration; DP-FedAvg's
+# expected clients a round and noise seed, dp_fedavg.run_hparams):
 # config.RunConfig.hparams and asynchronous.experiment.hparams.
 COMMON = {"lr", "momentum", "server_lr", "server_lr2", "server_lr_switch_round", "mix_alpha",
           "staleness_fn", "example_weight", "client_weighting", "ducc_project_conflicting",
-          "dp_epsilon", "dp_clip", "dp_delta", "dp_noise_multiplier"}
+          "dp_epsilon", "dp_clip", "dp_delta", "dp_noise_multiplier",
+          "dp_clients_per_round", "dp_seed"}
 
 
 def test_every_hyper_parameter_a_built_in_reads_is_declared_by_it():

@@ -140,7 +140,7 @@ def test_eq17_alpha_decays_by_gamma_per_round():
   m, m1, m2 = _reference(online, delayed, True)
   alphas = dict(alpha0=0.8, alpha1=0.4, alpha2=0.2)
   server = pafed.make_streamed_server()
-  sums = server.init(jnp.zeros(3))
+  sums = server.init(jnp.zeros(3), ())
   rows = lambda on, de: base.Arrivals(valid=jnp.asarray(on | de), online=jnp.asarray(on),
                                       delayed=jnp.asarray(de), staleness=None,
                                       num_examples=None, num_steps=None, start_params=None)

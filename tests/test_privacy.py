@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import special
 from scipy import stats
 
 from fedjax_async import privacy
@@ -105,3 +106,27 @@ def test_seed_calibration_spends_far_more_than_its_per_step_epsilon():
                        batch_size=50, clip_mode="example",
                        noise_multiplier=privacy.calibrate_noise_multiplier(5.0, 1e-5, 120))
   assert cal["epsilon_spent_max"] <= 5.0
+
+
+@pytest.mark.parametrize("q,z,steps", [(0.1, 1.0, 100), (0.3, 1.43, 4), (0.01, 0.8, 1000)])
+def test_poisson_sampled_epsilon_is_the_sampled_gaussians_rdp_by_hand(q, z, steps):
+  """DP-FedAvg's accountant (``sampling_rate`` q < 1): ``steps`` compositions of the
+  Poisson-subsampled Gaussian, whose RDP at an integer order a is
+  log(sum_k C(a, k) (1 - q)^(a - k) q^k exp((k^2 - k) / (2 z^2))) / (a - 1) (Mironov et
+  al. 2019, Sec. 3.3), converted as Canonne et al. 2020 (Prop. 12) at the orders 2..64 and
+  80..512, here in log space; q = 1 is the Gaussian alone, and sampling spends less."""
+  orders = list(range(2, 65)) + [80, 96, 128, 192, 256, 512]
+  best = math.inf
+  for a in orders:
+    k = np.arange(a + 1)
+    log_terms = (special.gammaln(a + 1) - special.gammaln(k + 1) - special.gammaln(a - k + 1)
+                 + (a - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * z * z))
+    rdp = steps * special.logsumexp(log_terms) / (a - 1)
+    best = min(best, rdp + math.log((a - 1) / a) - (math.log(1e-5) + math.log(a)) / (a - 1))
+  got = privacy.spent_epsilon(z, steps, 1e-5, sampling_rate=q)
+  assert got == pytest.approx(max(best, 0.0), rel=1e-6)
+  assert got < privacy.spent_epsilon(z, steps, 1e-5)
+  assert privacy.spent_epsilon(z, steps, 1e-5, sampling_rate=1.0) == privacy.spent_epsilon(
+      z, steps, 1e-5)
+  target = privacy.calibrate_noise_multiplier(2.0, 1e-5, steps, sampling_rate=q)
+  assert 2.0 * (1 - 1e-3) <= privacy.spent_epsilon(target, steps, 1e-5, q) <= 2.0

@@ -7,7 +7,7 @@ arrival updates the server, staleness from simulated compute and communication t
 runs those with a per-arrival rule (``server_step``), and a round rule as rounds of one.
 
   names()                   # all built in, then any registered
-  names("rounds")           # fedavg, fedprox, fednova, fedadmm, pafed, scaffold, feddyn
+  names("rounds")           # fedavg fedprox fednova fedadmm pafed scaffold feddyn dp_fedavg
   names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
   engine_of("fedbuff")      # "virtual_clock"
   get("pafed")              # its base.Algorithm
@@ -21,6 +21,7 @@ import importlib
 from typing import Optional, Tuple
 
 from fedjax_async.algorithms import base
+from fedjax_async.algorithms import dp_fedavg
 
 ENGINES = ("rounds", "virtual_clock")
 
@@ -34,6 +35,7 @@ _REGISTRY = {
     "pafed": ("rounds", "fedjax_async.algorithms.pafed"),
     "scaffold": ("rounds", "fedjax_async.algorithms.scaffold"),
     "feddyn": ("rounds", "fedjax_async.algorithms.feddyn"),
+    "dp_fedavg": ("rounds", "fedjax_async.algorithms.dp_fedavg"),
     "fedasync": ("virtual_clock", "fedjax_async.algorithms.fedasync"),
     "fedbuff": ("virtual_clock", "fedjax_async.algorithms.fedbuff"),
     "double_compensation": ("virtual_clock", "fedjax_async.algorithms.double_compensation"),
@@ -106,12 +108,13 @@ def names(engine: Optional[str] = None) -> Tuple[str, ...]:
 def names_on(engine: str) -> Tuple[str, ...]:
   """The algorithms an engine runs: its own, and on the virtual clock also every round
   rule whose clients keep no state and read none of the server's (each arrival applied
-  as a round of one update)."""
+  as a round of one update), but DP-FedAvg's (its accountant counts sampled rounds)."""
   own = names(engine)
   if engine != "virtual_clock":
     return own
   return own + tuple(n for n in names("rounds")
-                     if not get(n).client_state_keys and not get(n).client_reads_server)
+                     if not get(n).client_state_keys and not get(n).client_reads_server
+                     and not dp_fedavg.is_private(get(n)))
 
 
 def declared(engine: Optional[str] = None, built_in: bool = False):

@@ -98,7 +98,7 @@ class HParam:
     left, lo, hi, right = _BOUNDS.match(self.bounds).groups()
     lo, hi = float(lo), float(hi)
     inside = ((v > lo if left == "(" else v >= lo) and (v < hi if right == ")" else v <= hi))
-    if not math.isfinite(v):
+    if not math.isfinite(v) and not (inside and v == hi):  # "(0, inf]" allows inf
       return f"must be a finite number, got {value}"
     if not inside:
       return f"must be in {self.bounds}, got {value}"
@@ -149,7 +149,8 @@ class Arrival(NamedTuple):
 class StreamedServer(NamedTuple):
   """A server rule that reads a round's uploads in one pass, a chunk of G rows at a time.
 
-  ``init(w) -> carry`` (``w``: the global model, for its shape);
+  ``init(w, server_state) -> carry`` (``w``: the global model, for its shape; the
+  server's state at the round's start, e.g. DP-FedAvg's adaptive clip norm);
   ``add(carry, uploads [G, d], rows, hp) -> carry``, where ``rows`` is the chunk's
   ``Arrivals`` (``start_params=None``; padding rows have ``valid`` False);
   ``finish(w, server_state, carry, arrivals [K], round, hp)
@@ -180,7 +181,7 @@ def streamed_server_update(rule: StreamedServer) -> Callable[..., Any]:
       round_index: the round (0-based).
       hp: the hyper-parameters.
     """
-    carry = rule.add(rule.init(w), uploads, arrivals, hp)
+    carry = rule.add(rule.init(w, server_state), uploads, arrivals, hp)
     return rule.finish(w, server_state, carry, arrivals, round_index, hp)
 
   return server_update
@@ -220,7 +221,8 @@ def streamed_linear(rule: LinearServer) -> StreamedServer:
     return rule.apply(w, server_state, upload_sum, rule.weight(arrivals, hp), arrivals,
                       round_index, hp)
 
-  return StreamedServer(init=jnp.zeros_like, add=add, finish=finish)
+  return StreamedServer(init=lambda w, server_state: jnp.zeros_like(w), add=add,
+                        finish=finish)
 
 
 class ClientOutput(NamedTuple):

@@ -232,7 +232,8 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
     new_w = w + decay * (hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2)  # Eq. 17
     return new_w, server_state, {"conflicting": sums.conflicting}
 
-  return base.StreamedServer(init=ducc_init, add=add, finish=finish, online_first=True)
+  return base.StreamedServer(init=lambda w, server_state: ducc_init(w), add=add,
+                             finish=finish, online_first=True)
 
 
 def make_algorithm(min_fn: Optional[MinFn] = None, empty_class_tol_per_update=0.0,

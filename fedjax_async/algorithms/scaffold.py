@@ -96,7 +96,8 @@ def finish(w, server_state, carry, arrivals, round_index, hp):
 
 
 STREAMED = base.StreamedServer(
-    init=lambda w: (jnp.zeros_like(w), jnp.zeros_like(w)), add=add, finish=finish)
+    init=lambda w, server_state: (jnp.zeros_like(w), jnp.zeros_like(w)), add=add,
+    finish=finish)
 
 
 ALGORITHM = base.Algorithm(

@@ -193,7 +193,8 @@ def with_server_optimizer(algorithm: base.Algorithm,
       new_w, opt_state = _step(tx, w, plain, opt_state, round_index, hp)
       return new_w, pack(own, opt_state), metrics
 
-    streamed = inner_streamed._replace(finish=finish)
+    streamed = inner_streamed._replace(
+        init=lambda w, server_state: inner_streamed.init(w, server_state[0]), finish=finish)
   init_inner = algorithm.init_server_state
   return dataclasses.replace(
       algorithm, server_update=server_update, streamed_server=streamed,

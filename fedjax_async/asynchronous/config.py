@@ -87,9 +87,9 @@ class PrivacyConfig:
   dp_delta: float = option(1e-5, "Delta of the reported (epsilon, delta).")
   dp_clip: float = option(2.0, "Clipping bound C.")
   dp_clip_mode: str = option("example", "example (Eq. 17) | batch (Alg. 1 line 20).")
-  dp_noise: str = option("calibrated", "calibrated (sigma such that every client spends at "
-                         "most --dp_epsilon over all its steps) | alg1 (the paper's sigma = "
-                         "lr 2C/(|D_k| eps) per step; spends far more, printed at the start).")
+  dp_noise: str = option("calibrated", "calibrated (each client spends <= --dp_epsilon over "
+                         "its steps) | alg1 (the paper's sigma = lr 2C/(|D_k| eps) a step; "
+                         "spends far more, said at start).")
 
 
 # The run and output parts: the round engine's fields where the meaning is the same (their
@@ -128,7 +128,7 @@ class AsyncRunConfig(FlatKeys):
 
 
 algorithms.reserve([k for k in AsyncRunConfig.keys()
-                    if k not in algorithms.declared(built_in=True)],
+                    if k not in algorithms.declared("virtual_clock", built_in=True)],
                    "the virtual clock's AsyncRunConfig")
 
 

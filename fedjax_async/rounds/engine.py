@@ -271,7 +271,7 @@ def _vmap_rows(fn: Callable) -> Callable:
   return run
 
 
-def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, cfg,
+def _train_in_chunks(train_and_final, client_state, round_start, hp, algorithm, cfg,
                      always_true, ring_row, ids, client_ids, n_local, keys, valid, online,
                      staleness, num_clients):
   """The round's clients in chunks of ``cfg.client_chunk``, one ``lax.scan`` step each.
@@ -279,7 +279,8 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
   Each chunk gathers its own rows of the ``[N, d]`` client state and scatters its new rows
   back (the arrays are the scan's carry, updated in place), so no ``[K, d]`` block of
   gathered or new state exists; with a streamed server rule (``streams_uploads``) its
-  uploads are folded into the rule's carry, else they are stacked ``[K, d]``.
+  uploads are folded into the rule's carry (started from ``round_start``, the round's
+  (w, server_state)), else they are stacked ``[K, d]``.
   Returns (training results [K], health scalars [K], (uploads [K, d], their corrections)
   or (None, None), the rule's carry or None, the new client state).
   """
@@ -321,7 +322,8 @@ def _train_in_chunks(train_and_final, client_state, upload_like, hp, algorithm, 
       return (cstate, total), (res, health, ())
     return (cstate, total), (res, health, upload)
 
-  zero = rule.init(upload_like) if stream else None  # an upload is shaped like w
+  # the rule's carry from (w, server_state) at the round's start (uploads are w-shaped)
+  zero = rule.init(*round_start) if stream else None
   (new_state, total), (res, health, uploads) = scan_chunks(
       body, cfg.client_chunk, (client_state, zero), ring_row, ids, client_ids, n_local, keys,
       valid, online, staleness)
@@ -421,8 +423,9 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   upload_carry = None
   if trains_in_chunks(cfg, k):
     res, health, uploads, upload_carry, new_cstate = _train_in_chunks(
-        train_and_final, state.client_state, state.w, hp, algorithm, cfg, t >= 0, ring_row,
-        ids, client_ids, n_local, keys, valid, online, staleness, num_clients)
+        train_and_final, state.client_state, (state.w, state.server_state), hp, algorithm,
+        cfg, t >= 0, ring_row, ids, client_ids, n_local, keys, valid, online, staleness,
+        num_clients)
   else:
     res, health, uploads, new_cstate = _train_in_one_vmap(
         train_and_final, state.client_state, cfg, t >= 0, ring_row, ids, gather_ids,

@@ -32,6 +32,7 @@ from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
 from fedjax_async import sharding
+from fedjax_async.algorithms import dp_fedavg
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.config import (RunConfig, config_dict, mismatch_flags, own_columns,
                                  run_config_for)
@@ -105,6 +106,9 @@ def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, posit
     estimate = cost.round_engine(cfg, fed_data, model)
     cost.announce(estimate, cost.ROUND_ENGINE_SMALLER, name)
     first_chunk = loop.first_length(estimate, cfg.run.rounds)
+  if dp_fedavg.is_private(setup.algorithm) and distributed.is_main():
+    outputs.warn(dp_fedavg.notice(name, dp_fedavg.report(
+        setup.hp, fed_data.num_clients, cfg.run.rounds), cfg.run.rounds))
   if overall is not None:
     overall.skip(start_round)
   ecfg, metrics, host = _host_loop(cfg, name, setup, out_dir if writes else None, ckpt,
@@ -197,6 +201,8 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
     summary["stopped_early_at_round"] = stopped_early_at
   if cfg.crypto.secure_aggregation == "ckks":
     summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
+  if dp_fedavg.is_private(setup.algorithm):  # the epsilon spent by the rounds run
+    summary["privacy"] = dp_fedavg.report(setup.hp, fed_data.num_clients, len(rows))
   if out_dir is not None:
     outputs.write_final_model(out_dir, w)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -244,6 +250,7 @@ class _Setup(NamedTuple):
   run_tl: timeline_lib.Timeline  # padded to the devices
   run_ecfg: engine.EngineConfig
   data: engine.DeviceData
+  hp: dict  # the traced hyper-parameters (``RunConfig.hparams``)
   state: engine.SimState  # the initial state, placed
   place: Callable  # state -> (ecfg, tl, placed state, data): sharding.shard_clients
   initial: Callable[[], engine.SimState]  # a fresh initial state, placed
@@ -280,7 +287,8 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
   initial = lambda: engine.init_state(algorithm, w0, fed_data.num_clients, ecfg.ring_size,
                                       cfg.run.seed)
   run_ecfg, run_tl, state, data = place(initial())  # (place then reuses the placed data)
-  return _Setup(algorithm, apply_flat, tl, run_tl, run_ecfg, data, state, place,
+  hp = cfg.hparams(algorithm, fed_data.num_clients)
+  return _Setup(algorithm, apply_flat, tl, run_tl, run_ecfg, data, hp, state, place,
                 lambda: place(initial())[2])
 
 
@@ -291,12 +299,12 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
   if cfg.crypto.secure_aggregation == "ckks":
     return host_server.run_encrypted_rounds(
         setup.apply_flat, setup.algorithm, ecfg, state, setup.run_tl,
-        cfg.hparams(setup.algorithm),
+        setup.hp,
         setup.data, preset=cfg.crypto.ckks_preset, min_depth=cfg.crypto.ckks_min_depth,
         min_scale=cfg.crypto.ckks_min_scale, design=cfg.crypto.ckks_design, on_chunk=host,
         eval_every=cfg.run.eval_every,
         stream=io.StringIO() if quiet else sys.stdout)[0]
-  return engine.run_rounds(runner, state, setup.run_tl, cfg.hparams(setup.algorithm),
+  return engine.run_rounds(runner, state, setup.run_tl, setup.hp,
                          setup.data,
                          eval_every=cfg.run.eval_every, rounds_per_call=cfg.run.rounds_per_call,
                          on_chunk=host, lengths=lengths)[0]
@@ -315,7 +323,7 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
     if ckpt.latest is not None:
       start = setup.place(jax.tree.map(
           jnp.asarray, ckpt.manager.restore(start, ckpt.latest).state))[2]
-    finite, _ = engine.run_rounds(runner, start, setup.run_tl, cfg.hparams(setup.algorithm),
+    finite, _ = engine.run_rounds(runner, start, setup.run_tl, setup.hp,
                                 setup.data,
                                 eval_every=cfg.run.eval_every, stop_round=e.round - 1,
                                 rounds_per_call=cfg.run.rounds_per_call)

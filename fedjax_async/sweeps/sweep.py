@@ -276,9 +276,9 @@ def stack_trees(trees: Sequence):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def stack_hparams(cfgs: Sequence[config_lib.RunConfig], algorithm=None
-                  ) -> Dict[str, jax.Array]:
-  hps = [c.hparams(algorithm) for c in cfgs]
+def stack_hparams(cfgs: Sequence[config_lib.RunConfig], algorithm=None,
+                  num_clients: Optional[int] = None) -> Dict[str, jax.Array]:
+  hps = [c.hparams(algorithm, num_clients) for c in cfgs]
   return {k: jnp.asarray([h[k] for h in hps], jnp.float32) for k in hps[0]}
 
 
@@ -504,7 +504,7 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
     timelines.append(timeline_lib.build(fed_data.num_clients, c.run.rounds, c.run.participation,
                                         c.delay, c.run.seed))
   return Prepared(make_sweep_runner(apply_flat, algorithm, ecfg), stack_trees(states),
-                  stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs, algorithm),
+                  stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs, algorithm, fed_data.num_clients),
                   engine.DeviceData.from_federated(fed_data), timelines, model_name,
                   num_params)
 
