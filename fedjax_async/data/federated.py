@@ -400,7 +400,8 @@ def format_histogram(hist: np.ndarray) -> str:
 
 
 def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
-  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is untouched)."""
+  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is
+  untouched), titled ``title`` (default: the clients, classes and examples counted)."""
   hist = np.asarray(hist)
   n, c = hist.shape
   fig = figures.new_figure((max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
@@ -409,7 +410,8 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   figures.integer_ticks(ax)
   ax.set_xlabel("class")
   ax.set_ylabel("client")
-  ax.set_title(title)
+  ax.set_title(title or f"examples per client and class: {n} clients, {c} classes, "
+               f"{int(hist.sum())} examples", fontsize=9)
   fig.colorbar(im, ax=ax, label="examples")
   fig.tight_layout()
   fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
