@@ -24,6 +24,7 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
+from fedjax_async.crypto import wire as wire_lib
 # the host memory available now (a function of this module: tests replace it here)
 from fedjax_async.data.federated import available_memory_bytes
 
@@ -279,6 +280,7 @@ class EncryptedServer:
     self.eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
     self.empty_class_tol = empty_class_tol
     self.first = True
+    self.wire = protocol.wire or wire_lib.Wire()  # every round's messages, measured
 
   def step(self, t, w, uploads, online, delayed, recipients):
     """Round t (``HostServer.step``). Round 0 starts from w^0, which S0 initialises
@@ -303,16 +305,41 @@ class EncryptedServer:
     self.first = False
     tol = (int(delayed.sum()) * self.eps_d if self.empty_class_tol is None
            else self.empty_class_tol)
-    new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
-                                  self.alphas, tol)
+    given, self.protocol.wire = self.protocol.wire, self.wire
+    try:
+      new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
+                                    self.alphas, tol)
+    finally:
+      self.protocol.wire = given
     return new_w, {SIM_CONFLICTING: np.int32(_sim_conflicting(uploads, online, delayed))}, timings
 
+  def traffic(self) -> Dict[str, int]:
+    """The last round's bytes measured on the wire (``wire.Wire``): up (the uploads to S0),
+    down (S0's Enc_pk_i(w^{t+1}) to the recipients) and between the servers."""
+    b = self.wire.bytes
+    return {"bytes_up": int(b[("clients", "S0")]), "bytes_down": int(b[("S0", "clients")]),
+            "bytes_s0_to_s1": int(b[("S0", "S1")]), "bytes_s1_to_s0": int(b[("S1", "S0")])}
+
   def note(self, metrics) -> str:
-    return f", simulator diagnostic: {int(metrics[SIM_CONFLICTING])} conflicting"
+    b = self.traffic()
+    return (f", simulator diagnostic: {int(metrics[SIM_CONFLICTING])} conflicting; wire "
+            f"{b['bytes_up'] / 1e6:.2f} MB up, {b['bytes_down'] / 1e6:.2f} MB down, "
+            f"{(b['bytes_s0_to_s1'] + b['bytes_s1_to_s0']) / 1e6:.2f} MB between S0 and S1")
 
   def close(self):
     if self.owned:  # its worker pools, if any
       self.protocol.close()
+
+
+def server_views(design: str) -> Dict[str, str]:
+  """What each server sees per round (a CKKS run's summary): docs/crypto.md's "Leakage"
+  rows for ``design``."""
+  s1 = "rows S1" + (" and S1 (streamed)" if design == "streamed" else "")
+  return {"S0": "uploads, Enc(w) and S1's answers, IND-CPA ciphertexts under pk_s; in the "
+                "clear who, when, online or delayed, n, k, the recipients (docs/crypto.md, "
+                "Leakage, row S0)",
+          "S1": "w + r (r uniform on [-B, B], Alg. 5), the recipients, blinded and flooded "
+                f"norms and class tests, the counts (docs/crypto.md, Leakage, {s1})"}
 
 
 def make_server(algorithm: str, hp: Dict[str, float], dim: int, num_clients: int, *,
