@@ -248,8 +248,10 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   client_bytes = np.array([metrics_lib.message_bytes(w0, k) for k in
                            np.asarray(masks).sum(axis=1)[np.asarray(scale_index)]])
   steps = async_engine.client_steps(schedule, counts, local)
+  groups = async_engine.group_arrays(schedule, ecfg.group_size)
   estimate = cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
-                                ecfg.group_size, schedule.ring_size)
+                                ecfg.group_size, schedule.ring_size,
+                                num_groups=int(groups["valid"].shape[0]))
   cost.announce(estimate, cost.VIRTUAL_CLOCK_SMALLER, run_name)
   p = cfg.privacy
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
@@ -257,7 +259,6 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
         p.dp_epsilon, p.dp_delta, int(steps.max())))
   if algorithm.dp and math.isfinite(p.dp_epsilon):  # the epsilon it will spend, up front
     outputs.warn(report.dp_notice(run_name, cfg, report.dp_report(cfg, steps, counts, hp)))
-  groups = async_engine.group_arrays(schedule, ecfg.group_size)
   data = device.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)
   if mesh is not None:

@@ -42,8 +42,11 @@ MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 
                  2 ** 15: 881, 2 ** 16: 1747, 2 ** 17: 3523}
 # CPU seconds of one round at N = 2^16, 10 online + 10 delayed uploads: 57 with one chunk
 # of N/2 parameters, 16 more per further chunk (benchmarks/ducc_round.py, depth 28,
-# docs/crypto.md).
+# docs/crypto.md). The one-chunk round is mostly fixed work (the Min, Alg. 5's
+# transformations), little per upload: the README's round of ~10 uploads took 54 s, so
+# 51 s + 0.3 s an upload (benchmarks/cost_check.py).
 ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
+ROUND_CPU_S_PER_UPLOAD = 0.3
 # The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): OpenFHE's ring
 # for the depth-2 vector context at 128 bits, and CPU seconds of the round's scalar
 # work plus its model-size work per (upload x ciphertext), the key transformation for as
@@ -105,7 +108,8 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   (``memory_bytes``, the model above; ``num_clients`` key pairs, default ``uploads``;
   Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
   default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
-  the measured round (rough: linear in uploads, chunks and N).
+  the measured round (a fixed part and a part per upload, the further chunks' linear in
+  uploads; all linear in N).
 
   Args:
     dim: the model's parameter count d.
@@ -131,8 +135,9 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= log_q)
   chunks = -(-dim // (ring // 2))
   ct_bytes = _ct_bytes(ring, depth)
-  cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
-           / ROUND_UPLOADS * ring / 2 ** 16)
+  fixed = ROUND_CPU_S_ONE_CHUNK - ROUND_CPU_S_PER_UPLOAD * ROUND_UPLOADS
+  cpu_s = ((fixed + ROUND_CPU_S_PER_UPLOAD * uploads
+            + ROUND_CPU_S_PER_CHUNK * (chunks - 1) * uploads / ROUND_UPLOADS) * ring / 2 ** 16)
   held = (ONE_CONTEXT_FIXED_CTS
           + chunks * (uploads + 2 * recipients + ONE_CONTEXT_CHUNK_CTS)) * ct_bytes
   memory = (PROCESS_BYTES + _key_bytes(ring, depth, ring // 2, num_clients + 1) + held
