@@ -42,18 +42,7 @@ from fedjax_async.crypto import cheon
 from fedjax_async.crypto import entities
 
 FLAGS = flags.FLAGS
-flagcheck.power_of_two("ring_dim", 0, "Ring dimension N, a power of two (0: the smallest "
-                        "secure for the depth).")
-flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
-flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
-flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
-flagcheck.int_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
 CHEB_MAX_DEGREE = 2031  # the last row of cheb_depth's table (OpenFHE's depth table)
-flags.register_validator(
-    "cheb_degrees", lambda v: all(not str(x).strip().lstrip("-").isdigit()
-                                  or int(x) <= CHEB_MAX_DEGREE for x in v),
-    message=f"--cheb_degrees: each degree must be at most {CHEB_MAX_DEGREE} (OpenFHE's "
-            "Chebyshev depth table)")
 
 
 def parse_composite(spec: str):
@@ -66,19 +55,34 @@ def parse_composite(spec: str):
   return (gi, fj) if gi + fj >= 1 else None
 
 
-flagcheck.item_list("composite", ["1:2", "2:2", "2:3"],
-                    "Composite sign methods, each g:f: g_3 applied g times then f_3 f "
-                    "times (e.g. 0:3,1:2).",
-                    "g:f iteration counts (g_3 then f_3 compositions, integers >= 0, not "
-                    "both 0), e.g. 1:2,2:3", item_ok=lambda v: parse_composite(v) is not None)
-flagcheck.int_list("gaps_log2", ["2", "4", "6", "8"], "k: errors restricted to |a-b|>=2^-k.",
-                   minimum=0)
-flags.DEFINE_integer("seed", 0, "Input seed.")
-flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
-                  "us_per_slot from process CPU time (OpenFHE single-threaded: the "
-                  "uncontended wall time on a shared machine) or wall time.")
-flags.DEFINE_string("out_csv", "", "CSV output path.")
-flags.DEFINE_string("png", "", "PNG plot output path.")
+def define_flags():
+  """The script's flags (defined when it runs, so that its figure can be drawn from
+  another program)."""
+  flagcheck.power_of_two("ring_dim", 0, "Ring dimension N, a power of two (0: the smallest "
+                          "secure for the depth).")
+  flags.DEFINE_enum("security", "128", ["128", "insecure"], "128-bit classic or NotSet.")
+  flagcheck.int_list("depths", ["4", "6", "8", "10"], "Cheon Min iterations d.")
+  flagcheck.int_list("seed_depths", ["10"], "Alg. 1 as written (baseline), iterations d.")
+  flagcheck.int_list("cheb_degrees", ["59", "119", "247"], "Chebyshev sign degrees.")
+  flags.register_validator(
+      "cheb_degrees", lambda v: all(not str(x).strip().lstrip("-").isdigit()
+                                    or int(x) <= CHEB_MAX_DEGREE for x in v),
+      message=f"--cheb_degrees: each degree must be at most {CHEB_MAX_DEGREE} (OpenFHE's "
+              "Chebyshev depth table)")
+  flagcheck.item_list("composite", ["1:2", "2:2", "2:3"],
+                      "Composite sign methods, each g:f: g_3 applied g times then f_3 f "
+                      "times (e.g. 0:3,1:2).",
+                      "g:f iteration counts (g_3 then f_3 compositions, integers >= 0, not "
+                      "both 0), e.g. 1:2,2:3", item_ok=lambda v: parse_composite(v) is not None)
+  flagcheck.int_list("gaps_log2", ["2", "4", "6", "8"], "k: errors restricted to |a-b|>=2^-k.",
+                     minimum=0)
+  flags.DEFINE_integer("seed", 0, "Input seed.")
+  flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
+                    "us_per_slot from process CPU time (OpenFHE single-threaded: the "
+                    "uncontended wall time on a shared machine) or wall time.")
+  flags.DEFINE_string("out_csv", "", "CSV output path.")
+  flags.DEFINE_string("png", "", "PNG plot output path.")
+
 
 F3 = (35 / 16, -35 / 16, 21 / 16, -5 / 16)
 G3 = (4589 / 1024, -16577 / 1024, 25614 / 1024, -12860 / 1024)
@@ -243,4 +247,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=flagcheck.parse_flags)

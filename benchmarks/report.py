@@ -382,7 +382,7 @@ def plot(rows: Sequence[dict], out_dir: str) -> Dict[str, int]:
       for j, ((mach, tag, model), pts) in enumerate(series.items()):
         xy = [(x, yfn(r)) for x, r in sorted(pts.items()) if yfn(r) is not None]
         if xy:
-          name = f"{mach} {tag} {model}".strip()
+          name = " ".join(filter(None, (mach, tag, model)))
           line, = ax.plot(*zip(*xy), color=f"C{j % 10}",
                           marker=_MARKERS[j // 10 % len(_MARKERS)], label=name)
           handles.setdefault(name, line)

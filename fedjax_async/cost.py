@@ -35,20 +35,25 @@ from fedjax_async.data import natural
 
 WARN_SECONDS = 180.0
 
-# Throughput of the engines' training (FLOPs counted as above / wall time), per CPU core.
-# Measured on this project's 2-core AMD EPYC VM (AVX-512), jax 0.6.2, shared with other
-# jobs: the round engine's FedAvg on Fashion-MNIST (30 clients, 10 a round, 2 local epochs
-# of batch 50), rounds 2-4 against round 1: the MLP 48 GFLOP/s, the CNN (1 local epoch, 3
-# clients a round) 72 GFLOP/s, on 2 cores.
-CPU_FLOPS_PER_CORE = 30e9
+# Throughput of the engines' training (FLOPs counted as above / wall time), per CPU core,
+# and the fixed seconds per server step and per run, calibrated on this project's 2-core
+# AMD EPYC VM (AVX-512), jax 0.6.2, against the README's commands (benchmarks/cost_check.py
+# prints estimate / measured for each): the CNN command (PAFed, 5 rounds of 10 clients,
+# 3.4 TFLOP) took 145 s, 23 GFLOP/s on 2 cores (the MLP's rounds ran at 48); the main
+# job's 100 logistic-regression rounds 3.1-3.6 s a run, compilation included.
+CPU_FLOPS_PER_CORE = 15e9
 # Accelerators were not measured here: the H200's CNN rounds ran at 7-12 TFLOP/s
 # (docs/performance.md, "On a GPU"); TPUs are taken as alike.
 ACCELERATOR_FLOPS = 7e12
-# Seconds per server step besides arithmetic (a round, an arrival, an Alg. 1 epoch):
-# logistic regression's rounds on synthetic data took 0.13 s on this CPU.
-CPU_STEP_SECONDS = 0.1
+# Seconds per server step besides arithmetic: a round of the round engine (a scanned
+# step, ~0.012 s in the main job), an Alg. 1 epoch.
+CPU_STEP_SECONDS = 0.012
 ACCELERATOR_STEP_SECONDS = 0.01
-COMPILE_SECONDS = 5.0  # per run: the engines' programs compile in seconds
+# A group of the virtual clock's arrivals in server steps (one client and its metrics
+# row against a round's clients and evaluation): the clock's command, 300 FedAsync / 1,500
+# FedBuff arrivals in groups of one, took 2.0 / 7.2 s with its files.
+CLOCK_GROUP_STEPS = 0.3
+COMPILE_SECONDS = 2.0  # per run: the engines' programs (JAX's disk cache keeps them)
 # FedEDS's Alg. 1 per minibatch step (a client's 50 rows through the UNet encryptor, whose
 # narrow convolutions run far below the throughput above): the quick setting's 25
 # client-epochs of 4 steps took 19 s on this CPU, 400 encryptor epochs of one client 150 s.
@@ -242,11 +247,13 @@ def _round_data_bytes(fed, streamed_rows: int) -> float:
 
 
 def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_once: int,
-                  ring_size: int, device: Optional[Device] = None) -> Cost:
+                  ring_size: int, device: Optional[Device] = None,
+                  num_groups: Optional[int] = None) -> Cost:
   """A virtual-clock run (``asynchronous.experiment.run_one``) of ``cfg`` (an
   ``AsyncRunConfig``): ``client_steps`` the local steps of every kept task (per client,
   ``engine.client_steps``), of local.batch_size examples, ``clients_at_once`` trained in
-  one vmap.
+  one vmap, in ``num_groups`` scanned groups (None: one per server update), each
+  ``CLOCK_GROUP_STEPS`` server steps.
 
   Args:
     cfg: the ``AsyncRunConfig``.
@@ -257,6 +264,7 @@ def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_on
     clients_at_once: the clients trained in one vmap.
     ring_size: the copies of the model held (the ring of past models).
     device: the device (None: ``detect()``).
+    num_groups: the groups the arrivals train in (None: ``num_updates``).
   """
   _, w0, apply_flat = model
   b = cfg.local.batch_size
@@ -266,7 +274,9 @@ def virtual_clock(cfg, fed, model, client_steps, num_updates: int, clients_at_on
                   examples_trained=float(np.sum(client_steps)) * b,
                   examples_evaluated=evals * fed.test_x.shape[0],
                   data_bytes=_nbytes(fed.x, fed.test_x), clients_at_once=clients_at_once,
-                  batch_size=b, model_copies=ring_size, steps=num_updates, device=device)
+                  batch_size=b, model_copies=ring_size,
+                  steps=CLOCK_GROUP_STEPS * (num_updates if num_groups is None
+                                             else num_groups), device=device)
 
 
 # ---------------------------------------------------------------------- the console

@@ -271,16 +271,20 @@ def _resume_error(message: str) -> ValueError:
 class MetricsFile:
   """``metrics.jsonl`` at ``path`` (None: rows kept in memory only) and TensorBoard
   scalars: the ``rows_before`` (of a restored checkpoint) written first, which drops any
-  row written after that checkpoint, then each chunk's rows."""
+  row written after that checkpoint, then each chunk's rows (each through ``annotate``)."""
 
   def __init__(self, path: Optional[str], rows_before: Sequence[dict] = (),
-               tensorboard: Optional[TensorBoard] = None):
+               tensorboard: Optional[TensorBoard] = None,
+               annotate: Optional[Callable[[Sequence[dict]], None]] = None):
     self.rows = list(rows_before)
     self.file = open(path, "w") if path is not None else None  # pylint: disable=consider-using-with
     self.tb = tensorboard
+    self.annotate = annotate  # adds fields to the rows in place (their bytes)
     self._write(self.rows)
 
   def _write(self, rows):
+    if self.annotate is not None:
+      self.annotate(rows)
     if self.file is not None:
       for r in rows:
         self.file.write(json_row(r) + "\n")

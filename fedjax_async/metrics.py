@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 LAST = 10
 KEYS = ("final_accuracy", "last10_mean_accuracy", "average_best_accuracy")
 SHORT_RUN_MARK = "†"
@@ -105,3 +107,48 @@ def count_from_one(rows: List[dict]) -> List[dict]:
   if rows and isinstance(rows[0], dict) and rows[0].get("round") == 0:
     return [{**r, "round": r["round"] + 1} for r in rows]
   return rows
+
+
+# Communication in plaintext runs (docs/experiments.md, "Bytes"): one message is a
+# model-sized vector as the engine holds it, d parameters x the global model's itemsize (4
+# bytes in float32; a pruned client's sub-model, its kept parameters). Up: an upload that
+# reaches the server and is aggregated (one dropped as too stale is not); down: a global
+# model dispatched to a client. Client state (control variates, duals) is never sent.
+
+
+def message_bytes(w, kept: Optional[float] = None) -> int:
+  """One message's bytes: ``w``'s size (or ``kept`` of its parameters) x its itemsize."""
+  dtype = np.dtype(w.dtype if hasattr(w, "dtype") else np.asarray(w).dtype)
+  return int(round(np.prod(np.shape(w)) if kept is None else kept)) * dtype.itemsize
+
+
+def add_round_bytes(rows: Sequence[dict], uploads, dispatched, message: int) -> None:
+  """The round engine's rows with ``bytes_up`` (round t's ``uploads[t]`` messages) and
+  ``bytes_down`` (its ``dispatched[t]``); bytes a row already has (measured on CKKS's wire)
+  are kept."""
+  for r in rows:
+    if "round" in r:
+      t = int(r["round"]) - 1
+      r.setdefault("bytes_up", int(uploads[t]) * message)
+      r.setdefault("bytes_down", int(dispatched[t]) * message)
+
+
+def add_arrival_bytes(rows: Sequence[dict], client_bytes) -> None:
+  """The virtual clock's rows (one per kept arrival) with ``bytes_up`` (its upload) and
+  ``bytes_down`` (the model it was dispatched with), ``client_bytes[client]`` each."""
+  for r in rows:
+    if "client" in r:
+      b = int(client_bytes[int(r["client"])])
+      r.setdefault("bytes_up", b)
+      r.setdefault("bytes_down", b)
+
+
+def bytes_totals(rows: Sequence[dict], down_extra: int = 0) -> Dict[str, int]:
+  """A summary's ``<key>_total`` of each ``bytes_<...>`` key of the rows (``bytes_up``,
+  ``bytes_down``, CKKS's links between its servers): the rows' sums, ``down_extra`` added
+  to ``bytes_down_total`` (models sent that no row counts)."""
+  keys = sorted({k for r in rows for k in r if k.startswith("bytes_")} | {"bytes_up",
+                                                                         "bytes_down"})
+  out = {f"{k}_total": int(sum(r.get(k) or 0 for r in rows)) for k in keys}
+  out["bytes_down_total"] += int(down_extra)
+  return out

@@ -480,12 +480,15 @@ def check_output(apply, params, data_shape: Sequence[int], num_classes: int, nam
       got = f"outputs of shape {tuple(shape[1:])} per example"
     else:
       got = f"{type(out).__name__} {shape or ''} for a batch of 2".replace("  ", " ")
-    found = labels() if labels is not None else ""
-    where = (f"; {found}: fix it if it is wrong (fa.data.from_clients / from_arrays "
-             "with num_classes= refuse a larger label)") if found else ""
+    n = shape[1] if shape and len(shape) == 2 and shape[0] == 2 else None
+    found = labels() if labels is not None and n and n < num_classes else ""
+    where = (f": {found} is outside the model's {n}; fix the label if it is wrong "
+             f"(fa.data.from_arrays / from_clients with num_classes={n} refuse it) or"
+             if found else
+             f"; pass num_classes={n} if the data have {n} classes, or" if n else ";")
     raise ValueError(f"{what}: {name} gives {got}, but the data have num_classes="
-                     f"{num_classes} (labels 0..{int(num_classes) - 1}){where}; give its last "
-                     f"layer {num_classes} outputs ([batch, {num_classes}] logits)")
+                     f"{num_classes} (labels 0..{int(num_classes) - 1}){where} give the "
+                     f"model's last layer {num_classes} outputs ([batch, {num_classes}] logits)")
 
 
 def _with_train_argument(module: nn.Module) -> nn.Module:

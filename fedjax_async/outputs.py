@@ -481,6 +481,9 @@ def curve_points(rows: List[dict], key: str, x_key: str = "round"):
   return tuple(np.array(v, float) for v in zip(*xy)) if xy else None
 
 
+X_LABELS = {"virtual_time": "virtual time (simulated s)"}  # curves' x axes, by row key
+
+
 def plot_curves(runs: Dict[str, list], path: str, x_key: str = "round", title: str = "",
                 loss_ema: Optional[float] = None, ddof: int = 0) -> int:
   """``path`` (PNG): test accuracy (where evaluated) and train loss against ``x_key`` (the
@@ -536,14 +539,13 @@ def plot_curves(runs: Dict[str, list], path: str, x_key: str = "round", title: s
       drawn += 1
     if key == "train_loss" and ax.lines and positive:
       ax.set_yscale("log")  # FedADMM's loss can grow by orders of magnitude
-    ax.set_xlabel(x_key.replace("_", " ") + ("\n(seeds interpolated linearly to common "
-                                             "points)" if interpolated else ""))
+    ax.set_xlabel(X_LABELS.get(x_key, x_key.replace("_", " ")) + (
+        "\n(seeds interpolated linearly to common points)" if interpolated else ""))
     ax.set_ylabel(f"{label}, EMA (weight {loss_ema:g}); raw faint" if smooth else label)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
-  if title:
-    fig.suptitle(wrap_title(title), fontsize=10)
+  fig.suptitle(wrap_title(title or ", ".join(per_run)), fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn

@@ -424,25 +424,3 @@ def test_run_sweep_resume_reads_back_matching_runs_and_reruns_stale_ones(
   assert prepared == [1, 2] and all(s["rounds"] == 4 for s in out)
   text = capsys.readouterr().out
   assert "re-running 2 stored run(s) made with other flags (--rounds=3 (now 4))" in text
-
-
-def test_plot_aggregate_names_each_panels_metric_on_its_axes(tmp_path, monkeypatch):
-  """The y-axes name the metrics (final / average best accuracy, with the seeds), the x-axis
-  the swept value, the legend each curve: read back from the figure's axes."""
-  figs = []
-  new_figure = sweep_store.figures.new_figure
-  monkeypatch.setattr(sweep_store.figures, "new_figure",
-                      lambda *a, **k: figs.append(new_figure(*a, **k)) or figs[-1])
-  row = lambda alg, mu: {"algorithm": alg, "mu": mu, "num_seeds": 2,
-                         "average_best_accuracy_mean": 0.5, "average_best_accuracy_std": 0.1,
-                         "final_accuracy_mean": 0.4, "final_accuracy_std": 0.1}
-  sweep_store.plot_aggregate([row("fedprox", 0.1), row("fedprox", 1.0)], ["mu"],
-                             str(tmp_path / "a.png"), title="T")
-  axes = figs[-1].axes
-  assert [a.get_ylabel() for a in axes] == [
-      "final accuracy\n(mean ± std over 2 seeds)",
-      "average best accuracy\n(mean ± std over 2 seeds)"]
-  assert [a.get_xlabel() for a in axes] == ["mu", "mu"]
-  assert [t.get_text() for t in axes[0].get_legend().get_texts()] == [
-      "fedprox (mean ± std over 2 seeds)"]
-  assert figs[-1]._suptitle.get_text() == "T"

@@ -115,7 +115,8 @@ def test_the_new_options_from_the_cli_give_what_python_gives(tmp_path, algorithm
 
 @pytest.mark.parametrize("split", ["test", "clients"])
 def test_a_label_the_model_cannot_output_names_its_split_index_and_num_classes(split):
-  """A label past the model's outputs: the error names where the largest label is."""
+  """A label past the model's outputs: the error names its split, value and index, the
+  data's num_classes= and the fixes; a label in the test split only says so."""
   clients, _ = three_clients()
   test = (clients[2][0], np.zeros(len(clients[2][1]), np.int64))
   if split == "test":
@@ -123,11 +124,35 @@ def test_a_label_the_model_cannot_output_names_its_split_index_and_num_classes(s
   else:
     clients[1][1][4] = 7
   data = fa.data.from_clients(clients, test)
-  want = ("the largest label, 7, is test example 3 (the clients' labels go up to 2, the "
-          "test set's to 7)" if split == "test" else
-          "the largest label, 7, is client 1's example 4 (the clients' labels go up to 7, "
-          "the test set's to 0)")
+  want = ("test split: label 7 at index 3 (in the test split only: the clients' labels go "
+          "up to 2) is outside the model's 3" if split == "test" else
+          "train split: label 7 at client 1's example 4 (the test split's labels go up to "
+          "0) is outside the model's 3")
   with pytest.raises(ValueError) as e:
     fa.simulate(algorithm="fedavg", data=data, model=Linear(), rounds=1, quiet=True)
-  assert want in str(e.value) and "num_classes=8" in str(e.value)
-  assert "\n" not in str(e.value)
+  assert str(e.value) == (
+      "model: Linear gives 3 outputs per example, but the data have num_classes=8 (labels "
+      f"0..7): {want}; fix the label if it is wrong (fa.data.from_arrays / from_clients "
+      "with num_classes=3 refuse it) or give the model's last layer 8 outputs ([batch, 8] "
+      "logits)")
+
+
+@pytest.mark.parametrize("split", ["test", "clients", "arrays"])
+def test_a_label_outside_the_given_num_classes_names_its_split_value_and_index(split):
+  clients, _ = three_clients()
+  test = (clients[2][0], np.zeros(len(clients[2][1]), np.int64))
+  if split == "test":
+    test[1][3] = 9
+  else:
+    clients[1][1][4] = 9
+  with pytest.raises(ValueError) as e:
+    if split == "arrays":  # x and y as given: the index is y's
+      x, y = np.concatenate([c[0] for c in clients]), np.concatenate([c[1] for c in clients])
+      fa.data.from_arrays(x, y, test, num_clients=3, num_classes=3)
+    else:
+      fa.data.from_clients(clients, test, num_classes=3)
+  where = {"test": "test split: label 9 at index 3",
+           "clients": "train split (clients): label 9 at client 1's example 4",
+           "arrays": f"train split (y): label 9 at index {SIZES[0] + 4}"}[split]
+  assert str(e.value) == (f"num_classes=3: {where} is outside [0, 3); pass num_classes=10 "
+                          "(and give the model's last layer 10 outputs), or fix the label")

@@ -35,6 +35,7 @@ from fedjax_async import config as config_lib
 from fedjax_async import console
 from fedjax_async import cost
 from fedjax_async import loop
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import models
 from fedjax_async import outputs
 from fedjax_async import privacy
@@ -244,9 +245,14 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
     scale_index = schedule.clients.scale_index
   else:
     masks, scale_index = async_engine.full_masks(w0), np.zeros(len(counts), np.int64)
+  # each client's message: the parameters of its (sub-)model
+  client_bytes = np.array([metrics_lib.message_bytes(w0, k) for k in
+                           np.asarray(masks).sum(axis=1)[np.asarray(scale_index)]])
   steps = async_engine.client_steps(schedule, counts, local)
+  groups = async_engine.group_arrays(schedule, ecfg.group_size)
   estimate = cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
-                                ecfg.group_size, schedule.ring_size)
+                                ecfg.group_size, schedule.ring_size,
+                                num_groups=int(groups["valid"].shape[0]))
   cost.announce(estimate, cost.VIRTUAL_CLOCK_SMALLER, run_name)
   p = cfg.privacy
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
@@ -254,7 +260,6 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
         p.dp_epsilon, p.dp_delta, int(steps.max())))
   if algorithm.dp and math.isfinite(p.dp_epsilon):  # the epsilon it will spend, up front
     outputs.warn(report.dp_notice(run_name, cfg, report.dp_report(cfg, steps, counts, hp)))
-  groups = async_engine.group_arrays(schedule, ecfg.group_size)
   data = device.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)
   if mesh is not None:
@@ -268,7 +273,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
                               loop.first_length(estimate, num_groups))
   host, ckpt, state, start_group = _host_loop(cfg, run_name, algo_name, out_dir, config,
                                               num_groups, state, mesh, schedule, callbacks,
-                                              lengths)
+                                              lengths, client_bytes)
   try:
     state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=cfg.run.eval_every,
@@ -286,6 +291,9 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
       cfg, run_name, algo_name, fed, model_name, int(np.size(w0)), hp, host.rows,
       host.wall(), schedule, num_groups, ecfg.group_size, config,
       report.dp_report(cfg, steps, counts, hp) if algorithm.dp else None)
+  # the models sent that no row counts: to the dropped arrivals and those still in flight
+  unrowed = np.concatenate([schedule.client[schedule.dropped], schedule.in_flight])
+  summary.update(metrics_lib.bytes_totals(host.rows, client_bytes[unrowed].sum()))
   if out_dir is not None:
     outputs.write_final_model(out_dir, state.w)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -308,7 +316,7 @@ class _GroupLoop(loop.HostLoop):
 
 
 def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mesh,
-               schedule, callbacks, lengths: loop.ChunkLengths):
+               schedule, callbacks, lengths: loop.ChunkLengths, client_bytes):
   """(host loop, checkpoints or None, state, first group): a resumed run's state, rows and
   wall time restored from its latest checkpoint."""
   ckpt, resumed = None, None
@@ -330,7 +338,8 @@ def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mes
     console.say(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
                 f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)")
   metrics = loop.MetricsFile(
-      None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before)
+      None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before,
+      annotate=lambda rows: metrics_lib.add_arrival_bytes(rows, client_bytes))
   host = _GroupLoop(metrics, ckpt,
                     progress=None if cfg.output.quiet else report.ArrivalProgress(
                         run_name, schedule.num_updates, rows_before,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -228,6 +228,7 @@ class Schedule(NamedTuple):
   in_flight_at_end: int
   buffer_k: int
   stopped_at_budget: bool = False  # the run ended at ClockConfig.time_budget
+  in_flight: Optional[np.ndarray] = None  # int32: the clients still training at the end
 
   @property
   def staleness(self) -> np.ndarray:
@@ -313,7 +314,7 @@ def draw_schedule(cfg: ClockConfig, counts: Sequence[int], seed: int) -> Schedul
       applies=a[:, 6].astype(bool), clients=clients,
       ring_size=cfg.ring_size if cfg.ring_size else max_kept + 1,
       num_updates=version, in_flight_at_end=len(heap), buffer_k=cfg.buffer_k,
-      stopped_at_budget=stopped)
+      stopped_at_budget=stopped, in_flight=np.array([h[2] for h in heap], np.int32))
 
 
 def group(schedule: Schedule, max_group: int) -> np.ndarray:

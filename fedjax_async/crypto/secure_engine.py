@@ -25,6 +25,7 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
 from fedjax_async.crypto import streamed_ducc
+from fedjax_async.crypto import wire as wire_lib
 # the host memory available now (a function of this module: tests replace it here)
 from fedjax_async.data.federated import available_memory_bytes
 
@@ -42,8 +43,11 @@ MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 
                  2 ** 15: 881, 2 ** 16: 1747, 2 ** 17: 3523}
 # CPU seconds of one round at N = 2^16, 10 online + 10 delayed uploads: 57 with one chunk
 # of N/2 parameters, 16 more per further chunk (benchmarks/ducc_round.py, depth 28,
-# docs/crypto.md).
+# docs/crypto.md). The one-chunk round is mostly fixed work (the Min, Alg. 5's
+# transformations), little per upload: the README's round of ~10 uploads took 54 s, so
+# 51 s + 0.3 s an upload (benchmarks/cost_check.py).
 ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
+ROUND_CPU_S_PER_UPLOAD = 0.3
 # The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): OpenFHE's ring
 # for the depth-2 vector context at 128 bits, and CPU seconds of the round's scalar
 # work plus its model-size work per (upload x ciphertext), the key transformation for as
@@ -105,7 +109,8 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   (``memory_bytes``, the model above; ``num_clients`` key pairs, default ``uploads``;
   Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
   default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
-  the measured round (rough: linear in uploads, chunks and N).
+  the measured round (a fixed part and a part per upload, the further chunks' linear in
+  uploads; all linear in N).
 
   Args:
     dim: the model's parameter count d.
@@ -131,8 +136,9 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= log_q)
   chunks = -(-dim // (ring // 2))
   ct_bytes = _ct_bytes(ring, depth)
-  cpu_s = ((ROUND_CPU_S_ONE_CHUNK + ROUND_CPU_S_PER_CHUNK * (chunks - 1)) * uploads
-           / ROUND_UPLOADS * ring / 2 ** 16)
+  fixed = ROUND_CPU_S_ONE_CHUNK - ROUND_CPU_S_PER_UPLOAD * ROUND_UPLOADS
+  cpu_s = ((fixed + ROUND_CPU_S_PER_UPLOAD * uploads
+            + ROUND_CPU_S_PER_CHUNK * (chunks - 1) * uploads / ROUND_UPLOADS) * ring / 2 ** 16)
   held = (ONE_CONTEXT_FIXED_CTS
           + chunks * (uploads + 2 * recipients + ONE_CONTEXT_CHUNK_CTS)) * ct_bytes
   memory = (PROCESS_BYTES + _key_bytes(ring, depth, ring // 2, num_clients + 1) + held
@@ -280,6 +286,7 @@ class EncryptedServer:
     self.eps_d = cheon.max_min_error(protocol.min_iterations, scale=protocol.min_scale)
     self.empty_class_tol = empty_class_tol
     self.first = True
+    self.wire = protocol.wire or wire_lib.Wire()  # every round's messages, measured
 
   def step(self, t, w, uploads, online, delayed, recipients):
     """Round t (``HostServer.step``). Round 0 starts from w^0, which S0 initialises
@@ -304,16 +311,41 @@ class EncryptedServer:
     self.first = False
     tol = (int(delayed.sum()) * self.eps_d if self.empty_class_tol is None
            else self.empty_class_tol)
-    new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
-                                  self.alphas, tol)
+    given, self.protocol.wire = self.protocol.wire, self.wire
+    try:
+      new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
+                                    self.alphas, tol)
+    finally:
+      self.protocol.wire = given
     return new_w, {SIM_CONFLICTING: np.int32(_sim_conflicting(uploads, online, delayed))}, timings
 
+  def traffic(self) -> Dict[str, int]:
+    """The last round's bytes measured on the wire (``wire.Wire``): up (the uploads to S0),
+    down (S0's Enc_pk_i(w^{t+1}) to the recipients) and between the servers."""
+    b = self.wire.bytes
+    return {"bytes_up": int(b[("clients", "S0")]), "bytes_down": int(b[("S0", "clients")]),
+            "bytes_s0_to_s1": int(b[("S0", "S1")]), "bytes_s1_to_s0": int(b[("S1", "S0")])}
+
   def note(self, metrics) -> str:
-    return f", simulator diagnostic: {int(metrics[SIM_CONFLICTING])} conflicting"
+    b = self.traffic()
+    return (f", simulator diagnostic: {int(metrics[SIM_CONFLICTING])} conflicting; wire "
+            f"{b['bytes_up'] / 1e6:.2f} MB up, {b['bytes_down'] / 1e6:.2f} MB down, "
+            f"{(b['bytes_s0_to_s1'] + b['bytes_s1_to_s0']) / 1e6:.2f} MB between S0 and S1")
 
   def close(self):
     if self.owned:  # its worker pools, if any
       self.protocol.close()
+
+
+def server_views(design: str) -> Dict[str, str]:
+  """What each server sees per round (a CKKS run's summary): docs/crypto.md's "Leakage"
+  rows for ``design``."""
+  s1 = "rows S1" + (" and S1 (streamed)" if design == "streamed" else "")
+  return {"S0": "uploads, Enc(w) and S1's answers, IND-CPA ciphertexts under pk_s; in the "
+                "clear who, when, online or delayed, n, k, the recipients (docs/crypto.md, "
+                "Leakage, row S0)",
+          "S1": "w + r (r uniform on [-B, B], Alg. 5), the recipients, blinded and flooded "
+                f"norms and class tests, the counts (docs/crypto.md, Leakage, {s1})"}
 
 
 def make_server(algorithm: str, hp: Dict[str, float], dim: int, num_clients: int, *,

@@ -55,9 +55,10 @@ class FederatedData:
 
 
 def largest_label(fed: "FederatedData") -> str:
-  """Where ``fed``'s largest class label is (the split, the client and example or the test
-  index, and each split's largest), for an error about ``num_classes``; '' for sequence
-  labels or where the labels cannot be read."""
+  """Where ``fed``'s largest class label is, for an error about ``num_classes``: "test split:
+  label 9 at index 7" or "train split: label 9 at client 3's example 9", with the other
+  split's largest (a label in the test split only said so); '' for sequence labels or
+  where the labels cannot be read."""
   try:
     if np.ndim(fed.test_y) != 1:
       return ""
@@ -69,12 +70,31 @@ def largest_label(fed: "FederatedData") -> str:
   except Exception:  # pylint: disable=broad-except  (a lazy view that cannot be read whole)
     return ""
   if b > a:
-    where = f"test example {int(np.argmax(test))}"
+    return (f"test split: label {b} at index {int(np.argmax(test))} (in the test split "
+            f"only: the clients' labels go up to {a})")
+  c, j = np.unravel_index(int(np.argmax(train)), train.shape)
+  return (f"train split: label {a} at client {int(c)}'s example {int(j)} (the test split's "
+          f"labels go up to {b})")
+
+
+def _outside(y, ty, parts, num_classes: int, names: dict) -> str:
+  """The error for the first label >= ``num_classes`` (the training split's first), headed
+  by ``num_classes=``: its split, value and index (for ``from_clients``, the client and example), what to pass."""
+  k = int(max(y.max(initial=0), ty.max(initial=0))) + 1
+  bad = np.flatnonzero(y >= num_classes)
+  if bad.size:
+    i = int(bad[0])
+    split, value = f"train split ({names['y']})", int(y[i])
+    where = f"index {i}"
+    if names["y"] == "clients":  # the clients' arrays one after another
+      c = next(c for c, p in enumerate(parts) if p[0] <= i <= p[-1])
+      where = f"client {c}'s example {i - int(parts[c][0])}"
   else:
-    c, j = np.unravel_index(int(np.argmax(train)), train.shape)
-    where = f"client {int(c)}'s example {int(j)}"
-  return (f"the largest label, {max(a, b)}, is {where} (the clients' labels go up to {a}, "
-          f"the test set's to {b})")
+    i = int(np.flatnonzero(ty >= num_classes)[0])
+    split, value, where = "test split", int(ty[i]), f"index {i}"
+  return (f"num_classes={num_classes}: {split}: label {value} at {where} is outside [0, "
+          f"{num_classes}); pass num_classes={k} (and give the model's last layer {k} "
+          "outputs), or fix the label")
 
 
 # ------------------------------------------------------------------------ memory
@@ -400,7 +420,8 @@ def format_histogram(hist: np.ndarray) -> str:
 
 
 def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
-  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is untouched)."""
+  """Heat map clients x classes with a colorbar (Agg canvas; the global backend is
+  untouched), titled ``title`` (default: the clients, classes and examples counted)."""
   hist = np.asarray(hist)
   n, c = hist.shape
   fig = figures.new_figure((max(4.0, 0.35 * c + 2.5), max(3.0, min(0.18 * n + 1.5, 20.0))))
@@ -409,7 +430,8 @@ def save_histogram_png(hist: np.ndarray, path: str, title: str = "") -> None:
   figures.integer_ticks(ax)
   ax.set_xlabel("class")
   ax.set_ylabel("client")
-  ax.set_title(title)
+  ax.set_title(title or f"examples per client and class: {n} clients, {c} classes, "
+               f"{int(hist.sum())} examples", fontsize=9)
   fig.colorbar(im, ax=ax, label="examples")
   fig.tight_layout()
   fig.savefig(path, dpi=100, format="png")  # to ``path`` as given (no ".png" appended)
@@ -584,9 +606,7 @@ def _federated(x, y, parts, test, num_classes, name, partition, names) -> Federa
                                                                    (int, np.integer)):
     raise ValueError(f"num_classes: expected an int, got {_short(num_classes)}")
   elif num_classes < k:
-    which = names["y"] if y.max(initial=0) + 1 == k else "test"
-    raise ValueError(f"num_classes={num_classes}: the labels ({which}) go up to {k - 1}; "
-                     f"leave num_classes out or use at least {k}")
+    raise ValueError(_outside(y, ty, parts, int(num_classes), names))
   if not isinstance(name, str) or not name:
     raise ValueError(f"name: expected a non-empty string, got {_short(name)}")
   return federate(x, y, parts, tx, ty, int(num_classes), name, partition=partition,

@@ -37,6 +37,7 @@ from fedjax_async import console
 from fedjax_async import cost as cost_lib
 from fedjax_async import data as data_lib
 from fedjax_async import loop
+from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
 from fedjax_async import results_table
@@ -185,7 +186,11 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
       state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
       console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
                   f"({ckpt.directory})")
-    metrics = loop.MetricsFile(os.path.join(run_dir, "metrics.jsonl"), rows_before)
+    message = metrics_lib.message_bytes(w0)
+    metrics = loop.MetricsFile(
+        os.path.join(run_dir, "metrics.jsonl"), rows_before,
+        annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
+                                                          message))
     host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
                          None if cfg.output.quiet else Progress(name, t.rounds,
                                                                 len(rows_before)),
@@ -199,7 +204,8 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
   finally:
     ckpt.close()
   rows = [checkpoint_lib.to_json_ready(r) for r in metrics.rows]
-  res = {**report.run_result(rows, t.target_accuracy), "seconds": host.wall()}
+  res = {**report.run_result(rows, t.target_accuracy), "seconds": host.wall(),
+         **metrics_lib.bytes_totals(rows)}
   return res, rows
 
 

@@ -97,7 +97,7 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
     path: the PNG to write.
     encrypted_without: the same encrypted without the layer (None: no third row).
     titles: the rows' labels.
-    title: the figure's title.
+    title: the figure's title (default: the images per row and the rows' labels).
   """
   rows = [np.asarray(originals), np.asarray(encrypted)]
   if encrypted_without is not None:
@@ -117,7 +117,6 @@ def save_encryption_grid(originals, encrypted, path: str, encrypted_without=None
       ax.set_yticks([])
       if c == 0:
         ax.set_ylabel(titles[r], fontsize=7)
-  if title:
-    fig.suptitle(title, fontsize=8)
+  fig.suptitle(title or f"{n} images per row: " + ", ".join(titles[:len(rows)]), fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)

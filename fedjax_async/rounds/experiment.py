@@ -165,11 +165,14 @@ def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: 
     ecfg = dataclasses.replace(ecfg, progress=progress.tick)
   # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
   # event files is purged (session restart at step 0), the restored rows written again.
+  tl, message = setup.tl, metrics_lib.message_bytes(setup.state.w)
   metrics = loop.MetricsFile(
       os.path.join(out_dir, "metrics.jsonl") if out_dir is not None else None,
       resumed.rows if resumed else (),
       TensorBoard(out_dir, cfg.output.tensorboard and out_dir is not None,
-                  purge_step=0 if cfg.output.resume else None))
+                  purge_step=0 if cfg.output.resume else None),
+      annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
+                                                        message))
   host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
                        None if quiet else progress,
                        resumed.wall_before if resumed else 0.0, callbacks)
@@ -200,7 +203,10 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
   if stopped_early_at is not None:
     summary["stopped_early_at_round"] = stopped_early_at
   if cfg.crypto.secure_aggregation == "ckks":
+    from fedjax_async.crypto import secure_engine  # pylint: disable=g-import-not-at-top
     summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
+    summary["bytes_measured"] = "on the wire (OpenFHE's binary serialisation)"
+    summary["server_views"] = secure_engine.server_views(cfg.crypto.ckks_design)
   if dp_fedavg.is_private(setup.algorithm):  # the epsilon spent by the rounds run
     summary["privacy"] = dp_fedavg.report(setup.hp, fed_data.num_clients, len(rows))
   if out_dir is not None:
@@ -369,7 +375,9 @@ def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: i
 def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset: str,
               model: str, num_params: int, rounds: int, wall: float, config: dict,
               target: float = 0.0) -> dict:
-  """summary.json of one run from its metrics rows and timeline.
+  """summary.json of one run from its metrics rows and timeline; the rows without their
+  bytes up and down get them (float32 messages of ``num_params``: ``metrics.add_round_bytes``)
+  and the summary their totals.
 
   Args:
     rows: the run's metrics rows.
@@ -385,6 +393,7 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
   """
   accs = [r["test_accuracy"] for r in rows]
   delayed_mask = tl.valid & ~tl.online
+  metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled, num_params * 4)
   return {
       "algorithm": name, "seed": config.get("seed"),
       "data_seed": outputs.data_seed_of({"config": config}),
@@ -395,6 +404,7 @@ def summarize(rows: List[dict], tl: timeline_lib.Timeline, *, name: str, dataset
       "mean_staleness_of_delayed": float(np.mean(tl.staleness()[delayed_mask]))
       if np.any(delayed_mask) else 0.0,
       "config": config, **metrics_lib.rounds_to_target(rows, target),
+      **metrics_lib.bytes_totals(rows),
   }
 
 

@@ -170,6 +170,8 @@ def run_host_rounds(apply_flat: Callable, algorithm: base.Algorithm,
     state, metrics = finish_fn(state, phase, jnp.asarray(new_w, jnp.float32),
                                state.server_state, slots, alg_metrics)
     rows = _round_rows(metrics, eval_fn(state.w) if schedule[t] else None, t_round)
+    if hasattr(server, "traffic"):  # bytes measured on its wire
+      rows[0].update(server.traffic())
     if (not engine.host_stops_on_divergence(on_chunk)
         and engine.first_nonfinite(rows) is not None):
       raise engine.diverged(rows, 0)

@@ -123,6 +123,7 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
     if not names:
       ax.bar([r["algorithm"] for r in rows], [mean(r) for r in rows],
              yerr=[std(r) for r in rows], capsize=4)
+      ax.set_xlabel("algorithm")
       drawn = len(rows)
     else:
       x_name, others = names[0], list(names[1:])
@@ -157,8 +158,8 @@ def plot_aggregate(rows: List[dict], names: Sequence[str], path: str, title: str
     ax.set_ylabel(label if kept(rows) == "1" else
                   f"{label}\n(mean ± std over {kept(rows)} seeds)")
     ax.grid(True, alpha=0.3)
-  if title:
-    fig.suptitle(outputs.wrap_title(title, 125), fontsize=9)
+  fig.suptitle(outputs.wrap_title(title or (f"swept {', '.join(names)}" if names else
+                                            "per algorithm"), 125), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return drawn
