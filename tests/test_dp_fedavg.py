@@ -202,7 +202,7 @@ def test_a_run_at_a_target_epsilon_spends_it(capsys):
   same epsilon dp-accounting gives for that z, and the console says so."""
   out = fa.simulate(algorithm="dp_fedavg", num_clients=10, participation=0.3, rounds=4,
                     local_epochs=1, delay_fraction=0.0, dp_epsilon=2.0, dp_delta=1e-5,
-                    quiet=True, output_dir=None)
+                    output_dir=None)
   block = out.runs["dp_fedavg"].summary["privacy"]
   assert block["sampling_rate"] == 0.3 and block["rounds"] == 4
   assert 2.0 * (1 - 1e-3) <= block["epsilon_spent"] <= 2.0

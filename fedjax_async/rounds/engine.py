@@ -372,7 +372,6 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   """
   t = state.round
   num_clients = data.counts.shape[0]
-  ring_size = state.ring.shape[0]
   k = slots["valid"].shape[0]
   if streams_uploads(algorithm, cfg, k) and algorithm.streamed_server.online_first:
     # The rule folds in every online upload before any delayed one (PAFed's DUCC weighs
@@ -393,7 +392,7 @@ def client_phase(state: SimState, slots, hp, data: DeviceData, *, apply_flat: Ca
   ids = jnp.where(trains, slots["client"], num_clients)  # out of bounds for padding
   gather_ids = jnp.minimum(ids, num_clients - 1)
   dispatch = slots["dispatch"]
-  ring_row = dispatch % ring_size  # the ring slot holding the model each client started from
+  ring_row = dispatch % state.ring.shape[0]  # the ring slot holding the model each client started from
   n = data.counts[gather_ids]
   keys = jax.vmap(client_key, in_axes=(None, 0, 0))(state.key, dispatch, gather_ids)
   client_ids, n_local = gather_ids, n
