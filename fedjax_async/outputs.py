@@ -215,7 +215,10 @@ def note_lock_holder(directory: str):
 
 
 def write_final_model(directory: str, w) -> None:
-  """``FINAL_MODEL``: the final global model (a replicated array: its local copy)."""
+  """``FINAL_MODEL``: the final global model (a replicated array: its local copy); none
+  when the run ended in a signal that took its last state with it (donated)."""
+  if getattr(w, "is_deleted", lambda: False)():
+    return
   if getattr(w, "is_fully_addressable", True) is False:
     w = w.addressable_data(0)
   np.save(os.path.join(directory, FINAL_MODEL), np.asarray(w, np.float32))

@@ -19,6 +19,7 @@ import fedjax_async as fa
 from fedjax_async import config
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import dp_fedavg
+from fedjax_async.algorithms import fedprox
 from fedjax_async.algorithms import server_optimizers as so
 from fedjax_async.core import client as client_lib
 from fedjax_async.core import timeline as timeline_lib
@@ -41,11 +42,12 @@ def apply_flat(w, xb, train=False, rng=None):
   return xb @ w[:D * C].reshape(D, C) + w[D * C:]
 
 
-def run(chunk=None, lr=0.5, **dp):
-  """The final model and rows of a 12-round run of dp_fedavg (``dp``: its flags)."""
+def run(chunk=None, lr=0.5, alg=None, **dp):
+  """The final model and rows of a 12-round run of dp_fedavg (``alg``: another private
+  rule; ``dp``: its flags)."""
   cfg = config.RunConfig().replace(algorithm="dp_fedavg", participation=0.5,
                                    rounds=ROUNDS, seed=7, **dp)
-  alg = fa.algorithms.get("dp_fedavg")
+  alg = alg or fa.algorithms.get("dp_fedavg")
   hp = dict(cfg.hparams(alg, N), lr=lr, momentum=0.0)
   ecfg = engine.EngineConfig(client_lib.LocalConfig(M, EPOCHS, M, momentum=False),
                              ring_size=3, eval_batch=8, client_chunk=chunk)
@@ -87,10 +89,11 @@ def runs():
   """The engine's runs, by name: noise-free and noisy, one vmap and chunks of 4."""
   out = {}
   for chunk in (None, 4):
-    out["free", chunk] = run(chunk, dp_clip=CLIP_NORM)
-    out["noisy", chunk] = run(chunk, dp_clip=CLIP_NORM, dp_noise_multiplier=0.7)
-    out["zero", chunk] = run(chunk, lr=0.0, dp_clip=CLIP_NORM, dp_noise_multiplier=0.7)
-  out["prox"] = run(None, dp_clip=CLIP_NORM, mu=0.5)
+    out["free", chunk] = run(chunk, dp_update_clip=CLIP_NORM)
+    out["noisy", chunk] = run(chunk, dp_update_clip=CLIP_NORM, dp_noise_multiplier=0.7)
+    out["zero", chunk] = run(chunk, lr=0.0, dp_update_clip=CLIP_NORM, dp_noise_multiplier=0.7)
+  out["prox"] = run(None, alg=dp_fedavg.private(fedprox.ALGORITHM, name="dp_fedprox"),
+                    dp_update_clip=CLIP_NORM, mu=0.5)
   return out
 
 
@@ -104,7 +107,7 @@ def test_noise_free_dp_fedavg_is_numpy_clipped_fedavg(runs):
   prox, _ = numpy_clipped_fedavg(CLIP_NORM, mu=0.5)
   np.testing.assert_allclose(runs["prox"][0], prox, rtol=2e-5, atol=2e-6)
   assert not np.allclose(prox, want, atol=1e-4)
-  assert [r["dp_clip"] for r in runs["free", None][1]] == [pytest.approx(CLIP_NORM)] * ROUNDS
+  assert [r["dp_update_clip"] for r in runs["free", None][1]] == [pytest.approx(CLIP_NORM)] * ROUNDS
 
 
 def test_chunks_give_the_same_model_and_the_same_noise(runs):
@@ -136,7 +139,7 @@ def _server_round(alg, w, state, uploads, round_index, **hp):
   one = jnp.ones(k, bool)
   arrivals = base.Arrivals(one, one, ~one, jnp.zeros(k, jnp.int32), jnp.ones(k), jnp.ones(k),
                            None)
-  full = dict(server_lr=1.0, dp_clip=1.0, dp_noise_multiplier=0.0, dp_quantile=0.0,
+  full = dict(server_lr=1.0, dp_update_clip=1.0, dp_noise_multiplier=0.0, dp_quantile=0.0,
               dp_clip_lr=0.2, dp_count_noise=0.05, dp_clients_per_round=float(k), dp_seed=0.0)
   full.update(hp)
   return alg.server_update(w, state, jnp.asarray(uploads, jnp.float32), arrivals,
@@ -155,12 +158,12 @@ def test_adaptive_clip_moves_to_the_quantile_of_hand_built_norms():
     w, state = jnp.zeros(2), alg.init_server_state(jnp.zeros(2))
     clips, want, c = [], [], 4.0
     for t in range(30):
-      new_w, state, metrics = _server_round(alg, w, state, uploads, t, dp_clip=4.0,
+      new_w, state, metrics = _server_round(alg, w, state, uploads, t, dp_update_clip=4.0,
                                             dp_quantile=gamma, dp_count_noise=1e-9)
       if t == 0 and gamma == 0.5:
         np.testing.assert_allclose(np.asarray(new_w), [3.4, 0.0], rtol=1e-6)
       w = new_w
-      clips.append(float(metrics["dp_clip"]))
+      clips.append(float(metrics["dp_update_clip"]))
       want.append(c)
       c *= math.exp(-0.2 * (np.mean(np.arange(1, 11) <= c) - gamma))
     np.testing.assert_allclose(clips, want, rtol=1e-5)

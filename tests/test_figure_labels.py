@@ -8,9 +8,7 @@ clock's curves.png), ``sweeps/store.plot_aggregate`` (aggregate.png, swept and n
 experiments/pafed_table.py's curves, benchmarks/min_depth.py's and benchmarks/report.py's.
 """
 
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -137,11 +135,8 @@ def test_the_encryption_grid_names_its_rows(saved):
 
 
 def test_the_pafed_tables_curves_name_data_model_delta_and_algorithms(saved, tmp_path):
-  spec = importlib.util.spec_from_file_location(
-      "pafed_table", os.path.join(ROOT, "experiments", "pafed_table.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["pafed_table"] = module  # its dataclasses look their module up
-  spec.loader.exec_module(module)
+  from test_results_tables import pafed_table  # pylint: disable=g-import-not-at-top
+  module = pafed_table()  # (loaded once a process: it defines flags)
   from fedjax_async import config as config_lib  # pylint: disable=g-import-not-at-top
   summary = {"setting": {"delay_fraction": 0.3}, "dataset": "mnist", "model": "cnn"}
   runs = [(summary, [{"round": 1, "test_accuracy": 0.5}])]

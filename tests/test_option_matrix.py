@@ -73,7 +73,7 @@ CHILD = textwrap.dedent("""
     cfg = config.RunConfig().replace(client_weighting=weighting, algorithm=rule,
                                      server_optimizer=opt, server_lr=(
         1.0 if opt == "sgd" else 0.05), rho=0.3, mu=0.1, alpha0=0.5, alpha1=0.4, alpha2=0.3,
-        participation=0.5, dp_clip=0.5, dp_noise_multiplier=0.5)  # DP-FedAvg's noise on
+        participation=0.5, dp_update_clip=0.5, dp_noise_multiplier=0.5)  # DP-FedAvg's noise on
     alg = so.configured(algorithms.get(rule), cfg.algorithm)
     hp = cfg.hparams(alg, N)
     tl = timelines[delays]

@@ -8,8 +8,9 @@ local penalty; their upload must be the update Delta_k = w_end - w_start,
 ``base.delta_upload``: FedAvg's, FedProx's) and gives it DP-FedAvg's server. The two
 compose: ``server_optimizers.configured(private(fedavg.ALGORITHM), cfg)`` runs the server
 optimiser on the noised step (post-processing: DP-FedAdam, Andrew et al.'s server
-momentum). ``dp_fedavg`` is ``private`` of FedProx's clients at mu = 0 (FedAvg's; DP-FedProx
-with ``--mu``). Round t, with m = qN the expected number of clients (``hp``'s
+momentum). ``dp_fedavg`` is ``private`` of FedAvg's clients; DP-FedProx is
+``private(fedprox.ALGORITHM, name="dp_fedprox")``. Round t, with m = qN the expected
+number of clients (``hp``'s
 ``dp_clients_per_round``, from the timeline's sampling rate q):
 
   Delta_k' = Delta_k min(1, C_t / ||Delta_k||)            (Alg. 1's per-user clip)
@@ -45,10 +46,10 @@ import jax.numpy as jnp
 
 from fedjax_async import privacy
 from fedjax_async.algorithms import base
-from fedjax_async.algorithms import fedprox
+from fedjax_async.algorithms import fedavg
 
-CLIP = base.HParam("dp_clip", 2.0, "C, the L2 clip of each update (clock: of each step's "
-                   "gradient; adaptive: C_0).", bounds="(0, inf)")
+CLIP = base.HParam("dp_update_clip", 2.0, "C, the L2 clip of each update (adaptive: C_0).",
+                   bounds="(0, inf)")
 NOISE = base.HParam("dp_noise_multiplier", 0.0, "z: noise std zC on the sum (0: none).",
                     bounds="[0, inf)")
 EPSILON = base.HParam("dp_epsilon", math.inf, "Target epsilon: z calibrated (inf: none).",
@@ -76,7 +77,7 @@ class DpSums(NamedTuple):
 
 def clip_norm(log_clip_scale, hp) -> jax.Array:
   """C_t = C_0 exp(log(C_t / C_0))."""
-  return hp["dp_clip"] * jnp.exp(log_clip_scale)
+  return hp["dp_update_clip"] * jnp.exp(log_clip_scale)
 
 
 def update_noise_multiplier(hp) -> jax.Array:
@@ -134,7 +135,7 @@ def _finish(w, server_state: DpState, sums: DpSums, arrivals, round_index, hp):
   below = (sums.unclipped + sigma_b * jax.random.normal(k_count, (), jnp.float32)) / m
   step = jnp.where(hp["dp_quantile"] > 0, -hp["dp_clip_lr"] * (below - hp["dp_quantile"]),
                    0.0)
-  metrics = {"dp_clip": clip, "dp_unclipped_fraction": below}
+  metrics = {"dp_update_clip": clip, "dp_unclipped_fraction": below}
   return new_w, DpState(server_state.log_clip_scale + step), metrics
 
 
@@ -207,7 +208,7 @@ def report(hp: dict, num_clients: int, rounds_run: int) -> dict:
   q = min(1.0, m / num_clients)
   return {"mechanism": "dp_fedavg", "noise_multiplier": z,
           "update_noise_multiplier": float(update_noise_multiplier(hp)),
-          "clip": float(hp["dp_clip"]), "quantile": float(hp["dp_quantile"]),
+          "clip": float(hp["dp_update_clip"]), "quantile": float(hp["dp_quantile"]),
           "clients_per_round": m, "sampling_rate": q, "rounds": int(rounds_run),
           "delta": float(hp["dp_delta"]), "epsilon_target": eps if math.isfinite(eps) else None,
           "epsilon_spent": privacy.spent_epsilon(z, int(rounds_run), float(hp["dp_delta"]), q)}
@@ -223,7 +224,5 @@ def notice(run_name: str, block: dict, rounds: int) -> str:
           f"epsilon {block['epsilon_spent']:.4g} (delta {block['delta']:g})")
 
 
-# FedProx's clients at mu = 0 (FedAvg's; DP-FedProx with --mu > 0).
-_CLIENTS = dataclasses.replace(fedprox.ALGORITHM, hparams=(dataclasses.replace(
-    fedprox.MU, default=0.0),))
-ALGORITHM = private(_CLIENTS, name="dp_fedavg")
+# FedAvg's clients (DP-FedProx from Python: private(fedprox.ALGORITHM, name=...)).
+ALGORITHM = private(fedavg.ALGORITHM, name="dp_fedavg")

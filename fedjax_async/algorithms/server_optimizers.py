@@ -194,7 +194,8 @@ def with_server_optimizer(algorithm: base.Algorithm,
       return new_w, pack(own, opt_state), metrics
 
     streamed = inner_streamed._replace(
-        init=lambda w, server_state: inner_streamed.init(w, server_state[0]), finish=finish)
+        init=lambda w, server_state: inner_streamed.init(w, unpack(server_state)[0]),
+        finish=finish)
   init_inner = algorithm.init_server_state
   return dataclasses.replace(
       algorithm, server_update=server_update, streamed_server=streamed,

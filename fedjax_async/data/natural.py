@@ -200,8 +200,8 @@ def note_empty(where: str, ids: Sequence[str], empty: Sequence[str]) -> None:
   if len(empty):
     shown = ", ".join(repr(str(e)) for e in list(empty)[:3]) + (", ..." if len(empty) > 3
                                                               else "")
-    note(f"{where}: {len(empty)} of {len(ids)} clients have no examples and are left out "
-         f"({shown}); the run has {len(ids) - len(empty)}")
+    console.warn(f"{where}: {len(empty)} of {len(ids)} clients have no examples and are "
+                 f"left out ({shown}); the run has {len(ids) - len(empty)}")
 
 
 def is_lazy(fed) -> bool:
