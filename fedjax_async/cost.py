@@ -3,7 +3,7 @@
   cost: 0.47 PFLOP, ~1.2 GiB, ~3 h on cpu (2 cores)
 
 and, when the time exceeds ``WARN_SECONDS``, a warning naming how to pick a smaller
-setting. The drivers print it to stderr, also when quiet.
+setting. The drivers print it to stderr (not with quiet=True).
 
 FLOPs: the model's forward pass on one example, counted from its jaxpr as
 ``models.analytic_flops`` counts (2 x output size x contraction length of every matrix
