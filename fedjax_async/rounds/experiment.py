@@ -207,14 +207,21 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
     summary["ckks_security"] = ckks_security(cfg.crypto.ckks_preset)
     summary["bytes_measured"] = "on the wire (OpenFHE's binary serialisation)"
     summary["server_views"] = secure_engine.server_views(cfg.crypto.ckks_design)
-  if dp_fedavg.is_private(setup.algorithm):  # the epsilon spent by the rounds run
-    summary["privacy"] = dp_fedavg.report(setup.hp, fed_data.num_clients, len(rows))
+  summary.update(privacy_fields(setup.algorithm, setup.hp, fed_data.num_clients, rows))
   if out_dir is not None:
     outputs.write_final_model(out_dir, w)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
   return summary
 
+
+
+def privacy_fields(algorithm, hp: dict, num_clients: int, rows: Sequence[dict]) -> dict:
+  """``{"privacy": ...}``, the (epsilon, delta) a DP-FedAvg run spent over its ``rows``'
+  rounds (``dp_fedavg.report``), for its summary; ``{}`` for a non-private ``algorithm``."""
+  if not dp_fedavg.is_private(algorithm):
+    return {}
+  return {"privacy": dp_fedavg.report(hp, num_clients, len(rows))}
 
 
 def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",

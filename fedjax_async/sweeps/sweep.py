@@ -458,6 +458,7 @@ class Prepared:
   timelines: List[timeline_lib.Timeline]
   model_name: str
   num_params: int
+  algorithm: base_lib.Algorithm  # as the round engine runs it (its server optimiser)
 
 
 def check_same_static(cfgs: Sequence[config_lib.RunConfig], names: Sequence[str]):
@@ -506,7 +507,7 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
   return Prepared(make_sweep_runner(apply_flat, algorithm, ecfg), stack_trees(states),
                   stack_timelines(timelines, fed_data.num_clients), stack_hparams(cfgs, algorithm, fed_data.num_clients),
                   engine.DeviceData.from_federated(fed_data), timelines, model_name,
-                  num_params)
+                  num_params, algorithm)
 
 
 def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_data,
@@ -543,6 +544,9 @@ def run_in_memory(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed
     s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
     s.update(diverged_fields(res.rows[i], res.diverged_round[i],
                              None if quiet else f"{algorithm_name}/{run_name(c, names)}"))
+    s.update(experiment.privacy_fields(prep.algorithm, c.hparams(prep.algorithm,
+                                       fed_data.num_clients), fed_data.num_clients,
+                                       res.rows[i]))
     out.append((s, res.rows[i], unstack(res.states, i)))
   return out
 
@@ -622,6 +626,9 @@ def run_sweep(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str, fed_dat
       s["seed"], s["setting"] = c.run.seed, setting_of(c, names)
       s.update(diverged_fields(res.rows[i], res.diverged_round[i],
                                f"{algorithm_name}/{run_name(c, names)}"))
+      s.update(experiment.privacy_fields(prep.algorithm, c.hparams(prep.algorithm,
+                                         fed_data.num_clients), fed_data.num_clients,
+                                         res.rows[i]))
       s["runs_in_computation"] = len(group)
       s["computation_wall_time_s"] = res.wall_time_s
       if out_dir is not None and distributed.is_main():
