@@ -8,7 +8,8 @@ which should lie within 2x.
   python benchmarks/cost_check.py                    # main,cnn,clock,ckks
   python benchmarks/cost_check.py --cases=main,clock
 
-A timing check, printed (and written as JSON lines with ``--out_jsonl``), never asserted.
+A timing check, printed (and written as JSON lines with ``--out_jsonl``, each row with its
+host, load and commit: ``host.host``), never asserted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import flagcheck
+from benchmarks import host
 from benchmarks import paths
 
 RUN = os.path.join("experiments", "run.py")
@@ -76,9 +78,8 @@ def measured(out_dir: str, ckks: bool) -> dict:
 def check(name: str) -> list:
   """Runs case ``name``; its rows (run, estimate, measured, ratio)."""
   with tempfile.TemporaryDirectory() as tmp:
-    # (quiet but for CKKS, whose server says its estimate on the console)
-    cmd = [sys.executable, RUN, *CASES[name], f"--output_dir={tmp}"] + (
-        [] if name == "ckks" else ["--quiet"])
+    # (not --quiet: the cost lines it reads are progress lines, which --quiet drops)
+    cmd = [sys.executable, RUN, *CASES[name], f"--output_dir={tmp}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=paths.ROOT, capture_output=True, text=True, check=False)
     total = time.perf_counter() - t0
@@ -88,6 +89,9 @@ def check(name: str) -> list:
     est, got = estimates(proc.stderr + proc.stdout), measured(tmp, name == "ckks")
   if name != "ckks" and len(est) == 1 and len(got) == 1:  # one run: its folder is the root
     got = {next(iter(est)): next(iter(got.values()))}
+  if not any(run in got for run in est):
+    raise SystemExit(f"error: {name}: no run with both an estimate ({sorted(est)}) and a "
+                     f"measured time ({sorted(got)}) in the command's output")
   return [{"case": name, "run": run, "estimate_s": est[run], "measured_s": got[run],
            "ratio": est[run] / max(got[run], 1e-9), "command_s": total}
           for run in est if run in got]
@@ -98,7 +102,9 @@ def main(argv):
   rows = []
   print(f"{'case':6} {'run':12} {'estimate s':>10} {'measured s':>10} {'ratio':>6}")
   for name in FLAGS.cases:
+    where = host.openfhe_host() if name == "ckks" else host.host()  # at the case's start
     for r in check(name):
+      r.update(where)
       rows.append(r)
       within = "" if 0.5 <= r["ratio"] <= 2.0 else "  (outside 2x)"
       print(f"{r['case']:6} {r['run']:12} {r['estimate_s']:10.1f} {r['measured_s']:10.1f} "

@@ -37,23 +37,25 @@ WARN_SECONDS = 180.0
 
 # Throughput of the engines' training (FLOPs counted as above / wall time), per CPU core,
 # and the fixed seconds per server step and per run, calibrated on this project's 2-core
-# AMD EPYC VM (AVX-512), jax 0.6.2, against the README's commands (benchmarks/cost_check.py
-# prints estimate / measured for each): the CNN command (PAFed, 5 rounds of 10 clients,
-# 3.4 TFLOP) took 145 s, 23 GFLOP/s on 2 cores (the MLP's rounds ran at 48); the main
-# job's 100 logistic-regression rounds 3.1-3.6 s a run, compilation included.
-CPU_FLOPS_PER_CORE = 15e9
+# AMD EPYC VM (AVX-512), jax 0.6.2, idle, against the README's commands
+# (benchmarks/cost_check.py prints estimate / measured for each; the estimates sit ~1.3x
+# above the idle times, so that a machine up to ~2.5x slower under load stays within 2x):
+# the CNN command (PAFed, 5 rounds of 10 clients, 3.4 TFLOP) took 19.8 s, 86 GFLOP/s a
+# core; the main job's 100 logistic-regression rounds 1.2-1.7 s a run, compilation from
+# JAX's disk cache included.
+CPU_FLOPS_PER_CORE = 65e9
 # Accelerators were not measured here: the H200's CNN rounds ran at 7-12 TFLOP/s
 # (docs/performance.md, "On a GPU"); TPUs are taken as alike.
 ACCELERATOR_FLOPS = 7e12
 # Seconds per server step besides arithmetic: a round of the round engine (a scanned
-# step, ~0.012 s in the main job), an Alg. 1 epoch.
-CPU_STEP_SECONDS = 0.012
+# step, ~0.005 s in the main job), an Alg. 1 epoch.
+CPU_STEP_SECONDS = 0.006
 ACCELERATOR_STEP_SECONDS = 0.01
 # A group of the virtual clock's arrivals in server steps (one client and its metrics
 # row against a round's clients and evaluation): the clock's command, 300 FedAsync / 1,500
-# FedBuff arrivals in groups of one, took 2.0 / 7.2 s with its files.
-CLOCK_GROUP_STEPS = 0.3
-COMPILE_SECONDS = 2.0  # per run: the engines' programs (JAX's disk cache keeps them)
+# FedBuff arrivals in groups of one, took 0.9 / 2.0 s.
+CLOCK_GROUP_STEPS = 0.2
+COMPILE_SECONDS = 1.0  # per run: the engines' programs (JAX's disk cache keeps them)
 # FedEDS's Alg. 1 per minibatch step (a client's 50 rows through the UNet encryptor, whose
 # narrow convolutions run far below the throughput above): the quick setting's 25
 # client-epochs of 4 steps took 19 s on this CPU, 400 encryptor epochs of one client 150 s.
