@@ -36,12 +36,15 @@ def _one_line_error(excinfo, path: str):
 
 
 def _fededs_leftovers():
+  """The FedEDS folders in the temporary directory (the test's own: ``tempfile.tempdir``
+  patched, so that another process's FedEDS run cannot appear in it)."""
   return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("fededs_")}
 
 
 def test_finding_7_fededs_from_python_takes_data_and_writes_only_where_asked(
-    tmp_path, monkeypatch, capsys):
+    tmp_path, tmp_path_factory, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)  # the old default output_dir was out/fededs, relative
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("own_tmp")))
   my_data = _docs_data()
   # replayed as written: the docs' 8-feature data cannot feed Alg. 1's UNet; one line
   # naming data= and what does run
@@ -62,11 +65,10 @@ def test_finding_7_fededs_from_python_takes_data_and_writes_only_where_asked(
     fa.simulate(fa.FedEDSRunConfig(), resume=True)
   _one_line_error(e, "output.resume")
   # the message's settings run on your clients, in a temporary folder removed after
-  before = _fededs_leftovers()
   small = dict(quick=True, data=my_data, rounds=2, variants="base", privacy=False,
                utility_epochs=0, quiet=True)
   result = fa.simulate(fa.FedEDSRunConfig(), **small)
-  assert os.listdir(tmp_path) == [] and _fededs_leftovers() == before
+  assert os.listdir(tmp_path) == [] and _fededs_leftovers() == set()
   assert list(result.runs) == ["arrays K=20 fedavg/base"]
   rows = result.runs["arrays K=20 fedavg/base"].rows
   assert [r["round"] for r in rows] == [1, 2]

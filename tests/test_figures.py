@@ -61,6 +61,8 @@ TINY = {
     "ducc_round.py": ["--security=insecure", "--ring_dim=2048", "--min_depth=3", "--dims=3000",
                       "--online=2", "--delayed=2", "--num_clients=3", "--kt_recipients=2",
                       "--out_jsonl={tmp}/ducc_round.jsonl"],
+    # the virtual clock's case only (two runs of a few seconds)
+    "cost_check.py": ["--cases=clock", "--out_jsonl={tmp}/cost_check.jsonl"],
     "min_depth.py": ["--security=insecure", "--ring_dim=2048", "--depths=4", "--seed_depths=4",
                      "--cheb_degrees=59", "--composite=1:2", "--gaps_log2=2",
                      "--out_csv={tmp}/min_depth.csv"],
@@ -70,7 +72,7 @@ OUTPUT = {"throughput.py": "throughput.jsonl", "fraction_of_peak.py": "fraction_
           "scaling.py": "scaling.jsonl", "multidevice.py": "multidevice.jsonl",
           "server_stream.py": "server_stream.jsonl", "peers.py": "peers.jsonl",
           "ducc_round.py": "ducc_round.jsonl", "min_depth.py": "min_depth.csv",
-          "paper_shapes.py": "paper_shapes.jsonl"}
+          "paper_shapes.py": "paper_shapes.jsonl", "cost_check.py": "cost_check.jsonl"}
 
 
 class Command:

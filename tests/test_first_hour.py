@@ -162,7 +162,7 @@ def test_cost_of_a_small_and_a_large_round_engine_run():
 
 
 def test_the_virtual_clocks_time_counts_its_groups_not_its_updates():
-  """seconds = FLOPs / throughput + scanned groups x 0.3 of a step's seconds + one
+  """seconds = FLOPs / throughput + scanned groups x 0.2 of a step's seconds + one
   compilation: 300 updates in 60 groups cost 60 groups, not 300."""
   from fedjax_async import cost
   from fedjax_async.asynchronous import config as async_config
@@ -175,10 +175,10 @@ def test_the_virtual_clocks_time_counts_its_groups_not_its_updates():
   flops = 3 * fwd * 30 * 4 * b + fwd * 4 * 500  # (evaluated at updates 0, 100, 200, 300)
   assert est.flops == pytest.approx(flops, rel=1e-9)
   assert est.seconds == pytest.approx(
-      flops / 60e9 + 60 * 0.3 * 0.1 + cost.COMPILE_SECONDS)
+      flops / 60e9 + 60 * 0.2 * 0.1 + cost.COMPILE_SECONDS)
   per_update = cost.virtual_clock(cfg, fake_data(30, 100, (60,), 500), built("logreg", (60,)),
                                   steps, 300, 5, 4, device=pinned_cpu())
-  assert per_update.seconds - est.seconds == pytest.approx(240 * 0.3 * 0.1)
+  assert per_update.seconds - est.seconds == pytest.approx(240 * 0.2 * 0.1)
 
 
 def test_cost_warning_for_the_cnn_default_not_for_logreg(capsys):
