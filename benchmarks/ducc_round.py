@@ -33,6 +33,12 @@ the clients'), workers_peak_rss_gib (the workers' peaks, summed) and the load av
 before the round. 1 vs 2 workers for the CNN:
   python benchmarks/ducc_round.py --design=streamed --dims=1663370 --target_dim=0 \
       --kt_recipients=20 --workers=2
+
+Each run prints the CPU-time calibrations of ``secure_engine.round_estimate`` it measures
+(a ``calibration:`` line: one_context at N = 2^16 from a 1-chunk and a larger size,
+streamed from two sizes or more); ``--write_calibration`` writes them, with this command
+and host as their source, to fedjax_async/crypto/calibration.json (128-bit, --clock=cpu):
+  python benchmarks/ducc_round.py --dims=32768,65536 --target_dim=0 --write_calibration
 """
 
 from __future__ import annotations
