@@ -9,7 +9,9 @@ which should lie within 2x.
   python benchmarks/cost_check.py --cases=main,clock
 
 A timing check, printed (and written as JSON lines with ``--out_jsonl``, each row with its
-host, load and commit: ``host.host``), never asserted.
+host, load and commit: ``host.host``), never asserted. The CKKS estimate's constants are
+data, ``fedjax_async/crypto/calibration.json`` (``CALIBRATION_NOTE``, printed with the
+ckks case).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ CASES = {
 UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "days": 86400.0}
 COST = re.compile(r"^\[([^\]]+)\] cost: .*?~([0-9.]+) (s|min|h|days) on ", re.M)
 CKKS = re.compile(r"estimate per round .*?~([0-9.]+) CPU s", re.M)
+CALIBRATION_NOTE = (
+    "ckks: the estimate's constants are fedjax_async/crypto/calibration.json, each with the "
+    "command that measured it; refresh the CPU ones with benchmarks/ducc_round.py "
+    "--write_calibration (--dims=32768,65536; --design=streamed --dims=7850,199210,1663370 "
+    "--target_dim=0 --kt_recipients=20) and record this check's ratio in the source note "
+    "of ROUND_CPU_S_PER_UPLOAD")
 
 FLAGS = flags.FLAGS
 flagcheck.item_list("cases", list(CASES), "The commands to run: " + ", ".join(CASES) + ".",
@@ -109,6 +117,8 @@ def main(argv):
       within = "" if 0.5 <= r["ratio"] <= 2.0 else "  (outside 2x)"
       print(f"{r['case']:6} {r['run']:12} {r['estimate_s']:10.1f} {r['measured_s']:10.1f} "
             f"{r['ratio']:6.2f}{within}", flush=True)
+  if "ckks" in FLAGS.cases:
+    print(CALIBRATION_NOTE)
   if FLAGS.out_jsonl:
     with open(FLAGS.out_jsonl, "a") as f:
       for r in rows:

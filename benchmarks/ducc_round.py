@@ -33,6 +33,12 @@ the clients'), workers_peak_rss_gib (the workers' peaks, summed) and the load av
 before the round. 1 vs 2 workers for the CNN:
   python benchmarks/ducc_round.py --design=streamed --dims=1663370 --target_dim=0 \
       --kt_recipients=20 --workers=2
+
+Each run prints the CPU-time calibrations of ``secure_engine.round_estimate`` it measures
+(a ``calibration:`` line: one_context at N = 2^16 from a 1-chunk and a larger size,
+streamed from two sizes or more); ``--write_calibration`` writes them, with this command
+and host as their source, to fedjax_async/crypto/calibration.json (128-bit, --clock=cpu):
+  python benchmarks/ducc_round.py --dims=32768,65536 --target_dim=0 --write_calibration
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ from benchmarks import flagcheck
 from benchmarks import host
 
 from fedjax_async.crypto import ckks  # sets OMP_NUM_THREADS=1 unless set
+from fedjax_async.crypto import calibration
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import secure_engine
 from fedjax_async.crypto import streamed_ducc
 from fedjax_async.crypto import vectors
 from fedjax_async.crypto import wire as wire_lib
@@ -98,6 +106,17 @@ flags.register_validator(
 flags.DEFINE_enum("clock", "cpu", ["cpu", "wall"],
                   "cpu: process CPU seconds (OpenFHE is single-threaded here, so this is "
                   "the uncontended wall time on a shared machine); wall: perf_counter.")
+flags.DEFINE_bool("write_calibration", False,
+                  "Write the CPU-time calibrations of the round's estimate that this run "
+                  "measures (its 'calibration:' line) into "
+                  "fedjax_async/crypto/calibration.json, this command and host as their "
+                  "source: 128-bit, --clock=cpu, two sizes or more (one_context: one of "
+                  "them one chunk).")
+flags.register_multi_flags_validator(
+    ["write_calibration", "security", "clock"],
+    lambda v: not v["write_calibration"] or (v["security"] == "128" and v["clock"] == "cpu"),
+    message="--write_calibration: the estimate's calibrations are 128-bit CPU seconds "
+            "(--security=128 --clock=cpu)")
 
 CONSTANT_STAGES = ("min",)
 # "normalise": S0's ||m||^2 for S1 and S1's masked 1/||m|| (the Min's unit mean, Sec. V-A).
@@ -161,11 +180,12 @@ def measure(proto, dim, rng):
           secure_ducc.secure_pafed_step)
   load = os.getloadavg()[0]
   t0, c0 = time.perf_counter(), time.process_time()
-  got, timings = step(proto, w, online, delayed, alphas)
+  result = step(proto, w, online, delayed, alphas)
   total = (time.process_time() - c0) if FLAGS.clock == "cpu" else time.perf_counter() - t0
   wall = time.perf_counter() - t0
+  got, timings, breakdown = result.w, result.timings, result.breakdown
   want = reference(w, online, delayed, alphas, FLAGS.min_depth)
-  row = {s: proto.last_breakdown.get(s, 0.0) for s in stages()}
+  row = {s: breakdown.get(s, 0.0) for s in stages()}
   slots = proto.s0.vev.slots if FLAGS.design == "streamed" else proto.s0.ev.slots
   uploads = len(online) + len(delayed)
   row.update(dim=dim, chunks=ckks.num_chunks(dim, slots), total_s=total,
@@ -174,15 +194,14 @@ def measure(proto, dim, rng):
              update_norm=float(np.linalg.norm(want - w)),
              server_s=timings["ducc"] + timings["key_transform"],
              client_encrypt_s=timings["client_encrypt"] / uploads,
-             **({"bytes": proto.last_breakdown["bytes"],
-                 "wire_s": proto.last_breakdown["wire_s"]}
-                if "bytes" in proto.last_breakdown else {}),
+             **({"bytes": result.wire_bytes, "wire_s": breakdown["wire_s"]}
+                if result.wire_bytes is not None else {}),
              client_decrypt_s=timings["decrypt"], key_transform_s=timings["key_transform"],
              peak_rss_gib=peak_rss_gib(), measured=True, load_avg_1m_before=load,
              workers=parallel.resolve_workers(FLAGS.workers, ckks.num_chunks(dim, slots)),
-             workers_cpu_s=proto.last_breakdown.get("workers_cpu_s", 0.0))
-  if "server_wall_s" in proto.last_breakdown:
-    row["server_wall_s"] = proto.last_breakdown["server_wall_s"]
+             workers_cpu_s=breakdown.get("workers_cpu_s", 0.0))
+  if "server_wall_s" in breakdown:
+    row["server_wall_s"] = breakdown["server_wall_s"]
   if FLAGS.clock == "cpu":  # S0 + S1 in this process, and their workers
     row["server_cpu_s"] = row["server_s"] + row["workers_cpu_s"]
   return row
@@ -250,6 +269,53 @@ def extrapolate(rows, proto):
         " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                  for k, v in ext.items()), flush=True)
   return ext
+
+
+def calibration_values(rows, ring: int) -> dict:
+  """The CPU-time calibrations of ``secure_engine.round_estimate`` that the measured rows
+  give ({} where they give none): one_context (at N = 2^16) the 1-chunk round's CPU
+  seconds, the slope per further chunk and the round's uploads; streamed (at the vector
+  ring of 128 bits) the fit t = fixed + per_upload_chunk x uploads x chunks."""
+  rows = [r for r in rows if r.get("measured")]
+  uploads = FLAGS.online + FLAGS.delayed
+  chunks = [r["chunks"] for r in rows]
+  totals = [r["total_s"] for r in rows]
+  if len(set(chunks)) < 2:
+    return {}
+  if FLAGS.design == "streamed":
+    if ring != secure_engine.STREAMED_RING_128:
+      return {}
+    b, a = np.polyfit([uploads * c for c in chunks], totals, 1)
+    return {"STREAMED_CPU_S_FIXED": round(float(a), 1),
+            "STREAMED_CPU_S_PER_UPLOAD_CHUNK": round(float(b), 4)}
+  if ring != 2 ** 16 or 1 not in chunks:
+    return {}
+  b, _ = np.polyfit(chunks, totals, 1)
+  return {"ROUND_CPU_S_ONE_CHUNK": round(totals[chunks.index(1)], 1),
+          "ROUND_CPU_S_PER_CHUNK": round(float(b), 1), "ROUND_UPLOADS": uploads}
+
+
+def report_calibration(rows, ring: int):
+  """Prints the calibrations the rows give (``calibration_values``) and, with
+  --write_calibration, writes them to ``calibration.PATH`` with this run as source."""
+  values, where = calibration_values(rows, ring), os.path.relpath(calibration.PATH, host.ROOT)
+  if not values:
+    print(f"calibration: none from this run ({where} holds the estimate's "
+          "constants, each with the command that measures it)")
+    if FLAGS.write_calibration:
+      raise SystemExit("error: --write_calibration: this run measures no calibration (a "
+                       "128-bit ring, two sizes or more; one_context: one of one chunk)")
+    return
+  print("calibration: " + ", ".join(f"{k}={v}" for k, v in values.items())
+        + f" (measured here; --write_calibration writes them to {where})")
+  if FLAGS.write_calibration:
+    prov = host.openfhe_host()
+    calibration.write(values, {
+        "command": "python " + prov["command"],
+        "host": f"{prov['cpu']}, {prov['cores']} cores, load {prov['load_avg_1m']}, "
+                f"OpenFHE {prov['openfhe']}, {prov['time']}",
+        "rows": os.path.relpath(FLAGS.out_jsonl, host.ROOT) if FLAGS.out_jsonl else "stdout"})
+    print(f"calibration: written to {where}")
 
 
 def write_rows(rows, preset):
@@ -342,6 +408,7 @@ def main(argv):
   if FLAGS.target_dim and len(rows) >= 2:
     rows.append(extrapolate(rows, proto))
   write_rows(rows, preset)
+  report_calibration(rows, cc.GetRingDimension())
 
 if __name__ == "__main__":
   app.run(main, flags_parser=flagcheck.parse_flags)

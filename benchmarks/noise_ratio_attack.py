@@ -103,7 +103,7 @@ def play_rounds(design: str, d: int, rounds: int, preset: str = "secure", seed: 
     log_errors.clear()
     means.clear()
     w = rng.normal(size=dim) * 0.1
-    new_w, _ = step(proto, w, online, delayed, empty_class_tol=tol)
+    new_w = step(proto, w, online, delayed, empty_class_tol=tol).w
     out.append({"cos": abs(cos), "tol": tol, "log": list(proto.s1.decryption_log),
                 "uploads": (online, delayed),
                 "log_error": list(log_errors), "mean": list(means), "ring_dim": ring,

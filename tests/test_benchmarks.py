@@ -597,6 +597,8 @@ def test_server_stream_times_both_ways_and_writes_one_row_per_algorithm(tmp_path
     ("ducc_round.py", ["--ring_dim=3000"], "--ring_dim: expected 0 (unset) or a power of two"),
     ("ducc_round.py", ["--kt_recipients=9", "--num_clients=4"],
      "--kt_recipients: must be <= --num_clients"),
+    ("ducc_round.py", ["--write_calibration", "--security=insecure"],
+     "--write_calibration: the estimate's calibrations are 128-bit CPU seconds"),
     ("server_stream.py", ["--algorithms=fedfoo"],
      "--algorithms: each item must be one of " + ", ".join(algorithms.names("rounds"))),
     ("server_stream.py", ["--algorithms=fedasync"], "--algorithms: each item must be one of"),
@@ -758,6 +760,9 @@ def test_ducc_round_times_every_stage_of_the_protocol(tmp_path):
   assert list(rows[0])[2:2 + len(stages)] == stages
   for r in rows:
     assert all(float(r[s]) > 0 for s in stages)
+  # the test ring calibrates nothing (the estimate's constants are 128-bit ones)
+  assert ("calibration: none from this run (fedjax_async/crypto/calibration.json holds "
+          in proc.stdout)
   # each row says where and how it ran (the crypto benchmarks recorded nothing of it)
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   for r in rows:

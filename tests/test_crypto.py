@@ -117,7 +117,7 @@ def test_secure_ducc_matches_plaintext_cheon(protocol, round_data, case):
          "near_orthogonal": [0.03, -0.02, 0.05, 0.04]}[case]
   delayed = vectors.with_cos(m_hat, cos, DIM, rng)
   w = rng.normal(size=DIM) * 0.1
-  got, timings = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  got, timings = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)[:2]
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
   assert set(timings) == {"client_encrypt", "ducc", "key_transform", "decrypt"}
   assert np.max(np.abs(got - want)) < 1e-4
@@ -134,7 +134,7 @@ def test_secure_ducc_with_the_min_input_scale_matches_its_plaintext(protocol, ro
   w = rng.normal(size=DIM) * 0.1
   protocol.s0.min_scale = 4.0
   try:
-    got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+    got = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS).w
   finally:
     protocol.s0.min_scale = 1.0
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL, 4.0))
@@ -154,7 +154,7 @@ def test_secure_ducc_components_and_depth(protocol, round_data):
           for x in pafed.ducc(online, delayed, cheon.make_cheon_min(D_SMALL))]
   for i in range(3):
     alphas = tuple(float(i == j) for j in range(3))
-    got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, alphas)
+    got = secure_ducc.secure_pafed_step(protocol, w, online, delayed, alphas).w
     assert np.max(np.abs(got - ducc[i])) < 1e-4, i
   # Eq. 12 actually removed the m component of m2.
   assert abs(ducc[2] @ ducc[0]) < 1e-5
@@ -176,7 +176,7 @@ def test_secure_ducc_matches_exact_min():
   m_hat = vectors.unit(online.mean(0))
   delayed = vectors.with_cos(m_hat, [0.8, -0.45, 0.5, -0.9, 0.45], dim, rng)
   w = rng.normal(size=dim)
-  got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
+  got = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS).w
   # The plaintext inner products m . u_j: |m . u_j| >= 0.4 * ||m|| here.
   assert np.min(np.abs(delayed @ online.mean(0))) > 0.2
   exact = _expected(w, online, delayed, jnp.minimum)
@@ -188,9 +188,9 @@ def test_secure_ducc_matches_exact_min():
 def test_empty_classes_and_no_delayed(protocol, round_data):
   rng, online, _ = round_data
   w = rng.normal(size=DIM)
-  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, np.zeros((0, DIM)), ALPHAS)
+  got = secure_ducc.secure_pafed_step(protocol, w, online, np.zeros((0, DIM)), ALPHAS).w
   assert np.max(np.abs(got - (w + ALPHAS[0] * online.mean(0)))) < 1e-5
-  got, _ = secure_ducc.secure_pafed_step(protocol, w, np.zeros((0, DIM)), online, ALPHAS)
+  got = secure_ducc.secure_pafed_step(protocol, w, np.zeros((0, DIM)), online, ALPHAS).w
   assert np.max(np.abs(got - w)) < 1e-5  # m = 0: s = 1/2, both classes empty
 
 
@@ -208,7 +208,7 @@ def test_encrypted_empty_class_tolerance_matches_plaintext(protocol, round_data,
   delayed = vectors.with_cos(m_hat, cos, DIM, rng)
   w = rng.normal(size=DIM) * 0.1
   tol = len(cos) * cheon.max_min_error(D_SMALL)
-  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS, tol)
+  got = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS, tol).w
   cheon_min = cheon.make_cheon_min(D_SMALL)
   want = _expected(w, online, delayed, cheon_min, tol=tol)
   assert np.max(np.abs(got - want)) < 1e-4
@@ -236,7 +236,7 @@ def test_near_empty_classes_with_every_blind_at_an_end_of_its_range(end, monkeyp
     delayed = vectors.with_cos(m_hat, cos, dim, rng)
     tol = len(cos) * cheon.max_min_error(d)
     w = rng.normal(size=dim) * 0.1
-    got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS, tol)
+    got = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS, tol).w
     want = _expected(w, online, delayed, cheon.make_cheon_min(d), tol=tol)
     assert np.max(np.abs(got - want)) < 1e-4, cos
 
@@ -251,9 +251,9 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
   w = rng.normal(size=DIM) * 0.1
   s1 = protocol.s1
   s1.decryption_log.clear()
-  got, _ = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  result = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
+  got, models = result.w, result.client_models
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
-  models = protocol.last_client_models
   assert sorted(models) == [0, 1, 2]
   for i, client in enumerate(protocol.clients):
     assert np.max(np.abs(client.decrypt_model(models[i], DIM) - want)) < 1e-4
@@ -308,8 +308,8 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
   for u in np.concatenate([online, delayed]):
     assert abs(np.corrcoef(masked, u)[0, 1]) < bound
   # The Enc_pk_s(w) carried to the next round decrypts to w^{tau+1} as well.
-  carried, _ = secure_ducc.secure_pafed_step(protocol, None, online, np.zeros((0, DIM)),
-                                             (0.0, 0.0, 0.0))
+  carried = secure_ducc.secure_pafed_step(protocol, None, online, np.zeros((0, DIM)),
+                                          (0.0, 0.0, 0.0)).w
   assert np.max(np.abs(carried - want)) < 1e-4
 
 
@@ -448,7 +448,7 @@ def test_secure_preset_128_bit_round_matches_plaintext():
   m_hat = vectors.unit(online.mean(0))
   delayed = vectors.with_cos(m_hat, [0.6, -0.5], dim, rng)
   w = rng.normal(size=dim)
-  got, _ = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS)
+  got = secure_ducc.secure_pafed_step(proto, w, online, delayed, ALPHAS).w
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_EXACT))
   assert np.max(np.abs(got - want)) < 1e-4
 

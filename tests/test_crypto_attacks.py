@@ -127,9 +127,9 @@ def _run_spied(cfg, out_dir, monkeypatch, starts=None):
     views[-1].new_round()
     starts.append("clear" if args[0] is not None else "client" if pending else "carried")
     pending.clear()
-    new_w, timings = step(proto, *args, **kwargs)
-    models.append(new_w)
-    return new_w, timings
+    result = step(proto, *args, **kwargs)
+    models.append(result.w)
+    return result
 
   with monkeypatch.context() as m:
     m.setattr(secure_ducc, "make_protocol", make_protocol)

@@ -205,9 +205,10 @@ def alg5(request):
   try:
     for t in range(2):  # online uploads only: Alg. 5 is the same after any DUCC
       online, delayed, _ = _uploads(rng, [0.5])
-      w, _ = _step(design)(proto, w if t == 0 else None, online, delayed[:0], ALPHAS)
+      result = _step(design)(proto, w if t == 0 else None, online, delayed[:0], ALPHAS)
+      w = result.w
       models.append(w)
-      delivered.append(dict(proto.last_client_models))
+      delivered.append(dict(result.client_models))
   finally:
     proto.close()
   h = proto.s1.vector if design == "streamed" else proto.s1

@@ -69,9 +69,9 @@ def _tol(proto):
   return 2.0 ** secure_ducc.BLIND_LOG2_RANGE * ckks.error_bound(proto.cc, 1.0)
 
 
-def _decrypted(proto, dim):
+def _decrypted(proto, result, dim):
   return {i: proto.clients[i].decrypt_model(cts, dim)
-          for i, cts in proto.last_client_models.items()}
+          for i, cts in result.client_models.items()}
 
 
 @pytest.mark.parametrize("design", ["streamed", "one_context"])
@@ -86,14 +86,14 @@ def test_two_workers_give_every_recipient_the_in_process_model(design):
     proto.wire = wire.Wire()
     tol = _tol(proto)
     try:
-      first, _ = step(proto, w, online, delayed, ALPHAS)
-      models = _decrypted(proto, dim)
+      result = step(proto, w, online, delayed, ALPHAS)
+      first, models = result.w, _decrypted(proto, result, dim)
       # the carried Enc_pk_s(w) continues the next round (no w_global)
-      second, _ = step(proto, None, online, delayed, ALPHAS)
-      got[workers] = (first, models, second, proto.last_breakdown)
+      result = step(proto, None, online, delayed, ALPHAS)
+      got[workers] = (first, models, result.w, result.breakdown, result.wire_bytes)
     finally:
       proto.close()
-  (first1, models1, second1, b1), (first2, models2, second2, b2) = got[1], got[2]
+  (first1, models1, second1, b1, l1), (first2, models2, second2, b2, l2) = got[1], got[2]
   assert sorted(models2) == sorted(models1) == [0, 2, 3]  # the recipients and client 0
   for i in models1:  # each recipient decrypts with its own key the same model
     assert np.max(np.abs(models2[i] - want)) < tol
@@ -104,11 +104,11 @@ def test_two_workers_give_every_recipient_the_in_process_model(design):
   # every message as bytes, counted per link: the uploads are (n + k) x 4 chunks of
   # fresh ciphertexts; the same messages on the pools, sizes equal but for OpenFHE's
   # metadata (one-context: 784 B of a ciphertext's ~696 kB)
-  assert set(b1["bytes"]) == {"clients->S0", "S0->S1", "S1->S0", "S0->clients"}
+  assert set(l1) == {"clients->S0", "S0->S1", "S1->S0", "S0->clients"}
   fresh = len(wire.ciphertext_bytes(proto.clients[0].encrypt_update(w)[0]))
-  assert b1["bytes"]["clients->S0"] == (len(online) + len(delayed)) * 4 * fresh
+  assert l1["clients->S0"] == (len(online) + len(delayed)) * 4 * fresh
   for link in ("S1->S0", "S0->clients"):
-    assert abs(b2["bytes"][link] - b1["bytes"][link]) <= 0.005 * b1["bytes"][link]
+    assert abs(l2[link] - l1[link]) <= 0.005 * l1[link]
 
 
 def _reachable(root):
@@ -214,8 +214,8 @@ def test_two_ray_workers_give_the_in_process_model():
   try:
     proto, step = _make("streamed", dim, 2, backend="ray")
     try:
-      got, _ = step(proto, w, online, delayed, ALPHAS)
-      models = _decrypted(proto, dim)
+      result = step(proto, w, online, delayed, ALPHAS)
+      got, models = result.w, _decrypted(proto, result, dim)
     finally:
       proto.close()
   finally:

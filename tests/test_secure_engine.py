@@ -231,9 +231,9 @@ def test_secure_preset_128_bit_run_end_to_end(tmp_path, monkeypatch, capsys):
   step = secure_engine.secure_ducc.secure_pafed_step
 
   def spied(proto, w, online, delayed, alphas, tol):
-    new_w, timings = step(proto, w, online, delayed, alphas, tol)
-    steps.append((proto.cc.GetRingDimension(), w, online, delayed, alphas, tol, new_w))
-    return new_w, timings
+    result = step(proto, w, online, delayed, alphas, tol)
+    steps.append((proto.cc.GetRingDimension(), w, online, delayed, alphas, tol, result.w))
+    return result
 
   monkeypatch.setattr(secure_engine.secure_ducc, "secure_pafed_step", spied)
   cfg = config_lib.RunConfig().replace(

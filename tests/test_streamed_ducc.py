@@ -54,7 +54,8 @@ def test_streamed_round_equals_plaintext_ducc_with_the_same_min(protocol, cos, t
   rng = np.random.default_rng(int(100 * abs(cos[0]) + 10 * abs(cos[1])))
   online, delayed, w = _round(rng, cos)
   tol = len(cos) * cheon.max_min_error(D) if tol is None else tol
-  got, timings = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS, tol)
+  got, timings = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS,
+                                                   tol)[:2]
   want = _expected(w, online, delayed, tol=tol)
   assert np.max(np.abs(got - want)) < 1e-5
   if tol:
@@ -78,7 +79,7 @@ def test_every_blind_at_an_end_of_its_range_with_many_aligned_online_updates(end
   delayed = vectors.with_cos(vectors.unit(online.mean(0)), [0.6, -0.4, 0.3], dim, rng)
   w = rng.normal(size=dim) * 0.1
   assert online.sum(0) @ online.sum(0) > 60
-  got, _ = streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS)
+  got = streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS).w
   assert np.max(np.abs(got - _expected(w, online, delayed))) < 1e-5
 
 
@@ -86,13 +87,13 @@ def test_every_blind_at_an_end_of_its_range_with_many_aligned_online_updates(end
 def test_no_delayed_or_no_online_update_and_the_carried_model(protocol):
   rng = np.random.default_rng(3)
   online, delayed, w = _round(rng, [0.5, -0.5])
-  got, _ = streamed_ducc.streamed_pafed_step(protocol, w, online, np.zeros((0, DIM)), ALPHAS)
+  got = streamed_ducc.streamed_pafed_step(protocol, w, online, np.zeros((0, DIM)), ALPHAS).w
   assert np.max(np.abs(got - (w + ALPHAS[0] * online.mean(0)))) < 1e-6
-  got, _ = streamed_ducc.streamed_pafed_step(protocol, w, np.zeros((0, DIM)), delayed, ALPHAS)
+  got = streamed_ducc.streamed_pafed_step(protocol, w, np.zeros((0, DIM)), delayed, ALPHAS).w
   assert np.max(np.abs(got - w)) < 1e-6  # m = 0: s = 1/2, both classes empty
   # Round 2 starts from the Enc_pk_s(w) the key transformation carried over.
-  first, _ = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS)
-  second, _ = streamed_ducc.streamed_pafed_step(protocol, None, online, delayed, ALPHAS)
+  first = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS).w
+  second = streamed_ducc.streamed_pafed_step(protocol, None, online, delayed, ALPHAS).w
   assert np.max(np.abs(second - _expected(first, online, delayed))) < 1e-5
 
 
@@ -138,10 +139,10 @@ def test_key_transformation_only_for_the_recipients_each_with_its_own_key(protoc
   online, delayed, w = _round(rng, [0.6, -0.5])
   protocol.recipients = (2,)
   try:
-    got, _ = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS)
+    result = streamed_ducc.streamed_pafed_step(protocol, w, online, delayed, ALPHAS)
   finally:
     protocol.recipients = None
-  models = protocol.last_client_models
+  got, models = result.w, result.client_models
   assert sorted(models) == [0, 2]  # client 0 decrypts the returned model
   want = _expected(w, online, delayed)
   assert np.max(np.abs(protocol.clients[2].decrypt_model(models[2], DIM) - want)) < 1e-5
@@ -217,9 +218,9 @@ def test_messages_as_bytes_give_the_same_round_and_their_sizes():
   proto.wire = wire_lib.Wire()
   rng = np.random.default_rng(12)
   online, delayed, w = _round(rng, [0.6, -0.4], dim=dim)
-  got, _ = streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS)
-  assert np.max(np.abs(got - _expected(w, online, delayed, d=3))) < 1e-5
-  links = proto.last_breakdown["bytes"]
+  result = streamed_ducc.streamed_pafed_step(proto, w, online, delayed, ALPHAS)
+  assert np.max(np.abs(result.w - _expected(w, online, delayed, d=3))) < 1e-5
+  links = result.wire_bytes
   n_ct = 2 * 2048 * (streamed_ducc.VECTOR_DEPTH + 1) * 8
   chunks, uploads, recipients = 2, 5, 3
   assert n_ct * chunks * uploads <= links["clients->S0"] <= (n_ct + 4096) * chunks * uploads

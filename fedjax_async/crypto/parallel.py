@@ -47,6 +47,8 @@ from fedjax_async.crypto import wire as wire_lib
 # ``workers=0`` (auto) uses a pool only for a model of at least this many chunks: below
 # it, starting the workers (~1 s each) costs more than they save.
 AUTO_MIN_CHUNKS = 16
+# ``key_transform`` keeps up to this many chunks per worker in flight (the bytes held).
+IN_FLIGHT_PER_WORKER = 4
 BACKENDS = ("process", "ray")
 BINARY = openfhe.BINARY
 
@@ -299,7 +301,7 @@ def key_transform(s0_pool: PartyPool, s1_pool: PartyPool, w_ct: Sequence[object]
   kept = {i: [None] * chunks for i, k in zip(recipients, keep) if k}
   running: Dict[cf.Future, Tuple[str, int]] = {}
   todo = list(range(chunks))
-  limit = 4 * s0_pool.workers  # chunks in flight: bounds the bytes held here
+  limit = IN_FLIGHT_PER_WORKER * s0_pool.workers  # chunks in flight: bounds the bytes held
 
   def start_mask():
     while todo and len(running) < limit:

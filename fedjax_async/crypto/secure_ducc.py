@@ -38,6 +38,7 @@ from fedjax_async.crypto import ckks
 from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import parallel
+from fedjax_async.crypto import stages as stages_lib
 from fedjax_async.crypto import stopping
 
 SQRT2 = math.sqrt(2.0)
@@ -424,9 +425,6 @@ class SecureProtocol:
   preset: str
   min_scale: float = 1.0  # the Min's input scale c (``make_protocol``)
   recipients: Optional[Tuple[int, ...]] = None  # None: every client (Alg. 5 line 8)
-  last_breakdown: Dict[str, float] = dataclasses.field(default_factory=dict)
-  # {client i: Enc_pk_i(w^{tau+1}) chunks} from the last key transformation.
-  last_client_models: Dict[int, List[object]] = dataclasses.field(default_factory=dict)
   # A ``wire.Wire``: the round's messages carried as bytes and counted per (sender,
   # receiver) (None: passed as objects).
   wire: Optional[object] = None
@@ -519,14 +517,69 @@ def recipients_of(protocol) -> Tuple[int, ...]:
   return recipients if 0 in recipients else (0,) + tuple(recipients)
 
 
+def pooled_key_transform(protocol: SecureProtocol, stages: stages_lib.Stages,
+                         new_ct: List[object], slots: int, plain_for_s: bool,
+                         keep_all: bool = True) -> Optional[Dict[int, List[object]]]:
+  """Alg. 5 per chunk on S0's and S1's pools (``parallel.key_transform``), the messages
+  counted on ``stages``' wire: the recipients' models (client 0's always; the others'
+  if ``keep_all``), S0 keeping the pk_s copy and ``workers_cpu_s`` noted. None where
+  ``protocol.workers`` resolves to 1 for ``new_ct``'s chunks (the step's own Alg. 5).
+
+  Args:
+    protocol: the protocol (its parties, pools and recipients).
+    stages: the round's ``stages.Stages``.
+    new_ct: S0's Enc_pk_s(w^{tau+1}), one ciphertext per chunk.
+    slots: the slots per ciphertext.
+    plain_for_s: r subtracted from the pk_s copy as a plaintext (else a fresh Enc_pk_s(r)).
+    keep_all: keep every recipient's model (else client 0's only).
+  """
+  workers = parallel.resolve_workers(protocol.workers, len(new_ct))
+  if workers <= 1:
+    return None
+  recipients = recipients_of(protocol)
+  out, protocol.s0.global_ct, cpu = parallel.key_transform(
+      *protocol.key_transform_pools(workers), new_ct, recipients,
+      [keep_all or i == 0 for i in recipients], slots, KT_MASK_BOUND,
+      plain_for_s=plain_for_s, wire=stages.wire)
+  stages.note("workers_cpu_s", sum(cpu.values()))
+  return out
+
+
+def _ducc(protocol: SecureProtocol, rec: stages_lib.Stages, w_global, online, delayed,
+          alphas, empty_class_tol: float):
+  """Alg. 4 and Eq. 17's messages: the uploads to S0, its exchanges with S1 (normalisation,
+  masked inverses); S0's Enc(w^{tau+1})."""
+  s0, s1, send = protocol.s0, protocol.s1, rec.send
+  with rec.timed("client_encrypt"):
+    on_cts = _encrypt_uploads(protocol, online, 0)
+    de_cts = _encrypt_uploads(protocol, delayed, len(online))
+  with rec.timed("ducc"):
+    on_cts = [send("clients", "S0", c) for c in on_cts]  # one message per client
+    de_cts = [send("clients", "S0", c) for c in de_cts]
+    w_ct = s0.start_model(w_global)
+    norm_request = send("S0", "S1", s0.ducc_norm(on_cts, len(de_cts)))
+    with rec.timed(*(("normalise",) if norm_request else ())):
+      inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(norm_request) if norm_request
+                          else [])
+    requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
+    with rec.timed("division"):
+      if requests:
+        requests, tests = send("S0", "S1", (requests, s0.empty_tests))
+        inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
+      else:
+        inverses = []
+    return s0.ducc_finish(inverses, w_ct)
+
+
 def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
                       online_uploads: np.ndarray, delayed_uploads: np.ndarray,
-                      alphas=(1.0, 1.0, 1.0), empty_class_tol: float = 0.0):
-  """One PAFed server round under CKKS (Alg. 3 lines 9-14): returns (new_w, timings).
+                      alphas=(1.0, 1.0, 1.0),
+                      empty_class_tol: float = 0.0) -> stages_lib.StepResult:
+  """One PAFed server round under CKKS (Alg. 3 lines 9-14): a ``stages.StepResult``.
 
-  new_w is w^{tau+1} as client 0 decrypts it with its own sk_0 after the key
-  transformation; timings has 'client_encrypt', 'ducc', 'key_transform', 'decrypt'
-  (seconds). The per-stage DUCC breakdown lands in ``protocol.last_breakdown``.
+  Its ``w`` is w^{tau+1} as client 0 decrypts it with its own sk_0 after the key
+  transformation; ``timings`` has ``stages.STAGES`` (seconds), ``breakdown`` DUCC's
+  stages too, ``client_models`` every recipient's Enc_pk_i(w^{tau+1}).
   ``w_global=None`` continues from the Enc_pk_s(w) carried over from the previous round.
   ``empty_class_tol``: as in ``pafed.ducc`` (0: only an exactly empty class is empty).
 
@@ -538,69 +591,19 @@ def secure_pafed_step(protocol: SecureProtocol, w_global: Optional[np.ndarray],
     alphas: Eq. 17's (alpha0, alpha1, alpha2).
     empty_class_tol: a class of total weight at most this is empty (``pafed.ducc``).
   """
-  s0, s1 = protocol.s0, protocol.s1
-  dim = protocol.dim
+  s0, s1, dim = protocol.s0, protocol.s1, protocol.dim
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
-  wire = protocol.wire
-  if wire is not None:
-    wire.reset()
-
-  def send(sender, receiver, message, deliver=True):
-    """A message between two parties: as bytes through ``protocol.wire`` (counted), or
-    the objects themselves when it is None."""
-    return message if wire is None else wire.send(sender, receiver, message, deliver)
-
-  timings = {}
-  t = now()
-  on_cts = _encrypt_uploads(protocol, online, 0)
-  de_cts = _encrypt_uploads(protocol, delayed, len(online))
-  timings["client_encrypt"] = now() - t
-  t = now()
-  on_cts = [send("clients", "S0", c) for c in on_cts]  # one message per client
-  de_cts = [send("clients", "S0", c) for c in de_cts]
-  w_ct = s0.start_model(w_global)
-  norm_request = send("S0", "S1", s0.ducc_norm(on_cts, len(de_cts)))
-  t1 = now()
-  inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(norm_request) if norm_request
-                      else [])
-  t_norm = now() - t1
-  requests = s0.ducc_begin(on_cts, de_cts, alphas, empty_class_tol, inverse_norm)
-  t1 = now()
-  if requests:
-    requests, tests = send("S0", "S1", (requests, s0.empty_tests))
-    inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
-  else:
-    inverses = []
-  t_s1 = now() - t1
-  new_ct = s0.ducc_finish(inverses, w_ct)
-  timings["ducc"] = now() - t
-  breakdown = dict(s0.timings)
-  breakdown["division"] = breakdown.get("division", 0.0) + t_s1
-  if norm_request:
-    breakdown["normalise"] = breakdown.get("normalise", 0.0) + t_norm
-  t = now()
-  recipients = recipients_of(protocol)
-  workers = parallel.resolve_workers(protocol.workers, len(new_ct))
-  if workers > 1:
-    out, s0.global_ct, cpu = parallel.key_transform(
-        *protocol.key_transform_pools(workers), new_ct, recipients, [True] * len(recipients),
-        s0.ev.slots, KT_MASK_BOUND, plain_for_s=False, wire=wire)
-    breakdown["workers_cpu_s"] = float(sum(cpu.values()))
-  else:
-    masked = send("S0", "S1", s0.kt_mask(new_ct))
-    per_client, under_s = send("S1", "S0", s1.key_transform(masked, recipients))
-    out = s0.kt_unmask(per_client, under_s)
-    out = {i: send("S0", "clients", cts) for i, cts in out.items()}
-  timings["key_transform"] = now() - t
-  t = now()
-  new_w = protocol.clients[0].decrypt_model(out[0], dim)
-  timings["decrypt"] = now() - t
-  breakdown.update(client_encrypt=timings["client_encrypt"],
-                   key_transform=timings["key_transform"], decrypt=timings["decrypt"])
-  if wire is not None:
-    breakdown["wire_s"] = float(sum(wire.seconds.values()))
-    breakdown["bytes"] = wire.links()
-  protocol.last_breakdown = breakdown
-  protocol.last_client_models = out
-  return new_w, timings
+  rec = stages_lib.Stages(protocol.wire, now)
+  send = rec.send
+  new_ct = _ducc(protocol, rec, w_global, online, delayed, alphas, empty_class_tol)
+  with rec.timed("key_transform"):
+    out = pooled_key_transform(protocol, rec, new_ct, s0.ev.slots, plain_for_s=False)
+    if out is None:
+      masked = send("S0", "S1", s0.kt_mask(new_ct))
+      per_client, under_s = send("S1", "S0", s1.key_transform(masked, recipients_of(protocol)))
+      out = s0.kt_unmask(per_client, under_s)
+      out = {i: send("S0", "clients", cts) for i, cts in out.items()}
+  with rec.timed("decrypt"):
+    new_w = protocol.clients[0].decrypt_model(out[0], dim)
+  return rec.result(new_w, s0.timings, out)

@@ -20,16 +20,18 @@ from typing import Dict, Optional
 import numpy as np
 
 from fedjax_async import console
+from fedjax_async.crypto import calibration
 from fedjax_async.crypto import cheon
 from fedjax_async.crypto import ckks
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import stages as stages_lib
 from fedjax_async.crypto import streamed_ducc
 from fedjax_async.crypto import wire as wire_lib
 # the host memory available now (a function of this module: tests replace it here)
 from fedjax_async.data.federated import available_memory_bytes
 
-STAGES = ("client_encrypt", "ducc", "key_transform", "decrypt")
+STAGES = stages_lib.STAGES  # a step's timings: client_encrypt, ducc, key_transform, decrypt
 # The metric of the round's conflicting delayed updates (m . u_j < 0): the simulator's
 # diagnostic from the plaintext uploads, the bits the protocol hides from S0 and S1.
 SIM_CONFLICTING = "sim_conflicting"
@@ -41,59 +43,39 @@ INSECURE_WARNING = ("WARNING: crypto.ckks_preset=insecure_test: CKKS with ring 2
 # (HomomorphicEncryption.org standard, the table OpenFHE applies for HEStd_128_classic).
 MAX_LOG_Q_128 = {2 ** 10: 27, 2 ** 11: 54, 2 ** 12: 109, 2 ** 13: 218, 2 ** 14: 438,
                  2 ** 15: 881, 2 ** 16: 1747, 2 ** 17: 3523}
-# CPU seconds of one round at N = 2^16, 10 online + 10 delayed uploads: 57 with one chunk
-# of N/2 parameters, 16 more per further chunk (benchmarks/ducc_round.py, depth 28,
-# docs/crypto.md). The one-chunk round is mostly fixed work (the Min, Alg. 5's
-# transformations), little per upload: the README's round of ~10 uploads took 54 s, so
-# 51 s + 0.3 s an upload (benchmarks/cost_check.py).
-ROUND_CPU_S_ONE_CHUNK, ROUND_CPU_S_PER_CHUNK, ROUND_UPLOADS = 57.0, 16.0, 20
-ROUND_CPU_S_PER_UPLOAD = 0.3
-# The streamed design (benchmarks/results/ducc_round.jsonl, the CNN row): OpenFHE's ring
-# for the depth-2 vector context at 128 bits, and CPU seconds of the round's scalar
-# work plus its model-size work per (upload x ciphertext), the key transformation for as
-# many recipients as uploads (21 s + 0.016 s x 20 x 204 = 86 s; measured 86.7).
+# OpenFHE's ring for the streamed design's depth-2 vector context at 128 bits.
 STREAMED_RING_128 = 2 ** 14
-STREAMED_CPU_S_FIXED, STREAMED_CPU_S_PER_UPLOAD_CHUNK = 21.0, 0.016
+# The round's CPU-time and memory model (``round_estimate``): calibrations measured by
+# benchmarks, each with its command and host, in ``calibration.json`` (``calibration``),
+# read at each estimate. CPU: seconds of the one-context round at N = 2^16 (one chunk,
+# further chunks, per upload) and of the streamed one (fixed, per upload x chunk). Memory:
+# in units of one fresh ciphertext of the context concerned (2 N (L + 1) 8-byte limbs):
+# the process and each context's tables (bytes), a key-switching key and a key pair, the
+# live ciphertexts at each design's peak, a worker process of ``parallel`` (bytes).
 
-# The memory model, in units of one fresh ciphertext of the context concerned (2 N (L + 1)
-# 8-byte limbs), calibrated on measured peaks (benchmarks/results/ducc_round_memory.jsonl,
-# OpenFHE 1.6.1; tests/test_secure_engine.py holds the estimate within 1.5x of them):
-# Python with numpy and OpenFHE loaded, and OpenFHE's context tables (bytes).
-PROCESS_BYTES, CONTEXT_BYTES = int(0.25 * 2 ** 30), int(0.075 * 2 ** 30)
-# A key-switching key (the relinearisation key, each slot sum's rotation key) and a key
-# pair, per fresh ciphertext (measured RSS at N = 2^16, depth 25 and 28: 145-163 MB per
-# key, 37-42 MB per key pair).
-SWITCH_KEY_CTS, KEY_PAIR_CTS = 5.35, 1.37
-# One-context: the round's live ciphertexts per chunk at Alg. 5 (its peak): the uploads,
-# each recipient's copy twice (S1's and S0's), w and its mask; plus a fixed number for
-# the packed inner products, the Min and the broadcasts (fit to the 1-chunk round).
-ONE_CONTEXT_FIXED_CTS, ONE_CONTEXT_CHUNK_CTS = 17, 2
-# Streamed: per vector chunk the delayed uploads plus msum, w, w', the mask and one
-# recipient's copy in flight; in the scalar context, the Min's and the division's
-# ciphertexts (fit to the logreg and CNN rounds).
-STREAMED_CHUNK_CTS, STREAMED_SCALAR_CTS = 5, 21
-# A worker of ``parallel`` (each of S0's and S1's pools): its process (0.12 GiB measured
-# with N = 2^14), the public keys and one chunk's (R + 1) copies in and out; this process
-# holds up to 4 chunks per worker in flight (``parallel.key_transform``).
-WORKER_PROCESS_BYTES, WORKER_IN_FLIGHT_CHUNKS = int(0.1 * 2 ** 30), 4
+# A worker's chunks in flight here (``parallel.key_transform``'s window).
+WORKER_IN_FLIGHT_CHUNKS = parallel.IN_FLIGHT_PER_WORKER
 
 
 def _ct_bytes(ring: int, depth: int) -> int:
   return 2 * ring * (depth + 1) * 8
 
 
-def _key_bytes(ring: int, depth: int, slots: int, key_pairs: int) -> int:
+def _key_bytes(cal: dict, ring: int, depth: int, slots: int, key_pairs: int) -> int:
   """The context's tables, the relinearisation key, log2(slots) rotation keys and
-  ``key_pairs`` key pairs."""
-  return int(CONTEXT_BYTES + _ct_bytes(ring, depth) * (
-      SWITCH_KEY_CTS * (1 + max(1, slots).bit_length() - 1) + KEY_PAIR_CTS * key_pairs))
+  ``key_pairs`` key pairs (``cal``: ``calibration.load()``)."""
+  return int(cal["CONTEXT_BYTES"] + _ct_bytes(ring, depth) * (
+      cal["SWITCH_KEY_CTS"] * (1 + max(1, slots).bit_length() - 1)
+      + cal["KEY_PAIR_CTS"] * key_pairs))
 
 
-def _workers_bytes(workers: int, ct_bytes: int, num_clients: int, recipients: int) -> int:
+def _workers_bytes(cal: dict, workers: int, ct_bytes: int, num_clients: int,
+                   recipients: int) -> int:
   """Two pools of ``workers`` processes, and the chunks in flight held here."""
   if workers <= 1:
     return 0
-  per_worker = WORKER_PROCESS_BYTES + (num_clients + 1 + 2 * (recipients + 1)) * ct_bytes
+  per_worker = (cal["WORKER_PROCESS_BYTES"]
+                + (num_clients + 1 + 2 * (recipients + 1)) * ct_bytes)
   return 2 * workers * per_worker + WORKER_IN_FLIGHT_CHUNKS * workers * (
       recipients + 1) * ct_bytes
 
@@ -110,7 +92,7 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   Alg. 5 for ``recipients``, default ``uploads``; ``delayed`` of the uploads delayed,
   default all; ``workers`` per pool of ``parallel``, 1: none) and CPU seconds scaled from
   the measured round (a fixed part and a part per upload, the further chunks' linear in
-  uploads; all linear in N).
+  uploads; all linear in N), the model's constants from ``calibration.json``.
 
   Args:
     dim: the model's parameter count d.
@@ -126,8 +108,8 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   num_clients = uploads if num_clients is None else int(num_clients)
   recipients = min(uploads, num_clients) if recipients is None else int(recipients)
   delayed = uploads if delayed is None else min(int(delayed), uploads)
-  p = ckks.get_preset(preset)
-  streamed = _streamed_estimate(dim, uploads, p, min_depth, num_clients, recipients,
+  p, cal = ckks.get_preset(preset), calibration.load()
+  streamed = _streamed_estimate(cal, dim, uploads, p, min_depth, num_clients, recipients,
                                 delayed, workers)
   if design == "streamed":
     return streamed
@@ -136,21 +118,23 @@ def round_estimate(dim: int, uploads: int, preset: str, min_depth: int,
   ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= log_q)
   chunks = -(-dim // (ring // 2))
   ct_bytes = _ct_bytes(ring, depth)
-  fixed = ROUND_CPU_S_ONE_CHUNK - ROUND_CPU_S_PER_UPLOAD * ROUND_UPLOADS
-  cpu_s = ((fixed + ROUND_CPU_S_PER_UPLOAD * uploads
-            + ROUND_CPU_S_PER_CHUNK * (chunks - 1) * uploads / ROUND_UPLOADS) * ring / 2 ** 16)
-  held = (ONE_CONTEXT_FIXED_CTS
-          + chunks * (uploads + 2 * recipients + ONE_CONTEXT_CHUNK_CTS)) * ct_bytes
-  memory = (PROCESS_BYTES + _key_bytes(ring, depth, ring // 2, num_clients + 1) + held
-            + _workers_bytes(workers, ct_bytes, num_clients, recipients))
+  per_upload, measured_uploads = cal["ROUND_CPU_S_PER_UPLOAD"], cal["ROUND_UPLOADS"]
+  fixed = cal["ROUND_CPU_S_ONE_CHUNK"] - per_upload * measured_uploads
+  cpu_s = ((fixed + per_upload * uploads
+            + cal["ROUND_CPU_S_PER_CHUNK"] * (chunks - 1) * uploads / measured_uploads)
+           * ring / 2 ** 16)
+  held = (cal["ONE_CONTEXT_FIXED_CTS"]
+          + chunks * (uploads + 2 * recipients + cal["ONE_CONTEXT_CHUNK_CTS"])) * ct_bytes
+  memory = (cal["PROCESS_BYTES"] + _key_bytes(cal, ring, depth, ring // 2, num_clients + 1)
+            + held + _workers_bytes(cal, workers, ct_bytes, num_clients, recipients))
   return {"design": "one_context", "ring": ring, "depth": depth, "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
           "memory_bytes": memory, "cpu_s": cpu_s,
           "streamed_memory_bytes": streamed["memory_bytes"]}
 
 
-def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: int,
-                       recipients: int, delayed: int, workers: int) -> dict:
+def _streamed_estimate(cal: dict, dim: int, uploads: int, p, min_depth: int,
+                       num_clients: int, recipients: int, delayed: int, workers: int) -> dict:
   """``round_estimate`` of ``streamed_ducc``: S0 keeps the delayed uploads, Alg. 5 holds
   one recipient's copy at a time; the scalar context's keys and ciphertexts are fixed."""
   ring = p.ring_dim or STREAMED_RING_128
@@ -160,17 +144,17 @@ def _streamed_estimate(dim: int, uploads: int, p, min_depth: int, num_clients: i
   s_log_q = p.first_mod_size + s_depth * p.scaling_mod_size
   s_ring = p.ring_dim or min(n for n, q in MAX_LOG_Q_128.items() if q >= s_log_q)
   s_slots = min(2 ** max(1, (max(delayed, 2) - 1).bit_length()), ring // 2)
-  keys = (_key_bytes(ring, streamed_ducc.VECTOR_DEPTH, ring // 2, num_clients + 1)
-          + _key_bytes(s_ring, s_depth, s_slots, 1))
-  held = (chunks * (delayed + STREAMED_CHUNK_CTS) * ct_bytes
-          + STREAMED_SCALAR_CTS * _ct_bytes(s_ring, s_depth))
+  keys = (_key_bytes(cal, ring, streamed_ducc.VECTOR_DEPTH, ring // 2, num_clients + 1)
+          + _key_bytes(cal, s_ring, s_depth, s_slots, 1))
+  held = (chunks * (delayed + cal["STREAMED_CHUNK_CTS"]) * ct_bytes
+          + cal["STREAMED_SCALAR_CTS"] * _ct_bytes(s_ring, s_depth))
   return {"design": "streamed", "ring": ring, "depth": streamed_ducc.VECTOR_DEPTH,
           "chunks": chunks,
           "ciphertext_bytes": ct_bytes, "upload_bytes": uploads * chunks * ct_bytes,
-          "memory_bytes": (PROCESS_BYTES + keys + held
-                           + _workers_bytes(workers, ct_bytes, num_clients, recipients)),
-          "cpu_s": STREAMED_CPU_S_FIXED + STREAMED_CPU_S_PER_UPLOAD_CHUNK * uploads * chunks
-          * ring / STREAMED_RING_128}
+          "memory_bytes": (cal["PROCESS_BYTES"] + keys + held
+                           + _workers_bytes(cal, workers, ct_bytes, num_clients, recipients)),
+          "cpu_s": cal["STREAMED_CPU_S_FIXED"] + cal["STREAMED_CPU_S_PER_UPLOAD_CHUNK"]
+          * uploads * chunks * ring / STREAMED_RING_128}
 
 
 def _proc_kib_field(path: str, key: str) -> Optional[int]:
@@ -313,11 +297,12 @@ class EncryptedServer:
            else self.empty_class_tol)
     given, self.protocol.wire = self.protocol.wire, self.wire
     try:
-      new_w, timings = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
-                                    self.alphas, tol)
+      result = self.step_fn(self.protocol, start, uploads[online], uploads[delayed],
+                            self.alphas, tol)
     finally:
       self.protocol.wire = given
-    return new_w, {SIM_CONFLICTING: np.int32(_sim_conflicting(uploads, online, delayed))}, timings
+    return (result.w, {SIM_CONFLICTING: np.int32(_sim_conflicting(uploads, online, delayed))},
+            result.timings)
 
   def traffic(self) -> Dict[str, int]:
     """The last round's bytes measured on the wire (``wire.Wire``): up (the uploads to S0),

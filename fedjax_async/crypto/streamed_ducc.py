@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,6 +53,7 @@ from fedjax_async.crypto import csprng
 from fedjax_async.crypto import entities
 from fedjax_async.crypto import parallel
 from fedjax_async.crypto import secure_ducc
+from fedjax_async.crypto import stages as stages_lib
 from fedjax_async.crypto import stopping
 
 # Levels of the vector context: ip_j = msum . u_j (1), ||m||^2 = ||msum||^2 / n^2 (2);
@@ -390,7 +390,7 @@ class StreamedAggregationServer(secure_ducc.AggregationServer):
 @dataclasses.dataclass
 class StreamedProtocol(secure_ducc.SecureProtocol):
   """All entities of one deployment of the streamed design (``make_streamed_protocol``);
-  ``last_client_models`` holds only client 0's model (the one decrypted) unless
+  a step's ``client_models`` hold only client 0's model (the one decrypted) unless
   ``keep_client_models`` (a deployment sends each away at once)."""
 
   keep_client_models: bool = True
@@ -453,38 +453,59 @@ def make_streamed_protocol(num_clients: int, dim: int, preset: str = "secure",
                           float(min_scale), rec, workers=workers, backend=backend)
 
 
-def _ducc_exchanges(s0, s1, send, w_ct, alphas, empty_class_tol: float, k: int,
-                    s1_time: Dict[str, float]):
+def _ducc_exchanges(s0, s1, rec: stages_lib.Stages, w_ct, alphas, empty_class_tol: float,
+                    k: int):
   """The streamed DUCC's round trips between S0 and S1 once every upload is in (inner
   products refreshed, the norm and the class totals inverted, the coefficients
-  refreshed): S0's new Enc(w). S1's seconds are added to ``s1_time``."""
-  now = secure_ducc.now
+  refreshed): S0's new Enc(w). S1's seconds go to ``rec``'s s1_refresh and division."""
+  send = rec.send
   masked, norm = send("S0", "S1", s0.inner_products())
-  t = now()
-  refreshed = send("S1", "S0", s1.refresh_inner_products(masked, norm))
-  s1_time["refresh"] += now() - t
+  with rec.timed("s1_refresh"):
+    refreshed = send("S1", "S0", s1.refresh_inner_products(masked, norm))
   request = send("S0", "S1", s0.normalise(refreshed))
-  t = now()
-  inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(request))
-  s1_time["division"] += now() - t
+  with rec.timed("division"):
+    inverse_norm = send("S1", "S0", s1.masked_inverse_sqrt(request))
   requests = s0.scalars_begin(inverse_norm, alphas, empty_class_tol)
   requests, tests = send("S0", "S1", (requests, s0.empty_tests))
-  t = now()
-  inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
-  s1_time["division"] += now() - t
+  with rec.timed("division"):
+    inverses = send("S1", "S0", s1.masked_inverse(requests, tests))
   masked_beta, masked_gamma, k = send("S0", "S1", s0.scalars_finish(inverses) + (k,))
-  t = now()
-  coefficients = send("S1", "S0", s1.refresh_coefficients(masked_beta, masked_gamma, k))
-  s1_time["refresh"] += now() - t
+  with rec.timed("s1_refresh"):
+    coefficients = send("S1", "S0", s1.refresh_coefficients(masked_beta, masked_gamma, k))
   return s0.combine(coefficients, w_ct)
+
+
+def _streamed_ducc(protocol: StreamedProtocol, rec: stages_lib.Stages, w_global, online,
+                   delayed, alphas, empty_class_tol: float):
+  """The uploads, one client at a time, then DUCC and Eq. 17: S0's Enc(w^{tau+1})."""
+  s0, clients = protocol.s0, protocol.clients
+  s0.start_round()
+  rec.add("client_encrypt", 0.0)
+  for stage in ("s1_refresh", "division"):  # S1's part of the breakdown, 0 without it
+    rec.add(stage, 0.0)
+  for i, (u, is_online) in enumerate([(u, True) for u in online] +
+                                     [(u, False) for u in delayed]):
+    with rec.timed("client_encrypt"):
+      cts = clients[i % len(clients)].encrypt_update(u)
+    with rec.timed("ducc"):
+      s0.receive(rec.send("clients", "S0", cts), is_online)
+  with rec.timed("ducc"):
+    w_ct = s0.start_model(w_global)
+    if len(online) == 0:  # m = 0: s = 1/2, both classes empty (plaintext reference)
+      return list(w_ct)
+    if len(delayed) == 0:
+      return s0.online_only(alphas, w_ct)
+    return _ducc_exchanges(s0, protocol.s1, rec, w_ct, alphas, empty_class_tol,
+                           len(delayed))
 
 
 def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarray],
                         online_uploads, delayed_uploads, alphas=(1.0, 1.0, 1.0),
-                        empty_class_tol: float = 0.0):
+                        empty_class_tol: float = 0.0) -> stages_lib.StepResult:
   """One PAFed server round in the streamed design, as ``secure_ducc.secure_pafed_step``
-  (same arguments and timings keys): each client's upload is encrypted and handed to S0
-  one at a time, so S0 never holds the online ones together.
+  (same arguments, a ``stages.StepResult`` with the same timings keys; its breakdown has
+  ``server_wall_s``, the round's wall time but the clients'): each client's upload is
+  encrypted and handed to S0 one at a time, so S0 never holds the online ones together.
 
   Args:
     protocol: the ``StreamedProtocol``.
@@ -497,72 +518,25 @@ def streamed_pafed_step(protocol: StreamedProtocol, w_global: Optional[np.ndarra
   s0, s1, dim = protocol.s0, protocol.s1, protocol.dim
   online = np.asarray(online_uploads, np.float64).reshape(-1, dim)
   delayed = np.asarray(delayed_uploads, np.float64).reshape(-1, dim)
-  clients, now = protocol.clients, secure_ducc.now
-  wire = protocol.wire
-  if wire is not None:
-    wire.reset()
-
-  def send(sender, receiver, message, deliver=True):
-    return message if wire is None else wire.send(sender, receiver, message, deliver)
-
-  s0.start_round()
-  timings = {"client_encrypt": 0.0}
-  s1_time = {"refresh": 0.0, "division": 0.0}
-  t_receive = 0.0
-  wall0, client_wall = time.perf_counter(), 0.0  # the server's wall time: all but the clients'
-  for i, (u, is_online) in enumerate([(u, True) for u in online] +
-                                     [(u, False) for u in delayed]):
-    t, tw = now(), time.perf_counter()
-    cts = clients[i % len(clients)].encrypt_update(u)
-    timings["client_encrypt"] += now() - t
-    client_wall += time.perf_counter() - tw
-    t = now()
-    s0.receive(send("clients", "S0", cts), is_online)
-    t_receive += now() - t
-  t_server = now()
-  w_ct = s0.start_model(w_global)
-  if len(online) == 0:  # m = 0: s = 1/2, both classes empty (plaintext reference)
-    new_ct = list(w_ct)
-  elif len(delayed) == 0:
-    new_ct = s0.online_only(alphas, w_ct)
-  else:
-    new_ct = _ducc_exchanges(s0, s1, send, w_ct, alphas, empty_class_tol, len(delayed),
-                             s1_time)
-  timings["ducc"] = now() - t_server + t_receive
-  t = now()
-  recipients = secure_ducc.recipients_of(protocol)
-  out, worker_cpu = {}, None
-  workers = parallel.resolve_workers(protocol.workers, len(new_ct))
-  if workers > 1:  # per chunk on S0's and S1's pools, messages as bytes
-    keep = [protocol.keep_client_models or i == 0 for i in recipients]
-    out, s0.global_ct, cpu = parallel.key_transform(
-        *protocol.key_transform_pools(workers), new_ct, recipients, keep, s0.vev.slots,
-        secure_ducc.KT_MASK_BOUND, plain_for_s=True, wire=wire)
-    worker_cpu = float(sum(cpu.values()))
-  else:
-    masked = send("S0", "S1", s0.kt_mask(new_ct))
-    for i, cts in s1.key_transform_each(masked, recipients):
-      cts = s0.kt_unmask(send("S1", "S0", cts), i)
-      if i is None:  # kept by S0 for the next round
-        s0.global_ct = cts
-        continue
-      keep = protocol.keep_client_models or i == 0
-      cts = send("S0", "clients", cts, deliver=keep)  # sent to client i
-      if keep:
-        out[i] = cts
-  timings["key_transform"] = now() - t
-  server_wall = time.perf_counter() - wall0 - client_wall
-  t = now()
-  new_w = clients[0].decrypt_model(out[0], dim)
-  timings["decrypt"] = now() - t
-  breakdown = dict(s0.timings, s1_refresh=s1_time["refresh"], division=s1_time["division"])
-  breakdown.update(timings)
-  breakdown["server_wall_s"] = server_wall
-  if worker_cpu is not None:
-    breakdown["workers_cpu_s"] = worker_cpu
-  if wire is not None:
-    breakdown["wire_s"] = float(sum(wire.seconds.values()))
-    breakdown["bytes"] = wire.links()
-  protocol.last_breakdown = breakdown
-  protocol.last_client_models = out
-  return new_w, timings
+  rec = stages_lib.Stages(protocol.wire, secure_ducc.now, server_wall=True)
+  send = rec.send
+  new_ct = _streamed_ducc(protocol, rec, w_global, online, delayed, alphas, empty_class_tol)
+  with rec.timed("key_transform"):
+    out = secure_ducc.pooled_key_transform(protocol, rec, new_ct, s0.vev.slots,
+                                           plain_for_s=True,
+                                           keep_all=protocol.keep_client_models)
+    if out is None:
+      out = {}
+      masked = send("S0", "S1", s0.kt_mask(new_ct))
+      for i, cts in s1.key_transform_each(masked, secure_ducc.recipients_of(protocol)):
+        cts = s0.kt_unmask(send("S1", "S0", cts), i)
+        if i is None:  # kept by S0 for the next round
+          s0.global_ct = cts
+          continue
+        keep = protocol.keep_client_models or i == 0
+        cts = send("S0", "clients", cts, deliver=keep)  # sent to client i
+        if keep:
+          out[i] = cts
+  with rec.timed("decrypt"):
+    new_w = protocol.clients[0].decrypt_model(out[0], dim)
+  return rec.result(new_w, s0.timings, out)
