@@ -6,7 +6,8 @@ engine (``rounds.engine.run_rounds``, driven by ``rounds.experiment.run``), the 
 clock (``asynchronous.engine.run_arrivals``, driven by ``asynchronous.experiment``), FedEDS
 (``fededs.run``, driven by ``fededs.experiment``) and a sweep's vmapped computations
 (``sweeps.store.SweepLoop``). ``HostLoop`` is that callback: a list of ``Callback``s
-run in order (after pfl-research's ``run`` and its callbacks):
+run in order (after pfl-research's ``run`` and its callbacks), built for the three
+engines by ``host_loop`` (its metrics file, a resumed run's rows and wall time):
 
 * ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
   first, then each chunk's rows, flushed;
