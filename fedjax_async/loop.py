@@ -6,7 +6,8 @@ engine (``rounds.engine.run_rounds``, driven by ``rounds.experiment.run``), the 
 clock (``asynchronous.engine.run_arrivals``, driven by ``asynchronous.experiment``), FedEDS
 (``fededs.run``, driven by ``fededs.experiment``) and a sweep's vmapped computations
 (``sweeps.store.SweepLoop``). ``HostLoop`` is that callback: a list of ``Callback``s
-run in order (after pfl-research's ``run`` and its callbacks):
+run in order (after pfl-research's ``run`` and its callbacks), built for the three
+engines by ``host_loop`` (its metrics file, a resumed run's rows and wall time):
 
 * ``MetricsFile``: ``metrics.jsonl`` (and TensorBoard), the restored rows rewritten
   first, then each chunk's rows, flushed;
@@ -431,6 +432,7 @@ class HostLoop:
     # the engines hand a chunk with non-finite rows to this loop instead of raising
     self.stops_on_divergence = stop_on_divergence
     self.t0 = time.perf_counter()
+    self.chunk: List[dict] = []  # the last chunk's rows (a divergence error reads them)
     self.stopping = False  # a signal arrived in some process (this chunk's check)
     self.stop_requested = False  # a callback asked for a stop (``stop``)
 
@@ -457,6 +459,9 @@ class HostLoop:
     # A first signal within the callbacks is only recorded (raised by StopOnSignal, after
     # the checkpoint that it makes due): raised in a callback it skipped that checkpoint.
     self.stopping = False
+    self.chunk = rows
+    if isinstance(self.position, ChunkCount):
+      self.position.advance()
     handler = interrupts.handle_interrupts()
     with handler, interrupts.graceful(""):
       for callback in self.callbacks:
@@ -466,3 +471,45 @@ class HostLoop:
         if self.checkpoints is not None and self.checkpoints.due(self.position(state), True):
           self.save(state)
         interrupts.check_interrupted()
+
+
+class ChunkCount:
+  """The position of a driver whose state does not hold it (the virtual clock's groups),
+  as ``HostLoop``'s ``position``: ``start`` plus the length of each chunk handed out
+  (``lengths.last``, counted when the loop gets the chunk), at most ``total``."""
+
+  def __init__(self, start: int, lengths: ChunkLengths, total: int):
+    self.done, self.lengths, self.total = start, lengths, total
+
+  def advance(self):
+    self.done = min(self.done + self.lengths.last, self.total)
+
+  def __call__(self, state) -> int:
+    return self.done
+
+
+def host_loop(out_dir: Optional[str], checkpoints: Optional[Checkpoints],
+              resumed: Optional[Resumed], position: Callable[[Any], int], *,
+              progress: Optional[Callable] = None, callbacks: Sequence[Callback] = (),
+              annotate: Optional[Callable[[Sequence[dict]], None]] = None,
+              tensorboard: Optional[TensorBoard] = None) -> HostLoop:
+  """The ``HostLoop`` of one run, every engine's: ``metrics.jsonl`` under ``out_dir``
+  (None: the rows kept in memory only), rewritten from the ``resumed`` checkpoint's rows
+  (``Checkpoints.restore``; None: a fresh run), then each chunk's; a resumed run's wall
+  time goes on from the checkpoint's. The caller closes ``loop.metrics`` and the
+  checkpoints.
+
+  Args:
+    out_dir: the run's folder (None: no metrics file).
+    checkpoints: its ``Checkpoints`` (None: none).
+    resumed: the restored checkpoint (None: a fresh run).
+    position: state -> the rounds (or groups) done, or a ``ChunkCount``.
+    progress: the progress lines of a chunk's rows (None: none).
+    callbacks: the caller's ``Callback``s.
+    annotate: adds fields to the rows before they are written (``MetricsFile``).
+    tensorboard: the run's ``TensorBoard`` scalars (None: none).
+  """
+  metrics = MetricsFile(None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"),
+                        resumed.rows if resumed else (), tensorboard, annotate=annotate)
+  return HostLoop(metrics, checkpoints, position, progress,
+                  resumed.wall_before if resumed else 0.0, callbacks)

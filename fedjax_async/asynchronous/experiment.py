@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,6 @@ from fedjax_async.asynchronous.config import (EXAMPLE_WEIGHTS, STALENESS, AsyncR
                                               parse_floats, seeds_of, validate)
 from fedjax_async.config import check
 from fedjax_async.core import building
-from fedjax_async.core import client as client_lib
 from fedjax_async.core import device
 from fedjax_async.core import divergence
 from fedjax_async.core import progress
@@ -234,11 +233,7 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
     outputs.warn(f"[{run_name}] ends at virtual second {schedule.time[-1]:.4g}, before "
                  f"clock.time_budget={cfg.clock.time_budget:g}: its {schedule.num_updates} "
                  "server updates (clock.num_updates / clock.num_arrivals) come first")
-  loc = cfg.local
-  local = client_lib.LocalConfig(loc.batch_size, loc.local_epochs, int(fed.x.shape[1]),
-                                 momentum=loc.momentum > 0, local_steps=loc.local_steps,
-                                 grad_clip=loc.client_grad_clip,
-                                 **building.augmentation(cfg, fed))
+  local = building.local_config(cfg, fed)
   ecfg, mesh = _engine_config(cfg, local, schedule.ring_size)
   if algorithm.pruned:
     masks = privaasyncfed.scale_masks(params, order, scales)
@@ -271,9 +266,15 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   # chunks of about loop.CHUNK_SECONDS (a signal is answered at a chunk's end)
   lengths = loop.ChunkLengths(cfg.run.groups_per_call, loop.CHUNK_SECONDS,
                               loop.first_length(estimate, num_groups))
-  host, ckpt, state, start_group = _host_loop(cfg, run_name, algo_name, out_dir, config,
-                                              num_groups, state, mesh, schedule, callbacks,
-                                              lengths, client_bytes)
+  ckpt, resumed, state = _resume(cfg, run_name, out_dir, config, num_groups, state, mesh)
+  start_group = resumed.position if resumed else 0
+  host = loop.host_loop(
+      out_dir, ckpt, resumed, loop.ChunkCount(start_group, lengths, num_groups),
+      progress=None if cfg.output.quiet else report.ArrivalProgress(
+          run_name, schedule.num_updates, resumed.rows if resumed else [],
+          health=progress.HealthWatch(run_name, algo_name)),
+      callbacks=callbacks,
+      annotate=lambda rows: metrics_lib.add_arrival_bytes(rows, client_bytes))
   try:
     state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
                                      scale_index, eval_every=cfg.run.eval_every,
@@ -301,24 +302,9 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
   return Run(summary, host.rows, state, (model_name, w0, apply_flat))
 
 
-class _GroupLoop(loop.HostLoop):
-  """``HostLoop`` counting groups: each chunk is ``lengths.last`` groups."""
-
-  def __init__(self, *args, start: int, lengths: loop.ChunkLengths, total: int, **kwargs):
-    self.group, self.lengths, self.total = start, lengths, total
-    self.chunk: List[dict] = []
-    super().__init__(*args, position=lambda _: self.group, **kwargs)
-
-  def __call__(self, state, rows):
-    self.group = min(self.group + self.lengths.last, self.total)
-    self.chunk = rows  # (a divergence error reads the group that diverged)
-    super().__call__(state, rows)
-
-
-def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mesh,
-               schedule, callbacks, lengths: loop.ChunkLengths, client_bytes):
-  """(host loop, checkpoints or None, state, first group): a resumed run's state, rows and
-  wall time restored from its latest checkpoint."""
+def _resume(cfg, run_name, out_dir, config, num_groups, state, mesh):
+  """(checkpoints or None, the restored checkpoint or None, the state to start from): a
+  resumed run's state from its latest checkpoint (replicated over ``mesh``)."""
   ckpt, resumed = None, None
   if out_dir is not None:
     os.makedirs(out_dir, exist_ok=True)
@@ -330,24 +316,13 @@ def _host_loop(cfg, run_name, algo_name, out_dir, config, num_groups, state, mes
                                 renamed(saved), now), unit="group",
                             grid=cfg.run.groups_per_call)
     resumed = ckpt.restore(state)
-  start_group, rows_before = (resumed.position, resumed.rows) if resumed else (0, [])
   if resumed is not None:
     state = jax.tree.map(jnp.asarray, resumed.state)
     if mesh is not None:
       state = jax.block_until_ready(sharding.replicate(state, mesh))
-    console.say(f"[{run_name}] resuming from the checkpoint of group {start_group} of "
-                f"{num_groups} ({ckpt.directory}, {len(rows_before)} arrivals done)")
-  metrics = loop.MetricsFile(
-      None if out_dir is None else os.path.join(out_dir, "metrics.jsonl"), rows_before,
-      annotate=lambda rows: metrics_lib.add_arrival_bytes(rows, client_bytes))
-  host = _GroupLoop(metrics, ckpt,
-                    progress=None if cfg.output.quiet else report.ArrivalProgress(
-                        run_name, schedule.num_updates, rows_before,
-                        health=progress.HealthWatch(run_name, algo_name)),
-                    wall_before=resumed.wall_before if resumed else 0.0,
-                    callbacks=callbacks, start=start_group,
-                    lengths=lengths, total=num_groups)
-  return host, ckpt, state, start_group
+    console.say(f"[{run_name}] resuming from the checkpoint of group {resumed.position} of "
+                f"{num_groups} ({ckpt.directory}, {len(resumed.rows)} arrivals done)")
+  return ckpt, resumed, state
 
 
 def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str,

@@ -7,6 +7,7 @@ import jax
 from fedjax_async import data as data_lib
 from fedjax_async import models
 from fedjax_async.core import augment as augment_lib
+from fedjax_async.core import client as client_lib
 from fedjax_async.core import tokens
 from fedjax_async.data import federated, loader
 
@@ -40,6 +41,26 @@ def augmentation(cfg, fed_data) -> dict:
   augment_lib.check(kind, fed_data.feature_shape)
   return {"augment": kind,
           "augment_fill": loader.black(cfg.data.normalize, fed_data.feature_shape[-1])}
+
+
+def local_config(cfg=None, fed_data=None, **fields) -> client_lib.LocalConfig:
+  """``client.LocalConfig``, the static part of local training, of every engine: from
+  ``cfg.local`` (batch_size, local_epochs, random_local_epochs, momentum > 0,
+  local_steps, precision, client_grad_clip and augment on ``fed_data``; a field the part
+  lacks at LocalConfig's default) and ``fed_data``'s padded client size, ``fields``
+  (LocalConfig's) replacing them; without ``cfg`` (FedEDS's own settings), ``fields``
+  alone."""
+  if cfg is None:
+    return client_lib.LocalConfig(**fields)
+  loc = cfg.local
+  made = {"batch_size": loc.batch_size, "max_epochs": loc.local_epochs,
+          "max_examples": int(fed_data.x.shape[1]),
+          "random_epochs": getattr(loc, "random_local_epochs", False),
+          "momentum": loc.momentum > 0, "local_steps": loc.local_steps,
+          "precision": getattr(loc, "precision", "float32"),
+          "grad_clip": getattr(loc, "client_grad_clip", 0.0),
+          **augmentation(cfg, fed_data)}
+  return client_lib.LocalConfig(**{**made, **fields})
 
 
 def build_model(cfg, fed_data):

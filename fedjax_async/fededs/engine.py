@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_async.algorithms import base
-from fedjax_async.core import client as client_lib
+from fedjax_async.core import building
 from fedjax_async.fededs.generation import SharedData, Training, sgd, train_chunk
 from fedjax_async.fededs.model import SplitModel
 from fedjax_async.fededs.schedule import FedEDSConfig, round_hparams
@@ -101,9 +101,9 @@ def run(apply_flat, algorithm: base.Algorithm, w0, data, timeline, base_hp,
   hp, round_hp = hp_schedule(base_hp, timeline.num_rounds, cfg, anneal=anneal, share=share,
                              fixed_epochs=fixed_epochs)
   ecfg = engine.EngineConfig(
-      local=client_lib.LocalConfig(batch_size=cfg.batch_size,
-                                   max_epochs=int(round_hp["local_epochs"].max()),
-                                   max_examples=max_examples), ring_size=ring_size)
+      local=building.local_config(batch_size=cfg.batch_size,
+                                  max_epochs=int(round_hp["local_epochs"].max()),
+                                  max_examples=max_examples), ring_size=ring_size)
   runner = engine.make_runner(apply_flat, algorithm, ecfg)
 
   def annotated(chunk_state, rows):

@@ -181,20 +181,20 @@ def run_variant(cfg, name, alg, apply_flat, w0, dev, tl, base_hp, fcfg, anneal, 
                           resume=cfg.output.resume, mismatch=store.checkpoint_mismatch)
   try:
     resumed = ckpt.restore(fededs_engine.init_state(alg, w0, int(dev.counts.shape[0])))
-    state, rows_before = None, []
+    state = None
     if resumed is not None:
-      state, rows_before = jax.tree.map(jax.numpy.asarray, resumed.state), resumed.rows
+      state = jax.tree.map(jax.numpy.asarray, resumed.state)
       console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
                   f"({ckpt.directory})")
     message = metrics_lib.message_bytes(w0)
-    metrics = loop.MetricsFile(
-        os.path.join(run_dir, "metrics.jsonl"), rows_before,
+    host = loop.host_loop(
+        run_dir, ckpt, resumed, lambda st: int(st.round),
+        progress=None if cfg.output.quiet else Progress(
+            name, t.rounds, len(resumed.rows) if resumed else 0),
+        callbacks=callbacks,
         annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
                                                           message))
-    host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
-                         None if cfg.output.quiet else Progress(name, t.rounds,
-                                                                len(rows_before)),
-                         resumed.wall_before if resumed else 0.0, callbacks)
+    metrics = host.metrics
     try:
       fededs_engine.run(apply_flat, alg, w0, dev, tl, base_hp, fcfg, anneal=anneal, share=share,
                  fixed_epochs=fixed_epochs, seed=cfg.run.seed,

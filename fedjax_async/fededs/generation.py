@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_async.core import building
 from fedjax_async.core import client as client_lib
 from fedjax_async.fededs.model import SplitModel
 from fedjax_async.fededs.schedule import FedEDSConfig
@@ -25,7 +26,7 @@ Array = jax.Array
 def _trainer(loss_fn: Callable, opt, x, y, n, key, epochs: int, batch: int):
   """(static shape, scan step) of ``train_epochs``'s loop: step s takes the minibatch
   ``client.step_minibatch`` draws and returns (loss, whether it ran, its epoch)."""
-  cfg = client_lib.LocalConfig(batch_size=batch, max_epochs=epochs, max_examples=x.shape[0])
+  cfg = building.local_config(batch_size=batch, max_epochs=epochs, max_examples=x.shape[0])
   init = client_lib.client_init(key, n, cfg)
   budget = init.num_epochs * init.spe
   grad_fn = jax.value_and_grad(loss_fn)

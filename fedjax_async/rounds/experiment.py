@@ -36,11 +36,10 @@ from fedjax_async.algorithms import dp_fedavg
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.config import (RunConfig, config_dict, mismatch_flags, own_columns,
                                  run_config_for)
-from fedjax_async.core import client as client_lib
 from fedjax_async.core import divergence
 from fedjax_async.core import streaming
 from fedjax_async.core import timeline as timeline_lib
-from fedjax_async.core.building import augmentation, build_model, load_data
+from fedjax_async.core.building import build_model, load_data, local_config
 from fedjax_async.core.progress import (CompileTimer, HealthWatch, Overall, Progress,
                                         log_interval)
 from fedjax_async.interrupts import Interrupted
@@ -111,8 +110,19 @@ def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, posit
         setup.hp, fed_data.num_clients, cfg.run.rounds), cfg.run.rounds))
   if overall is not None:
     overall.skip(start_round)
-  ecfg, metrics, host = _host_loop(cfg, name, setup, out_dir if writes else None, ckpt,
-                                   resumed, quiet, start_round, position, overall, callbacks)
+  ecfg, progress = _progress(cfg, name, setup, quiet, start_round, position, overall)
+  files = out_dir if writes else None
+  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
+  # event files is purged (session restart at step 0), the restored rows written again.
+  tl, message = setup.tl, metrics_lib.message_bytes(setup.state.w)
+  host = loop.host_loop(
+      files, ckpt, resumed, lambda st: int(st.round),
+      progress=None if quiet else progress, callbacks=callbacks,
+      annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
+                                                        message),
+      tensorboard=TensorBoard(files, cfg.output.tensorboard and files is not None,
+                              purge_step=0 if cfg.output.resume else None))
+  metrics = host.metrics
   # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
   # the chunk of rounds it arrives in, saving that state; a second one stops at once.
   stop_softly = (interrupts.graceful(
@@ -138,22 +148,21 @@ def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, posit
       raise _interrupted(e, cfg, name, len(metrics.rows), ckpt) from None
     # in its last chunk: the run is complete, and its summary is written below
     finished_interrupted = _interrupted(e, cfg, name, len(metrics.rows), ckpt, position,
-                                        out_dir if writes else None)
+                                        files)
   finally:
     metrics.close()
     if ckpt is not None:
       ckpt.close()
   summary = _summary(cfg, name, fed_data, model, setup, metrics.rows, host.wall(),
-                     int(state.round) if stopped_early else None, out_dir if writes else None, state.w)
+                     int(state.round) if stopped_early else None, files, state.w)
   if finished_interrupted is not None:
     raise finished_interrupted
   return Run(summary, metrics.rows, state, model)
 
 
-def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: bool,
-               start_round: int, position, overall, callbacks):
-  """(engine config with the progress tick, metrics file, ``loop.HostLoop``) of a run
-  whose files go to ``out_dir`` (None: written nowhere)."""
+def _progress(cfg: RunConfig, name: str, setup, quiet: bool, start_round: int, position,
+              overall):
+  """(engine config with the progress tick, ``Progress``) of a run."""
   progress = Progress(name, cfg.run.rounds, start_round, position=position, overall=overall,
                       every=log_interval(cfg.output.log_every, cfg.run.rounds),
                       health=HealthWatch(name, setup.algorithm.name))
@@ -163,20 +172,7 @@ def _host_loop(cfg: RunConfig, name: str, setup, out_dir, ckpt, resumed, quiet: 
   # persistent compilation cache (one with it is not): a second run compiles nothing.
   if not quiet and not loop.chunks_timed():
     ecfg = dataclasses.replace(ecfg, progress=progress.tick)
-  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
-  # event files is purged (session restart at step 0), the restored rows written again.
-  tl, message = setup.tl, metrics_lib.message_bytes(setup.state.w)
-  metrics = loop.MetricsFile(
-      os.path.join(out_dir, "metrics.jsonl") if out_dir is not None else None,
-      resumed.rows if resumed else (),
-      TensorBoard(out_dir, cfg.output.tensorboard and out_dir is not None,
-                  purge_step=0 if cfg.output.resume else None),
-      annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
-                                                        message))
-  host = loop.HostLoop(metrics, ckpt, lambda st: int(st.round),
-                       None if quiet else progress,
-                       resumed.wall_before if resumed else 0.0, callbacks)
-  return ecfg, metrics, host
+  return ecfg, progress
 
 
 def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: float,
@@ -276,12 +272,7 @@ def _setup(cfg: RunConfig, name: str, fed_data, model) -> _Setup:
   tl = timeline_lib.build(fed_data.num_clients, cfg.run.rounds, cfg.run.participation, cfg.delay,
                           cfg.run.seed)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(cfg.local.batch_size, cfg.local.local_epochs, fed_data.max_examples,
-                             cfg.local.random_local_epochs, momentum=cfg.local.momentum > 0,
-                             local_steps=cfg.local.local_steps,
-                             precision=cfg.local.precision,
-                             grad_clip=cfg.local.client_grad_clip,
-                             **augmentation(cfg, fed_data)),
+      local_config(cfg, fed_data),
       cfg.delay.ring_size,
       drop_nonfinite=cfg.algorithm.drop_nonfinite_uploads,
       client_chunk=(engine.auto_client_chunk(int(np.size(w0))) if cfg.run.client_chunk < 0

@@ -53,7 +53,6 @@ from fedjax_async import outputs
 from fedjax_async.algorithms import base as base_lib
 from fedjax_async.algorithms import server_optimizers
 from fedjax_async.core import building
-from fedjax_async.core import client as client_lib
 from fedjax_async.core import divergence
 from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.rounds import engine
@@ -487,12 +486,9 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
   algorithm = server_optimizers.configured(
       algorithms.get(algorithm_name, base.algorithm.admm_upload), base.algorithm)
   ecfg = engine.EngineConfig(
-      client_lib.LocalConfig(base.local.batch_size, base.local.local_epochs, fed_data.max_examples,
-                             base.local.random_local_epochs,
-                             momentum=any(c.local.momentum > 0 for c in cfgs),
-                             local_steps=base.local.local_steps,
-                             precision=base.local.precision,
-                             **building.augmentation(base, fed_data)),
+      # (a sweep's clients train unclipped: local.client_grad_clip is not read here)
+      building.local_config(base, fed_data,
+                            momentum=any(c.local.momentum > 0 for c in cfgs), grad_clip=0.0),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
