@@ -59,7 +59,8 @@ def separate_run(cfg, name):
   _, w0, apply_flat = experiment.build_model(cfg, fed)
   alg = algorithms.get(name)
   ecfg = engine.EngineConfig(client_lib.LocalConfig(cfg.local.batch_size,
-                                                    cfg.local.local_epochs, M),
+                                                    cfg.local.local_epochs, M,
+                                                    grad_clip=cfg.local.client_grad_clip),
                              cfg.delay.ring_size)
   if (name, ecfg) not in _RUNNERS:
     _RUNNERS[(name, ecfg)] = engine.make_runner(apply_flat, alg, ecfg)
@@ -101,6 +102,23 @@ def test_vmapped_sweep_equals_separate_runs():
         assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-6
   # The runs really differ (different lr/delta/seed give different models).
   assert np.ptp(res.states.w[:, 0]) > 1e-4
+
+
+@pytest.mark.xdist_group("sweep_reference")  # shares separate_run's cached runs
+def test_a_sweep_clips_its_clients_gradients_as_a_single_run_does():
+  """local.client_grad_clip in a sweep: each run equals the plain engine's run with that
+  clip (LocalConfig(grad_clip=...)), not the unclipped one."""
+  clipped = BASE.replace(algorithm="fedavg", client_grad_clip=0.05, delay_fraction=0.0)
+  cfgs = sweep.grid(clipped, {"lr": [0.05, 0.2]}, num_seeds=1)
+  prep = sweep.prepare(cfgs, "fedavg", tiny_data())
+  res = sweep.simulate_sweep(prep.runner, prep.states, prep.slots, prep.hp, prep.data,
+                             num_rounds=BASE.run.rounds, eval_every=BASE.run.eval_every,
+                             rounds_per_call=BASE.run.rounds_per_call)
+  for i, c in enumerate(cfgs):
+    state, _ = separate_run(c, "fedavg")
+    free, _ = separate_run(c.replace(client_grad_clip=0.0), "fedavg")
+    np.testing.assert_allclose(res.states.w[i], np.asarray(state.w), rtol=2e-5, atol=2e-6)
+    assert np.max(np.abs(np.asarray(state.w) - np.asarray(free.w))) > 1e-3
 
 
 def test_pad_slots_marks_padding_invalid():

@@ -486,9 +486,8 @@ def prepare(cfgs: Sequence[config_lib.RunConfig], algorithm_name: str,
   algorithm = server_optimizers.configured(
       algorithms.get(algorithm_name, base.algorithm.admm_upload), base.algorithm)
   ecfg = engine.EngineConfig(
-      # (a sweep's clients train unclipped: local.client_grad_clip is not read here)
       building.local_config(base, fed_data,
-                            momentum=any(c.local.momentum > 0 for c in cfgs), grad_clip=0.0),
+                            momentum=any(c.local.momentum > 0 for c in cfgs)),
       base.delay.ring_size)
   states, timelines, apply_flat, model_name, num_params = [], [], None, None, 0
   for c in cfgs:
