@@ -28,7 +28,7 @@ from fedjax_async import models
 from fedjax_async.algorithms import dp_fedavg
 from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
-from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
+from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS, server_hparams
 from fedjax_async.algorithms.server_optimizers import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
 from fedjax_async.core.building import data_seed_of  # the seed of the data, any engine's
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
@@ -450,10 +450,8 @@ class RunConfig(FlatKeys):
     return {"lr": loc.lr, "momentum": loc.momentum,
             **resolved_hparams(a, "rounds", algorithm, self.data.dataset),
             "ducc_project_conflicting": float(a.ducc_projection == "conflicting"),
-            "client_weighting": float(CLIENT_WEIGHTINGS.index(a.client_weighting)),
-            "server_lr": a.server_lr,
-            "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
-            "server_lr_switch_round": a.server_lr_switch_round}
+            **server_hparams(a.server_lr, a.server_lr2, a.server_lr_switch_round,
+                             a.client_weighting)}
 
 
 _KEYS = RunConfig.keys()

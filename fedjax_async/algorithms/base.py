@@ -380,21 +380,40 @@ CLIENT_WEIGHTINGS = ("auto", "examples", "uniform")
 
 def client_weights(arrivals, hp: HParams, own: str = "examples") -> Array:
   """p_k [K] of each valid arrival (0 for padding slots) by ``hp["client_weighting"]``
-  (``CLIENT_WEIGHTINGS``' index; absent: auto); ``own``, the rule's auto weighting:
+  (``CLIENT_WEIGHTINGS``' index); ``own``, the rule's auto weighting:
   ``examples`` (n_k) or ``uniform`` (1)."""
   valid = jnp.asarray(arrivals.valid)
   n = (jnp.ones(valid.shape, jnp.float32) if arrivals.num_examples is None  # none given
        else jnp.asarray(arrivals.num_examples, jnp.float32))
   ones = jnp.ones_like(n)
-  code = jnp.asarray(hp.get("client_weighting", 0.0))
+  code = jnp.asarray(hp["client_weighting"])
   p = jnp.select([code == 1, code == 2], [n, ones], n if own == "examples" else ones)
   return jnp.where(valid, p, 0.0)
+
+
+def server_hparams(server_lr=1.0, server_lr2=-1.0, switch_round=-1,
+                   client_weighting: str = "auto") -> HParams:
+  """The round rules' server hyper-parameters that ``client_weights`` and ``server_lr``
+  read, as ``hp`` entries (every engine supplies them): eta_2 < 0 is eta."""
+  return {"client_weighting": float(CLIENT_WEIGHTINGS.index(client_weighting)),
+          "server_lr": server_lr, "server_lr2": server_lr if server_lr2 < 0 else server_lr2,
+          "server_lr_switch_round": switch_round}
+
+
+def with_defaults(algorithm: Algorithm, hp: HParams, dataset: str = "") -> HParams:
+  """``hp`` with what ``algorithm``'s functions read and it lacks at the declared defaults
+  (on ``dataset``): its ``hparams``, and a round rule's ``server_hparams`` (eta_2 = eta).
+  For calls by hand: an engine's ``hp`` (``RunConfig.hparams``) has them all."""
+  out = {h.name: h.default_for(dataset) for h in algorithm.hparams}
+  if algorithm.server_update is not None:
+    out.update(server_hparams(*[hp[k] for k in ("server_lr",) if k in hp]))
+  return {**out, **hp}
 
 
 def server_lr(hp: HParams, round_index) -> Array:
   """Global learning rate eta, switched to eta_2 from round ``server_lr_switch_round`` on
   (FedADMM authors' schedule; the switch is off when the round is negative)."""
-  switch = hp.get("server_lr_switch_round", -1)
-  lr2 = hp.get("server_lr2", hp["server_lr"])
+  switch = hp["server_lr_switch_round"]
+  lr2 = hp["server_lr2"]
   use2 = jnp.logical_and(jnp.asarray(switch) >= 0, round_index >= switch)
   return jnp.where(use2, lr2, hp["server_lr"])

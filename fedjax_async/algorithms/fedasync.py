@@ -84,20 +84,19 @@ def threshold_staleness(staleness, cutoff, value):
 
 
 def _raw_staleness(staleness, hp):
-  kind = jnp.asarray(hp.get("staleness_fn", 0.0))
+  kind = jnp.asarray(hp["staleness_fn"])
   return jnp.select(
       [kind == 1, kind == 2, kind == 3],
-      [polynomial_staleness(staleness, hp.get("poly_a", 0.5)),
-       hinge_staleness(staleness, hp.get("hinge_a", 10.0), hp.get("hinge_b", 4.0)),
-       threshold_staleness(staleness, hp.get("threshold_cutoff", 4.0),
-                           hp.get("threshold_value", 0.5))],
+      [polynomial_staleness(staleness, hp["poly_a"]),
+       hinge_staleness(staleness, hp["hinge_a"], hp["hinge_b"]),
+       threshold_staleness(staleness, hp["threshold_cutoff"], hp["threshold_value"])],
       constant_staleness(staleness))
 
 
 def staleness_weight(staleness, hp):
   """s(t - tau) / s(avg_staleness), s chosen by ``hp['staleness_fn']`` (0 constant,
   1 polynomial, 2 hinge, 3 threshold); ``avg_staleness`` 0: s(t - tau) itself."""
-  return _raw_staleness(staleness, hp) / _raw_staleness(hp.get("avg_staleness", 0.0), hp)
+  return _raw_staleness(staleness, hp) / _raw_staleness(hp["avg_staleness"], hp)
 
 
 def _raw_example_weight(n, kind):
@@ -108,10 +107,10 @@ def _raw_example_weight(n, kind):
 
 def example_weight(num_examples, hp):
   """f(n) / f(avg_num_examples) by ``hp['example_weight']`` (``EXAMPLE_WEIGHTS``' index;
-  0, absent: 1)."""
-  kind = jnp.asarray(hp.get("example_weight", 0.0))
+  0: 1)."""
+  kind = jnp.asarray(hp["example_weight"])
   return (_raw_example_weight(num_examples, kind)
-          / _raw_example_weight(hp.get("avg_num_examples", 1.0), kind))
+          / _raw_example_weight(hp["avg_num_examples"], kind))
 
 
 def mix(w, w_new, alpha):

@@ -226,9 +226,9 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
       hp: the hyper-parameters.
     """
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
-    m, m1, m2 = ducc_result(sums, tol, hp.get("ducc_project_conflicting", True))
+    m, m1, m2 = ducc_result(sums, tol, hp["ducc_project_conflicting"])
     # alpha_t = alpha * gamma^t (hp alpha_decay; 1 = Eq. 17's constant weights)
-    decay = jnp.power(jnp.asarray(hp.get("alpha_decay", 1.0), jnp.float32), round_index)
+    decay = jnp.power(jnp.asarray(hp["alpha_decay"], jnp.float32), round_index)
     new_w = w + decay * (hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2)  # Eq. 17
     return new_w, server_state, {"conflicting": sums.conflicting}
 

@@ -168,9 +168,8 @@ def server_step(w, server_state, upload, arrival, hp):
     arrival: the ``Arrival``.
     hp: the hyper-parameters.
   """
-  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness,
-                                                hp.get("hinge_a", 10.0),
-                                                hp.get("hinge_b", 4.0))
+  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness, hp["hinge_a"],
+                                                hp["hinge_b"])
   return w + alpha * arrival.mask * (upload - w), server_state
 
 

@@ -41,6 +41,7 @@ from fedjax_async import outputs
 from fedjax_async import privacy
 from fedjax_async import results
 from fedjax_async import sharding
+from fedjax_async.algorithms import base
 from fedjax_async.algorithms import privaasyncfed
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.asynchronous import report
@@ -118,13 +119,16 @@ def run_list(cfg: AsyncRunConfig, names: Sequence[str]):
 
 
 def hparams(cfg: AsyncRunConfig, mix_alpha: float, algorithm=None) -> Dict[str, float]:
-  """The traced scalar hyperparameters of a run: the common ones, then the algorithms'
-  (``config.resolved_hparams``: ``algorithm``'s own defaults where none is given)."""
+  """The traced scalar hyperparameters of a run: the common ones (a round rule's server
+  entries too, ``base.server_hparams``: no schedule, its own weighting), then the
+  algorithms' (``config.resolved_hparams``: ``algorithm``'s own defaults where none is
+  given)."""
   a, p = cfg.algorithm, cfg.privacy
+  rule = algorithm is not None and algorithm.server_update is not None
   return {"lr": cfg.local.lr, "momentum": cfg.local.momentum,
           "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
           "example_weight": float(EXAMPLE_WEIGHTS.index(a.example_weight)),
-          "server_lr": a.server_lr,
+          **(base.server_hparams(a.server_lr) if rule else {"server_lr": a.server_lr}),
           **config_lib.resolved_hparams(a, "virtual_clock", algorithm, cfg.data.dataset),
           "dp_epsilon": p.dp_epsilon, "dp_clip": p.dp_clip, "dp_delta": p.dp_delta,
           "dp_noise_multiplier": 0.0}
