@@ -26,7 +26,6 @@ from typing import Dict, List, Optional
 from fedjax_async import algorithms
 from fedjax_async import models
 from fedjax_async.algorithms import dp_fedavg
-from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
 from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS, server_hparams
 from fedjax_async.algorithms.server_optimizers import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
@@ -212,6 +211,20 @@ def check_hparams(part, engine: str, names: List[str]) -> None:
     check(problem is None, f"algorithm.hp.{k}", str(problem))
 
 
+def option_fields(options) -> List[tuple]:
+  """``dataclasses.make_dataclass`` fields of algorithms' ``base.Option``s (declared in
+  their files): name, default, help and an enum's choices from there."""
+  return [(o.name, "str", option(o.default, o.help, choices=o.choices if o.enum else None))
+          for o in options]
+
+
+def check_options(part, options) -> None:
+  """``ConfigError`` naming ``algorithm.<name>`` for a value an option does not allow."""
+  for o in options:
+    problem = o.problem(getattr(part, o.name))
+    check(problem is None, f"algorithm.{o.name}", str(problem))
+
+
 HP_HELP = ("The algorithms' own hyper-parameters that are no field (a registered "
             "algorithm's): {name: value} (simulate(name=value) or hp={...}; on the CLI each "
             "is a flag --name).")
@@ -223,13 +236,7 @@ def _name_list(self) -> List[str]:
 
 AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
     ("names", "Optional[str]", option(None, SHARED_HELP["algorithm"], flag="algorithm")),
-    ("admm_upload", "str", option(
-        "received", "Eq. 16 (FedADMM, PAFed): received (w_end - model received + dy/rho, "
-        "Gong et al.'s code) | last_local (as printed; docs/design.md).")),
-    ("ducc_projection", "str", option(
-        "conflicting", "PAFed's class projected (Eq. 14): conflicting (m . u_j < 0) | "
-        "non_conflicting (Sec. V-A; docs/design.md).",
-        choices=("conflicting", "non_conflicting"))),
+    *option_fields(pafed.OPTIONS),  # admm_upload, ducc_projection
     ("server_lr", "float", option(1.0, SHARED_HELP["server_lr"])),
     ("server_lr2", "float", option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")),
     ("server_lr_switch_round", "int", option(-1, "Round where eta_2 starts (-1: never).")),
@@ -543,8 +550,7 @@ def _validate_algorithm(cfg: RunConfig):
   check(len(set(names)) == len(names), "algorithm.names",  # one output directory per name
         f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
         f"once, got {a.names!r}")
-  check(a.admm_upload in fedadmm.UPLOADS, "algorithm.admm_upload",
-        f"must be one of {', '.join(fedadmm.UPLOADS)}, got {a.admm_upload!r}")
+  check_options(a, pafed.OPTIONS)
   check_hparams(a, "rounds", names)
   check(a.server_optimizer in SERVER_OPTIMIZERS,
         "algorithm.server_optimizer", f"must be one of {', '.join(SERVER_OPTIMIZERS)}, got "
@@ -560,8 +566,6 @@ def _validate_algorithm(cfg: RunConfig):
         f"must be one of {', '.join(BIAS_CORRECTIONS)}, got {a.server_bias_correction!r}")
   check(a.client_weighting in CLIENT_WEIGHTINGS, "algorithm.client_weighting",
         f"must be one of {', '.join(CLIENT_WEIGHTINGS)}, got {a.client_weighting!r}")
-  check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
-        f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
   check(not (a.dp_noise_multiplier and math.isfinite(a.dp_epsilon)),
         "algorithm.dp_noise_multiplier", f"give it or a finite algorithm.dp_epsilon, not "

@@ -76,6 +76,32 @@ def test_kernels_index_hp_and_with_defaults_fills_the_declared_defaults():
       "synthetic") != algorithms.get("pafed").hparam("alpha0").default
 
 
+@pytest.mark.parametrize("cls", [config.RunConfig, async_config.AsyncRunConfig])
+def test_the_options_that_are_words_are_declared_in_their_algorithms_files(cls):
+  """FedADMM's and PAFed's admm_upload and ducc_projection, FedAsync's mix_alpha,
+  staleness_fn and example_weight: ``base.Option``s of their algorithm files, whose
+  default, help and choices the configuration's field and flag take and whose check
+  validates it; no configuration file spells them."""
+  from fedjax_async.algorithms import fedasync, pafed  # pylint: disable=g-import-not-at-top
+  options = pafed.OPTIONS if cls is config.RunConfig else fedasync.OPTIONS
+  assert {o.name for o in options} == ({"admm_upload", "ducc_projection"} if cls is
+                                       config.RunConfig else
+                                       {"mix_alpha", "staleness_fn", "example_weight"})
+  specs, validate = config.flag_specs(cls), (
+      config.validate if cls is config.RunConfig else async_config.validate)
+  for o in options:
+    spec = specs[o.name]
+    assert (spec.default, spec.help, spec.kind) == (o.default, o.help, "str"), o.name
+    assert spec.choices == (o.choices if o.enum else None), o.name
+    for folder in ("config.py", os.path.join("asynchronous", "config.py")):
+      with open(os.path.join(ROOT, "fedjax_async", folder)) as f:
+        text = f.read()
+      assert o.help not in text and f'("{o.name}", "str"' not in text, o.name
+    with pytest.raises(config.ConfigError, match=rf"^algorithm\.{o.name}: must be"):
+      validate(cls().replace(**{o.name: "0,2" if o.name == "mix_alpha" else "no_such"}))
+    validate(cls().replace(**{o.name: o.default}))
+
+
 def _outside(h: base.HParam):
   """A value just outside ``h``'s bounds (None when it has none), from the bounds text."""
   left, lo, hi, right = re.match(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", h.bounds).groups()

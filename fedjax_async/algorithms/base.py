@@ -105,6 +105,39 @@ class HParam:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One of an algorithm's options that is a word or a list, not a number (FedADMM's
+  reading of Eq. 16, FedAsync's staleness function), declared beside its update: the
+  configurations make its field, flag, help and check from it.
+
+  ``choices``: the words allowed (its ``hp`` entry, where it has one, is the index of the
+  one given: ``code``); ``enum``: the flag lists them; ``check``: ``value -> problem or
+  None`` in their place (a comma list).
+  """
+
+  name: str
+  default: str
+  help: str
+  choices: Tuple[str, ...] = ()
+  enum: bool = False
+  check: Optional[Callable[[str], Optional[str]]] = None
+
+  def problem(self, value) -> Optional[str]:
+    """None when ``value`` is allowed, else what is wrong (``must be a or b, got 'c'``)."""
+    if self.check is not None:
+      return self.check(value)
+    if value in self.choices:
+      return None
+    allowed = (" or ".join(self.choices) if len(self.choices) == 2
+               else "one of " + ", ".join(self.choices))
+    return f"must be {allowed}, got {value!r}"
+
+  def code(self, value) -> float:
+    """``value``'s ``hp`` entry: its index among ``choices``."""
+    return float(self.choices.index(value))
+
+
 def as_hparam(item) -> HParam:
   """An ``HParam``, or a ``(name, default)`` pair as one (no bounds, no help)."""
   if isinstance(item, HParam):

@@ -46,6 +46,13 @@ def alpha_default(dataset: str) -> float:
   return 0.4 if str(dataset).lower().startswith("synthetic") else 0.8
 
 
+# The class DUCC projects (Eq. 14; ``hp["ducc_project_conflicting"]`` 1 for the first).
+DUCC_PROJECTION = base.Option(
+    "ducc_projection", "conflicting", "PAFed's class projected (Eq. 14): conflicting (m . u_j "
+    "< 0) | non_conflicting (Sec. V-A; docs/design.md).", ("conflicting", "non_conflicting"),
+    enum=True)
+OPTIONS = (fedadmm.ADMM_UPLOAD, DUCC_PROJECTION)
+
 _BY_DATASET = "by data set"
 HPARAMS = (
     fedadmm.RHO,
