@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Dict, List, Optional
 
 from fedjax_async import algorithms
@@ -47,7 +48,7 @@ def _momentum(cfg) -> float:
 
 
 # The shared fields whose default depends on the engine (the flag's default is None, each
-# engine's configuration fills it in, ``fill_engine_defaults``), and why.
+# engine's configuration fills it in, ``resolve_parts``), and why.
 ENGINE_DEFAULTS = {
     # each engine's own algorithms: the README's main job, FedAsync
     "algorithm": {"rounds": MAIN_JOB_ALGORITHMS, "virtual_clock": "fedasync"},
@@ -82,14 +83,30 @@ def replace_keeping_defaults(cfg, engine: str, flat: dict):
   return FlatKeys.replace(new, **stale) if stale else new
 
 
-def fill_engine_defaults(cfg, engine: str):
-  """``cfg`` with its ``ENGINE_DEFAULTS`` fields that are None set to ``engine``'s (in
-  that order: the momentum's rule reads the algorithm)."""
+def resolve_parts(config_class, parts: dict, engine: str) -> dict:
+  """The parts ``{name: part}`` of a configuration of ``engine`` (``config_class``) as
+  built from those given (``FlatKeys.resolve_parts``): its ``ENGINE_DEFAULTS`` fields that
+  are None at ``engine``'s (in that order: the momentum's rule reads the algorithm), its
+  None hyper-parameter fields where ``engine_defaults`` has one (on ``data.dataset``), and
+  ``algorithm.hp`` (an algorithm's own, not a field) as a sorted tuple of (name, float)
+  pairs. New parts where one changes (``dataclasses.replace``), none changed."""
+  parts, keys = dict(parts), config_class.keys()
+  view = types.SimpleNamespace(**parts)  # what the rules read: the parts filled so far
+  view.get = lambda key: getattr(getattr(view, keys[key][0]), keys[key][1])
   for key in ENGINE_DEFAULTS:
-    if cfg.get(key) is None:
-      part, name = type(cfg).keys()[key]
-      value = engine_default(cfg, key, engine)
-      object.__setattr__(cfg, part, dataclasses.replace(getattr(cfg, part), **{name: value}))
+    if view.get(key) is None:
+      part, name = keys[key]
+      parts[part] = dataclasses.replace(parts[part], **{name: engine_default(view, key,
+                                                                           engine)})
+      setattr(view, part, parts[part])
+  a = parts["algorithm"]
+  optional = {f.name for f in dataclasses.fields(a) if str(f.type).startswith("Optional")}
+  missing = {k: v for k, v in engine_defaults(engine, parts["data"].dataset).items()
+             if k in optional and getattr(a, k) is None}
+  hp = tuple(sorted(parse_hp(a.hp).items()))
+  if missing or hp != a.hp:
+    parts["algorithm"] = dataclasses.replace(a, hp=hp, **missing)
+  return parts
 
 
 # Help of the fields both engines share whose default depends on the engine.
@@ -159,19 +176,6 @@ def engine_defaults(engine: str, dataset: str) -> Dict[str, float]:
     if len(values) == 1:
       out[name] = bool(values.pop()) if pairs[0][1].kind == "bool" else values.pop()
   return out
-
-
-def fill_hparam_defaults(cfg, engine: str):
-  """``cfg`` (a configuration whose ``algorithm`` part has ``hparam_fields``) with its
-  None hyper-parameter fields set where ``engine_defaults`` has one; ``algorithm.hp``
-  (an algorithm's own, not a field) as a sorted tuple of (name, float) pairs."""
-  a = cfg.algorithm
-  optional = {f.name for f in dataclasses.fields(a) if str(f.type).startswith("Optional")}
-  missing = {k: v for k, v in engine_defaults(engine, cfg.data.dataset).items()
-             if k in optional and getattr(a, k) is None}
-  hp = tuple(sorted(parse_hp(a.hp).items()))
-  if missing or hp != a.hp:
-    object.__setattr__(cfg, "algorithm", dataclasses.replace(a, hp=hp, **missing))
 
 
 def resolved_hparams(part, engine: str, algorithm, dataset: str) -> Dict[str, float]:
@@ -420,9 +424,10 @@ class RunConfig(FlatKeys):
   run: RunOptions = RunOptions()
   output: OutputConfig = OutputConfig()
 
-  def __post_init__(self):
-    fill_engine_defaults(self, "rounds")
-    fill_hparam_defaults(self, "rounds")
+  @classmethod
+  def resolve_parts(cls, parts: dict) -> dict:
+    """``config.resolve_parts`` of the round engine: the defaults by engine and data set."""
+    return resolve_parts(cls, parts, "rounds")
 
   def replace(self, **flat) -> "RunConfig":
     """``FlatKeys.replace``; fields left at their default follow the new values

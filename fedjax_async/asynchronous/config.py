@@ -115,9 +115,10 @@ class AsyncRunConfig(FlatKeys):
   run: AsyncRunOptions = AsyncRunOptions()
   output: AsyncOutputConfig = AsyncOutputConfig()
 
-  def __post_init__(self):
-    config_lib.fill_engine_defaults(self, "virtual_clock")
-    config_lib.fill_hparam_defaults(self, "virtual_clock")
+  @classmethod
+  def resolve_parts(cls, parts: dict) -> dict:
+    """``config.resolve_parts`` of the virtual clock: the defaults by engine and data set."""
+    return config_lib.resolve_parts(cls, parts, "virtual_clock")
 
   def replace(self, **flat) -> "AsyncRunConfig":
     """``FlatKeys.replace``; fields left at their default follow the new values
