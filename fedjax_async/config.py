@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Dict, List, Optional
 
 from fedjax_async import algorithms
 from fedjax_async import models
 from fedjax_async.algorithms import dp_fedavg
-from fedjax_async.algorithms import fedadmm
 from fedjax_async.algorithms import pafed
-from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS
+from fedjax_async.algorithms.base import CLIENT_WEIGHTINGS, server_hparams
 from fedjax_async.algorithms.server_optimizers import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
 from fedjax_async.core.building import data_seed_of  # the seed of the data, any engine's
 from fedjax_async.core.client import PRECISIONS  # LocalTraining.precision
@@ -48,7 +48,7 @@ def _momentum(cfg) -> float:
 
 
 # The shared fields whose default depends on the engine (the flag's default is None, each
-# engine's configuration fills it in, ``fill_engine_defaults``), and why.
+# engine's configuration fills it in, ``resolve_parts``), and why.
 ENGINE_DEFAULTS = {
     # each engine's own algorithms: the README's main job, FedAsync
     "algorithm": {"rounds": MAIN_JOB_ALGORITHMS, "virtual_clock": "fedasync"},
@@ -83,14 +83,30 @@ def replace_keeping_defaults(cfg, engine: str, flat: dict):
   return FlatKeys.replace(new, **stale) if stale else new
 
 
-def fill_engine_defaults(cfg, engine: str):
-  """``cfg`` with its ``ENGINE_DEFAULTS`` fields that are None set to ``engine``'s (in
-  that order: the momentum's rule reads the algorithm)."""
+def resolve_parts(config_class, parts: dict, engine: str) -> dict:
+  """The parts ``{name: part}`` of a configuration of ``engine`` (``config_class``) as
+  built from those given (``FlatKeys.resolve_parts``): its ``ENGINE_DEFAULTS`` fields that
+  are None at ``engine``'s (in that order: the momentum's rule reads the algorithm), its
+  None hyper-parameter fields where ``engine_defaults`` has one (on ``data.dataset``), and
+  ``algorithm.hp`` (an algorithm's own, not a field) as a sorted tuple of (name, float)
+  pairs. New parts where one changes (``dataclasses.replace``), none changed."""
+  parts, keys = dict(parts), config_class.keys()
+  view = types.SimpleNamespace(**parts)  # what the rules read: the parts filled so far
+  view.get = lambda key: getattr(getattr(view, keys[key][0]), keys[key][1])
   for key in ENGINE_DEFAULTS:
-    if cfg.get(key) is None:
-      part, name = type(cfg).keys()[key]
-      value = engine_default(cfg, key, engine)
-      object.__setattr__(cfg, part, dataclasses.replace(getattr(cfg, part), **{name: value}))
+    if view.get(key) is None:
+      part, name = keys[key]
+      parts[part] = dataclasses.replace(parts[part], **{name: engine_default(view, key,
+                                                                           engine)})
+      setattr(view, part, parts[part])
+  a = parts["algorithm"]
+  optional = {f.name for f in dataclasses.fields(a) if str(f.type).startswith("Optional")}
+  missing = {k: v for k, v in engine_defaults(engine, parts["data"].dataset).items()
+             if k in optional and getattr(a, k) is None}
+  hp = tuple(sorted(parse_hp(a.hp).items()))
+  if missing or hp != a.hp:
+    parts["algorithm"] = dataclasses.replace(a, hp=hp, **missing)
+  return parts
 
 
 # Help of the fields both engines share whose default depends on the engine.
@@ -162,19 +178,6 @@ def engine_defaults(engine: str, dataset: str) -> Dict[str, float]:
   return out
 
 
-def fill_hparam_defaults(cfg, engine: str):
-  """``cfg`` (a configuration whose ``algorithm`` part has ``hparam_fields``) with its
-  None hyper-parameter fields set where ``engine_defaults`` has one; ``algorithm.hp``
-  (an algorithm's own, not a field) as a sorted tuple of (name, float) pairs."""
-  a = cfg.algorithm
-  optional = {f.name for f in dataclasses.fields(a) if str(f.type).startswith("Optional")}
-  missing = {k: v for k, v in engine_defaults(engine, cfg.data.dataset).items()
-             if k in optional and getattr(a, k) is None}
-  hp = tuple(sorted(parse_hp(a.hp).items()))
-  if missing or hp != a.hp:
-    object.__setattr__(cfg, "algorithm", dataclasses.replace(a, hp=hp, **missing))
-
-
 def resolved_hparams(part, engine: str, algorithm, dataset: str) -> Dict[str, float]:
   """The hyper-parameters ``algorithm`` (a ``base.Algorithm``, or None) runs with: every
   field of ``part`` (the ``algorithm`` part) from ``hparam_fields``, a None one at
@@ -212,6 +215,20 @@ def check_hparams(part, engine: str, names: List[str]) -> None:
     check(problem is None, f"algorithm.hp.{k}", str(problem))
 
 
+def option_fields(options) -> List[tuple]:
+  """``dataclasses.make_dataclass`` fields of algorithms' ``base.Option``s (declared in
+  their files): name, default, help and an enum's choices from there."""
+  return [(o.name, "str", option(o.default, o.help, choices=o.choices if o.enum else None))
+          for o in options]
+
+
+def check_options(part, options) -> None:
+  """``ConfigError`` naming ``algorithm.<name>`` for a value an option does not allow."""
+  for o in options:
+    problem = o.problem(getattr(part, o.name))
+    check(problem is None, f"algorithm.{o.name}", str(problem))
+
+
 HP_HELP = ("The algorithms' own hyper-parameters that are no field (a registered "
             "algorithm's): {name: value} (simulate(name=value) or hp={...}; on the CLI each "
             "is a flag --name).")
@@ -223,13 +240,7 @@ def _name_list(self) -> List[str]:
 
 AlgorithmConfig = dataclasses.make_dataclass("AlgorithmConfig", [
     ("names", "Optional[str]", option(None, SHARED_HELP["algorithm"], flag="algorithm")),
-    ("admm_upload", "str", option(
-        "received", "Eq. 16 (FedADMM, PAFed): received (w_end - model received + dy/rho, "
-        "Gong et al.'s code) | last_local (as printed; docs/design.md).")),
-    ("ducc_projection", "str", option(
-        "conflicting", "PAFed's class projected (Eq. 14): conflicting (m . u_j < 0) | "
-        "non_conflicting (Sec. V-A; docs/design.md).",
-        choices=("conflicting", "non_conflicting"))),
+    *option_fields(pafed.OPTIONS),  # admm_upload, ducc_projection
     ("server_lr", "float", option(1.0, SHARED_HELP["server_lr"])),
     ("server_lr2", "float", option(-1.0, "eta_2 from --server_lr_switch_round on (<0: eta).")),
     ("server_lr_switch_round", "int", option(-1, "Round where eta_2 starts (-1: never).")),
@@ -413,9 +424,10 @@ class RunConfig(FlatKeys):
   run: RunOptions = RunOptions()
   output: OutputConfig = OutputConfig()
 
-  def __post_init__(self):
-    fill_engine_defaults(self, "rounds")
-    fill_hparam_defaults(self, "rounds")
+  @classmethod
+  def resolve_parts(cls, parts: dict) -> dict:
+    """``config.resolve_parts`` of the round engine: the defaults by engine and data set."""
+    return resolve_parts(cls, parts, "rounds")
 
   def replace(self, **flat) -> "RunConfig":
     """``FlatKeys.replace``; fields left at their default follow the new values
@@ -450,10 +462,8 @@ class RunConfig(FlatKeys):
     return {"lr": loc.lr, "momentum": loc.momentum,
             **resolved_hparams(a, "rounds", algorithm, self.data.dataset),
             "ducc_project_conflicting": float(a.ducc_projection == "conflicting"),
-            "client_weighting": float(CLIENT_WEIGHTINGS.index(a.client_weighting)),
-            "server_lr": a.server_lr,
-            "server_lr2": a.server_lr if a.server_lr2 < 0 else a.server_lr2,
-            "server_lr_switch_round": a.server_lr_switch_round}
+            **server_hparams(a.server_lr, a.server_lr2, a.server_lr_switch_round,
+                             a.client_weighting)}
 
 
 _KEYS = RunConfig.keys()
@@ -545,8 +555,7 @@ def _validate_algorithm(cfg: RunConfig):
   check(len(set(names)) == len(names), "algorithm.names",  # one output directory per name
         f"lists {', '.join(sorted({n for n in names if names.count(n) > 1}))} more than "
         f"once, got {a.names!r}")
-  check(a.admm_upload in fedadmm.UPLOADS, "algorithm.admm_upload",
-        f"must be one of {', '.join(fedadmm.UPLOADS)}, got {a.admm_upload!r}")
+  check_options(a, pafed.OPTIONS)
   check_hparams(a, "rounds", names)
   check(a.server_optimizer in SERVER_OPTIMIZERS,
         "algorithm.server_optimizer", f"must be one of {', '.join(SERVER_OPTIMIZERS)}, got "
@@ -562,8 +571,6 @@ def _validate_algorithm(cfg: RunConfig):
         f"must be one of {', '.join(BIAS_CORRECTIONS)}, got {a.server_bias_correction!r}")
   check(a.client_weighting in CLIENT_WEIGHTINGS, "algorithm.client_weighting",
         f"must be one of {', '.join(CLIENT_WEIGHTINGS)}, got {a.client_weighting!r}")
-  check(a.ducc_projection in ("conflicting", "non_conflicting"), "algorithm.ducc_projection",
-        f"must be conflicting or non_conflicting, got {a.ducc_projection!r}")
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")
   check(not (a.dp_noise_multiplier and math.isfinite(a.dp_epsilon)),
         "algorithm.dp_noise_multiplier", f"give it or a finite algorithm.dp_epsilon, not "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import numbers
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -52,9 +53,31 @@ class ConfigError(ValueError):
 _FLAT_KEYS: Dict[type, Dict[str, Tuple[str, str]]] = {}
 
 
-class FlatKeys:
+class _Resolved(type):
+  """``Config(...)``, and so ``dataclasses.replace``, builds the configuration of the parts
+  its class's ``resolve_parts`` makes of those given: the defaults that depend on other
+  fields are filled in before construction, once; no instance changes after it."""
+
+  def __call__(cls, *args, **kwargs):
+    try:
+      bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+    except TypeError:  # (the constructor's own error: an unknown or missing part)
+      return super().__call__(*args, **kwargs)
+    bound.apply_defaults()
+    parts = dict(list(bound.arguments.items())[1:])  # (without the instance)
+    return super().__call__(**cls.resolve_parts(parts))
+
+
+class FlatKeys(metaclass=_Resolved):
   """A configuration of parts (frozen dataclasses) whose fields each have a flat key, the
   name of its flag: ``RunConfig`` and the virtual clock's ``AsyncRunConfig``."""
+
+  @classmethod
+  def resolve_parts(cls, parts: Dict[str, object]) -> Dict[str, object]:
+    """The parts ``{name: part}`` the configuration is built of, from those given: a
+    configuration's defaults that depend on other fields (``RunConfig``'s by engine and
+    data set); these, none."""
+    return parts
 
   @classmethod
   def keys(cls) -> Dict[str, Tuple[str, str]]:

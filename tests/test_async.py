@@ -55,7 +55,7 @@ def test_staleness_functions_match_formulas():
   # hinge with a = 10, b = 4: 1 up to 4, then 1 / (10 (s - 4) + 1)
   np.testing.assert_allclose(fedasync.hinge_staleness(s, 10.0, 4.0),
                              [1, 1, 1, 1, 1 / 11, 1 / 51], rtol=1e-6)
-  hp = {"staleness_fn": 1.0, "poly_a": 2.0}
+  hp = base.with_defaults(fedasync.ALGORITHM, {"staleness_fn": 1.0, "poly_a": 2.0})
   np.testing.assert_allclose(fedasync.staleness_weight(jnp.array(3), hp), 1 / 16, rtol=1e-6)
   np.testing.assert_allclose(fedbuff.sqrt_staleness(jnp.array([0, 3, 8])), [1, .5, 1 / 3],
                              rtol=1e-6)
@@ -168,8 +168,9 @@ def run_batched(algorithm, schedule, data, hp, group_size):
   return np.asarray(state.w), rows, groups
 
 
-FEDASYNC_HP = {"lr": 0.1, "momentum": 0.5, "mu": 0.05, "mix_alpha": 0.6, "staleness_fn": 2.,
-               "hinge_a": 1.0, "hinge_b": 1.0}
+FEDASYNC_HP = base.with_defaults(fedasync.ALGORITHM, {
+    "lr": 0.1, "momentum": 0.5, "mu": 0.05, "mix_alpha": 0.6, "staleness_fn": 2.,
+    "hinge_a": 1.0, "hinge_b": 1.0, "example_weight": 0.0})
 
 
 @pytest.mark.parametrize("ring_size", [0, 3])
@@ -199,7 +200,9 @@ def test_fedasync_batched_equals_event_loop(ring_size):
 
 def test_fedbuff_batched_equals_event_loop():
   data = tiny_data(1)
-  hp = {"lr": 0.1, "momentum": 0.0, "mu": 0.0, "server_lr": 0.8, "server_momentum": 0.5}
+  hp = base.with_defaults(fedbuff.ALGORITHM, {"lr": 0.1, "momentum": 0.0, "mu": 0.0,
+                                              "server_lr": 0.8, "server_momentum": 0.5,
+                                              "example_weight": 0.0})
   cfg = vc.ClockConfig(concurrency=3, num_updates=8, buffer_k=3, epochs=LOCAL.max_epochs,
                        compute=vc.Distribution("exponential", 1.0))
   s = vc.draw_schedule(cfg, np.asarray(data.counts), seed=5)
@@ -504,8 +507,9 @@ def test_privaasyncfed_and_fedasync_hinge_weigh_staleness_alike(staleness):
   0.6 * HINGE_WEIGHTS[staleness]: exactly 0.6 for a fresh update and at staleness 4."""
   w, up = jnp.zeros(3), jnp.ones(3)
   arr = base.Arrival(True, staleness, True, w, jnp.ones(3), 1.0, 1.0)
-  hp = {"beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0,
-        "staleness_fn": 2.0, "poly_a": 0.5}
+  hp = base.with_defaults(fedasync.ALGORITHM, {
+      "beta": 0.6, "mix_alpha": 0.6, "hinge_a": 10.0, "hinge_b": 4.0, "staleness_fn": 2.0,
+      "poly_a": 0.5, "example_weight": 0.0})
   expected = 0.6 * HINGE_WEIGHTS[staleness]
   priva, _ = privaasyncfed.server_step(w, (), up, arr, hp)
   fedasync_w, _ = fedasync.server_step(w, (), up, arr, hp)
@@ -519,7 +523,8 @@ def test_fedasync_polynomial_counts_a_fresh_update_as_zero(staleness):
   0.5 (not 0.5 / sqrt(2)); staleness 3 with 0.5 * 4^-0.5 = 0.25."""
   w, up = jnp.full(2, 2.0), jnp.full(2, 4.0)
   arr = base.Arrival(True, staleness, True, w, jnp.ones(2), 1.0, 1.0)
-  hp = {"mix_alpha": 0.5, "staleness_fn": 1.0, "poly_a": 0.5}
+  hp = base.with_defaults(fedasync.ALGORITHM, {"mix_alpha": 0.5, "staleness_fn": 1.0,
+                                               "poly_a": 0.5, "example_weight": 0.0})
   a = 0.5 * POLY_WEIGHTS[staleness]
   new, _ = fedasync.server_step(w, (), up, arr, hp)
   np.testing.assert_allclose(new, (1 - a) * 2.0 + a * 4.0, rtol=1e-6)

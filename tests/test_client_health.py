@@ -21,7 +21,7 @@ from fedjax_async.rounds import engine
 N, M, D, C = 10, 16, 5, 3
 HP = dict(lr=0.1, momentum=0.5, rho=0.5, mu=0.3, alpha0=0.8, alpha1=0.6, alpha2=0.4,
           server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1, client_weighting=0.0,
-          ducc_project_conflicting=1.0)
+          ducc_project_conflicting=1.0, alpha_decay=1.0)
 W0 = np.random.default_rng(1).normal(scale=0.1, size=D * C + C).astype(np.float32)
 
 

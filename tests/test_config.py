@@ -229,6 +229,28 @@ def test_a_flag_of_both_engines_has_one_default_and_each_engine_fills_its_own():
   assert c.replace(algorithm="dp_fedasync", dp_epsilon=5.0, momentum=0.3).local.momentum == 0.3
 
 
+def test_the_defaults_by_engine_and_data_set_are_filled_before_construction():
+  """A configuration is built of its resolved parts (``resolve_parts``, once): the given
+  parts that need nothing are kept as they are, those that do are new; no instance is
+  changed after construction (no ``object.__setattr__`` in the configuration files)."""
+  local = config.LocalTraining(lr=0.05)  # momentum None: the engine's 0.5
+  run = config.RunOptions(eval_every=3)
+  data = config.DataConfig(dataset="fashion_mnist")
+  cfg = config.RunConfig(local=local, run=run, data=data)
+  assert cfg.run is run and cfg.data is data and local.momentum is None
+  assert cfg.local is not local and cfg.local == dataclasses.replace(local, momentum=0.5)
+  assert (cfg.algorithm.names, cfg.algorithm.alpha0, cfg.run.eval_every) == (
+      config.MAIN_JOB_ALGORITHMS, 0.8, 3)  # (PAFed's alphas on image data)
+  assert dataclasses.replace(cfg, data=config.DataConfig()).algorithm.alpha0 == 0.8  # given
+  clock = async_config.AsyncRunConfig(privacy=async_config.PrivacyConfig(dp_epsilon=2.0),
+                                      algorithm=async_config.AsyncAlgorithmConfig(
+                                          names="privaasyncfed", hp=(("beta", 0.5),)))
+  assert clock.local.momentum == 0.0 and clock.algorithm.hp == (("beta", 0.5),)
+  for part in ("config.py", os.path.join("asynchronous", "config.py"), "flatkeys.py"):
+    with open(os.path.join(run_script.ROOT, "fedjax_async", part)) as f:
+      assert "object.__setattr__" not in f.read(), part
+
+
 def test_a_virtual_clock_run_stored_with_rho_reads_as_dc_rho():
   from fedjax_async.asynchronous import experiment as async_experiment  # pylint: disable=g-import-not-at-top
   assert async_experiment.renamed({"rho": 0.5, "lr": 0.1}) == {"dc_rho": 0.5, "lr": 0.1}

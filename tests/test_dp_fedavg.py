@@ -143,7 +143,7 @@ def _server_round(alg, w, state, uploads, round_index, **hp):
               dp_clip_lr=0.2, dp_count_noise=0.05, dp_clients_per_round=float(k), dp_seed=0.0)
   full.update(hp)
   return alg.server_update(w, state, jnp.asarray(uploads, jnp.float32), arrivals,
-                           jnp.int32(round_index), full)
+                           jnp.int32(round_index), base.with_defaults(alg, full))
 
 
 def test_adaptive_clip_moves_to_the_quantile_of_hand_built_norms():

@@ -11,6 +11,7 @@ import pytest
 from fedjax_async import checkpoint
 from fedjax_async import fededs
 from fedjax_async.core import timeline as timeline_lib
+from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedavg
 from fedjax_async.algorithms import fedprox
 from fedjax_async.rounds.engine import DeviceData
@@ -294,7 +295,7 @@ def test_run_engine_annealing_and_transfer(generation, tmp_path):
   data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
   tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=0)
   alg = fededs.wrap(fedavg.ALGORITHM, MODEL, split, gen.shared, batch=8)
-  base_hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
+  base_hp = {"lr": 0.05, "momentum": 0.9, **base.server_hparams(1.0), "weight_decay": 1e-4}
   mid = []  # the state after round 2, as a checkpoint stores it
   state, rows = fededs.run(apply_flat, alg, w0, data, tl, base_hp, CFG, anneal=True,
                            share=True, rounds_per_call=2,
@@ -338,7 +339,7 @@ def test_equal_work_baseline_takes_fededs_local_steps():
   data = DeviceData(x, y, jnp.asarray(COUNTS), x[0], y[0])
   tl = timeline_lib.build(N, 4, 1.0, timeline_lib.DelayConfig(0.0, max_delay=1), seed=0)
   alg = fededs.wrap(fedavg.ALGORITHM)
-  hp = {"lr": 0.05, "momentum": 0.9, "server_lr": 1.0, "weight_decay": 1e-4}
+  hp = {"lr": 0.05, "momentum": 0.9, **base.server_hparams(1.0), "weight_decay": 1e-4}
   equal = fededs.equal_work_epochs(4, CFG)
   assert equal == [1, 2, 2, 2]
   _, rows = fededs.run(apply_flat, alg, w0, data, tl, hp, CFG, anneal=False, share=False,

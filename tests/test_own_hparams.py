@@ -56,6 +56,52 @@ def test_every_hyper_parameter_a_built_in_reads_is_declared_by_it():
       assert bool(declared) == ("hparams=" in f.read()), name
 
 
+def test_kernels_index_hp_and_with_defaults_fills_the_declared_defaults():
+  """No ``hp.get(name, default)`` in algorithms/ (a second default beside the declared
+  one): the functions read ``hp[name]``. ``base.with_defaults`` gives a hand-built ``hp``
+  what it lacks: the declarations' defaults, a round rule's server entries from its eta."""
+  folder = os.path.dirname(inspect.getfile(base))
+  for file in sorted(os.listdir(folder)):
+    if file.endswith(".py"):
+      with open(os.path.join(folder, file)) as f:
+        assert "hp.get(" not in f.read(), file
+  filled = base.with_defaults(algorithms.get("fedasync"), {"hinge_a": 2.0})
+  assert (filled["hinge_a"], filled["hinge_b"], filled["poly_a"]) == (2.0, 4.0, 0.5)
+  assert "server_lr2" not in filled  # a per-arrival rule: no round rule's server entries
+  fedavg = base.with_defaults(algorithms.get("fedavg"), {"server_lr": 0.5, "lr": 0.1})
+  assert fedavg == {"lr": 0.1, "client_weighting": 0.0, "server_lr": 0.5, "server_lr2": 0.5,
+                    "server_lr_switch_round": -1}
+  pafed = base.with_defaults(algorithms.get("pafed"), {}, "synthetic")
+  assert pafed["alpha0"] == algorithms.get("pafed").hparam("alpha0").default_for(
+      "synthetic") != algorithms.get("pafed").hparam("alpha0").default
+
+
+@pytest.mark.parametrize("cls", [config.RunConfig, async_config.AsyncRunConfig])
+def test_the_options_that_are_words_are_declared_in_their_algorithms_files(cls):
+  """FedADMM's and PAFed's admm_upload and ducc_projection, FedAsync's mix_alpha,
+  staleness_fn and example_weight: ``base.Option``s of their algorithm files, whose
+  default, help and choices the configuration's field and flag take and whose check
+  validates it; no configuration file spells them."""
+  from fedjax_async.algorithms import fedasync, pafed  # pylint: disable=g-import-not-at-top
+  options = pafed.OPTIONS if cls is config.RunConfig else fedasync.OPTIONS
+  assert {o.name for o in options} == ({"admm_upload", "ducc_projection"} if cls is
+                                       config.RunConfig else
+                                       {"mix_alpha", "staleness_fn", "example_weight"})
+  specs, validate = config.flag_specs(cls), (
+      config.validate if cls is config.RunConfig else async_config.validate)
+  for o in options:
+    spec = specs[o.name]
+    assert (spec.default, spec.help, spec.kind) == (o.default, o.help, "str"), o.name
+    assert spec.choices == (o.choices if o.enum else None), o.name
+    for folder in ("config.py", os.path.join("asynchronous", "config.py")):
+      with open(os.path.join(ROOT, "fedjax_async", folder)) as f:
+        text = f.read()
+      assert o.help not in text and f'("{o.name}", "str"' not in text, o.name
+    with pytest.raises(config.ConfigError, match=rf"^algorithm\.{o.name}: must be"):
+      validate(cls().replace(**{o.name: "0,2" if o.name == "mix_alpha" else "no_such"}))
+    validate(cls().replace(**{o.name: o.default}))
+
+
 def _outside(h: base.HParam):
   """A value just outside ``h``'s bounds (None when it has none), from the bounds text."""
   left, lo, hi, right = re.match(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", h.bounds).groups()

@@ -144,14 +144,15 @@ def test_eq17_alpha_decays_by_gamma_per_round():
   rows = lambda on, de: base.Arrivals(valid=jnp.asarray(on | de), online=jnp.asarray(on),
                                       delayed=jnp.asarray(de), staleness=None,
                                       num_examples=None, num_steps=None, start_params=None)
-  sums = server.add(sums, online, rows(np.ones(2, bool), np.zeros(2, bool)), {})
-  sums = server.add(sums, delayed, rows(np.zeros(2, bool), np.ones(2, bool)), {})
+  hp = base.with_defaults(pafed.ALGORITHM, {"ducc_project_conflicting": 1.0})
+  sums = server.add(sums, online, rows(np.ones(2, bool), np.zeros(2, bool)), hp)
+  sums = server.add(sums, delayed, rows(np.zeros(2, bool), np.ones(2, bool)), hp)
   w = np.array([0.5, -1.0, 2.0])
   arr = rows(np.array([True, True, False, False]), np.array([False, False, True, True]))
   step = 0.8 * m + 0.4 * m1 + 0.2 * m2  # Eq. 17
   for gamma, t in ((1.0, 7), (0.5, 3), (0.9, 0)):
     new_w, _, _ = server.finish(jnp.asarray(w), None, sums, arr, t,
-                                dict(alphas, alpha_decay=gamma))
+                                dict(hp, **alphas, alpha_decay=gamma))
     np.testing.assert_allclose(np.asarray(new_w), w + gamma ** t * step, atol=1e-6)
 
 

@@ -91,7 +91,7 @@ def weighting(name):
   return float(base.CLIENT_WEIGHTINGS.index(name))
 
 
-SERVER_HP = {"server_lr": 1.0, "server_lr2": 1.0, "server_lr_switch_round": -1}
+SERVER_HP = base.server_hparams(1.0)  # (client weighting auto)
 
 
 def server_rounds(w0, uploads_per_round, num_examples, tx=None, server_lr=1.0, hp=None):
@@ -425,6 +425,7 @@ FLSIM_STALENESS = [1, 2, 7, 100, 5000, 9999]  # FLSim draws randint(1, 10000)
 
 
 def staleness_weights(hp):
+  hp = base.with_defaults(fedasync.ALGORITHM, hp)
   return np.array([float(fedasync.staleness_weight(s, hp)) for s in FLSIM_STALENESS])
 
 
@@ -508,7 +509,8 @@ def test_flsim_async_weight_compute(kind):
           "example_weight": float(fedasync.EXAMPLE_WEIGHTS.index(kind)),
           "avg_num_examples": 1.0, **extra}
     for n, s in [(1, 1), (17, 4999), (250, 5001), (9999, 9999)]:
-      w, _ = fedasync.server_step(jnp.zeros(1), (), jnp.ones(1), arrival(n, s), hp)
+      w, _ = fedasync.server_step(jnp.zeros(1), (), jnp.ones(1), arrival(n, s),
+                                  base.with_defaults(fedasync.ALGORITHM, hp))
       expected = flsim_expected_example_weight(1, n, kind) * raw(s) / raw(1)
       np.testing.assert_allclose(float(w[0]) / lr, expected, rtol=1e-5,
                                  err_msg=f"{fn} n={n} staleness={s}")
@@ -523,7 +525,8 @@ def test_flsim_fed_async_aggregation():
   # flsim/optimizers/tests/test_async_aggregator.py::test_fed_async_aggregation:
   # global = (1 - weight) b + weight a
   for a, b, weight in FLSIM_STEPS:
-    hp = {"mix_alpha": weight, "staleness_fn": STALENESS["constant"]}
+    hp = base.with_defaults(fedasync.ALGORITHM, {
+        "mix_alpha": weight, "staleness_fn": STALENESS["constant"], "example_weight": 0.0})
     w, _ = fedasync.server_step(jnp.array([b]), (), jnp.array([a]), arrival(), hp)
     np.testing.assert_allclose(np.asarray(w), [(1 - weight) * b + weight * a], atol=1e-7)
 

@@ -128,8 +128,8 @@ def run(name, delays, chunk=None, rounds_per_call=ROUNDS, stream=True, weighting
   cfg = engine.EngineConfig(local, ring_size=3, eval_batch=M, client_chunk=chunk,
                             stream_uploads=stream)
   data = engine.DeviceData(*map(jnp.asarray, (X, Y, COUNTS, X[0], Y[0])))
-  hp = {"lr": LR, "momentum": 0.0, "server_lr": ETA_G, "client_weighting": weighting,
-        "feddyn_alpha": ALPHA}
+  hp = {"lr": LR, "momentum": 0.0, "server_lr": ETA_G, "server_lr2": ETA_G,
+        "server_lr_switch_round": -1, "client_weighting": weighting, "feddyn_alpha": ALPHA}
   state = engine.init_state(alg, W0, N, 3, 0)
   state, rows = engine.run_rounds(engine.make_runner(apply_flat, alg, cfg), state,
                                   TIMELINES[delays], hp, data, eval_every=100,

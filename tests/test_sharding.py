@@ -33,7 +33,8 @@ CHILD = textwrap.dedent("""
 
   N, M, D, C = 12, 24, 6, 3
   HP = dict(lr=0.1, momentum=0.5, rho=0.5, mu=0.3, alpha0=0.8, alpha1=0.6, alpha2=0.4,
-            server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
+            server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1, client_weighting=0.0,
+            ducc_project_conflicting=1.0, alpha_decay=1.0)
 
   def apply_flat(w, xb, train=False, rng=None):
     return xb @ w[:D * C].reshape(D, C) + w[D * C:]

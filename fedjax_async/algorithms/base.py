@@ -105,6 +105,39 @@ class HParam:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One of an algorithm's options that is a word or a list, not a number (FedADMM's
+  reading of Eq. 16, FedAsync's staleness function), declared beside its update: the
+  configurations make its field, flag, help and check from it.
+
+  ``choices``: the words allowed (its ``hp`` entry, where it has one, is the index of the
+  one given: ``code``); ``enum``: the flag lists them; ``check``: ``value -> problem or
+  None`` in their place (a comma list).
+  """
+
+  name: str
+  default: str
+  help: str
+  choices: Tuple[str, ...] = ()
+  enum: bool = False
+  check: Optional[Callable[[str], Optional[str]]] = None
+
+  def problem(self, value) -> Optional[str]:
+    """None when ``value`` is allowed, else what is wrong (``must be a or b, got 'c'``)."""
+    if self.check is not None:
+      return self.check(value)
+    if value in self.choices:
+      return None
+    allowed = (" or ".join(self.choices) if len(self.choices) == 2
+               else "one of " + ", ".join(self.choices))
+    return f"must be {allowed}, got {value!r}"
+
+  def code(self, value) -> float:
+    """``value``'s ``hp`` entry: its index among ``choices``."""
+    return float(self.choices.index(value))
+
+
 def as_hparam(item) -> HParam:
   """An ``HParam``, or a ``(name, default)`` pair as one (no bounds, no help)."""
   if isinstance(item, HParam):
@@ -380,21 +413,40 @@ CLIENT_WEIGHTINGS = ("auto", "examples", "uniform")
 
 def client_weights(arrivals, hp: HParams, own: str = "examples") -> Array:
   """p_k [K] of each valid arrival (0 for padding slots) by ``hp["client_weighting"]``
-  (``CLIENT_WEIGHTINGS``' index; absent: auto); ``own``, the rule's auto weighting:
+  (``CLIENT_WEIGHTINGS``' index); ``own``, the rule's auto weighting:
   ``examples`` (n_k) or ``uniform`` (1)."""
   valid = jnp.asarray(arrivals.valid)
   n = (jnp.ones(valid.shape, jnp.float32) if arrivals.num_examples is None  # none given
        else jnp.asarray(arrivals.num_examples, jnp.float32))
   ones = jnp.ones_like(n)
-  code = jnp.asarray(hp.get("client_weighting", 0.0))
+  code = jnp.asarray(hp["client_weighting"])
   p = jnp.select([code == 1, code == 2], [n, ones], n if own == "examples" else ones)
   return jnp.where(valid, p, 0.0)
+
+
+def server_hparams(server_lr=1.0, server_lr2=-1.0, switch_round=-1,
+                   client_weighting: str = "auto") -> HParams:
+  """The round rules' server hyper-parameters that ``client_weights`` and ``server_lr``
+  read, as ``hp`` entries (every engine supplies them): eta_2 < 0 is eta."""
+  return {"client_weighting": float(CLIENT_WEIGHTINGS.index(client_weighting)),
+          "server_lr": server_lr, "server_lr2": server_lr if server_lr2 < 0 else server_lr2,
+          "server_lr_switch_round": switch_round}
+
+
+def with_defaults(algorithm: Algorithm, hp: HParams, dataset: str = "") -> HParams:
+  """``hp`` with what ``algorithm``'s functions read and it lacks at the declared defaults
+  (on ``dataset``): its ``hparams``, and a round rule's ``server_hparams`` (eta_2 = eta).
+  For calls by hand: an engine's ``hp`` (``RunConfig.hparams``) has them all."""
+  out = {h.name: h.default_for(dataset) for h in algorithm.hparams}
+  if algorithm.server_update is not None:
+    out.update(server_hparams(*[hp[k] for k in ("server_lr",) if k in hp]))
+  return {**out, **hp}
 
 
 def server_lr(hp: HParams, round_index) -> Array:
   """Global learning rate eta, switched to eta_2 from round ``server_lr_switch_round`` on
   (FedADMM authors' schedule; the switch is off when the round is negative)."""
-  switch = hp.get("server_lr_switch_round", -1)
-  lr2 = hp.get("server_lr2", hp["server_lr"])
+  switch = hp["server_lr_switch_round"]
+  lr2 = hp["server_lr2"]
   use2 = jnp.logical_and(jnp.asarray(switch) >= 0, round_index >= switch)
   return jnp.where(use2, lr2, hp["server_lr"])

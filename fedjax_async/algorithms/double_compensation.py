@@ -61,8 +61,8 @@ def server_step(w, server_state, upload, arrival, hp):
     arrival: the ``Arrival``.
     hp: the hyper-parameters.
   """
-  g = compensated_gradient(w, arrival.w_start, upload, hp["dc_rho"], hp.get("dc_lambda", 1.0),
-                           hp.get("dc_lambda_t", 1.0))
+  g = compensated_gradient(w, arrival.w_start, upload, hp["dc_rho"], hp["dc_lambda"],
+                           hp["dc_lambda_t"])
   return w - hp["server_lr"] * g, server_state
 
 

@@ -94,7 +94,7 @@ def noise_keys(hp, round_index):
   """(update noise key, count noise key) of round ``round_index``: a function of the run
   seed (``hp['dp_seed']``) and the round only."""
   root = jax.random.fold_in(jax.random.PRNGKey(NOISE_STREAM),
-                            jnp.asarray(hp.get("dp_seed", 0.0)).astype(jnp.uint32))
+                            jnp.asarray(hp["dp_seed"]).astype(jnp.uint32))
   return jax.random.split(jax.random.fold_in(root, round_index))
 
 

@@ -27,6 +27,9 @@ from fedjax_async.algorithms import base
 # Readings of Eq. 16's w_i^{tau_r}: the received global model (Gong et al.'s code) or the
 # client's last local model (the equation as printed).
 UPLOADS = ("received", "last_local")
+ADMM_UPLOAD = base.Option(
+    "admm_upload", "received", "Eq. 16 (FedADMM, PAFed): received (w_end - model received + "
+    "dy/rho, Gong et al.'s code) | last_local (as printed; docs/design.md).", UPLOADS)
 
 
 def state_keys(upload: str = "received") -> tuple:

@@ -33,6 +33,8 @@ Hyperparameters: ``mix_alpha`` (a), ``staleness_fn`` (0 constant, 1 polynomial, 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax.numpy as jnp
 
 from fedjax_async.algorithms import base
@@ -56,6 +58,29 @@ AVG_NUM_EXAMPLES = base.HParam("avg_num_examples", 1.0, "f(n) / f(this).",
                                bounds="(0, inf)")
 # Example weights' f (``hp["example_weight"]``'s index; FLSim's AsyncExampleWeight).
 EXAMPLE_WEIGHTS = ("none", "linear", "sqrt", "log10")
+# The staleness functions s (``hp["staleness_fn"]``'s index).
+STALENESS_FNS = ("constant", "polynomial", "hinge", "threshold")
+
+
+def mix_alpha_problem(text) -> Optional[str]:
+  """None when ``text`` is a comma list of distinct a in (0, 1] (a run each), else what is
+  wrong."""
+  try:
+    alphas = [float(v) for v in str(text).split(",") if v.strip()]
+  except ValueError:
+    return f"expected comma-separated numbers, got {text!r}"
+  if not alphas or len(set(alphas)) != len(alphas):
+    return f"needs distinct values (one run each), got {text!r}"
+  return next((f"must be in (0, 1], got {a}" for a in alphas if not 0 < a <= 1), None)
+
+
+MIX_ALPHA = base.Option("mix_alpha", "0.6", "FedAsync's a (comma list: one run each).",
+                        check=mix_alpha_problem)
+STALENESS_FN = base.Option("staleness_fn", "hinge", "constant | polynomial | hinge | threshold "
+                           "(FedAsync; threshold: FLSim's).", STALENESS_FNS)
+EXAMPLE_WEIGHT = base.Option("example_weight", "none", "FedAsync / FedBuff arrivals weighted "
+                             "by f(n): none | linear | sqrt | log10 (FLSim's).", EXAMPLE_WEIGHTS)
+OPTIONS = (MIX_ALPHA, STALENESS_FN, EXAMPLE_WEIGHT)
 
 HPARAMS = (MU, POLY_A, HINGE_A, HINGE_B, THRESHOLD_CUTOFF, THRESHOLD_VALUE, AVG_STALENESS,
            AVG_NUM_EXAMPLES)
@@ -84,20 +109,19 @@ def threshold_staleness(staleness, cutoff, value):
 
 
 def _raw_staleness(staleness, hp):
-  kind = jnp.asarray(hp.get("staleness_fn", 0.0))
+  kind = jnp.asarray(hp["staleness_fn"])
   return jnp.select(
       [kind == 1, kind == 2, kind == 3],
-      [polynomial_staleness(staleness, hp.get("poly_a", 0.5)),
-       hinge_staleness(staleness, hp.get("hinge_a", 10.0), hp.get("hinge_b", 4.0)),
-       threshold_staleness(staleness, hp.get("threshold_cutoff", 4.0),
-                           hp.get("threshold_value", 0.5))],
+      [polynomial_staleness(staleness, hp["poly_a"]),
+       hinge_staleness(staleness, hp["hinge_a"], hp["hinge_b"]),
+       threshold_staleness(staleness, hp["threshold_cutoff"], hp["threshold_value"])],
       constant_staleness(staleness))
 
 
 def staleness_weight(staleness, hp):
   """s(t - tau) / s(avg_staleness), s chosen by ``hp['staleness_fn']`` (0 constant,
   1 polynomial, 2 hinge, 3 threshold); ``avg_staleness`` 0: s(t - tau) itself."""
-  return _raw_staleness(staleness, hp) / _raw_staleness(hp.get("avg_staleness", 0.0), hp)
+  return _raw_staleness(staleness, hp) / _raw_staleness(hp["avg_staleness"], hp)
 
 
 def _raw_example_weight(n, kind):
@@ -108,10 +132,10 @@ def _raw_example_weight(n, kind):
 
 def example_weight(num_examples, hp):
   """f(n) / f(avg_num_examples) by ``hp['example_weight']`` (``EXAMPLE_WEIGHTS``' index;
-  0, absent: 1)."""
-  kind = jnp.asarray(hp.get("example_weight", 0.0))
+  0: 1)."""
+  kind = jnp.asarray(hp["example_weight"])
   return (_raw_example_weight(num_examples, kind)
-          / _raw_example_weight(hp.get("avg_num_examples", 1.0), kind))
+          / _raw_example_weight(hp["avg_num_examples"], kind))
 
 
 def mix(w, w_new, alpha):

@@ -67,13 +67,13 @@ def server_step(w, state: BufferState, upload, arrival, hp):
     arrival: the ``Arrival``.
     hp: the hyper-parameters.
   """
-  use = hp.get("fedbuff_staleness", 1.0)
+  use = hp["fedbuff_staleness"]
   weight = jnp.where(use > 0, sqrt_staleness(arrival.staleness), 1.0)
   weight = weight * fedasync.example_weight(arrival.num_examples, hp)  # 1 by default
   total = state.total + weight * upload
   count = state.count + 1.0
   mean = total / count
-  momentum = hp.get("server_momentum", 0.0) * state.momentum + mean
+  momentum = hp["server_momentum"] * state.momentum + mean
   stepped = w + hp["server_lr"] * momentum
   flush = arrival.flush
   new_state = BufferState(jnp.where(flush, 0.0, total), jnp.where(flush, 0.0, count),

@@ -46,6 +46,13 @@ def alpha_default(dataset: str) -> float:
   return 0.4 if str(dataset).lower().startswith("synthetic") else 0.8
 
 
+# The class DUCC projects (Eq. 14; ``hp["ducc_project_conflicting"]`` 1 for the first).
+DUCC_PROJECTION = base.Option(
+    "ducc_projection", "conflicting", "PAFed's class projected (Eq. 14): conflicting (m . u_j "
+    "< 0) | non_conflicting (Sec. V-A; docs/design.md).", ("conflicting", "non_conflicting"),
+    enum=True)
+OPTIONS = (fedadmm.ADMM_UPLOAD, DUCC_PROJECTION)
+
 _BY_DATASET = "by data set"
 HPARAMS = (
     fedadmm.RHO,
@@ -226,9 +233,9 @@ def make_streamed_server(min_fn: Optional[MinFn] = None, empty_class_tol_per_upd
       hp: the hyper-parameters.
     """
     tol = empty_class_tol_per_update * jnp.sum(arrivals.delayed)
-    m, m1, m2 = ducc_result(sums, tol, hp.get("ducc_project_conflicting", True))
+    m, m1, m2 = ducc_result(sums, tol, hp["ducc_project_conflicting"])
     # alpha_t = alpha * gamma^t (hp alpha_decay; 1 = Eq. 17's constant weights)
-    decay = jnp.power(jnp.asarray(hp.get("alpha_decay", 1.0), jnp.float32), round_index)
+    decay = jnp.power(jnp.asarray(hp["alpha_decay"], jnp.float32), round_index)
     new_w = w + decay * (hp["alpha0"] * m + hp["alpha1"] * m1 + hp["alpha2"] * m2)  # Eq. 17
     return new_w, server_state, {"conflicting": sums.conflicting}
 

@@ -27,7 +27,7 @@ Hyperparameters: ``beta``, ``hinge_a``, ``hinge_b``, ``dp_epsilon``, ``dp_clip``
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import flax.linen as nn
 import jax
@@ -39,6 +39,23 @@ from fedjax_async.algorithms import base
 from fedjax_async.algorithms import fedasync
 
 SCALES = (1.0, 0.75, 0.5, 0.25)
+# What ``paper_defaults`` gives, said when it does.
+PAPER_SETTING = ("the paper's 4 device tiers 3/3/2/2 with slow-downs 1/2/4/8 and sub-model "
+                 "scales clock.scales; a model with hidden units to prune")
+
+
+def paper_defaults(device_classes: str, model: str, auto_model: Callable[[], str]
+                   ) -> Dict[str, str]:
+  """The paper's setting (Sec. IV-A) for the fields a run of PrivaAsyncFed leaves unset
+  (flat keys): the four device tiers (``device_classes``), whose sub-models are pruned
+  (Eq. 10), and a model with hidden units to prune, the MLP where ``model`` auto would
+  build logistic regression (``auto_model()``, the data set's; the paper's is LeNet)."""
+  out = {}
+  if not device_classes:
+    out["device_classes"] = "privaasyncfed"
+  if model == "auto" and auto_model() == "logreg":
+    out["model"] = "mlp"
+  return out
 
 
 def kept(size: int, scale: float) -> int:
@@ -168,9 +185,8 @@ def server_step(w, server_state, upload, arrival, hp):
     arrival: the ``Arrival``.
     hp: the hyper-parameters.
   """
-  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness,
-                                                hp.get("hinge_a", 10.0),
-                                                hp.get("hinge_b", 4.0))
+  alpha = hp["beta"] * fedasync.hinge_staleness(arrival.staleness, hp["hinge_a"],
+                                                hp["hinge_b"])
   return w + alpha * arrival.mask * (upload - w), server_state
 
 

@@ -16,7 +16,8 @@ from typing import List, Optional  # noqa: F401  (the generated parts' annotatio
 from fedjax_async import algorithms
 from fedjax_async import config as config_lib
 from fedjax_async import privacy
-from fedjax_async.algorithms.fedasync import EXAMPLE_WEIGHTS
+from fedjax_async.algorithms import fedasync
+from fedjax_async.algorithms import privaasyncfed
 from fedjax_async.asynchronous import virtual_clock as vc
 from fedjax_async.config import DataConfig, ModelConfig, check_finite, validate_local
 from fedjax_async.flatkeys import ConfigError, FlatKeys, check, check_types, option
@@ -27,11 +28,7 @@ AsyncAlgorithmConfig = dataclasses.make_dataclass("AsyncAlgorithmConfig", [
     ("names", "Optional[str]", option(None, config_lib.SHARED_HELP["algorithm"],
                                       flag="algorithm")),
     ("hp", "tuple", option((), config_lib.HP_HELP)),
-    ("mix_alpha", "str", option("0.6", "FedAsync's a (comma list: one run each).")),
-    ("staleness_fn", "str", option("hinge", "constant | polynomial | hinge | threshold "
-                                   "(FedAsync; threshold: FLSim's).")),
-    ("example_weight", "str", option("none", "FedAsync / FedBuff arrivals weighted by "
-                                     "f(n): none | linear | sqrt | log10 (FLSim's).")),
+    *config_lib.option_fields(fedasync.OPTIONS),  # mix_alpha, staleness_fn, example_weight
     ("server_lr", "float", option(1.0, config_lib.SHARED_HELP["server_lr"])),
     *config_lib.hparam_fields("virtual_clock"),
 ], frozen=True, namespace={"__doc__": (
@@ -57,7 +54,8 @@ class ClockOptions:
   comm_time: str = option("constant:0.5", "Seconds of communication per task (same forms).")
   device_classes: str = option("", "'' (privaasyncfed when --algorithm runs it, else none) "
                                "| none | privaasyncfed | p:slowdown[:scale_index],...")
-  scales: str = option("1,0.75,0.5,0.25", "PrivaAsyncFed's scale table S (Eq. 10).")
+  scales: str = option(",".join(f"{s:g}" for s in privaasyncfed.SCALES),
+                       "PrivaAsyncFed's scale table S (Eq. 10).")
   # Off by default: with the paper's slow-downs 1/2/4/8 it would make the slowest class the
   # fastest (8 x 0.25^2 = 0.5), against the paper's premise that low-compute clients send
   # the stalest updates (Fig. 2; docs/async.md).
@@ -117,9 +115,10 @@ class AsyncRunConfig(FlatKeys):
   run: AsyncRunOptions = AsyncRunOptions()
   output: AsyncOutputConfig = AsyncOutputConfig()
 
-  def __post_init__(self):
-    config_lib.fill_engine_defaults(self, "virtual_clock")
-    config_lib.fill_hparam_defaults(self, "virtual_clock")
+  @classmethod
+  def resolve_parts(cls, parts: dict) -> dict:
+    """``config.resolve_parts`` of the virtual clock: the defaults by engine and data set."""
+    return config_lib.resolve_parts(cls, parts, "virtual_clock")
 
   def replace(self, **flat) -> "AsyncRunConfig":
     """``FlatKeys.replace``; fields left at their default follow the new values
@@ -134,7 +133,8 @@ algorithms.reserve([k for k in AsyncRunConfig.keys()
 
 # ------------------------------------------------------------------- validation
 
-STALENESS = {"constant": 0, "polynomial": 1, "hinge": 2, "threshold": 3}  # s(t - tau)
+# s(t - tau) by name: its hp["staleness_fn"]
+STALENESS = {n: i for i, n in enumerate(fedasync.STALENESS_FNS)}
 
 
 def parse_floats(text: str, field: str) -> List[float]:
@@ -217,13 +217,5 @@ def validate(cfg: AsyncRunConfig):
 
 
 def _validate_servers(a):
-  alphas = parse_floats(a.mix_alpha, "algorithm.mix_alpha")
-  check(alphas and len(set(alphas)) == len(alphas), "algorithm.mix_alpha",
-        f"needs distinct values (one run each), got {a.mix_alpha!r}")
-  for alpha in alphas:
-    check(0 < alpha <= 1, "algorithm.mix_alpha", f"must be in (0, 1], got {alpha}")
-  check(a.staleness_fn in STALENESS, "algorithm.staleness_fn",
-        f"must be one of {', '.join(STALENESS)}, got {a.staleness_fn!r}")
-  check(a.example_weight in EXAMPLE_WEIGHTS, "algorithm.example_weight",
-        f"must be one of {', '.join(EXAMPLE_WEIGHTS)}, got {a.example_weight!r}")
+  config_lib.check_options(a, fedasync.OPTIONS)
   check(a.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {a.server_lr}")

@@ -41,12 +41,13 @@ from fedjax_async import outputs
 from fedjax_async import privacy
 from fedjax_async import results
 from fedjax_async import sharding
+from fedjax_async.algorithms import base
+from fedjax_async.algorithms import fedasync
 from fedjax_async.algorithms import privaasyncfed
 from fedjax_async.asynchronous import engine as async_engine
 from fedjax_async.asynchronous import report
 from fedjax_async.asynchronous import virtual_clock as vc
-from fedjax_async.asynchronous.config import (EXAMPLE_WEIGHTS, STALENESS, AsyncRunConfig,
-                                              parse_floats, seeds_of, validate)
+from fedjax_async.asynchronous.config import AsyncRunConfig, parse_floats, seeds_of, validate
 from fedjax_async.config import check
 from fedjax_async.core import building
 from fedjax_async.core import device
@@ -78,27 +79,24 @@ def table_of(result: Result) -> str:
 
 
 def privaasyncfed_defaults(cfg: AsyncRunConfig) -> AsyncRunConfig:
-  """PrivaAsyncFed's paper setting (Sec. IV-A) for what an invocation that runs it leaves
-  unset, in every run (its comparisons use one configuration, Sec. IV-B.3), said on the
-  console: the four device tiers (clock.device_classes), whose sub-models are pruned
-  (Eq. 10), and a model with hidden units to prune (the MLP where model.name=auto would
-  build logistic regression; the paper's is LeNet)."""
+  """PrivaAsyncFed's paper setting (``privaasyncfed.paper_defaults``) for what an
+  invocation that runs it leaves unset, in every run (its comparisons use one
+  configuration, Sec. IV-B.3), said on the console."""
   if "privaasyncfed" not in cfg.algorithm.names.split(","):
     return cfg
-  set_ = {}
-  if not cfg.clock.device_classes:
-    set_["device_classes"] = "privaasyncfed"
-  try:
-    if cfg.model.name == "auto" and models.default_model_for(cfg.data.dataset) == "logreg":
-      set_["model"] = "mlp"
-  except ValueError:  # (named when the data loads)
-    pass
+
+  def auto_model():
+    try:
+      return models.default_model_for(cfg.data.dataset)
+    except ValueError:  # (named when the data loads)
+      return None
+
+  set_ = privaasyncfed.paper_defaults(cfg.clock.device_classes, cfg.model.name, auto_model)
   if set_:
     console.say(outputs.name_fields(
               "PrivaAsyncFed's defaults, for every run: " + ", ".join(
                   f"{'.'.join(AsyncRunConfig.keys()[k])}={v}" for k, v in set_.items())
-              + " (the paper's 4 device tiers 3/3/2/2 with slow-downs 1/2/4/8 and sub-model "
-              "scales clock.scales; a model with hidden units to prune); "
+              + f" ({privaasyncfed.PAPER_SETTING}); "
               "clock.device_classes=none for identical unpruned clients"))
   return cfg.replace(**set_)
 
@@ -117,13 +115,16 @@ def run_list(cfg: AsyncRunConfig, names: Sequence[str]):
 
 
 def hparams(cfg: AsyncRunConfig, mix_alpha: float, algorithm=None) -> Dict[str, float]:
-  """The traced scalar hyperparameters of a run: the common ones, then the algorithms'
-  (``config.resolved_hparams``: ``algorithm``'s own defaults where none is given)."""
+  """The traced scalar hyperparameters of a run: the common ones (a round rule's server
+  entries too, ``base.server_hparams``: no schedule, its own weighting), then the
+  algorithms' (``config.resolved_hparams``: ``algorithm``'s own defaults where none is
+  given)."""
   a, p = cfg.algorithm, cfg.privacy
+  rule = algorithm is not None and algorithm.server_update is not None
   return {"lr": cfg.local.lr, "momentum": cfg.local.momentum,
-          "mix_alpha": mix_alpha, "staleness_fn": float(STALENESS[a.staleness_fn]),
-          "example_weight": float(EXAMPLE_WEIGHTS.index(a.example_weight)),
-          "server_lr": a.server_lr,
+          "mix_alpha": mix_alpha, "staleness_fn": fedasync.STALENESS_FN.code(a.staleness_fn),
+          "example_weight": fedasync.EXAMPLE_WEIGHT.code(a.example_weight),
+          **(base.server_hparams(a.server_lr) if rule else {"server_lr": a.server_lr}),
           **config_lib.resolved_hparams(a, "virtual_clock", algorithm, cfg.data.dataset),
           "dp_epsilon": p.dp_epsilon, "dp_clip": p.dp_clip, "dp_delta": p.dp_delta,
           "dp_noise_multiplier": 0.0}

@@ -41,6 +41,7 @@ from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
 from fedjax_async import results
 from fedjax_async import results_table
+from fedjax_async.algorithms import base
 from fedjax_async.config import ConfigError, check
 from fedjax_async.core import timeline as timeline_lib
 from fedjax_async.core.progress import Progress
@@ -305,7 +306,7 @@ def run_setting(cfg, alpha, k, bases, variants, pool, do_privacy, done, callback
   if privacy_pending or any(VARIANTS[v][1] and fin is None for _, v, _, _, fin in runs):
     shared = encrypted_sets(cfg, setting, sdir, model, w0, split, fd, dev, pool, fcfg,
                             out_dir, privacy_pending)
-  base_hp = {"lr": t.lr, "momentum": 0.9, "server_lr": 1.0, "mu": t.mu,
+  base_hp = {"lr": t.lr, "momentum": 0.9, **base.server_hparams(1.0), "mu": t.mu,
              "weight_decay": fcfg.weight_decay}
   for b, v, run_dir, config, fin in runs:
     name = f"fededs {label} {b}/{v}"
