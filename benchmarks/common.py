@@ -45,6 +45,7 @@ from fedjax_async.rounds import engine  # noqa: E402
 from fedjax_async import models  # noqa: E402
 from fedjax_async import sharding  # noqa: E402
 from fedjax_async.core import timeline as timeline_lib  # noqa: E402
+from fedjax_async.algorithms import base  # noqa: E402
 from fedjax_async.algorithms import get as get_algorithm  # noqa: E402
 
 from benchmarks import host  # noqa: E402
@@ -54,8 +55,10 @@ from benchmarks.host import allocator, cpu_model, find_tcmalloc  # noqa: E402,F4
 ROOT = paths.ROOT
 RESULTS_DIR = paths.RESULTS_DIR  # $FEDJAX_ASYNC_BENCH_RESULTS, else benchmarks/results
 
+# (each workload's algorithm's other hyper-parameters at their declared defaults:
+# ``base.with_defaults``; DUCC projects the conflicting class, PAFed's default)
 HP = dict(lr=0.05, momentum=0.0, rho=0.1, mu=0.01, alpha0=1.0, alpha1=0.5, alpha2=0.5,
-          server_lr=1.0, server_lr2=1.0, server_lr_switch_round=-1)
+          ducc_project_conflicting=1.0, **base.server_hparams())
 
 # (model name, per-example input shape, classes)
 MODELS = {
@@ -221,7 +224,7 @@ class Workload:
     self.timeline = timeline_lib.build(
         n, self.rounds, self.clients_per_round / n, timeline_lib.DelayConfig(0.0), self.seed,
         min_slots=self.clients_per_round)
-    self.hp = {k: jnp.float32(v) for k, v in HP.items()}
+    self.hp = {k: jnp.float32(v) for k, v in base.with_defaults(self.alg, HP).items()}
 
   @property
   def client_steps_per_round(self) -> int:
