@@ -252,7 +252,7 @@ def test_key_transformation_keys_and_masks(protocol, round_data):
   s1 = protocol.s1
   s1.decryption_log.clear()
   result = secure_ducc.secure_pafed_step(protocol, w, online, delayed, ALPHAS)
-  got, models = result.w, result.client_models
+  models = result.client_models
   want = _expected(w, online, delayed, cheon.make_cheon_min(D_SMALL))
   assert sorted(models) == [0, 1, 2]
   for i, client in enumerate(protocol.clients):
