@@ -11,8 +11,8 @@ Each run writes ``<output_dir>/<run>/metrics.jsonl`` (one row per kept arrival; 
 accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histogram,
 updates per virtual second, wall time, and for DP runs the epsilon spent; with
 ``--target_accuracy`` the virtual time, updates and arrivals to it, with ``--time_budget``
-the accuracy at that simulated second, where every run stops); several runs end with
-``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean of 10
+the accuracy at that simulated second, where every run stops), one run as several; the
+invocation ends with ``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean of 10
 arrivals) against the virtual clock.
 
 Each run is checkpointed every ``--checkpoint_every`` calls of ``--groups_per_call``

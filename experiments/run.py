@@ -16,7 +16,7 @@ experiments/async_family.py and experiments/fededs_table.py):
   python experiments/run.py --algorithm=fedavg --fededs --quick
 
 Each algorithm writes ``<output_dir>/<algorithm>/metrics.jsonl`` (one JSON object per
-round) and ``summary.json``; a comma-separated ``--algorithm`` ends with a comparison table
+round) and ``summary.json``, one algorithm as several; the run ends with a comparison table
 (``comparison.md`` / ``comparison.csv``); ``curves.png`` plots test accuracy and train loss
 per round for every algorithm of the run; ``--seeds=0,1,2``: all of it per seed under
 ``seed<s>/``, then the comparison as mean ± std and ``curves.png`` as ±1 std bands. An

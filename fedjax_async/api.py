@@ -57,13 +57,11 @@ def _table(result: Result) -> str:
 
 
 def output_dirs(cfg: config_lib.RunConfig) -> Dict[str, str]:
-  """Each algorithm's directory: ``output_dir`` itself for one, a subfolder each for
-  several; none without ``output_dir``."""
+  """Each algorithm's directory, ``<output_dir>/<algorithm>/`` however many there are;
+  none without ``output_dir``."""
   if cfg.output.output_dir is None:
     return {}
-  names = cfg.algorithm.name_list()
-  return {n: os.path.join(cfg.output.output_dir, n) if len(names) > 1 else cfg.output.output_dir
-          for n in names}
+  return {n: os.path.join(cfg.output.output_dir, n) for n in cfg.algorithm.name_list()}
 
 
 def seed_config(cfg: config_lib.RunConfig, seed: int) -> config_lib.RunConfig:
@@ -80,21 +78,16 @@ def prepare(cfg: config_lib.RunConfig, seeds: Sequence[int] = ()):
   them."""
   if cfg.output.output_dir is None:
     return
-  names = cfg.algorithm.name_list()
-  keeps = (outputs.COMPARISON_OUTPUTS + tuple(f"seed{s}" for s in seeds) if len(seeds) > 1
-           else outputs.COMPARISON_OUTPUTS + tuple(names) if len(names) > 1
-           else outputs.RUN_OUTPUTS)
+  keeps = outputs.COMPARISON_OUTPUTS + (tuple(f"seed{s}" for s in seeds) if len(seeds) > 1
+                                        else tuple(cfg.algorithm.name_list()))
   outputs.lock_output_dir(cfg.output.output_dir)
   outputs.clear_stale(cfg.output.output_dir, keeps, cfg.output.resume, cfg.output.overwrite)
+  outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
+                             outputs.COMPARISON_OUTPUTS)
   if len(seeds) > 1:
-    outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
-                               outputs.COMPARISON_OUTPUTS)
     for seed in seeds:
       prepare(seed_config(cfg, seed))
     return
-  if "," in cfg.algorithm.names:
-    outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
-                                  outputs.COMPARISON_OUTPUTS)
   for d in output_dirs(cfg).values():
     outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
 
@@ -468,8 +461,8 @@ def load(path: str) -> Result:
   """A run's folder (the CLI's, or ``simulate(output_dir=...)``'s) read back as the
   ``Result`` the run returned: each run's summary, metrics rows and final global model
   (``runs[name].state.w``, from ``final_model.npy``; no ``model``: ``final_model()``
-  needs the run in memory), for one algorithm, several (a subfolder each) or several
-  seeds (``seed<s>/``); ``table()`` and ``figure`` as the run's. FileNotFoundError naming
+  needs the run in memory): an invocation's folder (``<algorithm>/`` each,
+  ``seed<s>/<algorithm>/`` with several seeds) or one run's; ``table()`` and ``figure`` as the run's. FileNotFoundError naming
   the folder when it holds no finished run."""
   seeds = sorted((int(n[4:]), n) for n in (os.listdir(path) if os.path.isdir(path) else [])
                  if n.startswith("seed") and n[4:].isdigit())
@@ -620,6 +613,5 @@ def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks, title: str 
   if cfg.output.output_dir is not None:
     result.figure = os.path.join(cfg.output.output_dir, "curves.png")
     outputs.plot_curves({n: r.rows for n, r in runs.items()}, result.figure, title=title)
-    if len(names) > 1:
-      outputs.write_comparison(result.summaries(), cfg.output.output_dir)
+    outputs.write_comparison(result.summaries(), cfg.output.output_dir)
   return result

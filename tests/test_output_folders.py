@@ -21,27 +21,45 @@ SMALL = dict(num_clients=6, rounds=3, quiet=True)
 
 def test_a_run_of_another_layout_is_refused_and_overwrite_removes_it(tmp_path):
   out = str(tmp_path / "out")
+  comparison = ["comparison.csv", "comparison.md", "curves.png"]
   fa.simulate(algorithm="fedavg,fedprox", output_dir=out, **SMALL)
-  assert {"comparison.md", "fedavg", "fedprox"} <= set(os.listdir(out))
+  assert sorted(os.listdir(out)) == comparison + ["fedavg", "fedprox"]
   with pytest.raises(ValueError) as e:  # one algorithm into the two-algorithm folder
     fa.simulate(algorithm="fedavg", output_dir=out, **SMALL)
   assert str(e.value) == (
-      f"output.output_dir: {out} holds a run of another layout (comparison.csv, "
-      "comparison.md, fedavg, fedprox), which this run would not replace: pass "
-      "output.overwrite to delete it, or another output.output_dir")
+      f"output.output_dir: {out} holds a run of another layout (fedprox), which this run "
+      "would not replace: pass output.overwrite to delete it, or another output.output_dir")
   with pytest.raises(ValueError, match="another layout"):  # nor continued as one
     fa.simulate(algorithm="fedavg", output_dir=out, resume=True, **SMALL)
   fa.simulate(algorithm="fedavg", output_dir=out, overwrite=True, **SMALL)
-  assert sorted(os.listdir(out)) == sorted(["checkpoints", "curves.png", "final_model.npy",
-                                            "metrics.jsonl", "summary.json", "tb"])
-  # and back: the one-algorithm files do not stay beside the comparison
+  # one algorithm: the same layout as several, its comparison of one row
+  assert sorted(os.listdir(out)) == comparison + ["fedavg"]
+  assert sorted(os.listdir(os.path.join(out, "fedavg"))) == sorted(
+      ["checkpoints", "final_model.npy", "metrics.jsonl", "summary.json", "tb"])
+  table = open(os.path.join(out, "comparison.md")).read()
+  assert "| fedavg " in table and "fedprox" not in table
   fa.simulate(algorithm="fedavg,fedprox", output_dir=out, overwrite=True, **SMALL)
-  assert sorted(os.listdir(out)) == ["comparison.csv", "comparison.md", "curves.png",
-                                     "fedavg", "fedprox"]
+  assert sorted(os.listdir(out)) == comparison + ["fedavg", "fedprox"]
   mine = tmp_path / "out" / "notes.txt"  # a file no run wrote is never touched
   mine.write_text("mine")
   fa.simulate(algorithm="fedavg", output_dir=out, overwrite=True, **SMALL)
   assert mine.read_text() == "mine"
+
+
+def test_a_runs_files_at_the_folders_top_are_another_layout(tmp_path):
+  """One run's files written straight into the folder (``rounds.experiment.run`` given
+  ``out_dir``): refused by a run of the common layout, removed by overwrite."""
+  from fedjax_async.rounds import experiment
+  out = str(tmp_path / "out")
+  cfg = fa.RunConfig().replace(**SMALL)
+  experiment.run(cfg, "fedavg", out_dir=out)
+  assert {"metrics.jsonl", "summary.json"} <= set(os.listdir(out))
+  with pytest.raises(ValueError, match=r"another layout \(checkpoints, final_model.npy, "
+                     r"metrics.jsonl, summary.json, tb\)"):
+    fa.simulate(algorithm="fedavg", output_dir=out, **SMALL)
+  fa.simulate(algorithm="fedavg", output_dir=out, overwrite=True, **SMALL)
+  assert sorted(os.listdir(out)) == ["comparison.csv", "comparison.md", "curves.png",
+                                     "fedavg"]
 
 
 HOLDER = textwrap.dedent("""
@@ -84,7 +102,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_while_the_first_finishes(t
     open(go, "w").close()
     _, err = first.communicate(timeout=600)
   assert first.returncode == 0, err[-3000:]
-  with open(os.path.join(out, "metrics.jsonl")) as f:
+  with open(os.path.join(out, "fedavg", "metrics.jsonl")) as f:
     rows = [json.loads(l) for l in f]  # every line whole, the first run's four rounds
   assert [r["round"] for r in rows] == [1, 2, 3, 4]
   assert not os.path.exists(os.path.join(out, outputs.LOCK))  # released at its end

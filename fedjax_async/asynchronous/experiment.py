@@ -9,9 +9,8 @@
 
 Each algorithm (and each FedAsync ``a`` of ``algorithm.mix_alpha``) is one run, once per
 seed of ``run.seeds``. With ``output.output_dir`` a run writes ``metrics.jsonl``,
-``summary.json`` and its checkpoints (``<run>/`` when there are several runs,
-``seed<s>/`` when there are several seeds), and the invocation ``curves.png`` and
-``comparison.md``; ``output.resume`` continues each run from its latest checkpoint and
+``summary.json`` and its checkpoints under ``<run>/`` (``seed<s>/<run>/`` with several
+seeds), and the invocation ``curves.png`` and ``comparison.md``; ``output.resume`` continues each run from its latest checkpoint and
 reads back the finished ones. The host side of a run is ``loop.HostLoop`` (metrics,
 checkpoints, the caller's callbacks, progress, signals) around
 ``asynchronous.engine.run_arrivals``.
@@ -364,8 +363,8 @@ def renamed(saved: dict) -> dict:
 
 
 def prepare(cfg: AsyncRunConfig, runs, seeds):
-  """Before any work: an output_dir holding a run is refused, or cleared with
-  output.overwrite (this driver's outputs there, nothing else)."""
+  """Before any work: an output_dir holding a run (of any layout) is refused, or cleared
+  with output.overwrite (the outputs of runs there, nothing else)."""
   o = cfg.output
   check(not (o.resume and o.overwrite), "output.overwrite", "cannot be combined with "
         "output.resume (output.resume continues the runs in output.output_dir, "
@@ -374,10 +373,14 @@ def prepare(cfg: AsyncRunConfig, runs, seeds):
         "continues the runs in output.output_dir, and none is given")
   if o.output_dir is None:
     return
-  run_outputs = COMMAND_OUTPUTS + (RUN_OUTPUTS if len(runs) == 1 else tuple(
-      os.path.join(r, n) for r, _, _ in runs for n in RUN_OUTPUTS))
+  run_outputs = COMMAND_OUTPUTS + tuple(os.path.join(r, n) for r, _, _ in runs
+                                        for n in RUN_OUTPUTS)
   owned = run_outputs if len(seeds) == 1 else COMMAND_OUTPUTS + tuple(
       os.path.join(f"seed{sd}", n) for sd in seeds for n in run_outputs)
+  keeps = COMMAND_OUTPUTS + (tuple(r for r, _, _ in runs) if len(seeds) == 1
+                             else tuple(f"seed{sd}" for sd in seeds))
+  outputs.lock_output_dir(o.output_dir)  # (a folder in use: refused before it is read)
+  outputs.clear_stale(o.output_dir, keeps, o.resume, o.overwrite)
   outputs.prepare_output_dir(o.output_dir, o.resume, o.overwrite, owned)
 
 
@@ -481,7 +484,7 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
   done: Dict[str, Run] = {}
   lost: Dict[str, str] = {}  # the runs that diverged: why
   for run_name, algo, alpha in runs:
-    out = out_dir if out_dir is None or len(runs) == 1 else os.path.join(out_dir, run_name)
+    out = None if out_dir is None else os.path.join(out_dir, run_name)
     run = (finished_run(cfg, run_name, out, algo) if out is not None and cfg.output.resume
            else None)
     if run is not None:
@@ -503,11 +506,11 @@ def run_seed(cfg: AsyncRunConfig, runs, pruned: bool, scales, clock, out_dir, ca
         title=report.curves_title(cfg, getattr(fed, "name", cfg.data.dataset), model[0],
                                   list(done)))
     console.say(f"figure: {result.figure}", console.RESULT)
-  if len(done) + len(lost) > 1:  # (a diverged run: a line saying so)
-    table = report.clock_table([r.summary for r in done.values()], lost)
-    if out_dir is not None:
-      os.makedirs(out_dir, exist_ok=True)
-      with open(os.path.join(out_dir, "comparison.md"), "w") as f:
-        f.write(table + "\n")
+  table = report.clock_table([r.summary for r in done.values()], lost)  # (diverged: a line)
+  if out_dir is not None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "comparison.md"), "w") as f:
+      f.write(table + "\n")
+  if len(done) + len(lost) > 1:
     console.say(table, console.RESULT)
   return done
