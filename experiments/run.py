@@ -43,6 +43,7 @@ from fedjax_async.asynchronous import config as async_config
 
 ASYNC = algorithms.names("virtual_clock")  # the built-in ones, for the hints and --helpfull
 FEDEDS_VARIANTS = {"fededs": "fededs", "s1": "s1", "s2": "s2"}
+MODES = {"rounds": "rounds", "virtual_clock": "async"}  # algorithms.engine_of's: the driver's
 
 
 def mode_of(argv) -> str:
@@ -65,26 +66,18 @@ def mode_of(argv) -> str:
       fededs = True
   if fededs:
     return "fededs"
-  return "rounds" if names is None else engine_of_names(names)
+  return "rounds" if names is None else mode_of_names(names)
 
 
-def engine_of_names(names: str) -> str:
-  """'async' when every algorithm of the comma list ``names`` runs on the virtual clock,
-  'rounds' when none does; otherwise one ``error:`` line."""
-  async_names = algorithms.names("virtual_clock")  # those of --import_modules included
-  listed = [n for n in names.split(",") if n]
-  unknown = [n for n in listed if n not in async_names and n not in algorithms.names("rounds")]
-  if unknown:  # name both families: the round engine's check alone would list one
-    guess = cli.did_you_mean(unknown[0], algorithms.names())
-    sys.exit(f"error: --algorithm: unknown algorithm {', '.join(map(repr, unknown))}{guess} "
-             f"(on rounds: {', '.join(algorithms.names('rounds'))}; on the virtual clock: "
-             f"{', '.join(async_names)})")
-  in_async = [n for n in listed if n in async_names]
-  if in_async and len(in_async) != len(listed):
-    sys.exit(f"error: --algorithm: {', '.join(in_async)} run on the virtual clock and "
-             f"{', '.join(n for n in listed if n not in async_names)} on rounds; run them "
-             "separately")
-  return "async" if in_async else "rounds"
+def mode_of_names(names: str) -> str:
+  """'async' or 'rounds': the engine ``algorithms.engine_of`` picks for the comma list
+  ``names`` (as ``simulate`` does); its ``ConfigError`` as one ``error: --algorithm:``
+  line (exit status 1)."""
+  try:
+    return MODES[algorithms.engine_of(names)]
+  except config_lib.ConfigError as e:  # its path, the flat key algorithm: the flag's field
+    field = ".".join(config_lib.RunConfig.keys()[e.path])
+    sys.exit(cli.errors.message(config_lib.ConfigError(field, e.message), cli.as_flags))
 
 
 def main_rounds(argv):
@@ -111,7 +104,7 @@ def main_engines(argv):
   """The round engine or the virtual clock, as the parsed --algorithm says; a flag of the
   other engine that was given is one ``error:`` line saying what to use instead."""
   fl = flags.FLAGS
-  mode = "rounds" if fl.algorithm is None else engine_of_names(fl.algorithm)
+  mode = "rounds" if fl.algorithm is None else mode_of_names(fl.algorithm)
   other = engine_flags("rounds" if mode == "async" else "async") - engine_flags(mode)
   hints = {**ASYNC_HINTS, **ONE_PROCESS_HINTS} if mode == "async" else {}
   for name in sorted(n for n in other if n in fl and fl[n].present):

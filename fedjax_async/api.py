@@ -272,19 +272,11 @@ def _refuse_overridden(fields: dict, keys, config_class, part=None, default=None
 
 
 def _clock_for(fields: dict):
-  """``AsyncRunConfig()`` when ``fields["algorithm"]`` names an algorithm only the virtual
-  clock runs (``fedasync``; said on the console), else None. A list mixing the engines, or
-  a field the clock lacks (``rounds``), is a ``ConfigError`` naming it."""
+  """``AsyncRunConfig()``, said on the console, for the ``fields["algorithm"]`` that
+  ``algorithms.engine_of`` puts on the virtual clock; a field the clock lacks
+  (``rounds``) is a ``ConfigError`` naming it."""
   names = fields["algorithm"].split(",")
   clock = [n for n in names if n in algorithms.names("virtual_clock")]
-  if not clock or not set(names) <= set(algorithms.names()):
-    return None  # (the round engine names an unknown algorithm)
-  rounds = [n for n in names if n in algorithms.names("rounds")
-            and n not in algorithms.names_on("virtual_clock")]
-  if rounds:
-    raise config_lib.ConfigError("algorithm", f"{', '.join(clock)} run on the virtual clock, "
-                                 f"{', '.join(rounds)} on the round engine: one simulate "
-                                 "call for each")
   cls = async_config.AsyncRunConfig
   parts = {f.name for f in dataclasses.fields(cls)}
   for k in fields:
@@ -395,8 +387,9 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
              **fields) -> Result:
   """Runs ``config.algorithm.names`` (a comma-separated list) on the round engine; with an
   ``AsyncRunConfig``, or without a config ``algorithm=`` naming one of the virtual clock's
-  own (``fedasync``), on the virtual clock (``asynchronous.experiment.run_virtual_clock``);
-  with a ``FedEDSRunConfig``, FedEDS (``fededs.experiment.run_fededs_grid``, ``data=`` too).
+  own (``fedasync``; ``algorithms.engine_of`` decides), on the virtual clock
+  (``asynchronous.experiment.run_virtual_clock``); with a ``FedEDSRunConfig``, FedEDS
+  (``fededs.experiment.run_fededs_grid``, ``data=`` too).
 
   ``config`` defaults to ``RunConfig()``, the README's main job (PAFed, FedADMM, FedAvg
   and FedProx on Synthetic(1,1), a fraction 0.3 of the clients delayed 1-3 rounds);
@@ -425,15 +418,16 @@ def simulate(config: Optional[config_lib.RunConfig] = None, callbacks: Sequence 
 
 
 def _simulate(config, callbacks, fields: dict) -> Result:
-  """``simulate``'s dispatch: FedEDS, the virtual clock or the round engine."""
-  if isinstance(config, fededs_config.FedEDSRunConfig):
-    return _simulate_fededs(config, callbacks, fields)
-  if config is None and "algorithm" in fields:  # a name only the virtual clock runs picks it
+  """``simulate``'s dispatch (``_ENGINES``): the engine of ``config``'s class; without a
+  config, the one ``algorithms.engine_of`` picks for ``algorithm=`` (the virtual clock
+  with ``AsyncRunConfig()``'s defaults, ``_clock_for``); else the round engine."""
+  engine = next((e for cls, e in _ENGINE_OF_CONFIG if isinstance(config, cls)), "rounds")
+  if config is None and "algorithm" in fields:
     fields["algorithm"] = _algorithm_names(fields["algorithm"], None)
-    config = _clock_for(fields)
-  if isinstance(config, async_config.AsyncRunConfig):
-    return _simulate_virtual_clock(config, callbacks, fields)
-  return _simulate_rounds(config, callbacks, fields)
+    engine = algorithms.engine_of(fields["algorithm"])
+    if engine == "virtual_clock":
+      config = _clock_for(fields)
+  return _ENGINES[engine](config, callbacks, fields)
 
 
 def _read_run(run_dir: str) -> Optional[results.Run]:
@@ -580,6 +574,13 @@ def _simulate_rounds(config, callbacks, fields: dict) -> Result:
   if written:
     return _noted(_run_seeds(cfg, seeds, fed_data, model_fn, callbacks, title), delays)
   return _noted(_run_each(cfg, fed_data, model, callbacks, title), delays)
+
+
+# ``simulate``'s engines: a configuration's class names its own; the functions that run them.
+_ENGINE_OF_CONFIG = ((fededs_config.FedEDSRunConfig, "fededs"),
+                     (async_config.AsyncRunConfig, "virtual_clock"))
+_ENGINES = {"rounds": _simulate_rounds, "virtual_clock": _simulate_virtual_clock,
+            "fededs": _simulate_fededs}
 
 
 def _run_each(cfg: config_lib.RunConfig, fed_data, model, callbacks, title: str = ""

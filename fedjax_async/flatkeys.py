@@ -2,7 +2,8 @@
 dataclass of parts (frozen dataclasses), each field declared with ``option`` (its help,
 its flag's name when it differs); ``FlatKeys`` gives every field a flat key (its flag's
 name) to read and replace it by, ``flag_specs`` what the CLI needs to make the flags,
-``check_types`` / ``check`` the ``ConfigError`` naming a field by its path.
+``check_types`` / ``check`` the ``ConfigError`` naming a field by its path
+(``did_you_mean``: the names close to a wrong one).
 
 Nothing here knows a particular configuration: ``config.RunConfig`` (the round engine),
 ``asynchronous.config.AsyncRunConfig`` (the virtual clock) and
@@ -40,6 +41,17 @@ def option(default, help_text: str, *, flag: Optional[str] = None, cli_default=N
   if choices is not None:
     meta["choices"] = choices
   return dataclasses.field(default=default, metadata=meta)
+
+
+def did_you_mean(value: str, known) -> str:
+  """``"; did you mean x?"`` for the names in ``known`` closest to ``value`` (its
+  abbreviation first: fmnist for fashion_mnist), or ``""``."""
+  known = list(dict.fromkeys(known))
+  short = [k for k in known if "_" in k and value == "".join(
+      p[0] for p in k.split("_")[:-1]) + k.split("_")[-1]]
+  close = list(dict.fromkeys(short + difflib.get_close_matches(value, known, n=2,
+                                                                 cutoff=0.7)))[:2]
+  return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 class ConfigError(ValueError):

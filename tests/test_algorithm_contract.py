@@ -336,7 +336,7 @@ def test_an_algorithms_own_hyperparameter_reaches_it_on_the_virtual_clock():
   own = base.Algorithm(name="contract_own_hp", local_penalty=fedasync.local_penalty,
                        client_final=fedasync.client_final, server_step=server_step,
                        init_server_state=fedasync.init_server_state,
-                       hparams=(("gamma", 0.5),))
+                       hparams=(base.HParam("gamma", 0.5),))
   algorithms.register(own, replace=True)
   try:
     run = simulate([own.name], "virtual_clock").runs[own.name]
@@ -347,6 +347,28 @@ def test_an_algorithms_own_hyperparameter_reaches_it_on_the_virtual_clock():
   assert np.all(np.isfinite(np.asarray(run.state.w)))
   assert not np.array_equal(np.asarray(run.state.w), np.asarray(run.model[1]))
   np.testing.assert_array_equal(np.asarray(still.state.w), np.asarray(still.model[1]))
+
+
+def test_hparams_take_hparam_objects_only_and_say_how_to_write_them():
+  """``hparams`` holds ``HParam``s, as given (nothing converted): a ``(name, default)``
+  pair, a name, or a list in place of the tuple is one TypeError naming the algorithm and
+  what to write."""
+  fedavg = algorithms.get("fedavg")
+  parts = dict(local_penalty=fedavg.local_penalty, client_final=fedavg.client_final,
+               server_update=fedavg.server_update)
+  beta = base.HParam("beta", 1.0)
+  own = base.Algorithm(name="x", hparams=(beta,), **parts)
+  assert own.hparams == (beta,) and own.hparams[0] is beta
+  for hparams, message in (
+      ((("beta", 1.0),), "algorithm 'x': hparams item ('beta', 1.0) is not an HParam: "
+       "write base.HParam('beta', 1.0)"),
+      ((beta, "mu"), "algorithm 'x': hparams item 'mu' is not an HParam: write "
+       "base.HParam(name, default)"),
+      ([beta], "algorithm 'x': hparams is a list, not a tuple: write "
+       "hparams=(base.HParam(name, default), ...)")):
+    with pytest.raises(TypeError) as e:
+      base.Algorithm(name="x", hparams=hparams, **parts)
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize("name,engine", REFUSED)

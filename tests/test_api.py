@@ -302,7 +302,7 @@ def test_a_user_algorithm_with_its_own_hyperparameter_equals_its_builtin_twin():
 
   mine = base.Algorithm(name="my_fedavg", local_penalty=base.no_penalty,
                         client_final=base.delta_upload, server_update=server_update,
-                        hparams=(("beta", 0.5),))
+                        hparams=(base.HParam("beta", 0.5),))
   common = dict(rounds=3, quiet=True, delay_fraction=0.0)
   default = fa.simulate(algorithm=mine, **common).runs["my_fedavg"]
   assert "my_fedavg" in fa.algorithms.names("rounds")
@@ -333,7 +333,7 @@ def _user_fedavg(name: str, step: str):
 
   return base.Algorithm(name=name, local_penalty=base.no_penalty,
                         client_final=base.delta_upload, server_update=server_update,
-                        hparams=((step, 1.0),))
+                        hparams=(base.HParam(step, 1.0),))
 
 
 def test_seeds_and_an_own_hyperparameter_swept_as_one_computation_equal_single_runs():

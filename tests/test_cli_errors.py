@@ -253,6 +253,31 @@ def test_run_py_errors(tmp_path, args, message):
   assert not (tmp_path / "fedavg").exists()
 
 
+_BOTH_FAMILIES = ("(on rounds: fedavg, fedprox, fednova, fedadmm, pafed, scaffold, feddyn, "
+                  "dp_fedavg; on the virtual clock: fedasync, fedbuff, double_compensation, "
+                  "privaasyncfed, dp_fedasync)")
+
+
+@pytest.mark.parametrize("algorithm,message", [
+    ("fedasync,pafed", "fedasync runs on the virtual clock, pafed on the round engine only: "
+     "run them separately"),
+    ("pafed,fedasyn", "unknown algorithm 'fedasyn'; did you mean fedasync or dp_fedasync? "
+     + _BOTH_FAMILIES),
+], ids=["mixed", "unknown"])
+@pytest.mark.messages
+def test_simulate_and_run_py_refuse_an_algorithm_list_in_the_same_words(algorithm, message):
+  """One function picks the engine (``algorithms.engine_of``): ``simulate`` raises its
+  ConfigError naming ``algorithm``, experiments/run.py prints it as one line naming
+  ``--algorithm``, exit status 1."""
+  import fedjax_async as fa  # pylint: disable=g-import-not-at-top
+  from fedjax_async import config  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config.ConfigError) as e:
+    fa.simulate(algorithm=algorithm, quiet=True)
+  assert str(e.value) == f"algorithm: {message}"
+  out = run_script.run([f"--algorithm={algorithm}"], timeout=300)
+  assert (out.returncode, out.stderr.strip()) == (1, f"error: --algorithm: {message}")
+
+
 FEDEDS = os.path.join(ROOT, "experiments", "fededs_table.py")
 
 

@@ -148,7 +148,7 @@ def _server_update(w, server_state, uploads, arrivals, round_index, hp):
 
 _TOY = base.Algorithm(name="property_fedavg", local_penalty=base.no_penalty,
                       client_final=base.delta_upload, server_update=_server_update,
-                      hparams=(("beta", 1.0),))
+                      hparams=(base.HParam("beta", 1.0),))
 
 
 @settings(max_examples=15, **_SETTINGS)

@@ -110,8 +110,8 @@ def test_finding_8_algorithm_fedasync_picks_the_virtual_clock_and_quiet_works_th
   with pytest.raises(config_lib.ConfigError) as e:
     fa.simulate(algorithm="fedasync,pafed", data=data, model=_Linear())
   assert _one_line_error(e, "algorithm").endswith(
-      "fedasync run on the virtual clock, pafed on the round engine: one simulate call "
-      "for each")
+      "fedasync runs on the virtual clock, pafed on the round engine only: run them "
+      "separately")
   with pytest.raises(config_lib.ConfigError) as e:
     fa.simulate(algorithm="fedasync", data=data, model=_Linear(), rounds=2)
   assert _one_line_error(e, "rounds").endswith("did you mean num_updates?")

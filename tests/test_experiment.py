@@ -355,6 +355,8 @@ def test_mode_of_picks_the_driver_from_algorithm_and_fededs(tmp_path):
   assert mode_of(["run.py", "--algorithm=pafed,fedavg"]) == "rounds"
   assert mode_of(["run.py", "--algorithm=fedasync,fedbuff"]) == "async"
   assert mode_of(["run.py", "--algorithm", "privaasyncfed"]) == "async"
+  # a stateless round rule beside a virtual-clock one: the clock runs both, as in simulate
+  assert mode_of(["run.py", "--algorithm=fedasync,fedavg"]) == "async"
   assert mode_of(["run.py", "--algorithm=fedavg", "--fededs"]) == "fededs"
   assert mode_of(["run.py", "--algorithm=fedprox", "--fededs_ablation=s1"]) == "fededs"
   flagfile = tmp_path / "x.flags"

@@ -136,7 +136,7 @@ def test_which_swept_names_an_algorithm_uses_is_read_from_its_functions():
 
   fa.algorithms.register(dataclasses.replace(
       fa.algorithms.get("fedavg"), name="records_prox", local_penalty=penalty,
-      hparams=(("beta", 1.0),)), replace=True)
+      hparams=(fa.algorithms.base.HParam("beta", 1.0),)), replace=True)
   assert sweep.used_names(cfg, "records_prox", names) == ["lr", "mu", "delay_fraction", "beta"]
   with pytest.raises(config_lib.ConfigError, match=r"sweep\['betta'\].*no algorithm"):
     fa.simulate(algorithm="fedavg", sweep={"betta": [1, 2]}, **SMALL)

@@ -9,7 +9,7 @@ runs those with a per-arrival rule (``server_step``), and a round rule as rounds
   names()                   # all built in, then any registered
   names("rounds")           # fedavg fedprox fednova fedadmm pafed scaffold feddyn dp_fedavg
   names("virtual_clock")    # fedasync, fedbuff, double_compensation, privaasyncfed, dp_fedasync
-  engine_of("fedbuff")      # "virtual_clock"
+  engine_of("fedbuff,fedavg")  # "virtual_clock": the engine simulate and the CLI pick
   get("pafed")              # its base.Algorithm
   register(my_algorithm)    # a base.Algorithm of your own, by its name
   declared("rounds")        # {hyper-parameter: [(algorithm, base.HParam), ...]}
@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Optional, Tuple
 
+from fedjax_async import flatkeys
 from fedjax_async.algorithms import base
 from fedjax_async.algorithms import dp_fedavg
 
@@ -148,10 +149,32 @@ def hparams_table() -> str:
   return "\n".join(rows)
 
 
-def engine_of(name: str) -> str:
-  """``"rounds"`` or ``"virtual_clock"``: the engine that runs ``name``."""
-  _check(name)
-  return _REGISTRY[name][0] if name in _REGISTRY else _REGISTERED[name].engine
+def engine_of(algorithm: str) -> str:
+  """``"rounds"`` or ``"virtual_clock"``: the engine that runs ``algorithm``, a name or a
+  comma list (``simulate(algorithm=...)`` and ``experiments/run.py --algorithm`` both
+  ask here): the virtual clock when one of them is its own (``fedbuff``) and it runs the
+  others (``names_on``: ``fedavg``), else the round engine. ``flatkeys.ConfigError``
+  naming ``algorithm`` for an unknown name (the close ones, both engines' choices) and
+  for a list no one engine runs."""
+  listed = [n for n in algorithm.split(",") if n]
+  known, on_clock = names(), names("virtual_clock")
+  unknown = [n for n in listed if n not in known]
+  if unknown:
+    raise flatkeys.ConfigError("algorithm", f"unknown algorithm "
+                               f"{', '.join(map(repr, unknown))}"
+                               f"{flatkeys.did_you_mean(unknown[0], known)} (on rounds: "
+                               f"{', '.join(names('rounds'))}; on the virtual clock: "
+                               f"{', '.join(on_clock)})")
+  clock = [n for n in listed if n in on_clock]
+  if not clock:
+    return "rounds"
+  rounds = [n for n in listed if n not in names_on("virtual_clock")]
+  if rounds:
+    raise flatkeys.ConfigError("algorithm", f"{', '.join(clock)} "
+                               f"{'runs' if len(clock) == 1 else 'run'} on the virtual "
+                               f"clock, {', '.join(rounds)} on the round engine only: run "
+                               "them separately")
+  return "virtual_clock"
 
 
 def _check(name: str):

@@ -138,14 +138,6 @@ class Option:
     return float(self.choices.index(value))
 
 
-def as_hparam(item) -> HParam:
-  """An ``HParam``, or a ``(name, default)`` pair as one (no bounds, no help)."""
-  if isinstance(item, HParam):
-    return item
-  name, default = item
-  return HParam(name, float(default))
-
-
 class Arrivals(NamedTuple):
   """What the server knows about the (padded) batch of updates arriving in one step.
 
@@ -264,6 +256,20 @@ class ClientOutput(NamedTuple):
   correction: Any = ()  # [d] a second upload the server folds in (``Arrivals.correction``)
 
 
+def _check_hparam_items(name: str, hparams):
+  """A TypeError naming the algorithm and the fix unless ``hparams`` is a tuple of
+  ``HParam``s (a tuple keeps the frozen ``Algorithm`` hashable)."""
+  if not isinstance(hparams, tuple):
+    raise TypeError(f"algorithm {name!r}: hparams is a {type(hparams).__name__}, not a "
+                    "tuple: write hparams=(base.HParam(name, default), ...)")
+  for item in hparams:
+    if not isinstance(item, HParam):
+      fix = (f"base.HParam({', '.join(map(repr, item))})"
+             if isinstance(item, tuple) and len(item) == 2 else "base.HParam(name, default)")
+      raise TypeError(f"algorithm {name!r}: hparams item {item!r} is not an HParam: "
+                      f"write {fix}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
   """A federated algorithm as the engines see it (all functions pure, jit/vmap-safe).
@@ -295,8 +301,9 @@ class Algorithm:
       Alg. 1), stop once the loss is <= ``hp['loss_threshold']`` (double compensation),
       train the sub-model of the device class's scale, and server versions every
       ``buffer_k`` arrivals (FedBuff).
-    hparams: the algorithm's own hyper-parameters, ``HParam``s (or ``(name, default)``
-      pairs): they reach its functions in ``hp`` (traced, so a new value needs no
+    hparams: the algorithm's own hyper-parameters, a tuple of ``HParam``s, kept as given
+      (a list, or a ``(name, default)`` pair in it, is a TypeError saying what to write):
+      they reach its functions in ``hp`` (traced, so a new value needs no
       recompilation); each is a flag ``--name``, a sweepable name and a result column, set
       from Python by ``simulate(name=value)``.
   """
@@ -319,7 +326,7 @@ class Algorithm:
   client_reads_server: tuple = ()
 
   def __post_init__(self):
-    object.__setattr__(self, "hparams", tuple(as_hparam(h) for h in self.hparams))
+    _check_hparam_items(self.name, self.hparams)
     names = [h.name for h in self.hparams]
     if len(set(names)) != len(names):
       raise ValueError(f"algorithm {self.name!r}: hparams declares "

@@ -20,6 +20,7 @@ from fedjax_async.cli import errors
 from fedjax_async.cli import help as help_lib
 from fedjax_async.data import loader
 from fedjax_async.fededs import config as fededs_config
+from fedjax_async.flatkeys import did_you_mean
 
 # Flags a driver does not define but a user may well give it (the other engine's), with
 # the sentence that replaces "unknown flag" for them; set by the driver before parsing.
@@ -94,17 +95,6 @@ def parse_flags(argv: List[str]) -> List[str]:
   except ValueError as e:
     sys.exit(f"error: {e}")
   return rest
-
-
-def did_you_mean(value: str, known) -> str:
-  """``"; did you mean x?"`` for the names in ``known`` closest to ``value`` (its
-  abbreviation first: fmnist for fashion_mnist), or ``""``."""
-  known = list(dict.fromkeys(known))
-  short = [k for k in known if "_" in k and value == "".join(
-      p[0] for p in k.split("_")[:-1]) + k.split("_")[-1]]
-  close = list(dict.fromkeys(short + difflib.get_close_matches(value, known, n=2,
-                                                                 cutoff=0.7)))[:2]
-  return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def _known_names(flag: str):
