@@ -81,6 +81,8 @@ def prepare(cfg: config_lib.RunConfig, seeds: Sequence[int] = ()):
   keeps = outputs.COMPARISON_OUTPUTS + (tuple(f"seed{s}" for s in seeds) if len(seeds) > 1
                                         else tuple(cfg.algorithm.name_list()))
   outputs.lock_output_dir(cfg.output.output_dir)
+  if cfg.output.resume and len(seeds) <= 1:
+    _resumes_its_algorithms(cfg, keeps)
   outputs.clear_stale(cfg.output.output_dir, keeps, cfg.output.resume, cfg.output.overwrite)
   outputs.prepare_output_dir(cfg.output.output_dir, cfg.output.resume, cfg.output.overwrite,
                              outputs.COMPARISON_OUTPUTS)
@@ -90,6 +92,18 @@ def prepare(cfg: config_lib.RunConfig, seeds: Sequence[int] = ()):
     return
   for d in output_dirs(cfg).values():
     outputs.prepare_output_dir(d, cfg.output.resume, cfg.output.overwrite)
+
+
+def _resumes_its_algorithms(cfg: config_lib.RunConfig, keeps: Sequence[str]):
+  """``output.resume`` into a folder whose runs are only other algorithms' (folders named
+  after algorithms): a ValueError naming algorithm.names, not the folder's layout."""
+  out = cfg.output.output_dir
+  stale = outputs.stale_outputs(out, keeps)
+  if stale and all(n in algorithms.names() for n in stale) and not any(
+      os.path.isdir(os.path.join(out, n)) for n in cfg.algorithm.name_list()):
+    raise ValueError(f"output.resume: the runs under {out} were made with other flags: "
+                     f"algorithm.names={','.join(stale)!r} (now {cfg.algorithm.names!r}); "
+                     "resume with those, or pass output.overwrite to start over")
 
 
 def _algorithm_names(value, config) -> str:

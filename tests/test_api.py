@@ -83,7 +83,7 @@ def test_simulate_and_the_cli_share_their_defaults(in_memory, tmp_path):
        *[f"--{k}={v}" for k, v in FIELDS.items()]],
       env=run_script.env(), capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  with open(tmp_path / "metrics.jsonl") as f:
+  with open(tmp_path / "fedavg" / "metrics.jsonl") as f:
     cli_rows = [json.loads(line) for line in f]
   assert without_times(cli_rows) == without_times(
       json.loads(json.dumps(in_memory[0].runs["fedavg"].rows)))
@@ -130,14 +130,14 @@ def test_a_callback_sees_every_chunk_and_can_stop_the_run_with_its_checkpoint(tm
   early = fa.simulate(algorithm="fedavg", rounds=5, rounds_per_call=2, callbacks=[stop],
                       quiet=True, output_dir=str(tmp_path), checkpoint_every=100,
                       tensorboard=False).runs["fedavg"]
-  with open(tmp_path / "metrics.jsonl") as f:
+  with open(tmp_path / "fedavg" / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   four = without_times(json.loads(json.dumps(result.runs["fedavg"].rows[:4])))
   assert without_times(rows) == four == without_times(json.loads(json.dumps(early.rows)))
   assert int(early.state.round) == 4 and early.summary["stopped_early_at_round"] == 4
   assert early.summary["final_accuracy"] == early.rows[-1]["test_accuracy"]
-  assert json.load(open(tmp_path / "summary.json"))["stopped_early_at_round"] == 4
-  assert os.path.isdir(tmp_path / "checkpoints" / "4")
+  assert json.load(open(tmp_path / "fedavg" / "summary.json"))["stopped_early_at_round"] == 4
+  assert os.path.isdir(tmp_path / "fedavg" / "checkpoints" / "4")
   from fedjax_async import interrupts  # pylint: disable=g-import-not-at-top
   assert not interrupts.pending()  # the stop was that run's: later runs are not stopped
 
@@ -173,7 +173,7 @@ def test_the_virtual_clock_from_python_writes_nothing_and_equals_the_cli(tmp_pat
        f"--output_dir={tmp_path / 'cli'}", *[f"--{k}={v}" for k, v in CLOCK.items()]],
       env=run_script.env(), capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  with open(tmp_path / "cli" / "metrics.jsonl") as f:
+  with open(tmp_path / "cli" / "fedbuff" / "metrics.jsonl") as f:
     cli_rows = [json.loads(line) for line in f]
   assert without_times(cli_rows) == without_times(json.loads(json.dumps(run.rows)))
   # state.w is the final global model: its test accuracy, recomputed with a plain argmax,
@@ -206,7 +206,7 @@ def test_a_virtual_clock_run_stopped_by_a_callback_resumes_to_the_uninterrupted_
   fields = dict(CLOCK, output_dir=str(tmp_path), checkpoint_every=1)
   with pytest.raises(fa.Interrupted):
     fa.simulate(fa.AsyncRunConfig(), callbacks=[GroupRecorder(stop=True)], **fields)
-  with open(tmp_path / "metrics.jsonl") as f:
+  with open(tmp_path / "fedbuff" / "metrics.jsonl") as f:
     assert len(f.readlines()) == len(seen.calls[0])  # the first chunk's arrivals
   rest = GroupRecorder()
   resumed = fa.simulate(fa.AsyncRunConfig(), callbacks=[rest], resume=True, **fields)
@@ -234,9 +234,9 @@ def test_a_diverging_virtual_clock_run_keeps_its_finite_arrivals_and_is_left_out
       "client result: client 4 (local loss inf, ||Delta|| 0) in group 2; no client was far "
       "out before it, nor any of its group finite: the likelier cause is the model they "
       f"started from; {divergence.SERVER_ADVICE}")}
-  with open(tmp_path / "metrics.jsonl") as f:
+  with open(tmp_path / "fedbuff" / "metrics.jsonl") as f:
     assert [json.loads(line)["group"] for line in f] == [0, 1, 2]
-  assert os.listdir(tmp_path / "checkpoints") == ["2"]
+  assert os.listdir(tmp_path / "fedbuff" / "checkpoints") == ["2"]
 
 
 def _arrays(seed=0, n=400, d=6, k=3):

@@ -677,9 +677,9 @@ def test_async_family_seeds_runs_each_seed_and_tabulates_mean_and_std(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   single = run("--seed=1", "--data_seed=0", f"--output_dir={tmp_path / 'one'}")
   assert single.returncode == 0, single.stderr[-3000:]
-  acc = [json.load(open(tmp_path / "both" / f"seed{s}" / "summary.json"))["final_accuracy"]
-         for s in (0, 1)]
-  alone = json.load(open(tmp_path / "one" / "summary.json"))["final_accuracy"]
+  acc = [json.load(open(tmp_path / "both" / f"seed{s}" / "fedasync" / "summary.json"))[
+      "final_accuracy"] for s in (0, 1)]
+  alone = json.load(open(tmp_path / "one" / "fedasync" / "summary.json"))["final_accuracy"]
   assert acc[1] == alone
   row = [l for l in (tmp_path / "both" / "comparison.md").read_text().splitlines()
          if l.startswith("| fedasync ")][0]

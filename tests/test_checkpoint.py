@@ -159,7 +159,8 @@ def test_resume_with_more_rounds_extends_a_finished_run(reference, tmp_path):
   assert res.returncode == 0, res.stderr[-3000:]
   assert "resuming from the checkpoint of round 20" in res.stdout
   assert "extending its 20 rounds to 40" in res.stdout
-  got, want = read_rows(tmp_path / "metrics.jsonl"), read_rows(reference / "metrics.jsonl")
+  got = read_rows(tmp_path / "pafed" / "metrics.jsonl")
+  want = read_rows(reference / "pafed" / "metrics.jsonl")
   assert [r["round"] for r in got] == list(range(1, ROUNDS + 1))
   for a, b in zip(got, want):
     for k in ("train_loss", "test_accuracy", "online", "delayed"):
@@ -174,7 +175,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   ref_dir, cut_dir = reference, tmp_path / "cut"
 
   # Start the same run, SIGKILL it once it is well past a checkpoint but not finished.
-  metrics = cut_dir / "metrics.jsonl"
+  metrics = cut_dir / "pafed" / "metrics.jsonl"
   proc = subprocess.Popen([sys.executable, RUN] + ARGS + [f"--output_dir={cut_dir}"],
                           env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True)
@@ -192,7 +193,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   proc.wait(timeout=30)
   assert alive, f"the run finished before it could be killed ({seen} rows)"
   assert seen < ROUNDS
-  ck = ckpt_lib.Checkpointer(str(cut_dir / "checkpoints"))
+  ck = ckpt_lib.Checkpointer(str(cut_dir / "pafed" / "checkpoints"))
   killed_at = ck.latest_round()
   ck.close()
   assert killed_at is not None and 4 <= killed_at < ROUNDS
@@ -202,17 +203,18 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   m = re.search(r"resuming from the checkpoint of round (\d+)", res.stdout)
   assert m and int(m.group(1)) == killed_at
 
-  assert without_wall(read_rows(metrics)) == without_wall(read_rows(ref_dir / "metrics.jsonl"))
+  assert without_wall(read_rows(metrics)) == without_wall(
+      read_rows(ref_dir / "pafed" / "metrics.jsonl"))
   # TensorBoard has every round once, as metrics.jsonl (the killed process may have lost
   # some of its last events; the resumed one rewrote the checkpoint's rounds)
   for tag in ("train_loss", "test_accuracy"):
-    got = tb_scalars(cut_dir / "tb", tag)
+    got = tb_scalars(cut_dir / "pafed" / "tb", tag)
     want = [(r["round"], r[tag]) for r in read_rows(metrics) if r[tag] is not None]
     assert [s for s, _ in got] == [s for s, _ in want], tag
     np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)
   final = {}
   for d in (ref_dir, cut_dir):
-    c = ckpt_lib.Checkpointer(str(d / "checkpoints"))
+    c = ckpt_lib.Checkpointer(str(d / "pafed" / "checkpoints"))
     final[d] = c.restore_raw(ROUNDS)
     c.close()
   a, b = final[ref_dir], final[cut_dir]
@@ -221,7 +223,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
   assert sorted(a.state) == sorted(b.state) and len(a.state) >= 5
   for k in a.state:
     np.testing.assert_array_equal(a.state[k], b.state[k])
-  with open(ref_dir / "summary.json") as f1, open(cut_dir / "summary.json") as f2:
+  with open(ref_dir / "pafed" / "summary.json") as f1, \
+       open(cut_dir / "pafed" / "summary.json") as f2:
     s1, s2 = json.load(f1), json.load(f2)
   assert s1["average_best_accuracy"] == s2["average_best_accuracy"]
   assert s1["final_accuracy"] == s2["final_accuracy"]
@@ -230,7 +233,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
 @pytest.mark.xdist_group("checkpoint_reference")  # its module fixture computed once
 def test_resume_refuses_a_different_configuration(reference, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
-  shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")
+  shutil.copytree(reference / "pafed" / "checkpoints", tmp_path / "pafed" / "checkpoints")
   res = run(ARGS + [f"--output_dir={tmp_path}", "--resume", "--lr=0.07"])
   assert res.returncode != 0
   assert "--lr" in res.stderr and "--resume" in res.stderr
@@ -249,7 +252,7 @@ def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path
   assert len(err) == 1 and err[0].startswith("error: diverged: algorithm fedavg: "), err
   assert "round 7:" in err[0] and "metrics.jsonl holds rounds 1-6" in err[0], err[0]
   assert "last finite checkpoint: round 6" in err[0], err[0]
-  c = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  c = ckpt_lib.Checkpointer(str(tmp_path / "fedavg" / "checkpoints"))
   # The last finite state, after round 6, is kept, though checkpoints come every 4 rounds.
   assert c.all_rounds() == [4, 6]
   good = c.restore_raw()
@@ -257,7 +260,7 @@ def test_divergence_names_round_and_algorithm_and_keeps_good_checkpoint(tmp_path
              if np.issubdtype(v.dtype, np.floating))
   assert len(good.rows) == 6
   c.close()
-  rows = read_rows(tmp_path / "metrics.jsonl")
+  rows = read_rows(tmp_path / "fedavg" / "metrics.jsonl")
   assert [r["round"] for r in rows] == list(range(1, 7))  # rounds 1..6 were fine
   # --resume continues from that checkpoint (and diverges again, in the same round).
   res = run(args + [f"--output_dir={tmp_path}", "--resume"])
@@ -290,7 +293,7 @@ def _wait_for_rows(metrics, at_least, proc, timeout=240):
 def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
   # No periodic checkpoint before the end: the one named is the state held at the signal.
   proc = _start(ARGS + ["--checkpoint_every=1000", f"--output_dir={tmp_path}"])
-  seen = _wait_for_rows(tmp_path / "metrics.jsonl", 10, proc)
+  seen = _wait_for_rows(tmp_path / "pafed" / "metrics.jsonl", 10, proc)
   assert proc.poll() is None, f"the run finished before it could be stopped ({seen} rows)"
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
@@ -303,13 +306,13 @@ def test_sigterm_names_the_checkpoint_to_resume_from_and_exits_143(tmp_path):
   at, last, where = int(m.group(1)), int(m.group(2)), m.group(3)
   # The run stopped at the end of the chunk the signal arrived in and saved that state:
   # nothing computed was lost.
-  assert where == str(tmp_path / "checkpoints") and 10 <= last == at - 1 < ROUNDS
+  assert where == str(tmp_path / "pafed" / "checkpoints") and 10 <= last == at - 1 < ROUNDS
   assert "stopping at the end of this chunk of rounds to save it" in err
   ck = ckpt_lib.Checkpointer(where)
   assert ck.latest_round() == last
   ck.close()
   # TensorBoard holds every round of the checkpoint (written before it, and synced)
-  steps = [s for s, _ in tb_scalars(tmp_path / "tb", "train_loss")]
+  steps = [s for s, _ in tb_scalars(tmp_path / "pafed" / "tb", "train_loss")]
   assert steps[:last] == list(range(1, last + 1))  # TensorBoard steps: rounds from 1
 
 
@@ -365,7 +368,7 @@ def test_sigterm_during_a_checkpoint_save_waits_for_it_and_names_it(tmp_path, mo
 
 def test_sigint_exits_130_with_one_line_and_no_traceback(tmp_path):
   proc = _start(ARGS + ["--checkpoint_every=0", f"--output_dir={tmp_path}"])  # Ctrl-C
-  seen = _wait_for_rows(tmp_path / "metrics.jsonl", 2, proc)
+  seen = _wait_for_rows(tmp_path / "pafed" / "metrics.jsonl", 2, proc)
   assert proc.poll() is None, f"the run finished before it could be stopped ({seen} rows)"
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=60)
@@ -397,31 +400,32 @@ def test_resume_from_an_unreadable_checkpoint_names_it_and_the_one_before(tmp_pa
   deleting that folder resumes to the uninterrupted run's rows."""
   first = run(TINY + [f"--output_dir={tmp_path}"], timeout=300)
   assert first.returncode == 0, first.stderr[-3000:]
-  want = without_wall(read_rows(tmp_path / "metrics.jsonl"))
-  damage(tmp_path / "checkpoints" / "4")
+  want = without_wall(read_rows(tmp_path / "fedavg" / "metrics.jsonl"))
+  damage(tmp_path / "fedavg" / "checkpoints" / "4")
   res = run(TINY + [f"--output_dir={tmp_path}", "--resume"], timeout=300)
   assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
   last = res.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: --resume: the checkpoint of round 4 "
-                         f"({tmp_path}/checkpoints/4) cannot be read: "), last
+                         f"({tmp_path}/fedavg/checkpoints/4) cannot be read: "), last
   assert last.endswith("delete that folder to resume from the checkpoint of round 2, or "
                        "pass --overwrite to start over"), last
   import shutil  # pylint: disable=g-import-not-at-top
-  shutil.rmtree(tmp_path / "checkpoints" / "4")
+  shutil.rmtree(tmp_path / "fedavg" / "checkpoints" / "4")
   res = run(TINY + [f"--output_dir={tmp_path}", "--resume"], timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
   assert "resuming from the checkpoint of round 2" in res.stdout
-  assert without_wall(read_rows(tmp_path / "metrics.jsonl")) == want
+  assert without_wall(read_rows(tmp_path / "fedavg" / "metrics.jsonl")) == want
 
 
 def test_resume_with_another_algorithm_names_the_flag_not_a_state_mismatch(tmp_path):
-  """PAFed's state has other arrays than FedAvg's: the flags are compared before the state
-  is restored (it said "The truth value of an array ... is ambiguous")."""
+  """A folder of FedAvg's run resumed as PAFed's: the flag named, before any state is
+  read (PAFed's state has other arrays than FedAvg's)."""
   first = run(TINY + [f"--output_dir={tmp_path}"], timeout=300)
   assert first.returncode == 0, first.stderr[-3000:]
   res = run(TINY + [f"--output_dir={tmp_path}", "--resume", "--algorithm=pafed"],
             timeout=300)
   assert res.returncode == 1, res.stderr[-3000:]
   assert res.stderr.strip().splitlines()[-1] == (
-      f"error: --resume: the checkpoint under {tmp_path}/checkpoints was made with "
-      "other flags: --algorithm='fedavg' (now 'pafed')"), res.stderr[-3000:]
+      f"error: --resume: the runs under {tmp_path} were made with other flags: "
+      "--algorithm='fedavg' (now 'pafed'); resume with those, or pass --overwrite to start "
+      "over"), res.stderr[-3000:]

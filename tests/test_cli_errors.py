@@ -152,7 +152,7 @@ def test_async_family_local_steps_one_step_per_task_in_the_accounting(tmp_path):
     out_dir = tmp_path / f"steps{steps}"
     out = script(ASYNC, args + [f"--local_steps={steps}", f"--output_dir={out_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((out_dir / "summary.json").read_text())
+    summary = json.loads((out_dir / "privaasyncfed" / "summary.json").read_text())
     assert summary["local_work"] == {"local_epochs": 2, "local_steps": steps,
                                      "batch_size": 8}
     counts[steps] = summary["privacy"]["steps_per_client"]

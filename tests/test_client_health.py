@@ -184,7 +184,7 @@ def test_a_local_blow_up_is_named_when_it_happens_and_by_the_divergence_error(tm
   console = capsys.readouterr().out
   # (the blow-up is chaotic: which round and client depend on the CPU's float kernels, so
   # the expectations are read from the rows the run wrote, by the outlier rule's ratio)
-  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rows = [json.loads(l) for l in open(tmp_path / "pafed" / "metrics.jsonl")]
   ratio = divergence.OUTLIER_RATIO
   first = next(r for r in rows if r["client_loss_max"] > ratio * r["client_loss_median"]
                or r["delta_norm_max"] > ratio * r["delta_norm_median"])

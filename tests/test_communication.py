@@ -37,9 +37,9 @@ def test_the_round_engine_counts_each_arrival_up_and_each_dispatch_down(tmp_path
                                                                    4 * MESSAGE)] * 3
   assert (run.summary["bytes_up_total"], run.summary["bytes_down_total"]) == (
       12 * MESSAGE, 12 * MESSAGE)
-  with open(tmp_path / "summary.json") as f:
+  with open(tmp_path / "fedavg" / "summary.json") as f:
     assert json.load(f)["bytes_up_total"] == 12 * MESSAGE
-  with open(tmp_path / "metrics.jsonl") as f:
+  with open(tmp_path / "fedavg" / "metrics.jsonl") as f:
     assert [json.loads(line)["bytes_down"] for line in f] == [4 * MESSAGE] * 3
 
 

@@ -115,7 +115,7 @@ def test_same_seed_gives_identical_metrics(all_algorithms, tmp_path):
                   f"--output_dir={tmp_path}"])
   assert b.returncode == 0, b.stderr[-3000:]
   rows_a = read_rows(out / "pafed" / "metrics.jsonl")
-  rows_b = read_rows(tmp_path / "metrics.jsonl")
+  rows_b = read_rows(tmp_path / "pafed" / "metrics.jsonl")
   assert len(rows_a) == ROUNDS
   assert without_wall(rows_a) == without_wall(rows_b)
   # Not a constant: the rounds differ from each other (the metrics carry information).
@@ -144,10 +144,10 @@ def test_clients_split_over_four_cpu_devices_give_the_unsharded_run(all_algorith
   # change on --resume, and the continuation equals the 4-device run to float rounding.
   full = read_rows(tmp_path / "pafed" / "metrics.jsonl")
   shutil.rmtree(tmp_path / "pafed" / "checkpoints" / "20")
-  res = run(TINY + ["--algorithm=pafed", "--checkpoint_every=10", "--notensorboard",
-                    "--devices=1", "--resume", f"--output_dir={tmp_path / 'pafed'}"])
+  res = run(TINY + ["--algorithm=pafed,fednova", "--checkpoint_every=10", "--notensorboard",
+                    "--devices=1", "--resume", f"--output_dir={tmp_path}"])
   assert res.returncode == 0, res.stderr[-3000:]
-  assert "resuming from the checkpoint of round 10" in res.stdout
+  assert "[pafed] resuming from the checkpoint of round 10" in res.stdout
   resumed = read_rows(tmp_path / "pafed" / "metrics.jsonl")
   assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
   for a, b in zip(full[10:], resumed[10:]):
@@ -189,7 +189,7 @@ def test_bad_device_flags_name_the_flag(tmp_path, args, flag, says):
   res = run(["--rounds=2", f"--output_dir={tmp_path}"] + args, timeout=120)
   assert res.returncode != 0
   assert flag in res.stderr and says in res.stderr, res.stderr[-2000:]
-  assert not os.path.exists(tmp_path / "metrics.jsonl")
+  assert not glob.glob(str(tmp_path / "**" / "metrics.jsonl"), recursive=True)
 
 
 @pytest.mark.parametrize("flag,value", [("participation", "1.5"), ("algorithm", "nope"),
@@ -205,7 +205,7 @@ def test_invalid_flag_exits_naming_the_flag(tmp_path, flag, value):
   assert res.returncode != 0
   assert f"error: --{flag}" in res.stderr, res.stderr[-2000:]
   assert "Traceback" not in res.stderr, res.stderr[-2000:]  # cnn: raised by models.py
-  assert not os.path.exists(tmp_path / "metrics.jsonl")
+  assert not glob.glob(str(tmp_path / "**" / "metrics.jsonl"), recursive=True)
 
 
 def test_ckks_min_scale_is_checked_and_only_taken_with_ckks():
@@ -323,9 +323,12 @@ def test_rerun_into_a_run_directory_is_refused_before_any_work_unless_resume_or_
   assert "loading" not in again.stdout  # refused before any work: nothing was touched
   assert {p: os.path.getmtime(p)
           for p in glob.glob(str(tmp_path / "**"), recursive=True)} == before
-  # one algorithm's directory is a run directory too
+  # one algorithm's directory holds a run too (of another layout: its files at the top)
   alone = run(TINY + ["--algorithm=fedavg", "--rounds=4", f"--output_dir={tmp_path / 'fedavg'}"])
-  assert alone.returncode != 0 and "fedavg already holds a run (metrics.jsonl" in alone.stderr
+  assert alone.returncode != 0 and alone.stderr.strip().endswith(
+      f"{tmp_path / 'fedavg'} holds a run of another layout (checkpoints, final_model.npy, "
+      "metrics.jsonl, summary.json, tb), which this run would not replace: pass --overwrite "
+      "to delete it, or another --output_dir"), alone.stderr[-3000:]
   # --resume continues (every run is complete: its last checkpoint is its end)
   resumed = run(args + ["--resume"])
   assert resumed.returncode == 0, resumed.stderr[-3000:]

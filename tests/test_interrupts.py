@@ -277,8 +277,8 @@ def test_finding_5_a_first_ctrl_c_is_answered_while_a_long_chunk_runs(tmp_path, 
   assert events == [("chunk done", 0), ("notice", None), ("chunk done", 4)], events
   assert times["notice"] < times["busy"] - 1.0, times
   assert str(e.value) == (f"[fedavg] interrupted at round 9/12; the last checkpoint is "
-                          f"round 8 in {tmp_path / 'checkpoints'}: rerun the same command "
-                          "with output.resume to continue")
+                          f"round 8 in {tmp_path / 'fedavg' / 'checkpoints'}: rerun the same "
+                          "command with output.resume to continue")
   capsys.readouterr()
 
 
@@ -299,12 +299,12 @@ def test_finding_5_a_signal_in_the_last_chunk_leaves_a_complete_run_and_says_so(
     fa.simulate(**FEDAVG, rounds=4, rounds_per_call=2, output_dir=str(tmp_path),
                 checkpoint_every=100, quiet=True)
   assert str(e.value) == ("[fedavg] interrupted after its last round (4/4): the run is "
-                          f"complete ({tmp_path / 'summary.json'} written)")
+                          f"complete ({tmp_path / 'fedavg' / 'summary.json'} written)")
   assert e.value.exit_code == 130
-  with open(tmp_path / "summary.json") as f:
+  with open(tmp_path / "fedavg" / "summary.json") as f:
     summary = json.load(f)
   assert summary["rounds"] == 4 and summary["final_accuracy"] is not None
-  assert len(read_rows(tmp_path / "metrics.jsonl")) == 4
+  assert len(read_rows(tmp_path / "fedavg" / "metrics.jsonl")) == 4
 
 
 class _SignalAfter(fa.Callback):
@@ -333,9 +333,9 @@ def test_finding_5_a_sigint_during_a_callback_keeps_that_rounds_checkpoint(tmp_p
   at = cb.sent
   assert at is not None and 10 <= at < 20
   assert str(e.value) == (f"[fedavg] interrupted at round {at + 1}/20; the last checkpoint "
-                          f"is round {at} in {tmp_path / 'checkpoints'}: rerun the same "
+                          f"is round {at} in {tmp_path / 'fedavg' / 'checkpoints'}: rerun the same "
                           "command with output.resume to continue")
-  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "fedavg" / "checkpoints"))
   try:
     assert ck.latest_round() == at and len(ck.restore_meta()["rows"]) == at
   finally:
@@ -363,8 +363,8 @@ def test_a_sigint_during_a_virtual_clock_callback_keeps_that_chunks_checkpoint(
                 num_clients=6, concurrency=2, num_updates=6, buffer_k=2, eval_every=2,
                 groups_per_call=3, group_size=1, output_dir=str(tmp_path),
                 checkpoint_every=100, quiet=True)
-  assert os.listdir(tmp_path / "checkpoints") == ["6"]  # after the second chunk of 3
-  assert len(read_rows(tmp_path / "metrics.jsonl")) == 6
+  assert os.listdir(tmp_path / "fedbuff" / "checkpoints") == ["6"]  # after the second chunk of 3
+  assert len(read_rows(tmp_path / "fedbuff" / "metrics.jsonl")) == 6
 
 
 def test_a_sigint_during_a_virtual_clock_progress_line_is_not_lost(tmp_path, monkeypatch,
@@ -386,7 +386,7 @@ def test_a_sigint_during_a_virtual_clock_progress_line_is_not_lost(tmp_path, mon
     fa.simulate(fa.AsyncRunConfig(), algorithm="fedbuff", num_clients=6, concurrency=2,
                 num_updates=6, buffer_k=2, eval_every=2, groups_per_call=3, group_size=1,
                 output_dir=str(tmp_path), checkpoint_every=100)
-  assert len(calls) == 2 and os.listdir(tmp_path / "checkpoints") == ["6"]
+  assert len(calls) == 2 and os.listdir(tmp_path / "fedbuff" / "checkpoints") == ["6"]
   capsys.readouterr()
 
 
@@ -479,18 +479,18 @@ def test_a_cli_cnn_run_on_fashion_mnist_stops_within_10_s_of_a_sigint_and_resume
   assert m, err[-3000:]
   at, last = int(m.group(1)), int(m.group(3))
   assert int(m.group(2)) == rounds and last == at - 1 and 0 < last < rounds
-  assert m.group(4) == str(cut / "checkpoints")
+  assert m.group(4) == str(cut / "fedavg" / "checkpoints")
   code, out, err, _ = _run_cli(args + ["--resume"])
   assert code == 0, err[-3000:]
   assert f"resuming from the checkpoint of round {last}" in out
   ref = tmp_path / "reference"
   code, _, err, _ = _run_cli(base + [f"--rounds={rounds}", f"--output_dir={ref}"])
   assert code == 0, err[-3000:]
-  assert without_wall(read_rows(cut / "metrics.jsonl")) == without_wall(
-      read_rows(ref / "metrics.jsonl"))
+  assert without_wall(read_rows(cut / "fedavg" / "metrics.jsonl")) == without_wall(
+      read_rows(ref / "fedavg" / "metrics.jsonl"))
   final = []
   for d in (cut, ref):
-    c = ckpt_lib.Checkpointer(str(d / "checkpoints"))
+    c = ckpt_lib.Checkpointer(str(d / "fedavg" / "checkpoints"))
     final.append(c.restore_raw(rounds))
     c.close()
   assert sorted(final[0].state) == sorted(final[1].state)

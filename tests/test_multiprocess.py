@@ -82,7 +82,7 @@ def test_multiprocess_rounds_killed_and_resumed_equal_one_process(tmp_path):
   args = ROUNDS + [f"--output_dir={out}", "--checkpoint_every=2"]
   procs = launch(run_script.RUN, args)
   deadline = time.time() + 240
-  ckpts = out / "checkpoints"
+  ckpts = out / "pafed" / "checkpoints"
   while time.time() < deadline and not (
       ckpts.is_dir() and any(re.fullmatch(r"\d+", d) for d in os.listdir(ckpts))):
     assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
@@ -97,8 +97,8 @@ def test_multiprocess_rounds_killed_and_resumed_equal_one_process(tmp_path):
   assert f"resuming from the checkpoint of round {kept[-1]}" in outs[0][0]
   assert outs[1][0] == ""  # process 1 prints nothing; process 0 wrote the files
   assert "process 0 of 2: 2 local / 4 global devices" in outs[0][0]
-  assert_close(run_script.read_rows(out / "metrics.jsonl"),
-               run_script.read_rows(ref / "metrics.jsonl"))
+  assert_close(run_script.read_rows(out / "pafed" / "metrics.jsonl"),
+               run_script.read_rows(ref / "pafed" / "metrics.jsonl"))
 
 
 @pytest.mark.slow  # 30 s on 2 cores; the round engine's test above runs in CI

@@ -424,7 +424,7 @@ def test_run_py_trains_on_the_names_the_cli_refused_before(tmp_path):
                          "--quiet", "--max_client_examples=1"] + flags)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "left out" in proc.stderr  # the empty client, counted
-  rows = run_script.read_rows(os.path.join(out, "metrics.jsonl"))
+  rows = run_script.read_rows(os.path.join(out, "fedavg", "metrics.jsonl"))
   assert len(rows) == 2
 
 

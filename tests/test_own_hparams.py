@@ -228,7 +228,7 @@ def test_a_new_algorithm_is_set_swept_and_listed_from_python_and_the_cli(plugin)
   out = _cli("run.py", tmp_path, "--algorithm=scaled_fedavg", "--beta_m=0.5",
              f"--output_dir={tmp_path / 'run'}", *flags)
   assert out.returncode == 0, out.stderr
-  with open(tmp_path / "run" / "summary.json") as f:
+  with open(tmp_path / "run" / "scaled_fedavg" / "summary.json") as f:
     summary = json.load(f)
   assert summary["config"]["beta_m"] == 0.5 and summary["config"]["hp"] == {"beta_m": 0.5}
   assert summary["final_accuracy"] == pytest.approx(run.summary["final_accuracy"], abs=1e-6)

@@ -116,7 +116,7 @@ def test_cnn_on_fashion_mnist_with_a_server_optimizer_on_the_cli(tmp_path, optim
       "--participation=0.002", "--local_epochs=1", "--rounds=1", "--delay_fraction=0",
       f"--server_optimizer={optimizer}", "--server_lr=0.01", f"--output_dir={tmp_path}"])
   assert proc.returncode == 0, proc.stderr[-3000:]
-  summary = json.loads((tmp_path / "summary.json").read_text())  # one algorithm
+  summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
   assert summary["config"]["server_optimizer"] == optimizer
   assert summary["config"]["client_chunk"] == -1  # auto: 1 for this model on CPU
   assert np.isfinite(summary["final_accuracy"])

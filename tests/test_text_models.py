@@ -322,7 +322,7 @@ def test_token_loss_reaches_training_and_test_loss_on_both_engines(tmp_path):
                                rtol=1e-5)
   np.testing.assert_allclose(run.rows[-1]["test_loss"], test["per_sequence"], rtol=1e-5)
   # run.py: the round's clients' mean (uniform) and the test loss after it
-  (row,) = run_script.read_rows(os.path.join(out, "metrics.jsonl"))
+  (row,) = run_script.read_rows(os.path.join(out, "fedavg", "metrics.jsonl"))
   np.testing.assert_allclose(row["train_loss_uniform"],
                              np.mean([c["per_position"] for c in clients]), rtol=1e-5)
   np.testing.assert_allclose(row["test_loss"], test["per_position"], rtol=1e-5)

@@ -86,7 +86,7 @@ def test_train_loss_is_example_weighted_and_the_uniform_one_kept():
 
 def _summary_and_rows(out):
   rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l]
-  return json.loads((out / "summary.json").read_text()), rows
+  return json.loads((out / "summary.json").read_text()), rows  # (one run's folder)
 
 
 ROUND_FLAGS = {"server_optimizer": "adagrad", "server_lr": 0.05, "server_tau": 0.01,
@@ -103,7 +103,7 @@ def test_the_new_options_from_the_cli_give_what_python_gives(tmp_path, algorithm
   proc = run_script.run([f"--algorithm={algorithm}", f"--output_dir={tmp_path}", "--quiet"]
                         + [f"--{k}={v}" for k, v in fields.items()])
   assert proc.returncode == 0, proc.stderr[-3000:]
-  summary, rows = _summary_and_rows(tmp_path)
+  summary, rows = _summary_and_rows(tmp_path / algorithm)
   for k, v in fields.items():
     assert summary["config"][k] == v, k
   config = None if algorithm == "fednova" else fa.AsyncRunConfig()
