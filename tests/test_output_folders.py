@@ -129,3 +129,26 @@ def test_load_reads_a_cli_run_back_as_the_python_run(tmp_path):
   assert list(fa.load(os.path.join(out, "fedavg")).runs) == ["fedavg"]  # one run's folder
   with pytest.raises(FileNotFoundError, match=f"{tmp_path}: no finished run there"):
     fa.load(str(tmp_path))
+
+
+CLOCK = dict(num_clients=6, concurrency=2, num_updates=4, eval_every=2, groups_per_call=2,
+             group_size=1, quiet=True)
+
+
+def test_the_virtual_clock_writes_the_same_layout_and_refuses_another(tmp_path):
+  out = str(tmp_path / "clock")
+  fa.simulate(fa.AsyncRunConfig(), algorithm="fedasync,fedbuff", output_dir=out, **CLOCK)
+  assert sorted(os.listdir(out)) == ["comparison.md", "curves.png", "fedasync", "fedbuff"]
+  with pytest.raises(ValueError) as e:  # one run into the folder of two
+    fa.simulate(fa.AsyncRunConfig(), algorithm="fedbuff", output_dir=out, **CLOCK)
+  assert str(e.value) == (
+      f"output.output_dir: {out} holds a run of another layout (fedasync), which this run "
+      "would not replace: pass output.overwrite to delete it, or another output.output_dir")
+  fa.simulate(fa.AsyncRunConfig(), algorithm="fedbuff", output_dir=out, overwrite=True,
+              **CLOCK)
+  assert sorted(os.listdir(out)) == ["comparison.md", "curves.png", "fedbuff"]
+  assert sorted(os.listdir(os.path.join(out, "fedbuff"))) == [
+      "checkpoints", "final_model.npy", "metrics.jsonl", "summary.json"]
+  assert "| fedbuff |" in open(os.path.join(out, "comparison.md")).read()
+  loaded = fa.load(out)
+  assert list(loaded.runs) == ["fedbuff"] and loaded.runs["fedbuff"].rows
