@@ -7,7 +7,7 @@ other in a circle. The layers, bottom up:
   core     what every engine shares (``core/``): local training, the timeline, device
            data and evaluation, divergence, data/model building, progress; models,
            checkpoints, sharding
-  parts    configurations, outputs, the host loop
+  parts    configurations, outputs, the host loop, a run's lifecycle
   engines  the jitted programs: rounds (and its host-server rounds), the virtual clock,
            FedEDS
   runs     orchestration: a run's files, resumption, sweeps, tables
@@ -37,7 +37,7 @@ LAYERS = {
              "asynchronous.virtual_clock", "fededs.schedule", "fededs.privacy"],
     "core": ["core", "models", "text_models", "sharding", "checkpoint"],
     "parts": ["config", "asynchronous.config", "fededs.config", "outputs", "results", "loop",
-              "cost"],
+              "cost", "lifecycle"],
     "engines": ["rounds", "asynchronous", "fededs"],
     "runs": ["rounds.experiment", "asynchronous.experiment", "asynchronous.report",
              "fededs.experiment", "fededs.report", "fededs.store", "sweeps"],

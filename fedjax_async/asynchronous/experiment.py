@@ -11,18 +11,19 @@ Each algorithm (and each FedAsync ``a`` of ``algorithm.mix_alpha``) is one run, 
 seed of ``run.seeds``. With ``output.output_dir`` a run writes ``metrics.jsonl``,
 ``summary.json`` and its checkpoints under ``<run>/`` (``seed<s>/<run>/`` with several
 seeds), and the invocation ``curves.png`` and ``comparison.md``; ``output.resume`` continues each run from its latest checkpoint and
-reads back the finished ones. The host side of a run is ``loop.HostLoop`` (metrics,
-checkpoints, the caller's callbacks, progress, signals) around
+reads back the finished ones. A run is ``lifecycle.run`` (metrics, checkpoints, the
+caller's callbacks, progress, signals, summary) of a ``_Clock`` around
 ``asynchronous.engine.run_arrivals``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ from fedjax_async import checkpoint as checkpoint_lib
 from fedjax_async import config as config_lib
 from fedjax_async import console
 from fedjax_async import cost
+from fedjax_async import lifecycle
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import models
@@ -225,6 +227,13 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
     out_dir: where the run's files go (None: none).
     callbacks: ``loop.Callback``s after every compiled chunk.
   """
+  return lifecycle.run(_clock_run(cfg, run_name, algo_name, hp, clock, scales, fed, model),
+                       out_dir, callbacks)
+
+
+def _clock_run(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock, scales,
+               fed, model) -> "_Clock":
+  """``run_one``'s run built: its schedule, engine and state (``run_one``'s arguments)."""
   algorithm = algorithms.get(algo_name)
   model_name, w0, apply_flat, params, order = model
   counts = np.asarray(fed.counts)
@@ -245,84 +254,119 @@ def run_one(cfg: AsyncRunConfig, run_name: str, algo_name: str, hp: dict, clock,
                            np.asarray(masks).sum(axis=1)[np.asarray(scale_index)]])
   steps = async_engine.client_steps(schedule, counts, local)
   groups = async_engine.group_arrays(schedule, ecfg.group_size)
+  num_groups = int(groups["valid"].shape[0])
   estimate = cost.virtual_clock(cfg, fed, model[:3], steps, schedule.num_updates,
-                                ecfg.group_size, schedule.ring_size,
-                                num_groups=int(groups["valid"].shape[0]))
-  cost.announce(estimate, cost.VIRTUAL_CLOCK_SMALLER, run_name)
+                                ecfg.group_size, schedule.ring_size, num_groups=num_groups)
   p = cfg.privacy
   if algorithm.dp and math.isfinite(p.dp_epsilon) and p.dp_noise == "calibrated":
     hp = dict(hp, dp_noise_multiplier=privacy.calibrate_noise_multiplier(
         p.dp_epsilon, p.dp_delta, int(steps.max())))
-  if algorithm.dp and math.isfinite(p.dp_epsilon):  # the epsilon it will spend, up front
-    outputs.warn(report.dp_notice(run_name, cfg, report.dp_report(cfg, steps, counts, hp)))
   data = device.DeviceData.from_federated(fed)
   state = async_engine.init_state(algorithm, w0, ecfg.ring_size, cfg.run.seed)
   if mesh is not None:
     # (waited for: see sharding.shard_clients)
     state, data, masks = jax.block_until_ready(sharding.replicate((state, data, masks), mesh))
-  runner = async_engine.make_runner(apply_flat, algorithm, ecfg)
   config = run_config(cfg, run_name, algo_name)
-  num_groups = int(groups["valid"].shape[0])
-  # chunks of about loop.CHUNK_SECONDS (a signal is answered at a chunk's end)
-  lengths = loop.ChunkLengths(cfg.run.groups_per_call, loop.CHUNK_SECONDS,
-                              loop.first_length(estimate, num_groups))
-  ckpt, resumed, state = _resume(cfg, run_name, out_dir, config, num_groups, state, mesh)
-  start_group = resumed.position if resumed else 0
-  host = loop.host_loop(
-      out_dir, ckpt, resumed, loop.ChunkCount(start_group, lengths, num_groups),
-      progress=None if cfg.output.quiet else report.ArrivalProgress(
-          run_name, schedule.num_updates, resumed.rows if resumed else [],
-          health=progress.HealthWatch(run_name, algo_name)),
-      callbacks=callbacks,
-      annotate=lambda rows: metrics_lib.add_arrival_bytes(rows, client_bytes))
-  try:
-    state, _ = async_engine.run_arrivals(runner, state, schedule, groups, hp, data, masks,
-                                     scale_index, eval_every=cfg.run.eval_every,
-                                     groups_per_call=cfg.run.groups_per_call,
-                                     on_chunk=host, start_group=start_group, lengths=lengths)
-  except divergence.Diverged as e:  # with what the clients' health says went wrong
-    group = [r for r in host.chunk if r["group"] == (e.row or {}).get("group")]
-    raise divergence.Diverged(f"{e}; {divergence.advice(data, host.rows + group)}",
-                              e.round, e.rows, e.kind, e.row) from None
-  finally:
-    host.metrics.close()
-    if ckpt is not None:
-      ckpt.close()
-  summary = report.run_summary(
-      cfg, run_name, algo_name, fed, model_name, int(np.size(w0)), hp, host.rows,
-      host.wall(), schedule, num_groups, ecfg.group_size, config,
-      report.dp_report(cfg, steps, counts, hp) if algorithm.dp else None)
-  # the models sent that no row counts: to the dropped arrivals and those still in flight
-  unrowed = np.concatenate([schedule.client[schedule.dropped], schedule.in_flight])
-  summary.update(metrics_lib.bytes_totals(host.rows, client_bytes[unrowed].sum()))
-  if out_dir is not None:
-    outputs.write_final_model(out_dir, state.w)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2, default=str)
-  return Run(summary, host.rows, state, (model_name, w0, apply_flat))
+  checkpointing = lifecycle.Checkpointing(
+      config, cfg.output.checkpoint_every * cfg.run.groups_per_call, cfg.output.resume,
+      lambda saved, now: config_lib.mismatch_flags(renamed(saved), now), unit="group",
+      grid=cfg.run.groups_per_call)
+  return _Clock(run_name, num_groups, cfg.run.groups_per_call, (model_name, w0, apply_flat),
+                state, checkpointing, cfg, algo_name, algorithm, hp, fed, counts, schedule,
+                groups, data, masks, scale_index, mesh,
+                async_engine.make_runner(apply_flat, algorithm, ecfg), estimate, steps,
+                client_bytes, ecfg.group_size, config)
 
 
-def _resume(cfg, run_name, out_dir, config, num_groups, state, mesh):
-  """(checkpoints or None, the restored checkpoint or None, the state to start from): a
-  resumed run's state from its latest checkpoint (replicated over ``mesh``)."""
-  ckpt, resumed = None, None
-  if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
-    o = cfg.output
-    ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), config,
-                            every=o.checkpoint_every * cfg.run.groups_per_call,
-                            total=num_groups, resume=o.resume,
-                            mismatch=lambda saved, now: config_lib.mismatch_flags(
-                                renamed(saved), now), unit="group",
-                            grid=cfg.run.groups_per_call)
-    resumed = ckpt.restore(state)
-  if resumed is not None:
+@dataclasses.dataclass(frozen=True)
+class _Clock:
+  """The virtual clock's part of a run (``lifecycle.Engine``; positions count groups)."""
+  name: str
+  total: int
+  most: int
+  model: tuple
+  initial: Any
+  checkpointing: lifecycle.Checkpointing
+  cfg: AsyncRunConfig
+  algo_name: str
+  algorithm: Any
+  hp: dict
+  fed: Any
+  counts: np.ndarray  # [N] the clients' examples
+  schedule: vc.Schedule
+  groups: dict
+  data: device.DeviceData
+  masks: Any
+  scale_index: np.ndarray
+  mesh: Any
+  runner: Any
+  estimated: Any  # its ``cost.Cost``
+  steps: np.ndarray  # each client's local steps
+  client_bytes: np.ndarray  # each client's message
+  group_size: int
+  config: dict  # ``run_config``
+  smaller = cost.VIRTUAL_CLOCK_SMALLER
+  position = None  # (counted by chunks)
+
+  def resumed(self, ckpt, resumed):
+    if resumed is None:
+      return self.initial
     state = jax.tree.map(jnp.asarray, resumed.state)
-    if mesh is not None:
-      state = jax.block_until_ready(sharding.replicate(state, mesh))
-    console.say(f"[{run_name}] resuming from the checkpoint of group {resumed.position} of "
-                f"{num_groups} ({ckpt.directory}, {len(resumed.rows)} arrivals done)")
-  return ckpt, resumed, state
+    if self.mesh is not None:
+      state = jax.block_until_ready(sharding.replicate(state, self.mesh))
+    console.say(f"[{self.name}] resuming from the checkpoint of group {resumed.position} of "
+                f"{self.total} ({ckpt.directory}, {len(resumed.rows)} arrivals done)")
+    return state
+
+  def estimate(self, start):
+    return self.estimated
+
+  def begin(self, start, rows):
+    """The epsilon it will spend, up front; the progress lines."""
+    cfg = self.cfg
+    if self.algorithm.dp and math.isfinite(cfg.privacy.dp_epsilon):
+      outputs.warn(report.dp_notice(self.name, cfg, report.dp_report(
+          cfg, self.steps, self.counts, self.hp)))
+    return None if cfg.output.quiet else report.ArrivalProgress(
+        self.name, self.schedule.num_updates, rows,
+        health=progress.HealthWatch(self.name, self.algo_name))
+
+  def annotate(self, rows):
+    metrics_lib.add_arrival_bytes(rows, self.client_bytes)
+
+  def tensorboard(self, files):
+    return None
+
+  def signals(self, ckpt):
+    return contextlib.nullcontext()
+
+  def run(self, state, host, lengths):
+    return async_engine.run_arrivals(
+        self.runner, state, self.schedule, self.groups, self.hp, self.data, self.masks,
+        self.scale_index, eval_every=self.cfg.run.eval_every,
+        groups_per_call=self.cfg.run.groups_per_call, on_chunk=host,
+        start_group=host.position(state), lengths=lengths)[0]
+
+  def diverged(self, e, host, ckpt):
+    """``e`` with what the clients' health says went wrong."""
+    group = [r for r in host.chunk if r["group"] == (e.row or {}).get("group")]
+    return divergence.Diverged(f"{e}; {divergence.advice(self.data, host.rows + group)}",
+                               e.round, e.rows, e.kind, e.row)
+
+  def interrupted(self, e, state, host, ckpt):
+    return None  # (raised, after its chunk's checkpoint)
+
+  def summary(self, rows, wall, state, stopped_early_at):
+    cfg, schedule = self.cfg, self.schedule
+    summary = report.run_summary(
+        cfg, self.name, self.algo_name, self.fed, self.model[0], int(np.size(self.model[1])),
+        self.hp, rows, wall, schedule, self.total, self.group_size, self.config,
+        report.dp_report(cfg, self.steps, self.counts, self.hp) if self.algorithm.dp
+        else None)
+    # the models sent that no row counts: to the dropped arrivals and those still in flight
+    unrowed = np.concatenate([schedule.client[schedule.dropped], schedule.in_flight])
+    summary.update(metrics_lib.bytes_totals(rows, self.client_bytes[unrowed].sum()))
+    return summary
 
 
 def finished_run(cfg: AsyncRunConfig, run_name: str, out_dir: str,

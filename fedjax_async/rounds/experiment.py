@@ -1,6 +1,7 @@
-"""One algorithm's run on the round engine: data and model from a ``RunConfig``, the host
-loop around ``engine.run_rounds`` (checkpoints, ``output.resume``, divergence, interrupts,
-metrics rows, TensorBoard, progress lines) and its summary.
+"""One algorithm's run on the round engine: data and model from a ``RunConfig``, and
+``lifecycle.run`` of a ``_Rounds`` around ``engine.run_rounds`` (checkpoints,
+``output.resume``, divergence, interrupts, metrics rows, TensorBoard, progress lines) and
+its summary.
 
 The path of a parameter: flag (``cli.define_run_flags``) -> ``RunConfig`` field
 (``cli.config_from_flags``, validated by ``config.validate``) -> ``hparams`` dict / static
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import signal
 import sys
@@ -27,6 +27,7 @@ from fedjax_async import console
 from fedjax_async import cost
 from fedjax_async import distributed
 from fedjax_async import interrupts
+from fedjax_async import lifecycle
 from fedjax_async import loop
 from fedjax_async import metrics as metrics_lib
 from fedjax_async import outputs
@@ -94,70 +95,122 @@ def _run(cfg: RunConfig, name: str, fed_data, model, out_dir, quiet: bool, posit
     prepare_output_dir(out_dir, cfg.output.resume, cfg.output.overwrite)
   fed_data = load_data(cfg) if fed_data is None else fed_data
   model = build_model(cfg, fed_data) if model is None else model
-  writes = out_dir is not None and distributed.is_main()  # process 0 writes the files
-  if writes:
-    os.makedirs(out_dir, exist_ok=True)
   setup = _setup(cfg, name, fed_data, model)
-  ckpt, state, resumed = _resume(cfg, name, out_dir, setup, quiet)
-  start_round = int(state.round)
-  first_chunk = None
-  if start_round < cfg.run.rounds and distributed.is_main():  # what it will take, first
-    estimate = cost.round_engine(cfg, fed_data, model)
-    cost.announce(estimate, cost.ROUND_ENGINE_SMALLER, name)
-    first_chunk = loop.first_length(estimate, cfg.run.rounds)
-  if dp_fedavg.is_private(setup.algorithm) and distributed.is_main():
-    outputs.warn(dp_fedavg.notice(name, dp_fedavg.report(
-        setup.hp, fed_data.num_clients, cfg.run.rounds), cfg.run.rounds))
-  if overall is not None:
-    overall.skip(start_round)
-  ecfg, progress = _progress(cfg, name, setup, quiet, start_round, position, overall)
-  files = out_dir if writes else None
-  # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
-  # event files is purged (session restart at step 0), the restored rows written again.
-  tl, message = setup.tl, metrics_lib.message_bytes(setup.state.w)
-  host = loop.host_loop(
-      files, ckpt, resumed, lambda st: int(st.round),
-      progress=None if quiet else progress, callbacks=callbacks,
-      annotate=lambda rows: metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled,
-                                                        message),
-      tensorboard=TensorBoard(files, cfg.output.tensorboard and files is not None,
-                              purge_step=0 if cfg.output.resume else None))
-  metrics = host.metrics
-  # With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
-  # the chunk of rounds it arrives in, saving that state; a second one stops at once.
-  stop_softly = (interrupts.graceful(
-      f"[{name}] stopping at the end of this chunk of rounds to save it (a second "
-      "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
-  runner = engine.make_runner(setup.apply_flat, setup.algorithm, ecfg)
-  if not quiet and start_round < cfg.run.rounds:
-    runner = CompileTimer(runner, name)
-  stopped_early, finished_interrupted = False, None
-  try:
+  files = out_dir if out_dir is not None and distributed.is_main() else None
+  return lifecycle.run(_Rounds(cfg, name, fed_data, model, setup, quiet, position, overall,
+                               files), out_dir, callbacks)
+
+
+class _Rounds:
+  """The round engine's part of a run (``lifecycle.Engine``): its arguments are ``_run``'s,
+  ``setup`` built and ``files`` its folder on process 0 (None: nothing written)."""
+  smaller = cost.ROUND_ENGINE_SMALLER
+
+  def __init__(self, cfg: RunConfig, name: str, fed_data, model, setup: "_Setup",
+               quiet: bool, among: Optional[tuple], overall: Optional[Overall],
+               files: Optional[str]):
+    self.cfg, self.name, self.fed_data, self.model, self.setup = (cfg, name, fed_data, model,
+                                                                  setup)
+    self.quiet, self.among, self.overall, self.files = quiet, among, overall, files
+    self.total, self.most, self.initial = cfg.run.rounds, cfg.run.rounds_per_call, setup.state
+    o = cfg.output
+    # (the encrypted server hands over every round)
+    self.checkpointing = lifecycle.Checkpointing(
+        run_config_for(cfg, name), o.checkpoint_every, o.resume, mismatch_flags,
+        keep=o.keep_checkpoints, extends=self._extends,
+        grid=1 if cfg.crypto.secure_aggregation == "ckks" else cfg.run.rounds_per_call,
+    ) if o.checkpoint_every > 0 or o.resume else None
+    self.message = metrics_lib.message_bytes(setup.state.w)
+    self.ecfg, self.runner = setup.run_ecfg, None  # (``begin``'s)
+
+  @staticmethod
+  def position(state) -> int:
+    return int(state.round)
+
+  def _extends(self, saved: dict, bad: List[str]) -> bool:
+    """A larger run.rounds extends the run: its timeline's first rounds are the same draws."""
+    return ([b.split("=")[0] for b in bad] == ["run.rounds"]
+            and int(saved["rounds"]) < self.cfg.run.rounds)
+
+  def resumed(self, ckpt, resumed):
+    name, cfg = self.name, self.cfg
+    if resumed is None:
+      if cfg.output.resume and not self.quiet:
+        console.say(outputs.name_fields(f"[{name}] output.resume: no checkpoint under "
+                                        f"{ckpt.directory}, starting fresh"))
+      return self.setup.state
+    if not self.quiet:
+      more = (f", extending its {resumed.config['rounds']} rounds to {cfg.run.rounds}"
+              if int(resumed.config["rounds"]) < cfg.run.rounds else "")
+      console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
+                  f"({ckpt.directory}){more}")
+    return self.setup.place(jax.tree.map(jnp.asarray, resumed.state))[2]
+
+  def estimate(self, start: int):
+    if start < self.total and distributed.is_main():
+      return cost.round_engine(self.cfg, self.fed_data, self.model)
+    return None
+
+  def begin(self, start: int, rows):
+    """The DP notice, the progress lines and the runner (timing its compilation)."""
+    cfg, setup, name = self.cfg, self.setup, self.name
+    if dp_fedavg.is_private(setup.algorithm) and distributed.is_main():
+      outputs.warn(dp_fedavg.notice(name, dp_fedavg.report(
+          setup.hp, self.fed_data.num_clients, cfg.run.rounds), cfg.run.rounds))
+    if self.overall is not None:
+      self.overall.skip(start)
+    self.ecfg, progress = _progress(cfg, name, setup, self.quiet, start, self.among,
+                                    self.overall)
+    self.runner = engine.make_runner(setup.apply_flat, setup.algorithm, self.ecfg)
+    if not self.quiet and start < cfg.run.rounds:
+      self.runner = CompileTimer(self.runner, name)
+    return None if self.quiet else progress
+
+  def annotate(self, rows):
+    tl = self.setup.tl
+    metrics_lib.add_round_bytes(rows, tl.valid.sum(1), tl.sampled, self.message)
+
+  def tensorboard(self, files):
+    # A resumed run rewrites TensorBoard like metrics.jsonl: every step of the earlier
+    # event files is purged (session restart at step 0), the restored rows written again.
+    return TensorBoard(files, self.cfg.output.tensorboard and files is not None,
+                       purge_step=0 if self.cfg.output.resume else None)
+
+  @contextlib.contextmanager
+  def signals(self, ckpt):
+    """With a checkpoint to write, the first SIGINT / SIGTERM stops the run at the end of
+    the chunk of rounds it arrives in, saving that state; a second one stops at once."""
+    stop_softly = (interrupts.graceful(
+        f"[{self.name}] stopping at the end of this chunk of rounds to save it (a second "
+        "Ctrl-C / SIGTERM stops at once)") if ckpt is not None else contextlib.nullcontext())
     with interrupts.handle_interrupts(), stop_softly:
-      state = _simulate(cfg, setup, ecfg, runner, state, host, quiet,
-                        loop.ChunkLengths(cfg.run.rounds_per_call, loop.CHUNK_SECONDS,
-                                          first_chunk))
-  except loop.EarlyStop as e:  # a callback ended the run: its result so far
-    state, stopped_early = e.state, True
-    if not quiet:
-      console.say(f"[{name}] stopped by a callback after round {int(state.round)}/{cfg.run.rounds}")
-  except engine.Diverged as e:
-    _diverged(e, cfg, name, setup, runner, host, ckpt)
-  except KeyboardInterrupt as e:
-    if len(metrics.rows) < cfg.run.rounds:
-      raise _interrupted(e, cfg, name, len(metrics.rows), ckpt) from None
-    # in its last chunk: the run is complete, and its summary is written below
-    finished_interrupted = _interrupted(e, cfg, name, len(metrics.rows), ckpt, position,
-                                        files)
-  finally:
-    metrics.close()
-    if ckpt is not None:
-      ckpt.close()
-  summary = _summary(cfg, name, fed_data, model, setup, metrics.rows, host.wall(),
-                     int(state.round) if stopped_early else None, files, state.w)
-  if finished_interrupted is not None:
-    raise finished_interrupted
-  return Run(summary, metrics.rows, state, model)
+      yield
+
+  def run(self, state, host, lengths):
+    return _simulate(self.cfg, self.setup, self.ecfg, self.runner, state, host, self.quiet,
+                     lengths)
+
+  def diverged(self, e, host, ckpt):
+    return _diverged(e, self.cfg, self.name, self.setup, self.runner, host, ckpt)
+
+  def interrupted(self, e, state, host, ckpt):
+    """A callback's stop: the result so far; a signal: ``Interrupted`` naming the
+    checkpoint, raised after the summary when the run had done its last round."""
+    cfg, name, done = self.cfg, self.name, len(host.rows)
+    if isinstance(e, loop.EarlyStop):
+      if not self.quiet:
+        console.say(f"[{name}] stopped by a callback after round {int(e.state.round)}/"
+                    f"{cfg.run.rounds}")
+      return lifecycle.Ending(e.state, stopped_early=True)
+    if done < cfg.run.rounds:
+      raise _interrupted(e, cfg, name, done, ckpt) from None
+    # in its last chunk: the run is complete, and its summary is written
+    return lifecycle.Ending(state, error=_interrupted(e, cfg, name, done, ckpt, self.among,
+                                                      self.files))
+
+  def summary(self, rows, wall, state, stopped_early_at):
+    return _summary(self.cfg, self.name, self.fed_data, self.model, self.setup, rows, wall,
+                    stopped_early_at)
 
 
 def _progress(cfg: RunConfig, name: str, setup, quiet: bool, start_round: int, position,
@@ -176,9 +229,8 @@ def _progress(cfg: RunConfig, name: str, setup, quiet: bool, start_round: int, p
 
 
 def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: float,
-             stopped_early_at: Optional[int], out_dir, w) -> dict:
-  """The run's summary, written to ``<out_dir>/summary.json`` (None: nowhere) after its
-  final global model ``w`` (``outputs.FINAL_MODEL``).
+             stopped_early_at: Optional[int]) -> dict:
+  """The run's summary (summary.json).
 
   Args:
     cfg: the run's configuration.
@@ -189,8 +241,6 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
     rows: its metrics rows.
     wall: its wall time (s).
     stopped_early_at: the round a callback stopped it at (None: it ran to the end).
-    out_dir: its folder (None: nothing written).
-    w: [d] the final global model.
   """
   summary = summarize(rows, setup.tl, name=name, dataset=fed_data.name, model=model[0],
                       num_params=int(np.size(model[1])), rounds=cfg.run.rounds, wall=wall,
@@ -204,10 +254,6 @@ def _summary(cfg: RunConfig, name: str, fed_data, model, setup, rows, wall: floa
     summary["bytes_measured"] = "on the wire (OpenFHE's binary serialisation)"
     summary["server_views"] = secure_engine.server_views(cfg.crypto.ckks_design)
   summary.update(privacy_fields(setup.algorithm, setup.hp, fed_data.num_clients, rows))
-  if out_dir is not None:
-    outputs.write_final_model(out_dir, w)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
   return summary
 
 
@@ -218,37 +264,6 @@ def privacy_fields(algorithm, hp: dict, num_clients: int, rows: Sequence[dict]) 
   if not dp_fedavg.is_private(algorithm):
     return {}
   return {"privacy": dp_fedavg.report(hp, num_clients, len(rows))}
-
-
-def _resume(cfg: RunConfig, name: str, out_dir: Optional[str], setup: "_Setup",
-            quiet: bool):
-  """(checkpoints or None, the state to start from, the restored checkpoint or None)."""
-  ckpt = None
-  if out_dir is not None and (cfg.output.checkpoint_every > 0 or cfg.output.resume):
-    ckpt = loop.Checkpoints(os.path.join(out_dir, "checkpoints"), run_config_for(cfg, name),
-                            every=cfg.output.checkpoint_every, total=cfg.run.rounds,
-                            resume=cfg.output.resume,
-                            mismatch=mismatch_flags, keep=cfg.output.keep_checkpoints,
-                            # the encrypted server hands over every round
-                            grid=(1 if cfg.crypto.secure_aggregation == "ckks"
-                                  else cfg.run.rounds_per_call))
-  state, resumed = setup.state, None
-  if ckpt is not None:
-    # A larger run.rounds extends the run: its timeline's first rounds are the same draws.
-    extends = lambda saved, bad: ([b.split("=")[0] for b in bad] == ["run.rounds"]
-                                  and int(saved["rounds"]) < cfg.run.rounds)
-    resumed = ckpt.restore(state, extends)
-  if resumed is not None:
-    state = setup.place(jax.tree.map(jnp.asarray, resumed.state))[2]
-    if not quiet:
-      more = (f", extending its {resumed.config['rounds']} rounds to {cfg.run.rounds}"
-              if int(resumed.config["rounds"]) < cfg.run.rounds else "")
-      console.say(f"[{name}] resuming from the checkpoint of round {resumed.position} "
-                  f"({ckpt.directory}){more}")
-  elif cfg.output.resume and not quiet and ckpt is not None:
-    console.say(outputs.name_fields(f"[{name}] output.resume: no checkpoint under "
-                                    f"{ckpt.directory}, starting fresh"))
-  return ckpt, state, resumed
 
 
 class _Setup(NamedTuple):
@@ -317,7 +332,7 @@ def _simulate(cfg: RunConfig, setup: _Setup, ecfg, runner, state, host, quiet: b
 def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runner, host,
               ckpt):
   """Checkpoints the last finite state (the host loop wrote the finite rows of the chunk
-  that diverged) and raises ``engine.Diverged`` naming the round, the algorithm and that
+  that diverged); the ``engine.Diverged`` to raise, naming the round, the algorithm and that
   checkpoint."""
   if (ckpt is not None and cfg.crypto.secure_aggregation == "none" and e.round is not None
       and e.round - 1 > ckpt.last_saved):
@@ -338,9 +353,9 @@ def _diverged(e: engine.Diverged, cfg: RunConfig, name: str, setup: _Setup, runn
   where += (f"; last finite checkpoint: round {last} under {ckpt.directory}"
             if last is not None else "; no checkpoint was written")
   history = list(rows) + ([e.row] if e.row is not None else [])
-  raise engine.Diverged(f"algorithm {name}: {e}{where}; "
-                        f"{divergence.advice(setup.data, history)}",
-                        e.round, kind=e.kind, row=e.row) from None
+  return engine.Diverged(f"algorithm {name}: {e}{where}; "
+                         f"{divergence.advice(setup.data, history)}",
+                         e.round, kind=e.kind, row=e.row)
 
 
 def _interrupted(e: KeyboardInterrupt, cfg: RunConfig, name: str, rounds_done: int,
