@@ -470,8 +470,8 @@ def load(path: str) -> Result:
   ``Result`` the run returned: each run's summary, metrics rows and final global model
   (``runs[name].state.w``, from ``final_model.npy``; no ``model``: ``final_model()``
   needs the run in memory): an invocation's folder (``<algorithm>/`` each,
-  ``seed<s>/<algorithm>/`` with several seeds) or one run's; ``table()`` and ``figure`` as the run's. FileNotFoundError naming
-  the folder when it holds no finished run."""
+  ``seed<s>/<algorithm>/`` with several seeds) or one run's; ``table()`` and ``figure``
+  as the run's. FileNotFoundError naming the folder when it holds no finished run."""
   seeds = sorted((int(n[4:]), n) for n in (os.listdir(path) if os.path.isdir(path) else [])
                  if n.startswith("seed") and n[4:].isdigit())
   by_seed = {s: _read_runs(os.path.join(path, n)) for s, n in seeds}
