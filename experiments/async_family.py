@@ -12,8 +12,8 @@ accuracy where evaluated) and ``summary.json`` (final accuracy, staleness histog
 updates per virtual second, wall time, and for DP runs the epsilon spent; with
 ``--target_accuracy`` the virtual time, updates and arrivals to it, with ``--time_budget``
 the accuracy at that simulated second, where every run stops), one run as several; the
-invocation ends with ``comparison.md``; ``curves.png`` plots test accuracy and train loss (a running mean of 10
-arrivals) against the virtual clock.
+invocation ends with ``comparison.md``; ``curves.png`` plots test accuracy and train loss
+(a running mean of 10 arrivals) against the virtual clock.
 
 Each run is checkpointed every ``--checkpoint_every`` calls of ``--groups_per_call``
 groups (``<run>/checkpoints``: the state, the rows so far and the flags). After Ctrl-C,

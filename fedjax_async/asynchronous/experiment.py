@@ -11,9 +11,9 @@ Each algorithm (and each FedAsync ``a`` of ``algorithm.mix_alpha``) is one run, 
 seed of ``run.seeds``. With ``output.output_dir`` a run writes ``metrics.jsonl``,
 ``summary.json`` and its checkpoints under ``<run>/`` (``seed<s>/<run>/`` with several
 seeds), and the invocation ``curves.png`` and ``comparison.md``; ``output.resume``
-continues each run from its latest checkpoint and reads back the finished ones. A run is ``lifecycle.run`` (metrics, checkpoints, the
-caller's callbacks, progress, signals, summary) of a ``_Clock`` around
-``asynchronous.engine.run_arrivals``.
+continues each run from its latest checkpoint and reads back the finished ones. A run is
+``lifecycle.run`` (metrics, checkpoints, the caller's callbacks, progress, signals,
+summary) of a ``_Clock`` around ``asynchronous.engine.run_arrivals``.
 """
 
 from __future__ import annotations
